@@ -1,0 +1,174 @@
+//! The memory store: the shared decision over a `BTreeMap`, for tests and the
+//! simulator. Nothing survives the process; every answer is immediate.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::decision::{self, Claim, ClaimRequest, Write};
+use crate::record::{Record, RecordId, Resolution, StoredResult, Token, check_owner};
+use crate::store::{ListQuery, PurgeReport, Store, StoreError, StoreFuture};
+use crate::{Clock, State, Timestamp};
+
+/// An in-memory [`Store`] with an injected clock.
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    records: BTreeMap<RecordId, Record>,
+    last_token: u64,
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore {
+            clock,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied write:
+        // every write below is a single map operation.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn with_record<T>(
+        &self,
+        id: &RecordId,
+        f: impl FnOnce(Option<&Record>, Timestamp) -> Result<(T, Write), StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let (out, write) = f(inner.records.get(id), now)?;
+        apply(&mut inner.records, id, write);
+        Ok(out)
+    }
+}
+
+fn apply(records: &mut BTreeMap<RecordId, Record>, id: &RecordId, write: Write) {
+    match write {
+        Write::None => {}
+        Write::Put(record) => {
+            records.insert(id.clone(), record);
+        }
+        Write::Delete => {
+            records.remove(id);
+        }
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: Result<T, StoreError>) -> StoreFuture<'a, T> {
+    Box::pin(std::future::ready(value))
+}
+
+impl Store for MemoryStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
+        if let Err(e) = check_owner(&req.owner) {
+            return ready(Err(e.into()));
+        }
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let Inner {
+            records,
+            last_token,
+        } = &mut *inner;
+        let (claim, write) = decision::claim(records.get(&req.id), req, now, || {
+            *last_token += 1;
+            Token(*last_token)
+        });
+        apply(records, &req.id, write);
+        ready(Ok(claim))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> StoreFuture<'a, Record> {
+        ready(self.with_record(id, |existing, now| {
+            let done = decision::complete(existing, id, token, result, now)?;
+            Ok((done.clone(), Write::Put(done)))
+        }))
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
+        ready(self.with_record(id, |existing, _| {
+            decision::release(existing, id, token)?;
+            Ok(((), Write::Delete))
+        }))
+    }
+
+    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
+        ready(self.with_record(id, |existing, _| {
+            let marked = decision::mark_ambiguous(existing, id, token)?;
+            Ok((marked.clone(), Write::Put(marked)))
+        }))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RecordId,
+        resolution: Resolution,
+    ) -> StoreFuture<'a, Option<Record>> {
+        ready(self.with_record(id, |existing, now| {
+            let write = decision::resolve(existing, id, resolution, now)?;
+            let out = match &write {
+                Write::Put(r) => Some(r.clone()),
+                _ => None,
+            };
+            Ok((out, write))
+        }))
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
+        ready(Ok(self.lock().records.get(id).cloned()))
+    }
+
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+        let inner = self.lock();
+        let now = self.clock.now();
+        let start = match &query.after {
+            Some(after) => std::ops::Bound::Excluded(after.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let found = inner
+            .records
+            .range((start, std::ops::Bound::Unbounded))
+            .map(|(_, r)| r)
+            .filter(|r| query.state.is_none_or(|s| r.state_at(now) == s))
+            .take(query.effective_limit())
+            .cloned()
+            .collect();
+        ready(Ok(found))
+    }
+
+    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let mut report = PurgeReport::default();
+        let writes: Vec<(RecordId, Write)> = inner
+            .records
+            .iter()
+            .filter(|(_, r)| r.state_at(now) == State::Tombstone)
+            .map(|(id, r)| (id.clone(), decision::purge(r, now)))
+            .filter(|(_, w)| *w != Write::None)
+            .take(limit.min(crate::store::LIST_LIMIT_MAX))
+            .collect();
+        for (id, write) in writes {
+            match write {
+                Write::Delete => report.deleted += 1,
+                Write::Put(_) => report.tombstoned += 1,
+                Write::None => {}
+            }
+            apply(&mut inner.records, &id, write);
+        }
+        ready(Ok(report))
+    }
+}

@@ -1,0 +1,306 @@
+//! What a store keeps per (scope, key): the record, its state, the fencing
+//! token of the attempt that owns it, and the stored result.
+
+use std::fmt;
+
+use crate::{Fingerprint, IdempotencyKey, Scope, Timestamp};
+
+/// The largest stored response body, in bytes (DESIGN.md "Limits").
+pub const RESULT_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The most headers a stored result may keep.
+pub const RESULT_HEADERS_MAX: usize = 64;
+/// The largest single stored header (name plus value), in bytes.
+pub const RESULT_HEADER_BYTES_MAX: usize = 8 * 1024;
+/// The longest owner label, in bytes.
+pub const OWNER_BYTES_MAX: usize = 255;
+/// The longest resolution actor or reason, in bytes.
+pub const RESOLUTION_TEXT_BYTES_MAX: usize = 4096;
+
+/// Where a record lives: a key is unique within its scope.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct RecordId {
+    /// The scope the key is unique in.
+    pub scope: Scope,
+    /// The key naming the intent.
+    pub key: IdempotencyKey,
+}
+
+/// A fencing token: strictly increasing over every acquisition a store makes,
+/// so an attempt holding an older token can never overwrite a newer one.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct Token(pub u64);
+
+/// The state a record is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// An attempt holds the record under a lease.
+    InProgress,
+    /// The effect happened once; its result is stored and replayed.
+    Completed,
+    /// The outcome of the attempt is unknown; it waits for reconciliation.
+    Ambiguous,
+    /// Past retention: the result is gone, the fingerprint and completion time
+    /// are kept so that a late replay is caught rather than executed.
+    Tombstone,
+}
+
+/// A final result as it will be replayed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredResult {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// How an ambiguous record was resolved, and by whom.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resolution {
+    /// What the resolver found.
+    pub outcome: Outcome,
+    /// Who or what resolved it (an operator, the reconciler).
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When (filled in by the store).
+    pub at: Option<Timestamp>,
+}
+
+/// The finding of a resolution.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Outcome {
+    /// The effect happened; this is its result. The record becomes `completed`.
+    Completed {
+        /// The result to store and replay.
+        result: StoredResult,
+    },
+    /// The effect did not happen. The record is released so a retry may run.
+    NotExecuted,
+}
+
+/// One record: `(scope, key) → fingerprint, state, token, owner, lease, times, result`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// Scope and key.
+    pub id: RecordId,
+    /// The fingerprint of the request that acquired the key.
+    pub fingerprint: Fingerprint,
+    /// The stored state. See [`Record::state_at`] for the state at a time.
+    pub state: State,
+    /// The fencing token of the current acquisition.
+    pub token: Token,
+    /// A label of whoever holds or held the record.
+    pub owner: String,
+    /// When the lease of an `in_progress` record ends.
+    pub lease_until: Timestamp,
+    /// When the record was acquired.
+    pub created_at: Timestamp,
+    /// When the effect completed (or was resolved as completed).
+    pub completed_at: Option<Timestamp>,
+    /// When the result stops being replayed: completion + retention.
+    pub expires_at: Option<Timestamp>,
+    /// When the tombstone is dropped: completion + tombstone horizon.
+    pub tombstone_until: Option<Timestamp>,
+    /// Retention of the policy that acquired the record, in seconds.
+    pub retention_s: u64,
+    /// Tombstone horizon of the policy that acquired the record, in seconds.
+    pub tombstone_s: u64,
+    /// The stored result of a `completed` record.
+    pub result: Option<StoredResult>,
+    /// How the record was resolved, if it was ever ambiguous and resolved.
+    pub resolution: Option<Resolution>,
+}
+
+/// Why a result, owner or resolution text was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// Status outside 100..=599.
+    BadStatus {
+        /// The offered status.
+        status: u16,
+    },
+    /// Body over [`RESULT_BODY_BYTES_MAX`].
+    BodyTooLarge {
+        /// Its size.
+        bytes: usize,
+    },
+    /// More than [`RESULT_HEADERS_MAX`] headers, or one over [`RESULT_HEADER_BYTES_MAX`].
+    HeadersTooLarge {
+        /// What exactly.
+        detail: String,
+    },
+    /// A text field over its limit.
+    TextTooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl StoredResult {
+    /// A result to store, checked against the stored-response limits.
+    pub fn new(
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> Result<StoredResult, LimitError> {
+        if !(100..=599).contains(&status) {
+            return Err(LimitError::BadStatus { status });
+        }
+        if body.len() > RESULT_BODY_BYTES_MAX {
+            return Err(LimitError::BodyTooLarge { bytes: body.len() });
+        }
+        if headers.len() > RESULT_HEADERS_MAX {
+            return Err(LimitError::HeadersTooLarge {
+                detail: format!("{} headers; at most {RESULT_HEADERS_MAX}", headers.len()),
+            });
+        }
+        if let Some((name, value)) = headers
+            .iter()
+            .find(|(n, v)| n.len() + v.len() > RESULT_HEADER_BYTES_MAX)
+        {
+            return Err(LimitError::HeadersTooLarge {
+                detail: format!(
+                    "header {name} is {} bytes; at most {RESULT_HEADER_BYTES_MAX}",
+                    name.len() + value.len()
+                ),
+            });
+        }
+        Ok(StoredResult {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// The response status.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The stored headers, in the order they were given.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// The response body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+impl Resolution {
+    /// A resolution, its texts checked against their limits; the store sets `at`.
+    pub fn new(outcome: Outcome, by: &str, reason: &str) -> Result<Resolution, LimitError> {
+        check_text("resolved_by", by, RESOLUTION_TEXT_BYTES_MAX)?;
+        check_text("reason", reason, RESOLUTION_TEXT_BYTES_MAX)?;
+        Ok(Resolution {
+            outcome,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            at: None,
+        })
+    }
+}
+
+impl Record {
+    /// The state at `now`: a `completed` record past `expires_at` is a
+    /// tombstone whether or not the purge has dropped its result yet.
+    pub fn state_at(&self, now: Timestamp) -> State {
+        match (self.state, self.expires_at) {
+            (State::Completed, Some(expires_at)) if now >= expires_at => State::Tombstone,
+            (state, _) => state,
+        }
+    }
+}
+
+/// Checks an owner label against [`OWNER_BYTES_MAX`].
+pub fn check_owner(owner: &str) -> Result<(), LimitError> {
+    check_text("owner", owner, OWNER_BYTES_MAX)
+}
+
+fn check_text(field: &'static str, text: &str, max: usize) -> Result<(), LimitError> {
+    if text.len() > max {
+        return Err(LimitError::TextTooLong {
+            field,
+            bytes: text.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl State {
+    /// The state's name as stored and shown: `in_progress`, `completed`, …
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Ambiguous => "ambiguous",
+            State::Tombstone => "tombstone",
+        }
+    }
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "in_progress" => Ok(State::InProgress),
+            "completed" => Ok(State::Completed),
+            "ambiguous" => Ok(State::Ambiguous),
+            "tombstone" => Ok(State::Tombstone),
+            other => Err(format!(
+                "unknown state {other:?}; expected in_progress, completed, ambiguous or tombstone"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.scope, self.key)
+    }
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::BadStatus { status } => {
+                write!(f, "status {status} is not an HTTP status (100-599)")
+            }
+            LimitError::BodyTooLarge { bytes } => write!(
+                f,
+                "result body is {bytes} bytes; at most {RESULT_BODY_BYTES_MAX} can be stored"
+            ),
+            LimitError::HeadersTooLarge { detail } => write!(f, "result headers: {detail}"),
+            LimitError::TextTooLong { field, bytes, max } => {
+                write!(f, "{field} is {bytes} bytes; at most {max} are allowed")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
