@@ -86,6 +86,9 @@ pub enum Claim {
 }
 
 /// The write a transition asks the store to apply to the one record.
+// `Write` lives for one store operation and is consumed at once; boxing the
+// record would add an allocation to every claim for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
     /// Leave the record as it is.
@@ -338,5 +341,339 @@ fn owned_in_progress<'r>(
             presented: token,
             current: other.map(|r| (r.token, r.state)),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyKey, Scope};
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+    fn fp(b: u8) -> Fingerprint {
+        Fingerprint::from_bytes([b; 32])
+    }
+
+    fn record(state: State) -> Record {
+        Record {
+            id: RecordId {
+                scope: Scope::new("POST /payouts|t1").unwrap(),
+                key: IdempotencyKey::parse("k1").unwrap(),
+            },
+            fingerprint: fp(1),
+            state,
+            token: Token(7),
+            owner: "node-a".into(),
+            lease_until: NOW.plus_millis(10),
+            created_at: Timestamp::from_millis(0),
+            completed_at: Some(Timestamp::from_millis(500)),
+            expires_at: Some(NOW.plus_millis(100)),
+            tombstone_until: Some(NOW.plus_millis(1_000)),
+            retention_s: 1,
+            tombstone_s: 2,
+            result: None,
+            resolution: None,
+        }
+    }
+
+    fn with(state: State, edit: impl FnOnce(&mut Record)) -> Option<Record> {
+        let mut r = record(state);
+        edit(&mut r);
+        Some(r)
+    }
+
+    #[test]
+    fn every_row_of_the_claim_table() {
+        use Decision::*;
+        use State::*;
+        let reconcile = Policy::DEFAULT;
+        let takeover = Policy::new(30_000, 86_400, 86_400, LeaseExpiry::Takeover).unwrap();
+        let cases: Vec<(&str, Option<Record>, u8, Policy, Decision)> = vec![
+            ("no record", None, 1, reconcile, Acquire),
+            (
+                "tombstone past horizon",
+                with(Tombstone, |r| r.tombstone_until = Some(NOW)),
+                1,
+                reconcile,
+                Acquire,
+            ),
+            (
+                "completed past tombstone horizon",
+                with(Completed, |r| {
+                    r.expires_at = Some(NOW);
+                    r.tombstone_until = Some(NOW);
+                }),
+                2,
+                reconcile,
+                Acquire,
+            ),
+            (
+                "in progress, other fingerprint",
+                with(InProgress, |_| {}),
+                2,
+                reconcile,
+                Mismatch,
+            ),
+            (
+                "completed, other fingerprint",
+                with(Completed, |_| {}),
+                2,
+                reconcile,
+                Mismatch,
+            ),
+            (
+                "ambiguous, other fingerprint",
+                with(Ambiguous, |_| {}),
+                2,
+                reconcile,
+                Mismatch,
+            ),
+            ("completed", with(Completed, |_| {}), 1, reconcile, Replay),
+            (
+                "in progress, lease valid",
+                with(InProgress, |_| {}),
+                1,
+                reconcile,
+                InFlight,
+            ),
+            (
+                "in progress, lease ends now",
+                with(InProgress, |r| r.lease_until = NOW),
+                1,
+                reconcile,
+                MarkAmbiguous,
+            ),
+            (
+                "in progress, lease expired, takeover",
+                with(InProgress, |r| r.lease_until = NOW),
+                1,
+                takeover,
+                TakeOver,
+            ),
+            (
+                "ambiguous",
+                with(Ambiguous, |_| {}),
+                1,
+                reconcile,
+                OutcomeUnknown,
+            ),
+            (
+                "ambiguous never expires",
+                with(Ambiguous, |r| r.expires_at = Some(NOW)),
+                1,
+                reconcile,
+                OutcomeUnknown,
+            ),
+            (
+                "completed at expiry",
+                with(Completed, |r| r.expires_at = Some(NOW)),
+                1,
+                reconcile,
+                LateReplay,
+            ),
+            (
+                "expired, other fingerprint",
+                with(Completed, |r| r.expires_at = Some(NOW)),
+                2,
+                reconcile,
+                LateReplay,
+            ),
+            (
+                "purged tombstone",
+                with(Tombstone, |_| {}),
+                1,
+                reconcile,
+                LateReplay,
+            ),
+        ];
+        for (name, existing, fingerprint, policy, expect) in cases {
+            let got = decide(existing.as_ref(), &fp(fingerprint), &policy, NOW);
+            assert_eq!(got, expect, "{name}");
+        }
+    }
+
+    #[test]
+    fn claim_builds_the_write_for_each_decision() {
+        let req = ClaimRequest {
+            id: record(State::InProgress).id,
+            fingerprint: fp(1),
+            owner: "node-b".into(),
+            policy: Policy::DEFAULT,
+        };
+        let (claim_new, write) = claim(None, &req, NOW, || Token(42));
+        assert_eq!(
+            claim_new,
+            Claim::Acquired {
+                token: Token(42),
+                lease_until: NOW.plus_millis(30_000),
+                took_over: None
+            }
+        );
+        let Write::Put(acquired) = write else {
+            panic!("acquire must write, got {write:?}")
+        };
+        assert_eq!(
+            (acquired.state, acquired.token, acquired.owner.as_str()),
+            (State::InProgress, Token(42), "node-b")
+        );
+        assert_eq!(
+            (acquired.retention_s, acquired.tombstone_s),
+            (86_400, 30 * 86_400)
+        );
+
+        let in_flight = record(State::InProgress);
+        let got = claim(Some(&in_flight), &req, NOW, || {
+            panic!("no token for in-flight")
+        });
+        assert_eq!(
+            got,
+            (
+                Claim::InFlight {
+                    lease_until: NOW.plus_millis(10),
+                    retry_after_ms: 10
+                },
+                Write::None
+            )
+        );
+
+        let expired = with(State::InProgress, |r| r.lease_until = NOW).unwrap();
+        let (got, write) = claim(Some(&expired), &req, NOW, || {
+            panic!("reconcile takes no token")
+        });
+        assert_eq!(got, Claim::OutcomeUnknown { newly_marked: true });
+        assert!(
+            matches!(write, Write::Put(ref r) if r.state == State::Ambiguous && r.token == Token(7))
+        );
+
+        let takeover = ClaimRequest {
+            policy: Policy::new(100, 1, 1, LeaseExpiry::Takeover).unwrap(),
+            ..req.clone()
+        };
+        let (got, _) = claim(Some(&expired), &takeover, NOW, || Token(8));
+        assert_eq!(
+            got,
+            Claim::Acquired {
+                token: Token(8),
+                lease_until: NOW.plus_millis(100),
+                took_over: Some(Token(7))
+            }
+        );
+
+        let expired_done = with(State::Completed, |r| r.expires_at = Some(NOW)).unwrap();
+        let got = claim(Some(&expired_done), &req, NOW, || {
+            panic!("late replay takes no token")
+        });
+        assert_eq!(
+            got,
+            (
+                Claim::Expired {
+                    completed_at: Some(Timestamp::from_millis(500)),
+                    tombstone_until: Some(NOW.plus_millis(1_000))
+                },
+                Write::None
+            )
+        );
+    }
+
+    #[test]
+    fn only_the_current_token_of_an_in_progress_record_may_write() {
+        let live = record(State::InProgress);
+        let id = live.id.clone();
+        let result = StoredResult::new(201, vec![], b"ok".to_vec()).unwrap();
+        let done = complete(Some(&live), &id, Token(7), result.clone(), NOW).unwrap();
+        assert_eq!(done.state, State::Completed);
+        assert_eq!(done.completed_at, Some(NOW));
+        assert_eq!(done.expires_at, Some(NOW.plus_millis(1_000)));
+        assert_eq!(done.tombstone_until, Some(NOW.plus_millis(2_000)));
+        assert_eq!(done.result, Some(result.clone()));
+
+        let stale = complete(Some(&live), &id, Token(6), result.clone(), NOW);
+        assert_eq!(
+            stale,
+            Err(StoreError::Fenced {
+                id: id.clone(),
+                presented: Token(6),
+                current: Some((Token(7), State::InProgress))
+            })
+        );
+        let ambiguous = record(State::Ambiguous);
+        assert!(matches!(
+            complete(Some(&ambiguous), &id, Token(7), result.clone(), NOW),
+            Err(StoreError::Fenced { .. })
+        ));
+        assert_eq!(
+            release(None, &id, Token(7)),
+            Err(StoreError::Fenced {
+                id: id.clone(),
+                presented: Token(7),
+                current: None
+            })
+        );
+        assert_eq!(release(Some(&live), &id, Token(7)), Ok(()));
+        assert_eq!(
+            mark_ambiguous(Some(&live), &id, Token(7)).map(|r| r.state),
+            Ok(State::Ambiguous)
+        );
+        assert!(mark_ambiguous(Some(&done), &id, Token(7)).is_err());
+    }
+
+    #[test]
+    fn resolve_and_purge() {
+        let ambiguous = record(State::Ambiguous);
+        let id = ambiguous.id.clone();
+        let result = StoredResult::new(200, vec![], vec![]).unwrap();
+        let found = Resolution::new(
+            Outcome::Completed {
+                result: result.clone(),
+            },
+            "operator",
+            "bank says paid",
+        )
+        .unwrap();
+        let Ok(Write::Put(resolved)) = resolve(Some(&ambiguous), &id, found, NOW) else {
+            panic!("resolve must put")
+        };
+        assert_eq!(resolved.state, State::Completed);
+        assert_eq!(resolved.resolution.as_ref().and_then(|r| r.at), Some(NOW));
+        let not_executed =
+            Resolution::new(Outcome::NotExecuted, "reconciler", "lookup: 404").unwrap();
+        assert_eq!(
+            resolve(Some(&ambiguous), &id, not_executed.clone(), NOW),
+            Ok(Write::Delete)
+        );
+        assert_eq!(
+            resolve(Some(&resolved), &id, not_executed.clone(), NOW),
+            Err(StoreError::WrongState {
+                id: id.clone(),
+                state: State::Completed,
+                operation: "resolve"
+            })
+        );
+        assert_eq!(
+            resolve(None, &id, not_executed, NOW),
+            Err(StoreError::NotFound { id: id.clone() })
+        );
+
+        let mut done = record(State::Completed);
+        done.result = Some(result);
+        assert_eq!(purge(&done, Timestamp::from_millis(0)), Write::None);
+        let Write::Put(tomb) = purge(&done, NOW.plus_millis(100)) else {
+            panic!("past retention must tombstone")
+        };
+        assert_eq!(
+            (tomb.state, tomb.result.is_none(), tomb.completed_at),
+            (State::Tombstone, true, done.completed_at)
+        );
+        assert_eq!(purge(&tomb, NOW.plus_millis(100)), Write::None);
+        assert_eq!(purge(&tomb, NOW.plus_millis(1_000)), Write::Delete);
+        assert_eq!(
+            purge(&record(State::Ambiguous), NOW.plus_millis(1_000_000)),
+            Write::None
+        );
+        assert_eq!(
+            purge(&record(State::InProgress), NOW.plus_millis(1_000_000)),
+            Write::None
+        );
     }
 }

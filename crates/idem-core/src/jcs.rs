@@ -1,5 +1,1593 @@
-//! TEMPORARY stand-in until the real JCS module lands.
-#![allow(missing_docs)]
+//! RFC 8785 JSON Canonicalization Scheme (JCS), so that two JSON request bodies
+//! that mean the same thing (member order, whitespace, number spelling, string
+//! escapes) produce the same bytes, and therefore the same fingerprint.
+//!
+//! The module carries its own small RFC 8259 parser instead of relying on a
+//! general-purpose JSON library, because canonicalisation needs guarantees a
+//! lenient parser does not give:
+//!
+//! * duplicate member names are rejected (I-JSON, RFC 7493), since "which
+//!   duplicate wins" differs between consumers;
+//! * lone surrogates in `\u` escapes are rejected, since they cannot be
+//!   represented in UTF-8 output;
+//! * integer literals whose magnitude exceeds 2^53 are rejected, since they
+//!   would be silently rounded to a neighbouring double and two different
+//!   amounts could canonicalise to the same bytes;
+//! * nesting depth is bounded ([`MAX_DEPTH`]), so hostile input cannot
+//!   overflow the stack.
+//!
+//! Before canonicalising, members or array elements addressed by
+//! [`JsonPointer`]s (RFC 6901) can be removed, for fields such as client
+//! timestamps or nonces that must not take part in the fingerprint.
+//!
+//! Nothing here does I/O.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
+
+/// The deepest nesting of arrays and objects that [`canonicalize`] accepts.
+///
+/// A document nested deeper is rejected with [`JcsError::TooDeep`].
+pub const MAX_DEPTH: usize = 128;
+
+/// The largest integer magnitude, 2^53, that an integer literal (one without
+/// fraction or exponent) may have; every integer up to it is exactly
+/// representable as an IEEE-754 double.
+pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+/// The decimal spelling of [`MAX_EXACT_INTEGER`], used to compare literals
+/// without converting them.
+const MAX_EXACT_INTEGER_DIGITS: &str = "9007199254740992";
+
+/// Longest literal or member name quoted verbatim in an error message.
+const MAX_QUOTED_CHARS: usize = 64;
+
+/// An RFC 6901 JSON Pointer that addresses one location in a document, used to
+/// exclude that location from canonicalisation.
+///
+/// The empty pointer `""`, which addresses the whole document, is rejected:
+/// excluding the whole body is never what a route means.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JsonPointer {
+    text: String,
+    segments: Vec<String>,
+}
+
+impl JsonPointer {
+    /// Parses a pointer such as `/payment/nonce` or `/items/0`.
+    ///
+    /// The text must start with `/`; within a segment `~1` stands for `/` and
+    /// `~0` for `~`, and any other use of `~` is an error.
+    pub fn parse(s: &str) -> Result<JsonPointer, JcsError> {
+        let invalid = |reason: &'static str| JcsError::InvalidPointer {
+            pointer: abbreviate(s),
+            reason,
+        };
+        if s.is_empty() {
+            return Err(invalid(
+                "cannot exclude the whole body (the empty pointer addresses the entire document)",
+            ));
+        }
+        let Some(rest) = s.strip_prefix('/') else {
+            return Err(invalid("a JSON pointer must start with '/'"));
+        };
+        let mut segments = Vec::new();
+        for raw in rest.split('/') {
+            let mut segment = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' {
+                    match chars.next() {
+                        Some('0') => segment.push('~'),
+                        Some('1') => segment.push('/'),
+                        _ => return Err(invalid("'~' must be followed by '0' or '1'")),
+                    }
+                } else {
+                    segment.push(c);
+                }
+            }
+            segments.push(segment);
+        }
+        Ok(JsonPointer {
+            text: s.to_owned(),
+            segments,
+        })
+    }
+
+    /// The pointer as it was written, e.g. `/a~1b/0`.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The unescaped reference tokens, e.g. `["a/b", "0"]` for `/a~1b/0`.
+    pub fn segments(&self) -> &[String] {
+        &self.segments
+    }
+}
+
+impl fmt::Display for JsonPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl FromStr for JsonPointer {
+    type Err = JcsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JsonPointer::parse(s)
+    }
+}
+
+/// Why a document (or an exclusion pointer) could not be canonicalised.
+///
+/// Every parse error carries the byte offset into the input where the problem
+/// was found.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JcsError {
+    /// The input is not valid UTF-8.
+    InvalidUtf8 {
+        /// Offset of the first byte that is not part of valid UTF-8.
+        offset: usize,
+    },
+    /// The input ended where more JSON was required.
+    UnexpectedEnd {
+        /// What was required, e.g. `"':' after object member name"`.
+        expected: &'static str,
+        /// Offset of the end of the input.
+        offset: usize,
+    },
+    /// A character appeared where the grammar does not allow it.
+    UnexpectedChar {
+        /// The offending character.
+        found: char,
+        /// What was required instead.
+        expected: &'static str,
+        /// Offset of the offending character.
+        offset: usize,
+    },
+    /// More than whitespace follows the top-level value.
+    TrailingData {
+        /// The first character after the value.
+        found: char,
+        /// Offset of that character.
+        offset: usize,
+    },
+    /// An object has two members with the same name (compared after
+    /// unescaping), which I-JSON (RFC 7493) forbids.
+    DuplicateMember {
+        /// The repeated name (abbreviated if very long).
+        name: String,
+        /// Offset of the second occurrence of the name.
+        offset: usize,
+    },
+    /// A string contains an unescaped control character (U+0000 to U+001F).
+    ControlCharacter {
+        /// The control character's byte value.
+        byte: u8,
+        /// Offset of the control character.
+        offset: usize,
+    },
+    /// A backslash in a string is followed by a character that does not start
+    /// a JSON escape.
+    InvalidEscape {
+        /// The character after the backslash.
+        found: char,
+        /// Offset of the backslash.
+        offset: usize,
+    },
+    /// A `\u` escape is not followed by four hexadecimal digits.
+    InvalidUnicodeEscape {
+        /// Offset of the backslash.
+        offset: usize,
+    },
+    /// A `\u` escape names a surrogate that is not part of a high/low pair.
+    LoneSurrogate {
+        /// The unpaired UTF-16 code unit.
+        code_unit: u16,
+        /// Offset of the backslash of its escape.
+        offset: usize,
+    },
+    /// A number literal does not follow the RFC 8259 grammar.
+    InvalidNumber {
+        /// What is wrong with it, e.g. "leading zeros are not allowed".
+        reason: &'static str,
+        /// Offset of the problem.
+        offset: usize,
+    },
+    /// A number literal is outside the finite range of an IEEE-754 double.
+    NumberOutOfRange {
+        /// The literal (abbreviated if very long).
+        literal: String,
+        /// Offset of the literal.
+        offset: usize,
+    },
+    /// An integer literal (no fraction, no exponent) has a magnitude above 2^53
+    /// and would be silently rounded when read as an IEEE-754 double, so two
+    /// different values could canonicalise to the same bytes.
+    ImpreciseInteger {
+        /// The literal (abbreviated if very long).
+        literal: String,
+        /// Offset of the literal.
+        offset: usize,
+    },
+    /// Arrays and objects are nested deeper than the limit.
+    TooDeep {
+        /// The nesting limit, [`MAX_DEPTH`].
+        limit: usize,
+        /// Offset of the bracket that went past the limit.
+        offset: usize,
+    },
+    /// An exclusion pointer is not a valid RFC 6901 JSON Pointer, or is the
+    /// empty pointer.
+    InvalidPointer {
+        /// The pointer text (abbreviated if very long).
+        pointer: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for JcsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JcsError::InvalidUtf8 { offset } => {
+                write!(f, "input is not valid UTF-8 at byte {offset}")
+            }
+            JcsError::UnexpectedEnd { expected, offset } => {
+                write!(
+                    f,
+                    "expected {expected} at byte {offset}, but the input ended"
+                )
+            }
+            JcsError::UnexpectedChar {
+                found,
+                expected,
+                offset,
+            } => write!(f, "expected {expected} at byte {offset}, found {found:?}"),
+            JcsError::TrailingData { found, offset } => write!(
+                f,
+                "unexpected {found:?} at byte {offset} after the end of the JSON value"
+            ),
+            JcsError::DuplicateMember { name, offset } => write!(
+                f,
+                "duplicate object member name {name:?} at byte {offset} \
+                 (I-JSON forbids duplicate names)"
+            ),
+            JcsError::ControlCharacter { byte, offset } => write!(
+                f,
+                "unescaped control character U+{byte:04X} in string at byte {offset}"
+            ),
+            JcsError::InvalidEscape { found, offset } => write!(
+                f,
+                "invalid escape sequence at byte {offset}: '\\' followed by {found:?}"
+            ),
+            JcsError::InvalidUnicodeEscape { offset } => write!(
+                f,
+                "invalid \\u escape at byte {offset}: expected four hexadecimal digits"
+            ),
+            JcsError::LoneSurrogate { code_unit, offset } => write!(
+                f,
+                "lone surrogate \\u{code_unit:04x} at byte {offset}: \
+                 a surrogate escape must be a high/low pair"
+            ),
+            JcsError::InvalidNumber { reason, offset } => {
+                write!(f, "invalid number at byte {offset}: {reason}")
+            }
+            JcsError::NumberOutOfRange { literal, offset } => write!(
+                f,
+                "number {literal} at byte {offset} is outside the finite range \
+                 of an IEEE-754 double"
+            ),
+            JcsError::ImpreciseInteger { literal, offset } => write!(
+                f,
+                "integer {literal} at byte {offset} exceeds 2^53 (9007199254740992) in \
+                 magnitude: as an IEEE-754 double it would be silently rounded, so \
+                 different values could canonicalise the same; send it as a string"
+            ),
+            JcsError::TooDeep { limit, offset } => write!(
+                f,
+                "arrays and objects nested deeper than {limit} levels at byte {offset}"
+            ),
+            JcsError::InvalidPointer { pointer, reason } => {
+                write!(f, "invalid JSON pointer {pointer:?}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for JcsError {}
+
+/// Canonicalise a JSON document per RFC 8785, first removing the members addressed by `exclude`.
+///
+/// The input must be one complete RFC 8259 JSON text in UTF-8 (surrounding
+/// whitespace allowed, no byte order mark). Each pointer in `exclude` is
+/// resolved against the parsed document as it was before any removal: an
+/// object member it addresses is removed, an array element it addresses is
+/// removed (later elements shift down), and a pointer that addresses nothing
+/// is ignored.
+///
+/// The output has no whitespace, members sorted by their names as UTF-16 code
+/// unit sequences, numbers in ECMAScript form and strings with the minimal
+/// escaping of RFC 8785 §3.2.2.2.
+pub fn canonicalize(input: &[u8], exclude: &[JsonPointer]) -> Result<Vec<u8>, JcsError> {
+    let text = std::str::from_utf8(input).map_err(|e| JcsError::InvalidUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let mut parser = Parser {
+        text,
+        bytes: input,
+        pos: 0,
+    };
+    let mut value = parser.parse_value(0)?;
+    parser.skip_whitespace();
+    if parser.pos < input.len() {
+        return Err(JcsError::TrailingData {
+            found: parser.char_at(parser.pos),
+            offset: parser.pos,
+        });
+    }
+    let paths: Vec<&[String]> = exclude.iter().map(|p| p.segments.as_slice()).collect();
+    remove_excluded(&mut value, &paths);
+    let mut out = Vec::with_capacity(input.len());
+    write_value(&value, &mut out);
+    Ok(out)
+}
+
+/// A parsed JSON value.
 #[derive(Debug)]
-pub struct JcsError;
-pub struct JsonPointer;
+enum Value {
+    Null,
+    True,
+    False,
+    /// Already in its canonical (ECMAScript) spelling.
+    Number(String),
+    String(String),
+    Array(Vec<Value>),
+    /// Members in document order; names are unique.
+    Object(Vec<(String, Value)>),
+}
+
+/// Recursive-descent RFC 8259 parser over already-validated UTF-8.
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// The character starting at `pos` (always a character boundary when
+    /// called), for error messages.
+    fn char_at(&self, pos: usize) -> char {
+        self.text
+            .get(pos..)
+            .and_then(|s| s.chars().next())
+            .unwrap_or(char::REPLACEMENT_CHARACTER)
+    }
+
+    /// The error for "`expected` was required at the current position".
+    fn unexpected(&self, expected: &'static str) -> JcsError {
+        if self.pos >= self.bytes.len() {
+            JcsError::UnexpectedEnd {
+                expected,
+                offset: self.bytes.len(),
+            }
+        } else {
+            JcsError::UnexpectedChar {
+                found: self.char_at(self.pos),
+                expected,
+                offset: self.pos,
+            }
+        }
+    }
+
+    /// Parses one value; `depth` is the number of arrays/objects around it.
+    fn parse_value(&mut self, depth: usize) -> Result<Value, JcsError> {
+        self.skip_whitespace();
+        match self.peek() {
+            Some(b'{') => self.parse_object(depth + 1),
+            Some(b'[') => self.parse_array(depth + 1),
+            Some(b'"') => Ok(Value::String(self.parse_string()?)),
+            Some(b't') => self.parse_literal("true", Value::True),
+            Some(b'f') => self.parse_literal("false", Value::False),
+            Some(b'n') => self.parse_literal("null", Value::Null),
+            Some(b'-' | b'0'..=b'9') => self.parse_number(),
+            _ => Err(self.unexpected("a JSON value")),
+        }
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<(), JcsError> {
+        if depth > MAX_DEPTH {
+            Err(JcsError::TooDeep {
+                limit: MAX_DEPTH,
+                offset: self.pos,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    fn parse_literal(&mut self, word: &'static str, value: Value) -> Result<Value, JcsError> {
+        let expected = match word {
+            "true" => "the literal 'true'",
+            "false" => "the literal 'false'",
+            _ => "the literal 'null'",
+        };
+        for &want in word.as_bytes() {
+            if self.peek() != Some(want) {
+                return Err(self.unexpected(expected));
+            }
+            self.pos += 1;
+        }
+        Ok(value)
+    }
+
+    fn parse_object(&mut self, depth: usize) -> Result<Value, JcsError> {
+        self.check_depth(depth)?;
+        self.pos += 1; // '{'
+        let mut members: Vec<(String, Value)> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        self.skip_whitespace();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Value::Object(members));
+        }
+        loop {
+            self.skip_whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(self.unexpected("'\"' to start an object member name"));
+            }
+            let name_offset = self.pos;
+            let name = self.parse_string()?;
+            if !seen.insert(name.clone()) {
+                return Err(JcsError::DuplicateMember {
+                    name: abbreviate(&name),
+                    offset: name_offset,
+                });
+            }
+            self.skip_whitespace();
+            if self.peek() != Some(b':') {
+                return Err(self.unexpected("':' after object member name"));
+            }
+            self.pos += 1;
+            let value = self.parse_value(depth)?;
+            members.push((name, value));
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Value::Object(members));
+                }
+                _ => return Err(self.unexpected("',' or '}' after object member value")),
+            }
+        }
+    }
+
+    fn parse_array(&mut self, depth: usize) -> Result<Value, JcsError> {
+        self.check_depth(depth)?;
+        self.pos += 1; // '['
+        let mut items = Vec::new();
+        self.skip_whitespace();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Value::Array(items));
+        }
+        loop {
+            items.push(self.parse_value(depth)?);
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Value::Array(items));
+                }
+                _ => return Err(self.unexpected("',' or ']' after array element")),
+            }
+        }
+    }
+
+    /// Parses a string starting at its opening quote and returns its
+    /// unescaped contents.
+    fn parse_string(&mut self) -> Result<String, JcsError> {
+        self.pos += 1; // '"'
+        let mut out = String::new();
+        let mut run_start = self.pos;
+        loop {
+            match self.peek() {
+                None => return Err(self.unexpected("closing '\"' of string")),
+                Some(b'"') => {
+                    out.push_str(&self.text[run_start..self.pos]);
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    out.push_str(&self.text[run_start..self.pos]);
+                    out.push(self.parse_escape()?);
+                    run_start = self.pos;
+                }
+                Some(byte @ 0x00..=0x1f) => {
+                    return Err(JcsError::ControlCharacter {
+                        byte,
+                        offset: self.pos,
+                    });
+                }
+                // Other bytes, including those of multi-byte UTF-8 sequences,
+                // are copied through; runs end only at ASCII bytes, which are
+                // always character boundaries.
+                Some(_) => self.pos += 1,
+            }
+        }
+    }
+
+    /// Parses an escape starting at its backslash.
+    fn parse_escape(&mut self) -> Result<char, JcsError> {
+        let start = self.pos;
+        self.pos += 1; // '\'
+        let c = match self.peek() {
+            None => return Err(self.unexpected("an escape character after '\\'")),
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => return self.parse_unicode_escape(start),
+            Some(_) => {
+                return Err(JcsError::InvalidEscape {
+                    found: self.char_at(self.pos),
+                    offset: start,
+                });
+            }
+        };
+        self.pos += 1;
+        Ok(c)
+    }
+
+    /// Parses `\uXXXX` (and a following low surrogate escape if the first is a
+    /// high surrogate); `start` is the offset of the backslash and `pos` is at
+    /// the `u`.
+    fn parse_unicode_escape(&mut self, start: usize) -> Result<char, JcsError> {
+        self.pos += 1; // 'u'
+        let unit = self.hex4(start)?;
+        let lone = JcsError::LoneSurrogate {
+            code_unit: unit,
+            offset: start,
+        };
+        match unit {
+            0xD800..=0xDBFF => {
+                let low_start = self.pos;
+                if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u") {
+                    return Err(lone);
+                }
+                self.pos += 2;
+                let low = self.hex4(low_start)?;
+                if !(0xDC00..=0xDFFF).contains(&low) {
+                    return Err(lone);
+                }
+                let code = 0x10000 + ((u32::from(unit) - 0xD800) << 10) + (u32::from(low) - 0xDC00);
+                char::from_u32(code).ok_or(lone)
+            }
+            0xDC00..=0xDFFF => Err(lone),
+            _ => char::from_u32(u32::from(unit)).ok_or(lone),
+        }
+    }
+
+    /// Reads four hexadecimal digits at `pos`; `start` is the offset of the
+    /// escape's backslash, for the error.
+    fn hex4(&mut self, start: usize) -> Result<u16, JcsError> {
+        let mut unit: u16 = 0;
+        for _ in 0..4 {
+            let digit = self
+                .peek()
+                .and_then(|b| char::from(b).to_digit(16))
+                .ok_or(JcsError::InvalidUnicodeEscape { offset: start })?;
+            // `digit` < 16, so the cast is lossless.
+            unit = (unit << 4) | digit as u16;
+            self.pos += 1;
+        }
+        Ok(unit)
+    }
+
+    fn consume_digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn require_digit(&self, reason: &'static str) -> Result<(), JcsError> {
+        match self.peek() {
+            Some(b'0'..=b'9') => Ok(()),
+            _ => Err(JcsError::InvalidNumber {
+                reason,
+                offset: self.pos,
+            }),
+        }
+    }
+
+    fn parse_number(&mut self) -> Result<Value, JcsError> {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        self.require_digit("expected a digit after '-'")?;
+        if self.peek() == Some(b'0') {
+            self.pos += 1;
+            if let Some(b'0'..=b'9') = self.peek() {
+                return Err(JcsError::InvalidNumber {
+                    reason: "leading zeros are not allowed",
+                    offset: start,
+                });
+            }
+        } else {
+            self.consume_digits();
+        }
+        let mut integer = true;
+        if self.peek() == Some(b'.') {
+            integer = false;
+            self.pos += 1;
+            self.require_digit("expected a digit after the decimal point")?;
+            self.consume_digits();
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            integer = false;
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.require_digit("expected a digit in the exponent")?;
+            self.consume_digits();
+        }
+        let literal = &self.text[start..self.pos];
+        if integer {
+            let digits = literal.trim_start_matches('-');
+            let too_long = digits.len() > MAX_EXACT_INTEGER_DIGITS.len();
+            let same_length = digits.len() == MAX_EXACT_INTEGER_DIGITS.len();
+            // Without leading zeros, equal-length decimal strings compare like
+            // the numbers they spell.
+            if too_long || (same_length && digits > MAX_EXACT_INTEGER_DIGITS) {
+                return Err(JcsError::ImpreciseInteger {
+                    literal: abbreviate(literal),
+                    offset: start,
+                });
+            }
+        }
+        // The literal follows the JSON grammar, which Rust's float syntax
+        // accepts; the result is correctly rounded.
+        let Ok(x) = literal.parse::<f64>() else {
+            return Err(JcsError::InvalidNumber {
+                reason: "not a valid number",
+                offset: start,
+            });
+        };
+        // `None` only for the infinities that out-of-range literals round to.
+        format_number(x)
+            .map(Value::Number)
+            .ok_or_else(|| JcsError::NumberOutOfRange {
+                literal: abbreviate(literal),
+                offset: start,
+            })
+    }
+}
+
+/// Shortens `s` for quoting in an error message.
+fn abbreviate(s: &str) -> String {
+    match s.char_indices().nth(MAX_QUOTED_CHARS) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+/// The array index a pointer segment denotes, per RFC 6901 (`0` or a decimal
+/// without leading zeros); `None` for anything else, including `-`.
+fn array_index(segment: &str) -> Option<usize> {
+    let bytes = segment.as_bytes();
+    let canonical = match bytes {
+        [b'0'] => true,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if canonical {
+        segment.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// Removes the locations addressed by `paths` (remaining pointer segments,
+/// relative to `value`); every path is resolved against `value` as it was
+/// before any removal.
+fn remove_excluded(value: &mut Value, paths: &[&[String]]) {
+    if paths.is_empty() {
+        return;
+    }
+    // Whether to keep `child`, the member or element that `matches` selects:
+    // not if a path ends at it; otherwise the longer paths are applied inside.
+    fn visit(child: &mut Value, paths: &[&[String]], matches: impl Fn(&str) -> bool) -> bool {
+        let mut deeper: Vec<&[String]> = Vec::new();
+        for path in paths {
+            if let Some((first, rest)) = path.split_first() {
+                if matches(first) {
+                    if rest.is_empty() {
+                        return false;
+                    }
+                    deeper.push(rest);
+                }
+            }
+        }
+        remove_excluded(child, &deeper);
+        true
+    }
+    match value {
+        Value::Object(members) => {
+            members.retain_mut(|(name, child)| visit(child, paths, |s| s == name.as_str()));
+        }
+        Value::Array(items) => {
+            let mut index = 0;
+            items.retain_mut(|child| {
+                let here = index;
+                index += 1;
+                visit(child, paths, |s| array_index(s) == Some(here))
+            });
+        }
+        Value::Null | Value::True | Value::False | Value::Number(_) | Value::String(_) => {}
+    }
+}
+
+fn write_value(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::True => out.extend_from_slice(b"true"),
+        Value::False => out.extend_from_slice(b"false"),
+        Value::Number(s) => out.extend_from_slice(s.as_bytes()),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(members) => {
+            let mut sorted: Vec<&(String, Value)> = members.iter().collect();
+            sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push(b'{');
+            for (i, (name, item)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(name, out);
+                out.push(b':');
+                write_value(item, out);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// Writes `s` as a JSON string per RFC 8785 §3.2.2.2.
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    for &b in s.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x09 => out.extend_from_slice(b"\\t"),
+            0x0a => out.extend_from_slice(b"\\n"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            0x0d => out.extend_from_slice(b"\\r"),
+            0x00..=0x1f => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+            _ => out.push(b),
+        }
+    }
+    out.push(b'"');
+}
+
+/// Formats a double as ECMAScript's `Number.prototype.toString` does
+/// (RFC 8785 §3.2.2.3); `None` for NaN and the infinities, which JSON cannot
+/// represent.
+fn format_number(x: f64) -> Option<String> {
+    if !x.is_finite() {
+        return None;
+    }
+    if x == 0.0 {
+        // Both zeros.
+        return Some("0".to_owned());
+    }
+    let mut out = String::new();
+    if x < 0.0 {
+        out.push('-');
+    }
+    // Rust's `{:e}` gives the shortest digit string that round-trips, as
+    // ECMAScript requires, e.g. "1.2345e-7" or "5e-324".
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exponent) = sci.split_once('e')?;
+    let exponent: i32 = exponent.parse().ok()?;
+    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+    let digits = round_tie_to_even(x.abs(), digits, exponent);
+    // ECMAScript's k (number of digits) and n (decimal point position).
+    let k = i32::try_from(digits.len()).ok()?;
+    let n = exponent + 1;
+    let zeros = |count: i32| "0".repeat(usize::try_from(count).unwrap_or(0));
+    if k <= n && n <= 21 {
+        out.push_str(&digits);
+        out.push_str(&zeros(n - k));
+    } else if 0 < n && n <= 21 {
+        let (int_part, frac_part) = digits.split_at(usize::try_from(n).ok()?);
+        out.push_str(int_part);
+        out.push('.');
+        out.push_str(frac_part);
+    } else if -6 < n && n <= 0 {
+        out.push_str("0.");
+        out.push_str(&zeros(-n));
+        out.push_str(&digits);
+    } else {
+        let (first, rest) = digits.split_at(1);
+        out.push_str(first);
+        if !rest.is_empty() {
+            out.push('.');
+            out.push_str(rest);
+        }
+        out.push('e');
+        out.push(if n > 0 { '+' } else { '-' });
+        out.push_str(&(n - 1).abs().to_string());
+    }
+    Some(out)
+}
+
+/// ECMAScript picks, among the shortest digit strings that round-trip, the
+/// one closest to the value and, between two equally close ones, the even
+/// one; Rust's shortest formatting breaks that tie upwards. Given Rust's
+/// `digits` (significand digits) and decimal `exponent` for the positive
+/// finite `x`, returns the digits ECMAScript would choose.
+fn round_tie_to_even(x: f64, digits: String, exponent: i32) -> String {
+    let k = digits.len();
+    // ASCII digits have the parity of their value.
+    if digits.as_bytes().last().is_none_or(|d| d % 2 == 0) {
+        return digits;
+    }
+    // A tie needs the exact value of `x` to be a k-digit decimal plus half a
+    // unit in the last place: k + 1 significant digits ending in 5. Rounded
+    // to k + 2 digits that ends in "50"; check that cheaply first.
+    let probe = format!("{:.*e}", k + 1, x);
+    if !probe
+        .split_once('e')
+        .is_some_and(|(m, _)| m.ends_with("50"))
+    {
+        return digits;
+    }
+    // Every double has an exact decimal expansion of at most 767 significant
+    // digits, which fixed-precision formatting produces exactly.
+    let exact = format!("{x:.767e}");
+    let Some((mantissa, exact_exponent)) = exact.split_once('e') else {
+        return digits;
+    };
+    if exact_exponent.parse::<i32>().ok() != Some(exponent) {
+        return digits;
+    }
+    let exact_digits: String = mantissa.chars().filter(|&c| c != '.').collect();
+    let exact_digits = exact_digits.trim_end_matches('0');
+    if exact_digits.len() != k + 1 || !exact_digits.ends_with('5') {
+        return digits;
+    }
+    let (lower, _) = exact_digits.split_at(k);
+    let other = if digits == lower {
+        match increment_decimal(lower) {
+            Some(upper) => upper,
+            None => return digits,
+        }
+    } else {
+        lower.to_owned()
+    };
+    if other.len() != k || other.as_bytes().last().is_none_or(|d| d % 2 == 1) {
+        return digits;
+    }
+    let (first, rest) = other.split_at(1);
+    if format!("{first}.{rest}0e{exponent}").parse::<f64>() == Ok(x) {
+        other
+    } else {
+        digits
+    }
+}
+
+/// Adds one to a string of ASCII decimal digits; `None` if it would need an
+/// extra digit.
+fn increment_decimal(digits: &str) -> Option<String> {
+    let mut bytes = digits.as_bytes().to_vec();
+    for b in bytes.iter_mut().rev() {
+        if *b == b'9' {
+            *b = b'0';
+        } else {
+            *b += 1;
+            return String::from_utf8(bytes).ok();
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(input: &str) -> Result<String, JcsError> {
+        canonicalize(input.as_bytes(), &[]).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[track_caller]
+    fn check(input: &str, expected: &str) {
+        assert_eq!(canon(input).as_deref(), Ok(expected), "input: {input:?}");
+    }
+
+    #[track_caller]
+    fn check_err(input: &str, expected: JcsError) {
+        assert_eq!(canon(input), Err(expected), "input: {input:?}");
+    }
+
+    fn pointers(list: &[&str]) -> Vec<JsonPointer> {
+        list.iter()
+            .map(|p| JsonPointer::parse(p).unwrap())
+            .collect()
+    }
+
+    #[track_caller]
+    fn check_excluding(input: &str, exclude: &[&str], expected: &str) {
+        let out = canonicalize(input.as_bytes(), &pointers(exclude)).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            expected,
+            "input {input:?} excluding {exclude:?}"
+        );
+    }
+
+    #[test]
+    fn literals_and_whitespace() {
+        for (input, expected) in [
+            ("true", "true"),
+            ("false", "false"),
+            ("null", "null"),
+            (" \t\r\n null \t\r\n", "null"),
+            ("[ true , false , null ]", "[true,false,null]"),
+            ("{ \"a\" : [ ] , \"b\" : { } }", "{\"a\":[],\"b\":{}}"),
+            ("[[[]]]", "[[[]]]"),
+            ("\"\"", "\"\""),
+            ("[1,[2,[3]],{\"x\":[4]}]", "[1,[2,[3]],{\"x\":[4]}]"),
+        ] {
+            check(input, expected);
+        }
+    }
+
+    /// RFC 8785 §3.2.2 sample input and §3.2.3 / §3.2.4 output.
+    #[test]
+    fn rfc_8785_sample() {
+        let input = r#"{
+          "numbers": [333333333.33333329, 1E30, 4.50,
+                      2e-3, 0.000000000000000000000000001],
+          "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+          "literals": [null, true, false]
+        }"#;
+        let expected = "{\"literals\":[null,true,false],\"numbers\":[333333333.3333333,\
+                        1e+30,4.5,0.002,1e-27],\"string\":\"€$\\u000f\\nA'B\\\"\\\\\\\\\\\"/\"}";
+        check(input, expected);
+        // §3.2.4 gives the UTF-8 bytes of the same output.
+        let hex = "7b 22 6c 69 74 65 72 61 6c 73 22 3a 5b 6e 75 6c 6c 2c 74 72 \
+                   75 65 2c 66 61 6c 73 65 5d 2c 22 6e 75 6d 62 65 72 73 22 3a \
+                   5b 33 33 33 33 33 33 33 33 33 2e 33 33 33 33 33 33 33 2c 31 \
+                   65 2b 33 30 2c 34 2e 35 2c 30 2e 30 30 32 2c 31 65 2d 32 37 \
+                   5d 2c 22 73 74 72 69 6e 67 22 3a 22 e2 82 ac 24 5c 75 30 30 \
+                   30 66 5c 6e 41 27 42 5c 22 5c 5c 5c 5c 5c 22 2f 22 7d";
+        let bytes: Vec<u8> = hex
+            .split_whitespace()
+            .map(|h| u8::from_str_radix(h, 16).unwrap())
+            .collect();
+        assert_eq!(canonicalize(input.as_bytes(), &[]).unwrap(), bytes);
+    }
+
+    /// RFC 8785 §3.2.3: names sort as UTF-16 code unit sequences, so the
+    /// surrogate pair of U+1F600 sorts before U+FB33 (whereas by code point or
+    /// UTF-8 it would sort after).
+    #[test]
+    fn member_order_is_utf16_code_units() {
+        let input = r#"{
+          "\u20ac": "Euro Sign",
+          "\r": "Carriage Return",
+          "\ufb33": "Hebrew Letter Dalet With Dagesh",
+          "1": "One",
+          "\ud83d\ude00": "Emoji: Grinning Face",
+          "\u0080": "Control",
+          "\u00f6": "Latin Small Letter O With Diaeresis"
+        }"#;
+        let expected = "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\
+                        \"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\
+                        \"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}";
+        check(input, expected);
+    }
+
+    #[test]
+    fn member_order_more_cases() {
+        for (input, expected) in [
+            (r#"{"b":1,"a":2}"#, r#"{"a":2,"b":1}"#),
+            (r#"{"aa":1,"a":2,"":3}"#, r#"{"":3,"a":2,"aa":1}"#),
+            (
+                r#"{"a":1,"B":2,"b":3,"A":4}"#,
+                r#"{"A":4,"B":2,"a":1,"b":3}"#,
+            ),
+            (r#"{"10":1,"9":2,"1":3}"#, r#"{"1":3,"10":1,"9":2}"#),
+            // Sorting applies at every level; arrays keep their order.
+            (
+                r#"[{"z":{"y":1,"x":2}},{"b":0,"a":0}]"#,
+                r#"[{"z":{"x":2,"y":1}},{"a":0,"b":0}]"#,
+            ),
+            // U+FFFF (one unit) sorts after U+10000 (surrogates D800 DC00).
+            (
+                "{\"\u{ffff}\":1,\"\u{10000}\":2}",
+                "{\"\u{10000}\":2,\"\u{ffff}\":1}",
+            ),
+        ] {
+            check(input, expected);
+        }
+    }
+
+    #[test]
+    fn string_escaping() {
+        for (input, expected) in [
+            (r#""\u0000""#, r#""\u0000""#),
+            (r#""\u0001\u001f""#, r#""\u0001\u001f""#),
+            (r#""\u000B\u000e""#, r#""\u000b\u000e""#),
+            (r#""\b\t\n\f\r""#, r#""\b\t\n\f\r""#),
+            (r#""\u0008\u0009\u000a\u000c\u000d""#, r#""\b\t\n\f\r""#),
+            (r#""\"\\\/""#, r#""\"\\/""#),
+            (r#""\u0022\u005C\u002f""#, r#""\"\\/""#),
+            (r#""\u007f""#, "\"\u{7f}\""),
+            (r#""\u0080\u00e9\u20AC""#, "\"\u{80}é€\""),
+            (r#""\ud83d\ude00""#, "\"😀\""),
+            (r#""\uD83D\uDE00""#, "\"😀\""),
+            (r#""\udbff\udfff""#, "\"\u{10ffff}\""),
+            ("\"é€😀 raw\"", "\"é€😀 raw\""),
+            ("\"\u{7f}\"", "\"\u{7f}\""),
+            ("\"'<>&\"", "\"'<>&\""),
+            (r#""\ufeff""#, "\"\u{feff}\""),
+        ] {
+            check(input, expected);
+        }
+    }
+
+    /// RFC 8785 Appendix B, every row.
+    #[test]
+    fn number_formatting_appendix_b() {
+        let table: &[(u64, Option<&str>)] = &[
+            (0x0000000000000000, Some("0")),
+            (0x8000000000000000, Some("0")),
+            (0x0000000000000001, Some("5e-324")),
+            (0x8000000000000001, Some("-5e-324")),
+            (0x7fefffffffffffff, Some("1.7976931348623157e+308")),
+            (0xffefffffffffffff, Some("-1.7976931348623157e+308")),
+            (0x4340000000000000, Some("9007199254740992")),
+            (0xc340000000000000, Some("-9007199254740992")),
+            (0x4430000000000000, Some("295147905179352830000")),
+            (0x7fffffffffffffff, None),
+            (0x7ff0000000000000, None),
+            (0x44b52d02c7e14af5, Some("9.999999999999997e+22")),
+            (0x44b52d02c7e14af6, Some("1e+23")),
+            (0x44b52d02c7e14af7, Some("1.0000000000000001e+23")),
+            (0x444b1ae4d6e2ef4e, Some("999999999999999700000")),
+            (0x444b1ae4d6e2ef4f, Some("999999999999999900000")),
+            (0x444b1ae4d6e2ef50, Some("1e+21")),
+            (0x3eb0c6f7a0b5ed8c, Some("9.999999999999997e-7")),
+            (0x3eb0c6f7a0b5ed8d, Some("0.000001")),
+            (0x41b3de4355555553, Some("333333333.3333332")),
+            (0x41b3de4355555554, Some("333333333.33333325")),
+            (0x41b3de4355555555, Some("333333333.3333333")),
+            (0x41b3de4355555556, Some("333333333.3333334")),
+            (0x41b3de4355555557, Some("333333333.33333343")),
+            (0xbecbf647612f3696, Some("-0.0000033333333333333333")),
+            (0x43143ff3c1cb0959, Some("1424953923781206.2")),
+        ];
+        for &(bits, expected) in table {
+            let x = f64::from_bits(bits);
+            assert_eq!(
+                format_number(x).as_deref(),
+                expected,
+                "bits {bits:#018x} ({x:?})"
+            );
+        }
+    }
+
+    #[test]
+    fn number_formatting_more() {
+        for (x, expected) in [
+            (1.0, "1"),
+            (-1.0, "-1"),
+            (0.5, "0.5"),
+            (123.456, "123.456"),
+            (1e20, "100000000000000000000"),
+            (1e21, "1e+21"),
+            (1.5e21, "1.5e+21"),
+            (1e-6, "0.000001"),
+            (1.5e-6, "0.0000015"),
+            (1e-7, "1e-7"),
+            (1.25e-7, "1.25e-7"),
+            (f64::MIN_POSITIVE, "2.2250738585072014e-308"),
+            // Ties between two shortest candidates go to the even one, as in
+            // ECMAScript (Rust's own shortest formatting would end in 3).
+            (1125899906842624.0 + 0.25, "1125899906842624.2"),
+            (1453720677523242.0 + 0.25, "1453720677523242.2"),
+            (-175333674162137.0 - 0.625, "-175333674162137.62"),
+            (27518789548969.0 + 0.3125, "27518789548969.312"),
+            // Not ties: the nearest candidate wins.
+            (1125899906842624.0 + 0.75, "1125899906842624.8"),
+            (1125899906842625.5, "1125899906842625.5"),
+            (f64::NEG_INFINITY, ""),
+        ] {
+            let got = format_number(x).unwrap_or_default();
+            assert_eq!(got, expected, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn number_literals() {
+        for (input, expected) in [
+            ("0", "0"),
+            ("-0", "0"),
+            ("0.0", "0"),
+            ("-0.0e5", "0"),
+            ("1.0", "1"),
+            ("4.50", "4.5"),
+            ("1E30", "1e+30"),
+            ("1e+30", "1e+30"),
+            ("1e21", "1e+21"),
+            ("1e20", "100000000000000000000"),
+            ("2e-3", "0.002"),
+            ("1e-7", "1e-7"),
+            ("0.000001", "0.000001"),
+            ("123.456e2", "12345.6"),
+            ("-12.5E-1", "-1.25"),
+            ("333333333.33333329", "333333333.3333333"),
+            ("1e-400", "0"),
+            ("9007199254740992", "9007199254740992"),
+            ("-9007199254740992", "-9007199254740992"),
+            ("9007199254740991", "9007199254740991"),
+            ("1000000000000000", "1000000000000000"),
+            // Not an integer literal, so the 2^53 rule does not apply.
+            ("9007199254740993.0", "9007199254740992"),
+            ("9007199254740993e0", "9007199254740992"),
+            ("[1,-2,3.5]", "[1,-2,3.5]"),
+        ] {
+            check(input, expected);
+        }
+    }
+
+    #[test]
+    fn integers_beyond_2_pow_53_are_rejected() {
+        for (input, literal, offset) in [
+            ("9007199254740993", "9007199254740993", 0),
+            ("-9007199254740993", "-9007199254740993", 0),
+            ("9999999999999999", "9999999999999999", 0),
+            ("[1, 12345678901234567890]", "12345678901234567890", 4),
+            (
+                "{\"amount\":18446744073709551616}",
+                "18446744073709551616",
+                10,
+            ),
+        ] {
+            check_err(
+                input,
+                JcsError::ImpreciseInteger {
+                    literal: literal.to_owned(),
+                    offset,
+                },
+            );
+        }
+        let message = canon("9007199254740993").unwrap_err().to_string();
+        assert!(message.contains("2^53"), "{message}");
+        assert!(message.contains("silently rounded"), "{message}");
+    }
+
+    #[test]
+    fn error_kinds() {
+        use JcsError::*;
+        let end = |expected, offset| UnexpectedEnd { expected, offset };
+        let chr = |found, expected, offset| UnexpectedChar {
+            found,
+            expected,
+            offset,
+        };
+        let trailing = |found, offset| TrailingData { found, offset };
+        let dup = |name: &str, offset| DuplicateMember {
+            name: name.to_owned(),
+            offset,
+        };
+        let ctrl = |byte, offset| ControlCharacter { byte, offset };
+        let esc = |found, offset| InvalidEscape { found, offset };
+        let lone = |code_unit, offset| LoneSurrogate { code_unit, offset };
+        let num = |reason, offset| InvalidNumber { reason, offset };
+        let range = |literal: &str, offset| NumberOutOfRange {
+            literal: literal.to_owned(),
+            offset,
+        };
+        const VALUE: &str = "a JSON value";
+        const NAME: &str = "'\"' to start an object member name";
+        const COLON: &str = "':' after object member name";
+        const AFTER_MEMBER: &str = "',' or '}' after object member value";
+        const AFTER_ELEMENT: &str = "',' or ']' after array element";
+        const LEADING_ZERO: &str = "leading zeros are not allowed";
+        const AFTER_MINUS: &str = "expected a digit after '-'";
+        const AFTER_POINT: &str = "expected a digit after the decimal point";
+        const EXPONENT: &str = "expected a digit in the exponent";
+        let cases: Vec<(&[u8], JcsError)> = vec![
+            (b"[1,\xff]", InvalidUtf8 { offset: 3 }),
+            (b"\"\xc3\"", InvalidUtf8 { offset: 1 }),
+            (b"", end(VALUE, 0)),
+            (b"   ", end(VALUE, 3)),
+            (b"[1,", end(VALUE, 3)),
+            (b"[1", end(AFTER_ELEMENT, 2)),
+            (b"{\"a\"", end(COLON, 4)),
+            (b"{\"a\":1", end(AFTER_MEMBER, 6)),
+            (b"\"abc", end("closing '\"' of string", 4)),
+            (b"\"\\", end("an escape character after '\\'", 2)),
+            (b"tru", end("the literal 'true'", 3)),
+            (b"nul", end("the literal 'null'", 3)),
+            (b"{\"a\" 1}", chr('1', COLON, 5)),
+            (b"{a:1}", chr('a', NAME, 1)),
+            (b"{\"a\":1,}", chr('}', NAME, 7)),
+            (b"{\"a\":1 \"b\":2}", chr('"', AFTER_MEMBER, 7)),
+            (b"[1,]", chr(']', VALUE, 3)),
+            (b"[1 2]", chr('2', AFTER_ELEMENT, 3)),
+            (b"[,]", chr(',', VALUE, 1)),
+            (b"'a'", chr('\'', VALUE, 0)),
+            (b"+1", chr('+', VALUE, 0)),
+            (b".5", chr('.', VALUE, 0)),
+            (b"NaN", chr('N', VALUE, 0)),
+            (b"trUe", chr('U', "the literal 'true'", 2)),
+            (b"fals3", chr('3', "the literal 'false'", 4)),
+            ("\u{feff}{}".as_bytes(), chr('\u{feff}', VALUE, 0)),
+            ("[é]".as_bytes(), chr('é', VALUE, 1)),
+            (b"{} {}", trailing('{', 3)),
+            (b"truex", trailing('x', 4)),
+            (b"1 2", trailing('2', 2)),
+            (b"[]]", trailing(']', 2)),
+            (b"null\0", trailing('\0', 4)),
+            (b"{\"a\":1,\"a\":2}", dup("a", 7)),
+            (b"{\"a\":1,\"b\":2,\"\\u0061\":3}", dup("a", 13)),
+            (b"[{\"x\":{\"y\":1,\"y\":1}}]", dup("y", 13)),
+            (b"\"a\nb\"", ctrl(0x0a, 2)),
+            (b"\"\t\"", ctrl(0x09, 1)),
+            (b"\"\x00\"", ctrl(0x00, 1)),
+            (b"{\"\x1f\":1}", ctrl(0x1f, 2)),
+            (b"\"\\x41\"", esc('x', 1)),
+            (b"\"\\'\"", esc('\'', 1)),
+            (b"\"ab\\U0041\"", esc('U', 3)),
+            ("\"\\é\"".as_bytes(), esc('é', 1)),
+            (b"\"\\u12\"", InvalidUnicodeEscape { offset: 1 }),
+            (b"\"\\u12G4\"", InvalidUnicodeEscape { offset: 1 }),
+            (b"\"\\u", InvalidUnicodeEscape { offset: 1 }),
+            (b"\"\\ud83d\\u12\"", InvalidUnicodeEscape { offset: 7 }),
+            (b"\"\\ud83d\"", lone(0xd83d, 1)),
+            (b"\"\\ud83dx\"", lone(0xd83d, 1)),
+            (b"\"\\ud83d\\n\"", lone(0xd83d, 1)),
+            (b"\"\\ud83d\\ud83d\"", lone(0xd83d, 1)),
+            (b"\"\\ud83d\\u0041\"", lone(0xd83d, 1)),
+            (b"\"x\\ude00\"", lone(0xde00, 2)),
+            (b"\"\\uDFFF\\uD800\"", lone(0xdfff, 1)),
+            (b"01", num(LEADING_ZERO, 0)),
+            (b"[-007]", num(LEADING_ZERO, 1)),
+            (b"-", num(AFTER_MINUS, 1)),
+            (b"-a", num(AFTER_MINUS, 1)),
+            (b"1.", num(AFTER_POINT, 2)),
+            (b"1.e5", num(AFTER_POINT, 2)),
+            (b"1e", num(EXPONENT, 2)),
+            (b"1e+", num(EXPONENT, 3)),
+            (b"[1E-x]", num(EXPONENT, 4)),
+            (b"1e400", range("1e400", 0)),
+            (b"[0, -1.8e308]", range("-1.8e308", 4)),
+            (
+                b"9007199254740993",
+                ImpreciseInteger {
+                    literal: "9007199254740993".into(),
+                    offset: 0,
+                },
+            ),
+            // TooDeep: see depth_limit; InvalidPointer: see pointer_errors.
+        ];
+        for (input, expected) in cases {
+            let got = canonicalize(input, &[]);
+            let input = String::from_utf8_lossy(input);
+            assert_eq!(got, Err(expected), "input: {input:?}");
+        }
+    }
+
+    #[test]
+    fn error_messages() {
+        for (input, message) in [
+            (
+                &b"{\"name\" 17}"[..],
+                "expected ':' after object member name at byte 8, found '1'",
+            ),
+            (
+                b"[1,",
+                "expected a JSON value at byte 3, but the input ended",
+            ),
+            (
+                b"[1]x",
+                "unexpected 'x' at byte 3 after the end of the JSON value",
+            ),
+            (
+                b"{\"id\":1,\"id\":2}",
+                "duplicate object member name \"id\" at byte 8 (I-JSON forbids duplicate names)",
+            ),
+            (
+                b"\"\\ude00\"",
+                "lone surrogate \\ude00 at byte 1: a surrogate escape must be a high/low pair",
+            ),
+            (
+                b"\"\x01\"",
+                "unescaped control character U+0001 in string at byte 1",
+            ),
+            (
+                b"\"\\q\"",
+                "invalid escape sequence at byte 1: '\\' followed by 'q'",
+            ),
+            (
+                b"\"\\u00\"",
+                "invalid \\u escape at byte 1: expected four hexadecimal digits",
+            ),
+            (
+                b"00",
+                "invalid number at byte 0: leading zeros are not allowed",
+            ),
+            (
+                b"1e999",
+                "number 1e999 at byte 0 is outside the finite range of an IEEE-754 double",
+            ),
+            (b"[\xff]", "input is not valid UTF-8 at byte 1"),
+        ] {
+            let err = canonicalize(input, &[]).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn long_literals_are_abbreviated_in_errors() {
+        let literal = "1".repeat(1000);
+        let err = canon(&literal).unwrap_err();
+        let JcsError::ImpreciseInteger {
+            literal: quoted,
+            offset: 0,
+        } = &err
+        else {
+            panic!("unexpected error {err:?}");
+        };
+        assert_eq!(quoted.chars().count(), MAX_QUOTED_CHARS + 1);
+        assert!(quoted.ends_with('…'));
+        let name = "é".repeat(100);
+        let err = canon(&format!("{{\"{name}\":1,\"{name}\":2}}")).unwrap_err();
+        let JcsError::DuplicateMember { name: quoted, .. } = &err else {
+            panic!("unexpected error {err:?}");
+        };
+        assert_eq!(quoted.chars().count(), MAX_QUOTED_CHARS + 1);
+    }
+
+    #[test]
+    fn same_name_in_different_objects_is_fine() {
+        check(
+            r#"{"a":{"a":1},"b":[{"a":2},{"a":3}]}"#,
+            r#"{"a":{"a":1},"b":[{"a":2},{"a":3}]}"#,
+        );
+    }
+
+    #[test]
+    fn depth_limit() {
+        let nested = |depth: usize, open: &str, close: &str| {
+            format!("{}{}", open.repeat(depth), close.repeat(depth))
+        };
+        let ok = nested(MAX_DEPTH, "[", "]");
+        check(&ok, &ok);
+        check_err(
+            &nested(MAX_DEPTH + 1, "[", "]"),
+            JcsError::TooDeep {
+                limit: MAX_DEPTH,
+                offset: MAX_DEPTH,
+            },
+        );
+        let objects = format!(
+            "{}1{}",
+            "{\"a\":".repeat(MAX_DEPTH + 1),
+            "}".repeat(MAX_DEPTH + 1)
+        );
+        check_err(
+            &objects,
+            JcsError::TooDeep {
+                limit: MAX_DEPTH,
+                offset: MAX_DEPTH * 5,
+            },
+        );
+        // Hostile input: far deeper than any stack could recurse.
+        let hostile = "[".repeat(1_000_000);
+        assert!(matches!(canon(&hostile), Err(JcsError::TooDeep { .. })));
+        let mixed = "{\"a\":[".repeat(500_000);
+        assert!(matches!(canon(&mixed), Err(JcsError::TooDeep { .. })));
+    }
+
+    #[test]
+    fn exclusions() {
+        let doc = r#"{"a":1,"b":{"c":2,"d":[10,20,30]},"e/f":3,"g~h":4,"":5,"n":null}"#;
+        for (exclude, expected) in [
+            (
+                &[][..],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[10,20,30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/a"][..],
+                r#"{"":5,"b":{"c":2,"d":[10,20,30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (&["/b"], r#"{"":5,"a":1,"e/f":3,"g~h":4,"n":null}"#),
+            (
+                &["/b/c"],
+                r#"{"":5,"a":1,"b":{"d":[10,20,30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/b/d/0"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[20,30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/b/d/2"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[10,20]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            // Several elements of one array: resolved against the original.
+            (
+                &["/b/d/0", "/b/d/1"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/e~1f"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[10,20,30]},"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/g~0h"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[10,20,30]},"e/f":3,"n":null}"#,
+            ),
+            (
+                &["/"],
+                r#"{"a":1,"b":{"c":2,"d":[10,20,30]},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            (
+                &["/n"],
+                r#"{"":5,"a":1,"b":{"c":2,"d":[10,20,30]},"e/f":3,"g~h":4}"#,
+            ),
+            (
+                &["/a", "/b/d", "/a"],
+                r#"{"":5,"b":{"c":2},"e/f":3,"g~h":4,"n":null}"#,
+            ),
+            // A parent and a child of it: the parent goes.
+            (&["/b/c", "/b"], r#"{"":5,"a":1,"e/f":3,"g~h":4,"n":null}"#),
+        ] {
+            check_excluding(doc, exclude, expected);
+        }
+    }
+
+    #[test]
+    fn exclusions_that_match_nothing_are_ignored() {
+        let doc = r#"{"a":1,"b":{"c":2,"d":[10,20,30]},"s":"x"}"#;
+        let canonical = r#"{"a":1,"b":{"c":2,"d":[10,20,30]},"s":"x"}"#;
+        for exclude in [
+            "/z",
+            "/A",
+            "/b/z",
+            "/b/d/3",
+            "/b/d/-",
+            "/b/d/01",
+            "/b/d/+1",
+            "/b/d/x",
+            "/b/d/99999999999999999999999",
+            "/a/0",
+            "/s/0",
+            "/b/c/d/e",
+            "/b~1c",
+            "//a",
+        ] {
+            check_excluding(doc, &[exclude], canonical);
+        }
+        // Array-index pointers do not match object members and vice versa,
+        // except that an object member may be named "0".
+        check_excluding(r#"{"0":1,"1":2}"#, &["/0"], r#"{"1":2}"#);
+        check_excluding(r#"[[1,2],[3,4]]"#, &["/1/0"], r#"[[1,2],[4]]"#);
+        check_excluding(r#"[{"a":1,"b":2}]"#, &["/0/a"], r#"[{"b":2}]"#);
+        check_excluding("7", &["/a"], "7");
+    }
+
+    #[test]
+    fn pointer_parsing() {
+        for (text, segments) in [
+            ("/a", &["a"][..]),
+            ("/", &[""]),
+            ("//", &["", ""]),
+            ("/a/b/0", &["a", "b", "0"]),
+            ("/a~1b", &["a/b"]),
+            ("/m~0n", &["m~n"]),
+            ("/~01", &["~1"]),
+            ("/~10", &["/0"]),
+            ("/é/😀", &["é", "😀"]),
+            ("/a b/%25", &["a b", "%25"]),
+        ] {
+            let pointer = JsonPointer::parse(text).unwrap();
+            assert_eq!(pointer.segments(), segments, "{text:?}");
+            assert_eq!(pointer.as_str(), text);
+            assert_eq!(pointer.to_string(), text);
+            assert_eq!(text.parse::<JsonPointer>().unwrap(), pointer);
+        }
+    }
+
+    #[test]
+    fn pointer_errors() {
+        for (text, reason) in [
+            (
+                "",
+                "cannot exclude the whole body (the empty pointer addresses the entire document)",
+            ),
+            ("a", "a JSON pointer must start with '/'"),
+            ("#/a", "a JSON pointer must start with '/'"),
+            ("/a~", "'~' must be followed by '0' or '1'"),
+            ("/a~2", "'~' must be followed by '0' or '1'"),
+            ("/~~0", "'~' must be followed by '0' or '1'"),
+        ] {
+            let err = JsonPointer::parse(text).unwrap_err();
+            assert_eq!(
+                err,
+                JcsError::InvalidPointer {
+                    pointer: text.to_owned(),
+                    reason
+                }
+            );
+            assert_eq!(text.parse::<JsonPointer>(), Err(err.clone()));
+            assert!(err.to_string().contains(reason), "{err}");
+        }
+        assert!(
+            JsonPointer::parse("")
+                .unwrap_err()
+                .to_string()
+                .contains("cannot exclude the whole body")
+        );
+    }
+
+    #[test]
+    fn output_is_a_fixed_point() {
+        for input in [
+            r#"{"b":[1.50,{"d":"\u00e9","c":null}],"a":"\n"}"#,
+            r#"[1e-7,1e21,-0,"\u001f\u007f"]"#,
+        ] {
+            let once = canon(input).unwrap();
+            assert_eq!(canon(&once).unwrap(), once);
+        }
+    }
+
+    #[test]
+    fn equivalent_documents_canonicalise_equally() {
+        let a = canon(r#"{"amount": 1.50, "currency": "EUR", "note": "caf\u00e9"}"#).unwrap();
+        let b = canon("{\"note\":\"café\",\"currency\":\"\\u0045UR\",\"amount\":15e-1}").unwrap();
+        assert_eq!(a, b);
+        let c = canon(r#"{"amount": 1.51, "currency": "EUR", "note": "café"}"#).unwrap();
+        assert_ne!(a, c);
+    }
+}

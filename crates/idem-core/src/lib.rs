@@ -6,6 +6,51 @@
 //! - [`decision`]: the claim table and every other transition, as pure functions.
 //! - [`Store`]: applies a transition atomically; [`MemoryStore`] is the reference.
 //! - [`Clock`]: time comes in from outside, so tests and the simulator own it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idem_core::*;
+//!
+//! # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     // The memory store answers at once, so one poll completes every call.
+//! #     let mut f = std::pin::pin!(f);
+//! #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+//! #     match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+//! # }
+//! # block_on(async {
+//! let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+//! let store = MemoryStore::new(Arc::new(clock.clone()));
+//! let request = ClaimRequest {
+//!     id: RecordId {
+//!         scope: Scope::from_parts("POST /payouts", "tenant-42", None)?,
+//!         key: IdempotencyKey::parse("payout-847-2026-W36")?,
+//!     },
+//!     fingerprint: Fingerprint::from_bytes([7; 32]), // Fingerprint::of_request in real use
+//!     owner: "worker-1".into(),
+//!     policy: Policy::DEFAULT,
+//! };
+//! let mut effects = 0;
+//! for _attempt in 0..3 {
+//!     match store.claim(&request).await? {
+//!         Claim::Acquired { token, .. } => {
+//!             effects += 1; // the effect happens here, and only here
+//!             let result = StoredResult::new(201, vec![], b"{\"paid\":true}".to_vec())?;
+//!             store.complete(&request.id, token, result).await?;
+//!         }
+//!         Claim::Replay { record } => {
+//!             assert_eq!(record.result.map(|r| r.status()), Some(201));
+//!         }
+//!         other => panic!("unexpected {other:?}"),
+//!     }
+//! }
+//! assert_eq!(effects, 1);
+//!
+//! // A day later the result is gone, but the key is not forgotten:
+//! clock.advance_millis(Policy::DEFAULT.retention_s() * 1000);
+//! assert!(matches!(store.claim(&request).await?, Claim::Expired { .. }));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 pub mod decision;
 pub mod fingerprint;

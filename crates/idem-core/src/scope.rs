@@ -132,7 +132,8 @@ mod tests {
 
     #[test]
     fn validates_and_joins() {
-        let cases: Vec<(Result<Scope, ScopeError>, Result<&str, ScopeError>)> = vec![
+        type Case<'a> = (Result<Scope, ScopeError>, Result<&'a str, ScopeError>);
+        let cases: Vec<Case> = vec![
             (Scope::new("POST /payouts|anon"), Ok("POST /payouts|anon")),
             (Scope::new(""), Err(ScopeError::Empty)),
             (
