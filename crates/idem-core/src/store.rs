@@ -53,8 +53,10 @@ pub trait Store: Send + Sync {
     /// the store's current time.
     fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>>;
 
-    /// Turns up to `limit` records past retention into tombstones and deletes
-    /// up to `limit` tombstones past their horizon.
+    /// Turns completed records past retention into tombstones and deletes
+    /// tombstones past their horizon, changing at most `limit` records in all
+    /// (capped at [`LIST_LIMIT_MAX`]; 0 changes nothing). Call it until the
+    /// report is empty to catch up.
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport>;
 }
 

@@ -1,0 +1,374 @@
+//! Proof that the suite has teeth: stores broken on purpose, each in one way
+//! a real backend could be, must each fail the cases written to catch them,
+//! while the same wrapper without a fault passes those cases.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use idem_conformance::{START, cases};
+use idem_core::{
+    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, ListQuery, ManualClock, MemoryStore,
+    OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, State, Store, StoreError,
+    StoreFuture, StoredResult, Timestamp, Token,
+};
+
+/// `(name, case)` for a case of the suite, runnable against `Broken`.
+macro_rules! case {
+    ($name:ident) => {
+        (
+            stringify!($name),
+            (|store: Arc<Broken>, clock: ManualClock| -> CaseFuture {
+                Box::pin(cases::$name(store, clock))
+            }) as CaseFn,
+        )
+    };
+}
+
+/// Every fault, with the cases that must catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_fault_is_caught() {
+    let table: Vec<(Fault, Vec<(&str, CaseFn)>)> = vec![
+        (
+            Fault::AlwaysAcquires,
+            vec![
+                case!(claim_on_completed_replays_result),
+                case!(claim_in_flight_reports_lease),
+                case!(claim_with_other_fingerprint_is_mismatch),
+                case!(concurrent_claims_on_one_key_acquire_once),
+            ],
+        ),
+        (
+            Fault::UnfencedComplete,
+            vec![
+                case!(stale_tokens_are_fenced),
+                case!(claim_on_expired_lease_takes_over),
+                case!(tokens_increase_across_release),
+            ],
+        ),
+        (
+            Fault::ReleaseKeepsRecord,
+            vec![
+                case!(release_removes_record),
+                case!(tokens_increase_across_release),
+            ],
+        ),
+        (
+            Fault::ListIgnoresState,
+            vec![case!(list_filters_by_state_at_store_clock)],
+        ),
+        (
+            Fault::ListIgnoresCursor,
+            vec![
+                case!(list_pages_with_after_cursor),
+                case!(list_orders_by_scope_then_key),
+            ],
+        ),
+        (
+            Fault::PurgesEarly,
+            vec![
+                case!(purge_before_retention_does_nothing),
+                case!(purge_tombstones_after_retention),
+            ],
+        ),
+        (Fault::PurgeIgnoresLimit, vec![case!(purge_honours_limit)]),
+        (
+            Fault::ExpiresOnlyByPurge,
+            vec![case!(claim_past_retention_is_expired_before_any_purge)],
+        ),
+        (
+            Fault::DropsReplayHeaders,
+            vec![case!(claim_on_completed_replays_result)],
+        ),
+        (
+            Fault::TruncatesOwner,
+            vec![case!(owner_over_limit_is_refused)],
+        ),
+        (
+            Fault::ClaimReadsThenWrites,
+            vec![case!(concurrent_claims_on_one_key_acquire_once)],
+        ),
+        (
+            Fault::ClaimClockLagsOneMs,
+            vec![
+                case!(claim_acquires_when_no_record),
+                case!(claim_in_flight_reports_lease),
+                case!(claim_on_expired_lease_reconciles),
+                case!(claim_past_retention_is_expired_before_any_purge),
+                case!(claim_after_tombstone_horizon_acquires),
+            ],
+        ),
+        (
+            Fault::ResolveSkipsStateCheck,
+            vec![case!(resolve_refuses_other_states)],
+        ),
+    ];
+    let quiet = QuietPanics::new();
+    let mut escaped = Vec::new();
+    for (fault, catchers) in table {
+        for (name, case) in catchers {
+            if let Err(why) = run(Fault::None, case).await {
+                escaped.push(format!("{name} fails without a fault: {why}"));
+            }
+            if run(fault, case).await.is_ok() {
+                escaped.push(format!("{name} passes against {fault:?}"));
+            }
+        }
+    }
+    drop(quiet);
+    assert!(
+        escaped.is_empty(),
+        "the suite has gaps:\n{}",
+        escaped.join("\n")
+    );
+}
+
+/// One way to break a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// No fault: the wrapper only forwards. The control.
+    None,
+    /// Claim ignores the existing record and always says `Acquired`.
+    AlwaysAcquires,
+    /// Complete ignores the presented token and completes whoever holds the record.
+    UnfencedComplete,
+    /// Release answers `Ok` but keeps the record.
+    ReleaseKeepsRecord,
+    /// List drops the state filter.
+    ListIgnoresState,
+    /// List drops the `after` cursor.
+    ListIgnoresCursor,
+    /// Purge reads a clock a year ahead, deleting records early.
+    PurgesEarly,
+    /// Purge handles everything it finds, whatever the limit.
+    PurgeIgnoresLimit,
+    /// Claim replays a completed record until a purge physically drops it.
+    ExpiresOnlyByPurge,
+    /// Replays lose the stored headers (a lossy column).
+    DropsReplayHeaders,
+    /// Claim truncates a long owner instead of refusing it.
+    TruncatesOwner,
+    /// Claim decides from a read taken before its write, without a lock.
+    ClaimReadsThenWrites,
+    /// Claim reads a clock one millisecond behind (`<=` where `<` belongs).
+    ClaimClockLagsOneMs,
+    /// Resolve on a record that is not ambiguous answers "released".
+    ResolveSkipsStateCheck,
+}
+
+/// `MemoryStore`, wrapped, with at most one fault.
+struct Broken {
+    inner: MemoryStore,
+    clock: Arc<SkewedClock>,
+    fault: Fault,
+    fake_tokens: AtomicU64,
+}
+
+/// The test's clock plus a skew the wrapper may turn on.
+struct SkewedClock {
+    base: ManualClock,
+    skew_ms: AtomicI64,
+}
+
+type CaseFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+type CaseFn = fn(Arc<Broken>, ManualClock) -> CaseFuture;
+
+impl Broken {
+    fn new(fault: Fault, clock: ManualClock) -> Broken {
+        let clock = Arc::new(SkewedClock {
+            base: clock,
+            skew_ms: AtomicI64::new(0),
+        });
+        Broken {
+            inner: MemoryStore::new(clock.clone()),
+            clock,
+            fault,
+            fake_tokens: AtomicU64::new(1_000_000),
+        }
+    }
+
+    async fn claim_broken(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        match self.fault {
+            Fault::TruncatesOwner => {
+                let mut req = req.clone();
+                let mut end = req.owner.len().min(OWNER_BYTES_MAX);
+                while !req.owner.is_char_boundary(end) {
+                    end -= 1;
+                }
+                req.owner.truncate(end);
+                return self.inner.claim(&req).await;
+            }
+            Fault::ClaimClockLagsOneMs => {
+                self.clock.skew_ms.store(-1, Ordering::SeqCst);
+                let claim = self.inner.claim(req).await;
+                self.clock.skew_ms.store(0, Ordering::SeqCst);
+                return claim;
+            }
+            Fault::ClaimReadsThenWrites => {
+                let seen = self.inner.get(&req.id).await?;
+                for _ in 0..8 {
+                    tokio::task::yield_now().await;
+                }
+                let claim = self.inner.claim(req).await?;
+                let current = self.inner.get(&req.id).await?;
+                return Ok(match (seen, claim, current) {
+                    (None, Claim::InFlight { lease_until, .. }, Some(r)) => Claim::Acquired {
+                        token: r.token,
+                        lease_until,
+                        took_over: None,
+                    },
+                    (_, claim, _) => claim,
+                });
+            }
+            _ => {}
+        }
+        let claim = self.inner.claim(req).await?;
+        Ok(match (self.fault, claim) {
+            (Fault::AlwaysAcquires, claim @ Claim::Acquired { .. }) => claim,
+            (Fault::AlwaysAcquires, _) => Claim::Acquired {
+                token: Token(self.fake_tokens.fetch_add(1, Ordering::SeqCst)),
+                lease_until: self.clock.now().plus_millis(req.policy.lease_ms()),
+                took_over: None,
+            },
+            (Fault::ExpiresOnlyByPurge, claim @ Claim::Expired { .. }) => {
+                match self.inner.get(&req.id).await? {
+                    Some(r) if r.state == State::Completed => Claim::Replay {
+                        record: Box::new(r),
+                    },
+                    _ => claim,
+                }
+            }
+            (Fault::DropsReplayHeaders, Claim::Replay { mut record }) => {
+                record.result = record.result.map(|r| without_headers(&r));
+                Claim::Replay { record }
+            }
+            (_, claim) => claim,
+        })
+    }
+}
+
+impl Store for Broken {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
+        Box::pin(self.claim_broken(req))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> StoreFuture<'a, Record> {
+        Box::pin(async move {
+            let token = match (self.fault, self.inner.get(id).await?) {
+                (Fault::UnfencedComplete, Some(current)) => current.token,
+                _ => token,
+            };
+            self.inner.complete(id, token, result).await
+        })
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
+        match self.fault {
+            Fault::ReleaseKeepsRecord => Box::pin(std::future::ready(Ok(()))),
+            _ => self.inner.release(id, token),
+        }
+    }
+
+    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
+        self.inner.mark_ambiguous(id, token)
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RecordId,
+        resolution: Resolution,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            match (self.fault, self.inner.resolve(id, resolution).await) {
+                (Fault::ResolveSkipsStateCheck, Err(StoreError::WrongState { .. })) => Ok(None),
+                (_, resolved) => resolved,
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
+        self.inner.get(id)
+    }
+
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+        let mut query = query.clone();
+        match self.fault {
+            Fault::ListIgnoresState => query.state = None,
+            Fault::ListIgnoresCursor => query.after = None,
+            _ => {}
+        }
+        Box::pin(async move { self.inner.list(&query).await })
+    }
+
+    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
+        Box::pin(async move {
+            match self.fault {
+                Fault::PurgeIgnoresLimit => self.inner.purge(LIST_LIMIT_MAX).await,
+                Fault::PurgesEarly => {
+                    const YEAR_MS: i64 = 366 * 86_400_000;
+                    self.clock.skew_ms.store(YEAR_MS, Ordering::SeqCst);
+                    let report = self.inner.purge(limit).await;
+                    self.clock.skew_ms.store(0, Ordering::SeqCst);
+                    report
+                }
+                _ => self.inner.purge(limit).await,
+            }
+        })
+    }
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        let skew_ms = self.skew_ms.load(Ordering::SeqCst);
+        Timestamp::from_millis(self.base.now().as_millis().saturating_add_signed(skew_ms))
+    }
+}
+
+/// Silences the default panic report while the expected panics happen; the
+/// messages that matter are collected from the join errors instead.
+struct QuietPanics;
+
+impl QuietPanics {
+    fn new() -> QuietPanics {
+        std::panic::set_hook(Box::new(|_| {}));
+        QuietPanics
+    }
+}
+
+impl Drop for QuietPanics {
+    fn drop(&mut self) {
+        drop(std::panic::take_hook());
+    }
+}
+
+/// Runs `case` against a fresh `Broken` store with `fault`, on its own task
+/// so that its panic is caught; returns the panic message if it failed.
+async fn run(fault: Fault, case: CaseFn) -> Result<(), String> {
+    let clock = ManualClock::new(START);
+    let store = Arc::new(Broken::new(fault, clock.clone()));
+    match tokio::spawn(case(store, clock)).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()));
+            Err(message.unwrap_or_else(|| "a panic without a message".to_owned()))
+        }
+        Err(e) => Err(format!("the case was cancelled: {e}")),
+    }
+}
+
+fn without_headers(result: &StoredResult) -> StoredResult {
+    match StoredResult::new(result.status(), Vec::new(), result.body().to_vec()) {
+        Ok(stripped) => stripped,
+        Err(e) => panic!("a stored result stays valid without headers: {e}"),
+    }
+}
