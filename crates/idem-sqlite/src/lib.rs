@@ -1,1 +1,328 @@
-//! placeholder
+//! The embedded default idem store: one SQLite file in WAL mode with
+//! `synchronous=FULL`, written by one thread that group-commits concurrent
+//! operations so they share an fsync.
+//!
+//! The store applies the shared decision functions of
+//! [`idem_core::decision`] and nothing else; it passes the same conformance
+//! suite as [`idem_core::MemoryStore`]. A caller is answered only after the
+//! transaction holding its operation committed.
+//!
+//! ```
+//! use idem_core::{ClaimRequest, IdempotencyKey, Policy, RecordId, Scope, Store};
+//! use idem_core::{Claim, Fingerprint, StoredResult};
+//! use idem_sqlite::{SqliteOptions, SqliteStore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default())?;
+//! let req = ClaimRequest {
+//!     id: RecordId {
+//!         scope: Scope::new("POST /payouts|tenant-7")?,
+//!         key: IdempotencyKey::parse("payout-847-2026-W36")?,
+//!     },
+//!     fingerprint: Fingerprint::from_bytes([7; 32]),
+//!     owner: "node-1".to_owned(),
+//!     policy: Policy::default(),
+//! };
+//! let rt = tokio::runtime::Runtime::new()?;
+//! rt.block_on(async {
+//!     let Claim::Acquired { token, .. } = store.claim(&req).await? else {
+//!         panic!("a fresh key is acquired");
+//!     };
+//!     let result = StoredResult::new(201, vec![], b"paid".to_vec())?;
+//!     store.complete(&req.id, token, result).await?;
+//!     assert!(matches!(store.claim(&req).await?, Claim::Replay { .. }));
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! ## Group commit
+//! Callers queue operations (bounded, [`WRITE_QUEUE_MAX`]) for one writer
+//! thread. It opens a `BEGIN IMMEDIATE` transaction, applies every queued
+//! operation in its own `SAVEPOINT` (one operation's error undoes only its
+//! own writes), keeps taking operations that arrive meanwhile up to
+//! [`SqliteOptions::batch_max`], commits once (one fsync with
+//! `synchronous=FULL`), and only then answers each caller. If the commit
+//! fails, every caller in the batch gets [`StoreError::Unavailable`].
+//! `get` and `list` run on reader threads with their own connections.
+//!
+//! ## Schema
+//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`); a
+//! one-row table `meta` holds the fencing counter, so tokens keep
+//! increasing after records are deleted, across restarts and between
+//! processes sharing the file. The file is marked with
+//! `PRAGMA application_id` = [`APPLICATION_ID`] and versioned with
+//! `PRAGMA user_version` = [`SCHEMA_VERSION`].
+
+mod reader;
+mod row;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use idem_core::{
+    Claim, ClaimRequest, Clock, ListQuery, PurgeReport, Record, RecordId, Resolution, Store,
+    StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::reader::ReadOp;
+use crate::writer::{Counters, Op, Reply, Writer};
+
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+
+/// The most operations one group commit takes.
+pub const BATCH_MAX_LIMIT: usize = 4096;
+/// The most reader threads a store runs.
+pub const READERS_MAX: usize = 64;
+/// Write operations that may wait for the writer; callers beyond this wait
+/// to enqueue.
+pub const WRITE_QUEUE_MAX: usize = 4096;
+/// Read operations that may wait for a reader.
+pub const READ_QUEUE_MAX: usize = 1024;
+
+/// How to open a [`SqliteStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// The most operations committed in one transaction (one fsync). 1 means
+    /// one transaction per operation; 0 is taken as 1 and values above
+    /// [`BATCH_MAX_LIMIT`] as that limit. Default 256.
+    pub batch_max: usize,
+    /// Reader threads (each with its own connection) serving `get` and
+    /// `list`, between 1 and [`READERS_MAX`]. Default 2.
+    pub readers: usize,
+    /// Create the file if it does not exist. When false, a missing file is
+    /// an error. Default true.
+    pub create: bool,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            batch_max: 256,
+            readers: 2,
+            create: true,
+        }
+    }
+}
+
+/// What the writer thread has done since the store was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions run (each one fsync when it commits).
+    pub batches: u64,
+    /// Operations run in them.
+    pub ops: u64,
+}
+
+/// A [`Store`] in one SQLite file.
+///
+/// Dropping it lets the writer finish the operations already queued, then
+/// stops and joins its threads.
+pub struct SqliteStore {
+    // Field order matters: the senders drop before `_threads`, so the threads
+    // see their queues close and exit before `_threads` joins them.
+    writes: mpsc::Sender<Op>,
+    reads: mpsc::Sender<ReadOp>,
+    path: PathBuf,
+    store: String,
+    counters: Arc<Counters>,
+    _threads: Threads,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the database at `path` with the system clock.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with_clock(path, options, Arc::new(SystemClock))
+    }
+
+    /// Opens (or creates) the database at `path`, deciding expiry against
+    /// `clock`.
+    ///
+    /// Fails with [`StoreError::Incompatible`] when the file is not an idem
+    /// database or has a newer schema, and with [`StoreError::Unavailable`]
+    /// when it cannot be opened for writing; both name the path.
+    pub fn open_with_clock(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let store = path.display().to_string();
+        let (conn, last_token) = schema::open_writer(&path, options.create)?;
+        let readers = (0..options.readers.clamp(1, READERS_MAX))
+            .map(|_| schema::open_reader(&path))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        // Declared before the queues so that, if a spawn fails, the queues
+        // close (locals drop in reverse order) before `threads` joins.
+        let mut threads = Threads(Vec::with_capacity(readers.len() + 1));
+        let counters = Arc::new(Counters::default());
+        let batch_max = options.batch_max.clamp(1, BATCH_MAX_LIMIT);
+        let writer = Writer::new(
+            conn,
+            Arc::clone(&clock),
+            store.clone(),
+            batch_max,
+            last_token,
+            Arc::clone(&counters),
+        );
+        let (writes, write_queue) = mpsc::channel(WRITE_QUEUE_MAX);
+        let (reads, read_queue) = mpsc::channel(READ_QUEUE_MAX);
+        let read_queue = Arc::new(Mutex::new(read_queue));
+
+        threads.spawn(&store, "idem-sqlite-writer".to_owned(), move || {
+            writer.run(write_queue)
+        })?;
+        for (n, conn) in readers.into_iter().enumerate() {
+            let (clock, queue, name) = (Arc::clone(&clock), Arc::clone(&read_queue), store.clone());
+            threads.spawn(&store, format!("idem-sqlite-reader-{n}"), move || {
+                reader::run(conn, clock, name, queue)
+            })?;
+        }
+        Ok(SqliteStore {
+            writes,
+            reads,
+            path,
+            store,
+            counters,
+            _threads: threads,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Batches and operations the writer has run: `ops / batches` is the
+    /// mean group-commit size.
+    pub fn stats(&self) -> WriterStats {
+        WriterStats {
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            ops: self.counters.ops.load(Ordering::Relaxed),
+        }
+    }
+
+    fn write<T: Send + 'static>(&self, op: impl FnOnce(Reply<T>) -> Op) -> StoreFuture<'_, T> {
+        let (reply, answer) = oneshot::channel();
+        let op = op(reply);
+        Box::pin(async move {
+            self.writes.send(op).await.map_err(|_| self.stopped())?;
+            answer.await.map_err(|_| self.stopped())?
+        })
+    }
+
+    fn read<T: Send + 'static>(&self, op: impl FnOnce(Reply<T>) -> ReadOp) -> StoreFuture<'_, T> {
+        let (reply, answer) = oneshot::channel();
+        let op = op(reply);
+        Box::pin(async move {
+            self.reads.send(op).await.map_err(|_| self.stopped())?;
+            answer.await.map_err(|_| self.stopped())?
+        })
+    }
+
+    /// A thread dropped an operation: it panicked (a bug, or SQLite aborted).
+    fn stopped(&self) -> StoreError {
+        StoreError::Unavailable {
+            store: self.store.clone(),
+            reason: "the store's worker thread stopped; reopen the store".to_owned(),
+        }
+    }
+}
+
+impl Store for SqliteStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
+        if let Err(e) = check_owner(&req.owner) {
+            return Box::pin(std::future::ready(Err(e.into())));
+        }
+        let req = req.clone();
+        self.write(|reply| Op::Claim { req, reply })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> StoreFuture<'a, Record> {
+        let id = id.clone();
+        self.write(|reply| Op::Complete {
+            id,
+            token,
+            result,
+            reply,
+        })
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
+        let id = id.clone();
+        self.write(|reply| Op::Release { id, token, reply })
+    }
+
+    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
+        let id = id.clone();
+        self.write(|reply| Op::MarkAmbiguous { id, token, reply })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RecordId,
+        resolution: Resolution,
+    ) -> StoreFuture<'a, Option<Record>> {
+        let id = id.clone();
+        self.write(|reply| Op::Resolve {
+            id,
+            resolution,
+            reply,
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
+        let id = id.clone();
+        self.read(|reply| ReadOp::Get { id, reply })
+    }
+
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+        let query = query.clone();
+        self.read(|reply| ReadOp::List { query, reply })
+    }
+
+    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
+        self.write(|reply| Op::Purge { limit, reply })
+    }
+}
+
+/// The store's threads, joined on drop (after the queues closed).
+struct Threads(Vec<JoinHandle<()>>);
+
+impl Threads {
+    fn spawn(
+        &mut self,
+        store: &str,
+        name: String,
+        f: impl FnOnce() + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(|e| schema::unavailable(store, format!("cannot start a thread: {e}")))?;
+        self.0.push(handle);
+        Ok(())
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        for handle in self.0.drain(..) {
+            // A thread that panicked has already failed its callers with
+            // `Unavailable`; there is nothing more to report here.
+            let _ = handle.join();
+        }
+    }
+}

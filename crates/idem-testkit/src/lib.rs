@@ -1,1 +1,74 @@
-//! placeholder
+//! Helper processes for idem's black-box tests, and the few definitions the
+//! processes and the tests that drive them must agree on.
+//!
+//! - `crash-writer` (`src/bin/crash-writer.rs`): claims and completes fresh
+//!   keys in a SQLite store as fast as it can and reports each commit on
+//!   stdout, so a test can kill it at any instant and check the file.
+
+use idem_core::Token;
+
+/// The scope every record of `crash-writer` lives in.
+pub const CRASH_SCOPE: &str = "crash-writer|tenant-1";
+
+/// One line of `crash-writer`'s stdout: a completion the store confirmed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    /// The record's scope.
+    pub scope: String,
+    /// The record's key.
+    pub key: String,
+    /// The token it was completed with.
+    pub token: Token,
+}
+
+impl Committed {
+    /// The line as printed, with its newline: `committed <scope> <key> <token>`.
+    pub fn line(&self) -> String {
+        format!("committed {} {} {}\n", self.scope, self.key, self.token)
+    }
+
+    /// Parses a line printed by [`Committed::line`] (newline included or
+    /// not); `None` for anything else.
+    pub fn parse(line: &str) -> Option<Committed> {
+        let mut words = line.trim_end_matches('\n').split(' ');
+        let (Some("committed"), Some(scope), Some(key), Some(token), None) = (
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+            words.next(),
+        ) else {
+            return None;
+        };
+        Some(Committed {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            token: Token(token.parse().ok()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_junk_is_refused() {
+        let c = Committed {
+            scope: CRASH_SCOPE.to_owned(),
+            key: "w3-17".to_owned(),
+            token: Token(42),
+        };
+        assert_eq!(c.line(), "committed crash-writer|tenant-1 w3-17 42\n");
+        assert_eq!(Committed::parse(&c.line()), Some(c));
+        for junk in [
+            "",
+            "committed a b",
+            "committed a b c",
+            "committed a b 1 extra",
+            "done a b 1",
+        ] {
+            assert_eq!(Committed::parse(junk), None, "{junk:?}");
+        }
+    }
+}

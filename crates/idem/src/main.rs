@@ -1,1 +1,75 @@
-fn main() {}
+//! `idem`: the command-line entry point. Thin glue: parse arguments, open the
+//! store named by a URL, and call the library crates.
+
+mod records;
+mod serve;
+mod store_url;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::records::{ListArgs, ShowArgs};
+
+/// idem makes "this business effect happens once" a contract that can be
+/// stated, enforced, inspected and tested.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
+    Serve(serve::ServeArgs),
+    /// Inspect idempotency records in a store.
+    #[command(subcommand)]
+    Records(RecordsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RecordsCommand {
+    /// List records in (scope, key) order, optionally only those in one state.
+    List(ListArgs),
+    /// Show one record in full.
+    Show(ShowArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Records(RecordsCommand::List(args)) => records::list(args).await,
+            Command::Records(RecordsCommand::Show(args)) => records::show(args).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr; `IDEM_LOG` (e.g. `debug`, `idem_http=debug`) filters them.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

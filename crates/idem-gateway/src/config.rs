@@ -1,0 +1,274 @@
+//! The gateway's configuration: a TOML file and command-line overrides,
+//! parsed once into a validated [`GatewayConfig`]. Every error names the file
+//! and the field.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use idem_http::{Route, RouteSpec};
+use serde::Deserialize;
+
+/// The default listen address.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+/// The default store.
+pub const STORE_DEFAULT: &str = "sqlite://idem.db";
+/// Default connect timeout, in milliseconds.
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// Default response timeout, in milliseconds.
+pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// The longest timeout accepted, in milliseconds (one hour).
+pub const TIMEOUT_MS_MAX: u64 = 3_600_000;
+/// The most routes a config may declare.
+pub const ROUTES_MAX: usize = 1_000;
+
+/// The config file as written.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on.
+    pub listen: Option<String>,
+    /// Base URL of the upstream API.
+    pub upstream: Option<String>,
+    /// Store URL.
+    pub store: Option<String>,
+    /// Label written on records this node acquires.
+    pub owner: Option<String>,
+    /// Connect timeout towards the upstream, in milliseconds.
+    pub connect_timeout_ms: Option<u64>,
+    /// Time allowed for the upstream's whole response, in milliseconds.
+    pub response_timeout_ms: Option<u64>,
+    /// Protected routes; none means POST and PATCH on every path.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteSpec>,
+}
+
+/// Values given on the command line; they win over the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--upstream`.
+    pub upstream: Option<String>,
+    /// `--store`.
+    pub store: Option<String>,
+}
+
+/// A validated gateway configuration.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Upstream base URL (`http://host:port[/base]`).
+    pub upstream: Uri,
+    /// Store URL, opened by the caller.
+    pub store: String,
+    /// Record owner label.
+    pub owner: String,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Response timeout.
+    pub response_timeout: Duration,
+    /// Routes, first match wins.
+    pub routes: Vec<Route>,
+}
+
+/// A configuration error: where (file, field) and what.
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The file, or `None` for command-line values.
+    pub file: Option<PathBuf>,
+    /// The field, e.g. `route[1].lease_ms`.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl GatewayConfig {
+    /// Reads and validates `path` (if any), then applies `overrides`.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
+        let file = match path {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        GatewayConfig::from_parts(file, path, overrides)
+    }
+
+    /// Validates a parsed file (named `path` in errors) with `overrides`.
+    pub fn from_parts(
+        file: FileConfig,
+        path: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<GatewayConfig, ConfigError> {
+        let err = |field: &str, reason: String, from_file: bool| ConfigError {
+            file: if from_file { path.map(Path::to_path_buf) } else { None },
+            field: field.to_owned(),
+            reason,
+        };
+        let (listen, from_file) = pick(&overrides.listen, &file.listen, LISTEN_DEFAULT);
+        let listen = listen.parse::<SocketAddr>().map_err(|e| {
+            err("listen", format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"), from_file)
+        })?;
+        let upstream = match (&overrides.upstream, &file.upstream) {
+            (Some(u), _) => parse_upstream(u).map_err(|r| err("upstream", r, false))?,
+            (None, Some(u)) => parse_upstream(u).map_err(|r| err("upstream", r, true))?,
+            (None, None) => {
+                return Err(err(
+                    "upstream",
+                    "is required: pass --upstream http://HOST:PORT or set upstream in the config file".into(),
+                    false,
+                ));
+            }
+        };
+        let (store, _) = pick(&overrides.store, &file.store, STORE_DEFAULT);
+        let owner = file.owner.clone().unwrap_or_else(|| format!("idem-{}", std::process::id()));
+        if owner.is_empty() || owner.len() > idem_core::OWNER_BYTES_MAX {
+            return Err(err("owner", format!("must be 1-{} bytes", idem_core::OWNER_BYTES_MAX), true));
+        }
+        let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default) {
+            ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
+            ms => Err(err(field, format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"), true)),
+        };
+        let connect_timeout = timeout("connect_timeout_ms", file.connect_timeout_ms, CONNECT_TIMEOUT_MS_DEFAULT)?;
+        let response_timeout = timeout("response_timeout_ms", file.response_timeout_ms, RESPONSE_TIMEOUT_MS_DEFAULT)?;
+        if file.routes.len() > ROUTES_MAX {
+            return Err(err("route", format!("{} routes; at most {ROUTES_MAX}", file.routes.len()), true));
+        }
+        let routes = if file.routes.is_empty() {
+            vec![Route::default_catch_all()]
+        } else {
+            file.routes
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    Route::new(spec).map_err(|e| {
+                        let name = spec.name.as_deref().map(|n| format!(" ({n:?})")).unwrap_or_default();
+                        err(&format!("route[{i}].{}", e.field), format!("{}{name}", e.reason), true)
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(GatewayConfig {
+            listen,
+            upstream,
+            store: store.to_owned(),
+            owner,
+            connect_timeout,
+            response_timeout,
+            routes,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: Some(path.to_path_buf()),
+        field: "(file)".into(),
+        reason: format!("cannot read: {e}"),
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        let (line, column) = e
+            .span()
+            .map(|span| line_column(&text, span.start))
+            .unwrap_or((0, 0));
+        ConfigError {
+            file: Some(path.to_path_buf()),
+            field: format!("line {line}, column {column}"),
+            reason: e.message().to_owned(),
+        }
+    })
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..offset.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+    (line, column)
+}
+
+fn pick<'a>(cli: &'a Option<String>, file: &'a Option<String>, default: &'a str) -> (&'a str, bool) {
+    match (cli, file) {
+        (Some(v), _) => (v, false),
+        (None, Some(v)) => (v, true),
+        (None, None) => (default, false),
+    }
+}
+
+fn parse_upstream(raw: &str) -> Result<Uri, String> {
+    let uri: Uri = raw
+        .parse()
+        .map_err(|e| format!("{raw:?} is not a URL ({e})"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!("{raw:?} must be an http:// URL (TLS to the upstream is not supported yet)"));
+    }
+    if uri.authority().is_none() {
+        return Err(format!("{raw:?} names no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{raw:?} must not have a query"));
+    }
+    Ok(uri)
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "{}: {}: {}", file.display(), self.field, self.reason),
+            None => write!(f, "{}: {}", self.field, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, overrides: &Overrides) -> Result<GatewayConfig, String> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+        GatewayConfig::from_parts(file, Some(Path::new("idem.toml")), overrides).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let up = Overrides { upstream: Some("http://127.0.0.1:9000".into()), ..Default::default() };
+        let cases = [
+            ("listen = \"nope\"", "idem.toml: listen: \"nope\" is not an address"),
+            ("upstream = \"https://x\"", "idem.toml: upstream: \"https://x\" must be an http:// URL"),
+            ("connect_timeout_ms = 0", "idem.toml: connect_timeout_ms: 0 is out of range"),
+            ("[[route]]\nname = \"payouts\"\nlease_ms = 1", "idem.toml: route[0].lease_ms: lease_ms = 1 is out of range (100..=86400000) (\"payouts\")"),
+            ("[[route]]\n[[route]]\npath = \"x\"", "idem.toml: route[1].path: \"x\" must start with '/'"),
+        ];
+        for (text, expect) in cases {
+            let overrides = if text.starts_with("upstream") { Overrides::default() } else { up.clone() };
+            let got = load(text, &overrides).map(|_| ()).unwrap_err();
+            assert!(got.starts_with(expect), "{text:?}: {got}");
+        }
+        let missing = load("", &Overrides::default()).map(|_| ()).unwrap_err();
+        assert!(missing.starts_with("upstream: is required"), "{missing}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named_with_their_line() {
+        let dir = std::env::temp_dir().join(format!("idem-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idem.toml");
+        std::fs::write(&path, "upstream = \"http://127.0.0.1:9\"\n\n[[route]]\nlease_msx = 5\n").unwrap();
+        let e = GatewayConfig::load(Some(&path), &Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("idem.toml: line 4, column 1: unknown field `lease_msx`"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let cli = Overrides { listen: Some("127.0.0.1:9999".into()), ..Default::default() };
+        let c = load("upstream = \"http://127.0.0.1:9000/base\"\nlisten = \"127.0.0.1:1\"", &cli).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
+        assert_eq!(c.store, STORE_DEFAULT);
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.response_timeout, Duration::from_millis(RESPONSE_TIMEOUT_MS_DEFAULT));
+    }
+}

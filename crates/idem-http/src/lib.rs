@@ -1,0 +1,54 @@
+//! The Idempotency-Key contract over HTTP, as a tower middleware: the same
+//! semantics in-process (axum/hyper services) and in the `idem serve` gateway.
+//!
+//! [`IdempotencyLayer`] wraps a service; for each request that a [`Route`]
+//! protects it parses the key, reads the body (413 over the limit, before
+//! any claim), derives the scope and fingerprint, claims the record, and
+//! then either calls the inner service exactly once and records its answer,
+//! or answers itself: a replay of the stored result, or an RFC 9457 problem.
+//! The inner service's failures become responses, never new error types.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use idem_core::{MemoryStore, SystemClock};
+//! use idem_http::{IdempotencyLayer, Route};
+//! use tower::{Layer, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let effects = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+//! let counter = effects.clone();
+//! let payouts = service_fn(move |_req: Request<Full<Bytes>>| {
+//!     let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+//!     async move { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("payout {n}"))))) }
+//! });
+//! let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+//! let service = IdempotencyLayer::new(store, vec![Route::default_catch_all()]).layer(payouts);
+//!
+//! for _ in 0..2 {
+//!     let req = Request::post("/payouts").header("Idempotency-Key", "\"p-847\"")
+//!         .body(Full::new(Bytes::from_static(b"{\"amount\":100}"))).unwrap();
+//!     let res = service.clone().oneshot(req).await.unwrap();
+//!     assert_eq!(res.status(), 200);
+//! }
+//! assert_eq!(effects.load(std::sync::atomic::Ordering::SeqCst), 1);
+//! # }
+//! ```
+
+mod completion;
+mod problem;
+mod request;
+mod route;
+mod service;
+
+pub use completion::{AttemptOutcome, Completion, CompletionPolicy, CompletionSpec};
+pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind};
+pub use request::ANONYMOUS;
+pub use route::{
+    BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, ForwardKeySpec, PathPattern, Route, RouteError,
+    RouteSpec,
+};
+pub use service::{Idempotency, IdempotencyLayer, REPLAYED_HEADER, RESPONSE_BYTES_MAX};

@@ -1,0 +1,175 @@
+//! RFC 9457 problem responses: every refusal the contract makes has a stable
+//! `type` URI, a fixed title and an HTTP status, documented in docs/http.md.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// The prefix of every problem `type` URI.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:idem:problem:";
+
+/// A refusal, or a failure the gateway reports instead of an upstream answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400: the route requires a key and none was sent.
+    MissingKey,
+    /// 400: the key is empty, too long, not visible ASCII, or sent twice.
+    InvalidKey,
+    /// 400: the body is declared JSON but is not valid JSON (or not exact).
+    InvalidBody,
+    /// 413: the body is over the route's limit; nothing was claimed.
+    BodyTooLarge,
+    /// 422: the key was used with a different request.
+    KeyReused,
+    /// 409: a request with this key is in flight.
+    RequestInProgress,
+    /// 409: an earlier attempt's outcome is unknown and awaits reconciliation.
+    OutcomeUnknown,
+    /// 422: the key is past retention; the request is not executed.
+    KeyExpired,
+    /// 503: the idempotency store cannot be reached; nothing was forwarded.
+    StoreUnavailable,
+    /// 502: the upstream could not be reached; the request was never sent.
+    UpstreamUnreachable,
+    /// 504: the upstream did not answer in time after the request was sent.
+    UpstreamTimeout,
+    /// 502: the upstream failed after the request was sent.
+    UpstreamFailed,
+    /// 502 (replayed): the effect happened but its response was too large to store.
+    ResultNotStored,
+}
+
+impl ProblemKind {
+    /// The slug after [`PROBLEM_TYPE_PREFIX`].
+    pub fn slug(self) -> &'static str {
+        match self {
+            ProblemKind::MissingKey => "missing-key",
+            ProblemKind::InvalidKey => "invalid-key",
+            ProblemKind::InvalidBody => "invalid-body",
+            ProblemKind::BodyTooLarge => "body-too-large",
+            ProblemKind::KeyReused => "key-reused",
+            ProblemKind::RequestInProgress => "request-in-progress",
+            ProblemKind::OutcomeUnknown => "outcome-unknown",
+            ProblemKind::KeyExpired => "key-expired",
+            ProblemKind::StoreUnavailable => "store-unavailable",
+            ProblemKind::UpstreamUnreachable => "upstream-unreachable",
+            ProblemKind::UpstreamTimeout => "upstream-timeout",
+            ProblemKind::UpstreamFailed => "upstream-failed",
+            ProblemKind::ResultNotStored => "result-not-stored",
+        }
+    }
+
+    /// The fixed title.
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemKind::MissingKey => "Idempotency-Key is missing",
+            ProblemKind::InvalidKey => "Idempotency-Key is malformed",
+            ProblemKind::InvalidBody => "Request body cannot be fingerprinted",
+            ProblemKind::BodyTooLarge => "Request body is too large",
+            ProblemKind::KeyReused => "Idempotency-Key is already used",
+            ProblemKind::RequestInProgress => "A request is outstanding for this Idempotency-Key",
+            ProblemKind::OutcomeUnknown => {
+                "The outcome of the request with this Idempotency-Key is unknown"
+            }
+            ProblemKind::KeyExpired => "Idempotency-Key has expired",
+            ProblemKind::StoreUnavailable => "Idempotency store is unavailable",
+            ProblemKind::UpstreamUnreachable => "Upstream is unreachable",
+            ProblemKind::UpstreamTimeout => "Upstream did not answer in time",
+            ProblemKind::UpstreamFailed => "Upstream failed",
+            ProblemKind::ResultNotStored => "The result was too large to store",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::MissingKey | ProblemKind::InvalidKey | ProblemKind::InvalidBody => {
+                StatusCode::BAD_REQUEST
+            }
+            ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
+            ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::UpstreamUnreachable
+            | ProblemKind::UpstreamFailed
+            | ProblemKind::ResultNotStored => StatusCode::BAD_GATEWAY,
+            ProblemKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The full `type` URI.
+    pub fn type_uri(self) -> String {
+        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug())
+    }
+
+    /// Every kind, for documentation and tests.
+    pub const ALL: [ProblemKind; 13] = [
+        ProblemKind::MissingKey,
+        ProblemKind::InvalidKey,
+        ProblemKind::InvalidBody,
+        ProblemKind::BodyTooLarge,
+        ProblemKind::KeyReused,
+        ProblemKind::RequestInProgress,
+        ProblemKind::OutcomeUnknown,
+        ProblemKind::KeyExpired,
+        ProblemKind::StoreUnavailable,
+        ProblemKind::UpstreamUnreachable,
+        ProblemKind::UpstreamTimeout,
+        ProblemKind::UpstreamFailed,
+        ProblemKind::ResultNotStored,
+    ];
+}
+
+/// A problem with its instance detail, ready to become a response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Which problem.
+    pub kind: ProblemKind,
+    /// What happened in this instance, for a person.
+    pub detail: String,
+    /// Seconds for `Retry-After`, if the client should retry later.
+    pub retry_after_s: Option<u64>,
+}
+
+impl Problem {
+    /// A problem without `Retry-After`.
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind,
+            detail: detail.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// Adds `Retry-After`, in whole seconds (at least 1).
+    pub fn retry_after(mut self, seconds: u64) -> Problem {
+        self.retry_after_s = Some(seconds.max(1));
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Bytes {
+        let doc = serde_json::json!({
+            "type": self.kind.type_uri(),
+            "title": self.kind.title(),
+            "status": self.kind.status().as_u16(),
+            "detail": self.detail,
+        });
+        Bytes::from(doc.to_string())
+    }
+
+    /// The response, with `Content-Type: application/problem+json`.
+    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body()));
+        *response.status_mut() = self.kind.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

@@ -1,0 +1,469 @@
+//! Which requests are protected, and how: routes are declared as plain data
+//! ([`RouteSpec`], what a config file holds) and validated once into
+//! [`Route`], so the request path never meets an invalid setting.
+
+use std::fmt;
+
+use http::{HeaderName, Method};
+use idem_core::{JsonPointer, LeaseExpiry, Policy};
+use serde::Deserialize;
+
+use crate::completion::{CompletionPolicy, CompletionSpec};
+
+/// The default limit on a request body, in bytes (1 MiB).
+pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// The largest request body limit a route may declare, in bytes (64 MiB).
+pub const BODY_BYTES_MAX_LIMIT: usize = 64 * 1024 * 1024;
+
+/// A route as declared: every field optional, defaults applied by [`Route::new`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// The operation name used in the scope; defaults to `"METHODS path"`.
+    pub name: Option<String>,
+    /// Methods protected, e.g. `["POST"]`; default `["POST", "PATCH"]`.
+    pub methods: Option<Vec<String>>,
+    /// Path pattern: `/payouts`, `/payouts/{id}`, `/payouts/**`; default `/**`.
+    pub path: Option<String>,
+    /// Header carrying the key; default `Idempotency-Key`.
+    pub key_header: Option<String>,
+    /// Whether a request without a key is refused (400) or passed through
+    /// unprotected; default true.
+    pub key_required: Option<bool>,
+    /// Headers naming the principal; their values are hashed, never stored;
+    /// default `["authorization"]`.
+    pub principal_headers: Option<Vec<String>>,
+    /// Request headers that are part of the fingerprint; default none.
+    pub fingerprint_headers: Option<Vec<String>>,
+    /// JSON pointers of body fields left out of the fingerprint.
+    pub fingerprint_exclude: Option<Vec<String>>,
+    /// Request body limit in bytes; default 1 MiB.
+    pub body_bytes_max: Option<usize>,
+    /// Lease in milliseconds; default 30 000.
+    pub lease_ms: Option<u64>,
+    /// Retention of results in seconds; default 86 400.
+    pub retention_s: Option<u64>,
+    /// Tombstone horizon in seconds from completion; default 30 days.
+    pub tombstone_s: Option<u64>,
+    /// `reconcile` (default) or `takeover` (needs `upstream_dedups`).
+    pub on_lease_expiry: Option<LeaseExpiry>,
+    /// The upstream deduplicates by the forwarded key itself; default false.
+    pub upstream_dedups: Option<bool>,
+    /// Overrides of the completion table by status.
+    pub completion: Option<CompletionSpec>,
+    /// Response headers replayed besides content-type, location, content-location.
+    pub replay_headers: Option<Vec<String>>,
+    /// How the key is forwarded upstream.
+    pub forward_key: Option<ForwardKeySpec>,
+}
+
+/// How the key is passed on to the upstream, as declared.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardKeySpec {
+    /// Header name upstream; default: the route's key header.
+    pub header: Option<String>,
+    /// Value template with `{key}` and optionally `{scope_digest}`; default `{key}`.
+    pub template: Option<String>,
+}
+
+/// A validated route.
+#[derive(Clone, Debug)]
+pub struct Route {
+    pub(crate) operation: Operation,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) pattern: PathPattern,
+    pub(crate) key_header: HeaderName,
+    pub(crate) key_required: bool,
+    pub(crate) principal_headers: Vec<HeaderName>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) fingerprint_exclude: Vec<JsonPointer>,
+    pub(crate) body_bytes_max: usize,
+    pub(crate) policy: Policy,
+    pub(crate) upstream_dedups: bool,
+    pub(crate) completion: CompletionPolicy,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) forward_header: HeaderName,
+    pub(crate) forward_template: KeyTemplate,
+}
+
+/// What names the operation in the scope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// A fixed name for every request the route matches.
+    Named(String),
+    /// `METHOD path` of each request: the zero-config catch-all route, so
+    /// that one key on two different endpoints is two intents.
+    MethodAndPath,
+}
+
+/// A path pattern: literal segments, `{name}` for one segment, a final `**`
+/// for any rest (including nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathPattern {
+    text: String,
+    segments: Vec<Segment>,
+    rest: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+/// A key template: literal text around `{key}` and `{scope_digest}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyTemplate(Vec<TemplatePart>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum TemplatePart {
+    Text(String),
+    Key,
+    ScopeDigest,
+}
+
+/// A route setting that is invalid: which field, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteError {
+    /// The field, as named in the config file.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Route {
+    /// Validates a declared route, applying defaults.
+    pub fn new(spec: &RouteSpec) -> Result<Route, RouteError> {
+        let methods = parse_methods(spec.methods.as_deref())?;
+        let pattern = PathPattern::parse(spec.path.as_deref().unwrap_or("/**"))
+            .map_err(|reason| err("path", reason))?;
+        let operation = match &spec.name {
+            Some(name) if name.trim().is_empty() || name.contains('|') => {
+                return Err(err("name", "must be non-empty and must not contain '|'".into()));
+            }
+            Some(name) => Operation::Named(name.clone()),
+            None if pattern.is_catch_all() => Operation::MethodAndPath,
+            None => Operation::Named(format!("{} {}", method_list(&methods), pattern.as_str())),
+        };
+        let key_header = header_name("key_header", spec.key_header.as_deref().unwrap_or("idempotency-key"))?;
+        let upstream_dedups = spec.upstream_dedups.unwrap_or(false);
+        let policy = policy(spec)?;
+        if policy.on_lease_expiry() == LeaseExpiry::Takeover && !upstream_dedups {
+            return Err(err(
+                "on_lease_expiry",
+                "\"takeover\" re-executes an attempt whose outcome is unknown; it is only \
+                 allowed with upstream_dedups = true"
+                    .into(),
+            ));
+        }
+        let forward = spec.forward_key.clone().unwrap_or_default();
+        Ok(Route {
+            operation,
+            methods,
+            pattern,
+            forward_header: match forward.header.as_deref() {
+                Some(h) => header_name("forward_key.header", h)?,
+                None => key_header.clone(),
+            },
+            forward_template: KeyTemplate::parse(forward.template.as_deref().unwrap_or("{key}"))
+                .map_err(|reason| err("forward_key.template", reason))?,
+            key_header,
+            key_required: spec.key_required.unwrap_or(true),
+            principal_headers: header_names(
+                "principal_headers",
+                spec.principal_headers.as_deref().unwrap_or(&["authorization".to_owned()]),
+            )?,
+            fingerprint_headers: header_names(
+                "fingerprint_headers",
+                spec.fingerprint_headers.as_deref().unwrap_or(&[]),
+            )?,
+            fingerprint_exclude: spec
+                .fingerprint_exclude
+                .iter()
+                .flatten()
+                .map(|p| JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string())))
+                .collect::<Result<_, _>>()?,
+            body_bytes_max: body_limit(spec.body_bytes_max)?,
+            policy,
+            upstream_dedups,
+            completion: CompletionPolicy::new(spec.completion.as_ref(), upstream_dedups)
+                .map_err(|reason| err("completion", reason))?,
+            replay_headers: header_names(
+                "replay_headers",
+                spec.replay_headers.as_deref().unwrap_or(&[]),
+            )?,
+        })
+    }
+
+    /// The zero-config route: POST and PATCH on every path, key required.
+    pub fn default_catch_all() -> Route {
+        // The defaults are constants that validate; a failure here is a bug
+        // caught by the unit tests, so fall back to the same literal values.
+        Route::new(&RouteSpec::default()).unwrap_or_else(|e| unreachable!("default route: {e}"))
+    }
+
+    /// True when this route protects `method` on `path`.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.methods.contains(method) && self.pattern.matches(path)
+    }
+
+    /// The route's policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The path pattern.
+    pub fn pattern(&self) -> &PathPattern {
+        &self.pattern
+    }
+
+    /// True when the upstream deduplicates by the forwarded key.
+    pub fn upstream_dedups(&self) -> bool {
+        self.upstream_dedups
+    }
+}
+
+impl PathPattern {
+    /// Parses a pattern; it must start with `/`.
+    pub fn parse(text: &str) -> Result<PathPattern, String> {
+        let Some(body) = text.strip_prefix('/') else {
+            return Err(format!("{text:?} must start with '/'"));
+        };
+        let mut segments = Vec::new();
+        let mut rest = false;
+        let parts: Vec<&str> = if body.is_empty() { vec![] } else { body.split('/').collect() };
+        for (i, part) in parts.iter().enumerate() {
+            match *part {
+                "**" if i + 1 == parts.len() => rest = true,
+                "**" => return Err(format!("{text:?}: '**' may only be the last segment")),
+                p if p.starts_with('{') && p.ends_with('}') && p.len() > 2 => {
+                    segments.push(Segment::Param)
+                }
+                p if p.contains(['{', '}', '*']) => {
+                    return Err(format!("{text:?}: segment {p:?} is neither literal, {{name}} nor **"));
+                }
+                p => segments.push(Segment::Literal(p.to_owned())),
+            }
+        }
+        Ok(PathPattern {
+            text: text.to_owned(),
+            segments,
+            rest,
+        })
+    }
+
+    /// True when `path` (without query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(body) = path.strip_prefix('/') else {
+            return false;
+        };
+        let parts: Vec<&str> = if body.is_empty() { vec![] } else { body.split('/').collect() };
+        if parts.len() < self.segments.len() || (!self.rest && parts.len() != self.segments.len()) {
+            return false;
+        }
+        self.segments.iter().zip(&parts).all(|(seg, part)| match seg {
+            Segment::Literal(lit) => lit == part,
+            Segment::Param => !part.is_empty(),
+        })
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn is_catch_all(&self) -> bool {
+        self.segments.is_empty() && self.rest
+    }
+}
+
+impl KeyTemplate {
+    fn parse(text: &str) -> Result<KeyTemplate, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(TemplatePart::Text(rest[..open].to_owned()));
+            }
+            let Some(close) = rest[open..].find('}') else {
+                return Err(format!("{text:?}: unclosed '{{'"));
+            };
+            match &rest[open + 1..open + close] {
+                "key" => parts.push(TemplatePart::Key),
+                "scope_digest" => parts.push(TemplatePart::ScopeDigest),
+                other => {
+                    return Err(format!(
+                        "{text:?}: unknown placeholder {{{other}}}; use {{key}} or {{scope_digest}}"
+                    ));
+                }
+            }
+            rest = &rest[open + close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(TemplatePart::Text(rest.to_owned()));
+        }
+        if !parts.contains(&TemplatePart::Key) {
+            return Err(format!("{text:?} must contain {{key}}"));
+        }
+        Ok(KeyTemplate(parts))
+    }
+
+    pub(crate) fn render(&self, key: &str, scope_digest: &str) -> String {
+        self.0
+            .iter()
+            .map(|p| match p {
+                TemplatePart::Text(t) => t.as_str(),
+                TemplatePart::Key => key,
+                TemplatePart::ScopeDigest => scope_digest,
+            })
+            .collect()
+    }
+}
+
+fn err(field: &'static str, reason: String) -> RouteError {
+    RouteError { field, reason }
+}
+
+fn policy(spec: &RouteSpec) -> Result<Policy, RouteError> {
+    let d = Policy::DEFAULT;
+    Policy::new(
+        spec.lease_ms.unwrap_or(d.lease_ms()),
+        spec.retention_s.unwrap_or(d.retention_s()),
+        spec.tombstone_s
+            .unwrap_or(d.tombstone_s().max(spec.retention_s.unwrap_or(0))),
+        spec.on_lease_expiry.unwrap_or(d.on_lease_expiry()),
+    )
+    .map_err(|e| {
+        let field = match e {
+            idem_core::PolicyError::LeaseOutOfRange { .. } => "lease_ms",
+            idem_core::PolicyError::RetentionOutOfRange { .. } => "retention_s",
+            _ => "tombstone_s",
+        };
+        err(field, e.to_string())
+    })
+}
+
+fn body_limit(declared: Option<usize>) -> Result<usize, RouteError> {
+    match declared {
+        None => Ok(BODY_BYTES_MAX_DEFAULT),
+        Some(0) => Err(err("body_bytes_max", "must be at least 1".into())),
+        Some(n) if n > BODY_BYTES_MAX_LIMIT => Err(err(
+            "body_bytes_max",
+            format!("{n} is over the limit of {BODY_BYTES_MAX_LIMIT} bytes"),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+fn parse_methods(declared: Option<&[String]>) -> Result<Vec<Method>, RouteError> {
+    let Some(names) = declared else {
+        return Ok(vec![Method::POST, Method::PATCH]);
+    };
+    if names.is_empty() {
+        return Err(err("methods", "must name at least one method".into()));
+    }
+    names
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| err("methods", format!("{m:?} is not an HTTP method")))
+        })
+        .collect()
+}
+
+fn method_list(methods: &[Method]) -> String {
+    methods.iter().map(Method::as_str).collect::<Vec<_>>().join(",")
+}
+
+fn header_name(field: &'static str, name: &str) -> Result<HeaderName, RouteError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| err(field, format!("{name:?} is not a valid header name")))
+}
+
+fn header_names(field: &'static str, names: &[String]) -> Result<Vec<HeaderName>, RouteError> {
+    names.iter().map(|n| header_name(field, n)).collect()
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_patterns_match() {
+        let cases = [
+            ("/**", "/", true),
+            ("/**", "/a/b", true),
+            ("/payouts", "/payouts", true),
+            ("/payouts", "/payouts/1", false),
+            ("/payouts/{id}", "/payouts/1", true),
+            ("/payouts/{id}", "/payouts/", false),
+            ("/payouts/{id}", "/payouts", false),
+            ("/payouts/**", "/payouts", true),
+            ("/payouts/**", "/payouts/1/x", true),
+            ("/payouts/**", "/refunds/1", false),
+            ("/", "/", true),
+            ("/", "/a", false),
+        ];
+        for (pattern, path, expect) in cases {
+            let p = PathPattern::parse(pattern).unwrap();
+            assert_eq!(p.matches(path), expect, "{pattern} ~ {path}");
+        }
+        for bad in ["payouts", "/a/**/b", "/a*", "/{}"] {
+            assert!(PathPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn route_fields_are_validated_by_name() {
+        let cases: Vec<(RouteSpec, &str)> = vec![
+            (RouteSpec { methods: Some(vec!["P OST".into()]), ..Default::default() }, "methods"),
+            (RouteSpec { methods: Some(vec![]), ..Default::default() }, "methods"),
+            (RouteSpec { path: Some("x".into()), ..Default::default() }, "path"),
+            (RouteSpec { key_header: Some("bad header".into()), ..Default::default() }, "key_header"),
+            (RouteSpec { lease_ms: Some(5), ..Default::default() }, "lease_ms"),
+            (RouteSpec { retention_s: Some(0), ..Default::default() }, "retention_s"),
+            (RouteSpec { retention_s: Some(100), tombstone_s: Some(10), ..Default::default() }, "tombstone_s"),
+            (RouteSpec { body_bytes_max: Some(0), ..Default::default() }, "body_bytes_max"),
+            (RouteSpec { fingerprint_exclude: Some(vec!["nope".into()]), ..Default::default() }, "fingerprint_exclude"),
+            (RouteSpec { on_lease_expiry: Some(LeaseExpiry::Takeover), ..Default::default() }, "on_lease_expiry"),
+            (
+                RouteSpec { forward_key: Some(ForwardKeySpec { header: None, template: Some("{scope_digest}".into()) }), ..Default::default() },
+                "forward_key.template",
+            ),
+            (RouteSpec { name: Some("a|b".into()), ..Default::default() }, "name"),
+        ];
+        for (spec, field) in cases {
+            assert_eq!(Route::new(&spec).map(|_| ()).map_err(|e| e.field), Err(field), "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_protect_post_and_patch_everywhere() {
+        let route = Route::default_catch_all();
+        assert!(route.matches(&Method::POST, "/payouts/1"));
+        assert!(route.matches(&Method::PATCH, "/"));
+        assert!(!route.matches(&Method::GET, "/payouts/1"));
+        assert_eq!(route.operation, Operation::MethodAndPath);
+        assert_eq!(route.policy, Policy::DEFAULT);
+        let long_retention = RouteSpec { retention_s: Some(90 * 86_400), ..Default::default() };
+        assert_eq!(Route::new(&long_retention).unwrap().policy.tombstone_s(), 90 * 86_400);
+    }
+
+    #[test]
+    fn key_templates_render() {
+        let t = KeyTemplate::parse("{scope_digest}:{key}").unwrap();
+        assert_eq!(t.render("k1", "abcd"), "abcd:k1");
+        assert_eq!(KeyTemplate::parse("{key}").unwrap().render("k", "d"), "k");
+        assert!(KeyTemplate::parse("{nope}").is_err());
+        assert!(KeyTemplate::parse("{key").is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! The reader threads: `get` and `list` on their own connections, so that
+//! operators' queries never wait behind the writer's fsync (WAL lets readers
+//! see the last commit while a new one is being written).
+
+use std::sync::{Arc, Mutex};
+
+use idem_core::{Clock, ListQuery, Record, RecordId, State, StoreError};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension};
+use tokio::sync::mpsc;
+
+use crate::row;
+use crate::schema;
+use crate::writer::Reply;
+
+/// One read operation, with owned inputs and its reply channel.
+pub(crate) enum ReadOp {
+    Get {
+        id: RecordId,
+        reply: Reply<Option<Record>>,
+    },
+    List {
+        query: ListQuery,
+        reply: Reply<Vec<Record>>,
+    },
+}
+
+/// The queue every reader thread takes work from.
+pub(crate) type SharedQueue = Arc<Mutex<mpsc::Receiver<ReadOp>>>;
+
+/// Serves read operations until the queue closes.
+pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue: SharedQueue) {
+    loop {
+        // Hold the lock only while waiting, so that the other readers take
+        // the next operation while this one runs.
+        let op = {
+            let mut receiver = queue
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            receiver.blocking_recv()
+        };
+        match op {
+            Some(ReadOp::Get { id, reply }) => {
+                let _ = reply.send(get(&conn, &store, &id));
+            }
+            Some(ReadOp::List { query, reply }) => {
+                let _ = reply.send(list(&conn, &store, clock.as_ref(), &query));
+            }
+            None => return,
+        }
+    }
+}
+
+fn get(conn: &Connection, store: &str, id: &RecordId) -> Result<Option<Record>, StoreError> {
+    conn.prepare_cached(row::GET)
+        .and_then(|mut stmt| {
+            stmt.query_row((id.scope.as_str(), id.key.as_str()), |r| {
+                Ok(row::decode(r, store))
+            })
+            .optional()
+        })
+        .map_err(|e| schema::error(store, &e))?
+        .transpose()
+}
+
+/// Records in (scope, key) order after the cursor, filtered by their state at
+/// the store's now, exactly like the memory store.
+fn list(
+    conn: &Connection,
+    store: &str,
+    clock: &dyn Clock,
+    query: &ListQuery,
+) -> Result<Vec<Record>, StoreError> {
+    let now = row::int(clock.now().as_millis());
+    let mut clauses: Vec<&str> = Vec::new();
+    let mut params: Vec<Value> = Vec::new();
+    if let Some(state) = query.state {
+        clauses.push(state_clause(state));
+        if matches!(state, State::Completed | State::Tombstone) {
+            params.push(Value::Integer(now));
+        }
+    }
+    if let Some(after) = &query.after {
+        clauses.push("(scope, key) > (?, ?)");
+        params.push(Value::Text(after.scope.as_str().to_owned()));
+        params.push(Value::Text(after.key.as_str().to_owned()));
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    params.push(Value::Integer(row::int(query.effective_limit() as u64)));
+    let sql = format!(
+        "SELECT {} FROM records {filter} ORDER BY scope, key LIMIT ?",
+        row::COLUMNS
+    );
+    let rows = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.query_map(rusqlite::params_from_iter(params), |r| {
+                Ok(row::decode(r, store))
+            })?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| schema::error(store, &e))?;
+    rows.into_iter().collect()
+}
+
+/// `Record::state_at(now) == state` in SQL, with `now` as the one parameter
+/// of the completed and tombstone cases. The literal `state = 'ambiguous'`
+/// lets SQLite use the partial index `records_ambiguous`.
+fn state_clause(state: State) -> &'static str {
+    match state {
+        State::InProgress => "state = 'in_progress'",
+        State::Ambiguous => "state = 'ambiguous'",
+        State::Completed => {
+            "(state = 'completed' AND (expires_at_ms IS NULL OR expires_at_ms > ?))"
+        }
+        State::Tombstone => "(state = 'tombstone' OR (state = 'completed' AND expires_at_ms <= ?))",
+    }
+}

@@ -1,0 +1,183 @@
+//! How a [`Record`] maps to one row of the `records` table and back, so that
+//! the writer and the readers agree on every column and a damaged row becomes
+//! an error naming its scope and key instead of a panic.
+
+use idem_core::{
+    Fingerprint, IdempotencyKey, Record, RecordId, Resolution, Scope, State, StoreError,
+    StoredResult, Timestamp, Token,
+};
+use rusqlite::types::ValueRef;
+use rusqlite::{Row, Statement, params};
+
+/// Every column of `records`, in the order [`bind`] and [`decode`] use.
+pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token, owner, \
+     lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution";
+
+/// Inserts or replaces one whole record.
+pub(crate) const PUT: &str = "INSERT OR REPLACE INTO records (scope, key, fingerprint, state, \
+     token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
+     tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
+     resolution) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
+
+/// Inserts a record unless one exists for its (scope, key).
+pub(crate) const INSERT_NEW: &str = "INSERT INTO records (scope, key, fingerprint, state, \
+     token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
+     tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
+     resolution) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+     ON CONFLICT (scope, key) DO NOTHING";
+
+/// Reads one record by primary key.
+pub(crate) const GET: &str = "SELECT scope, key, fingerprint, state, token, owner, \
+     lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution \
+     FROM records WHERE scope = ?1 AND key = ?2";
+
+/// Removes one record by primary key.
+pub(crate) const DELETE: &str = "DELETE FROM records WHERE scope = ?1 AND key = ?2";
+
+/// A `u64` as SQLite's signed 64-bit integer. Times are milliseconds since
+/// 1970 and tokens count acquisitions, so real values are far below
+/// `i64::MAX`; a saturated "far future" (`u64::MAX`) is kept as `i64::MAX`,
+/// which compares the same way against any real clock.
+pub(crate) fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Binds `record` to the parameters of [`PUT`] or [`INSERT_NEW`] and runs
+/// it; returns the number of rows written.
+pub(crate) fn put(stmt: &mut Statement<'_>, record: &Record) -> Result<usize, rusqlite::Error> {
+    let (status, headers, body) = match &record.result {
+        Some(r) => (
+            Some(i64::from(r.status())),
+            Some(serde_json::to_string(r.headers()).map_err(not_sql)?),
+            Some(r.body()),
+        ),
+        None => (None, None, None),
+    };
+    let resolution = match &record.resolution {
+        Some(r) => Some(serde_json::to_string(r).map_err(not_sql)?),
+        None => None,
+    };
+    stmt.execute(params![
+        record.id.scope.as_str(),
+        record.id.key.as_str(),
+        &record.fingerprint.as_bytes()[..],
+        record.state.as_str(),
+        int(record.token.0),
+        record.owner.as_str(),
+        int(record.lease_until.as_millis()),
+        int(record.created_at.as_millis()),
+        record.completed_at.map(|t| int(t.as_millis())),
+        record.expires_at.map(|t| int(t.as_millis())),
+        record.tombstone_until.map(|t| int(t.as_millis())),
+        int(record.retention_s),
+        int(record.tombstone_s),
+        status,
+        headers,
+        body,
+        resolution,
+    ])
+}
+
+/// Decodes one row selected with [`COLUMNS`]. `store` names the database in
+/// the error.
+pub(crate) fn decode(row: &Row<'_>, store: &str) -> Result<Record, StoreError> {
+    let scope: String = text(row, 0).map_err(|e| damaged(store, "a record", &e))?;
+    let key: String = text(row, 1).map_err(|e| damaged(store, &format!("scope {scope:?}"), &e))?;
+    let at = format!("scope {scope:?} key {key:?}");
+    fields(row, scope, key).map_err(|e| damaged(store, &at, &e))
+}
+
+/// A row read from a database that is not in the shape this version wrote.
+pub(crate) fn damaged(store: &str, at: &str, why: &str) -> StoreError {
+    StoreError::Incompatible {
+        store: store.to_owned(),
+        reason: format!("the record at {at} cannot be read: {why}"),
+    }
+}
+
+fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
+    let id = RecordId {
+        scope: Scope::new(scope).map_err(|e| format!("scope: {e}"))?,
+        key: IdempotencyKey::parse(&key).map_err(|e| format!("key: {e}"))?,
+    };
+    let fingerprint = match row.get_ref(2).map_err(|e| e.to_string())? {
+        ValueRef::Blob(b) => <[u8; 32]>::try_from(b)
+            .map(Fingerprint::from_bytes)
+            .map_err(|_| format!("fingerprint is {} bytes, not 32", b.len()))?,
+        other => return Err(format!("fingerprint is {}, not a blob", other.data_type())),
+    };
+    let state: State = text(row, 3)?.parse()?;
+    let result = match row.get::<_, Option<i64>>(13).map_err(|e| e.to_string())? {
+        None => None,
+        Some(status) => Some(stored_result(row, status)?),
+    };
+    let resolution = match row
+        .get::<_, Option<String>>(16)
+        .map_err(|e| e.to_string())?
+    {
+        None => None,
+        Some(json) => Some(
+            serde_json::from_str::<Resolution>(&json).map_err(|e| format!("resolution: {e}"))?,
+        ),
+    };
+    Ok(Record {
+        id,
+        fingerprint,
+        state,
+        token: Token(unsigned(row, 4, "token")?),
+        owner: text(row, 5)?,
+        lease_until: time(row, 6, "lease_until_ms")?,
+        created_at: time(row, 7, "created_at_ms")?,
+        completed_at: optional_time(row, 8, "completed_at_ms")?,
+        expires_at: optional_time(row, 9, "expires_at_ms")?,
+        tombstone_until: optional_time(row, 10, "tombstone_until_ms")?,
+        retention_s: unsigned(row, 11, "retention_s")?,
+        tombstone_s: unsigned(row, 12, "tombstone_s")?,
+        result,
+        resolution,
+    })
+}
+
+fn stored_result(row: &Row<'_>, status: i64) -> Result<StoredResult, String> {
+    let status = u16::try_from(status).map_err(|_| format!("result status {status}"))?;
+    let headers: Vec<(String, String)> = match row.get::<_, Option<String>>(14) {
+        Ok(Some(json)) => {
+            serde_json::from_str(&json).map_err(|e| format!("result headers: {e}"))?
+        }
+        Ok(None) => Vec::new(),
+        Err(e) => return Err(e.to_string()),
+    };
+    let body = match row.get_ref(15).map_err(|e| e.to_string())? {
+        ValueRef::Blob(b) => b.to_vec(),
+        ValueRef::Null => Vec::new(),
+        other => return Err(format!("result body is {}, not a blob", other.data_type())),
+    };
+    StoredResult::new(status, headers, body).map_err(|e| format!("result: {e}"))
+}
+
+fn text(row: &Row<'_>, idx: usize) -> Result<String, String> {
+    row.get(idx).map_err(|e| e.to_string())
+}
+
+fn unsigned(row: &Row<'_>, idx: usize, name: &str) -> Result<u64, String> {
+    let value: i64 = row.get(idx).map_err(|e| format!("{name}: {e}"))?;
+    u64::try_from(value).map_err(|_| format!("{name} is negative ({value})"))
+}
+
+fn time(row: &Row<'_>, idx: usize, name: &str) -> Result<Timestamp, String> {
+    unsigned(row, idx, name).map(Timestamp::from_millis)
+}
+
+fn optional_time(row: &Row<'_>, idx: usize, name: &str) -> Result<Option<Timestamp>, String> {
+    match row.get::<_, Option<i64>>(idx) {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => time(row, idx, name).map(Some),
+        Err(e) => Err(format!("{name}: {e}")),
+    }
+}
+
+fn not_sql(e: serde_json::Error) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
+}

@@ -1,0 +1,307 @@
+//! Black-box harness: a payout API that records every effect it performs
+//! (served in the test process on loopback), the real `idem` binary started
+//! as a separate process in front of it, and a plain HTTP client.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test harness: a failure here is a failed test
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::Uri;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// One effect the upstream performed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Effect {
+    pub path: String,
+    pub key: Option<String>,
+    pub body: String,
+}
+
+#[derive(Default)]
+pub struct Ledger {
+    pub effects: Vec<Effect>,
+    pub hits: usize,
+    busy_seen: HashMap<String, bool>,
+}
+
+/// The payout API. Paths choose behaviour:
+/// - `POST /payouts`: pays, 201 + JSON + Location;
+/// - `POST /slow?ms=N`: pays at once, answers 201 after N ms;
+/// - `POST /fail`: pays, then answers 500;
+/// - `POST /busy-once`: first call per key 503 without paying, then pays;
+/// - `POST /reject`: 400 (final), no payment.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub ledger: Arc<Mutex<Ledger>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type Shared = Arc<Mutex<Ledger>>;
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let ledger: Shared = Arc::default();
+        let app = axum::Router::new()
+            .route("/payouts", axum::routing::post(pay))
+            .route("/slow", axum::routing::post(slow))
+            .route("/fail", axum::routing::post(fail))
+            .route("/busy-once", axum::routing::post(busy_once))
+            .route("/reject", axum::routing::post(reject))
+            .with_state(ledger.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Upstream { addr, ledger, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn effects(&self) -> Vec<Effect> {
+        self.ledger.lock().unwrap().effects.clone()
+    }
+
+    pub fn hits(&self) -> usize {
+        self.ledger.lock().unwrap().hits
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn key_of(headers: &HeaderMap) -> Option<String> {
+    headers.get("idempotency-key").map(|v| v.to_str().unwrap().to_owned())
+}
+
+fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usize {
+    let mut l = ledger.lock().unwrap();
+    l.effects.push(Effect {
+        path: path.to_owned(),
+        key: key_of(headers),
+        body: String::from_utf8_lossy(body).into_owned(),
+    });
+    l.effects.len()
+}
+
+fn paid(n: usize) -> Response {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json"), ("location", &format!("/payouts/{n}")), ("x-not-replayed", "1")],
+        format!("{{\"payout\":{n}}}"),
+    )
+        .into_response()
+}
+
+async fn pay(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    paid(record(&l, "/payouts", &headers, &body))
+}
+
+async fn slow(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    let n = record(&l, "/slow", &headers, &body);
+    let ms = uri.query().and_then(|q| q.strip_prefix("ms=")).and_then(|v| v.parse().ok()).unwrap_or(500);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    paid(n)
+}
+
+async fn fail(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    record(&l, "/fail", &headers, &body);
+    (StatusCode::INTERNAL_SERVER_ERROR, "ledger write timed out").into_response()
+}
+
+async fn busy_once(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = key_of(&headers).unwrap_or_default();
+    let first = {
+        let mut guard = l.lock().unwrap();
+        guard.hits += 1;
+        guard.busy_seen.insert(key, true).is_none()
+    };
+    if first {
+        return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
+    }
+    paid(record(&l, "/busy-once", &headers, &body))
+}
+
+async fn reject(State(l): State<Shared>) -> Response {
+    l.lock().unwrap().hits += 1;
+    (StatusCode::BAD_REQUEST, [("content-type", "application/json")], "{\"error\":\"insufficient funds\"}").into_response()
+}
+
+/// The `idem serve` process.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    child: Child,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    /// Starts `idem serve` on an ephemeral port and waits until it listens.
+    pub fn start(upstream: &str, store: &Path, config: Option<&Path>) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .arg("--store")
+            .arg(format!("sqlite://{}", store.display()))
+            .env("IDEM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        let mut child = cmd.spawn().expect("spawn idem serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("local_addr=").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = tx.send(addr);
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr.parse().unwrap(),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("idem serve did not start: {:#?}", log.lock().unwrap());
+            }
+        };
+        Gateway { addr, child, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// SIGKILL: no cleanup, no goodbye.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("idem serve did not stop within 15 s of SIGTERM");
+    }
+
+    pub fn logs(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response as the tests look at it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The problem `type`, if this is a problem response.
+    pub fn problem(&self) -> Option<String> {
+        let doc: serde_json::Value = serde_json::from_str(&self.body).ok()?;
+        doc.get("type")?.as_str().map(str::to_owned)
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// POSTs `body` as JSON with the given extra headers.
+pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut req = axum::http::Request::post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let response = client().request(req.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .filter(|(n, _)| n.as_str() != "date")
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+        .collect();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+}
+
+pub fn key(k: &str) -> (&'static str, &str) {
+    ("idempotency-key", k)
+}
+
+/// A temp dir with the store path and an optional config file.
+pub struct Site {
+    pub dir: tempfile::TempDir,
+}
+
+impl Site {
+    pub fn new() -> Site {
+        Site { dir: tempfile::tempdir().unwrap() }
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.dir.path().join("idem.db")
+    }
+
+    pub fn config(&self, text: &str) -> PathBuf {
+        let path = self.dir.path().join("idem.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// Polls `check` every 20 ms for up to `limit`.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
