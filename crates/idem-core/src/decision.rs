@@ -249,7 +249,7 @@ pub fn complete(
     result: StoredResult,
     now: Timestamp,
 ) -> Result<Record, StoreError> {
-    let record = owned_in_progress(existing, id, token)?;
+    let record = owned_in_progress(existing, id, token, now)?;
     let mut done = record.clone();
     mark_completed(&mut done, result, now);
     Ok(done)
@@ -257,8 +257,13 @@ pub fn complete(
 
 /// Releasing an attempt (the request was not processed): only the current
 /// token of an `in_progress` record may remove it. The write is a delete.
-pub fn release(existing: Option<&Record>, id: &RecordId, token: Token) -> Result<(), StoreError> {
-    owned_in_progress(existing, id, token).map(|_| ())
+pub fn release(
+    existing: Option<&Record>,
+    id: &RecordId,
+    token: Token,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    owned_in_progress(existing, id, token, now).map(|_| ())
 }
 
 /// The attempt learned that its outcome is unknown (e.g. an upstream 502):
@@ -267,8 +272,9 @@ pub fn mark_ambiguous(
     existing: Option<&Record>,
     id: &RecordId,
     token: Token,
+    now: Timestamp,
 ) -> Result<Record, StoreError> {
-    let record = owned_in_progress(existing, id, token)?;
+    let record = owned_in_progress(existing, id, token, now)?;
     let mut marked = record.clone();
     marked.state = State::Ambiguous;
     Ok(marked)
@@ -282,6 +288,7 @@ pub fn resolve(
     mut resolution: Resolution,
     now: Timestamp,
 ) -> Result<Write, StoreError> {
+    resolution.check_limits()?;
     let Some(record) = existing else {
         return Err(StoreError::NotFound { id: id.clone() });
     };
@@ -329,17 +336,20 @@ fn mark_completed(record: &mut Record, result: StoredResult, now: Timestamp) {
     record.result = Some(result);
 }
 
+/// The fencing check. The state reported is the state at `now`, so the
+/// answer does not depend on whether the purge has run.
 fn owned_in_progress<'r>(
     existing: Option<&'r Record>,
     id: &RecordId,
     token: Token,
+    now: Timestamp,
 ) -> Result<&'r Record, StoreError> {
     match existing {
         Some(r) if r.state == State::InProgress && r.token == token => Ok(r),
         other => Err(StoreError::Fenced {
             id: id.clone(),
             presented: token,
-            current: other.map(|r| (r.token, r.state)),
+            current: other.map(|r| (r.token, r.state_at(now))),
         }),
     }
 }
@@ -603,19 +613,54 @@ mod tests {
             Err(StoreError::Fenced { .. })
         ));
         assert_eq!(
-            release(None, &id, Token(7)),
+            release(None, &id, Token(7), NOW),
             Err(StoreError::Fenced {
                 id: id.clone(),
                 presented: Token(7),
                 current: None
             })
         );
-        assert_eq!(release(Some(&live), &id, Token(7)), Ok(()));
+        assert_eq!(release(Some(&live), &id, Token(7), NOW), Ok(()));
         assert_eq!(
-            mark_ambiguous(Some(&live), &id, Token(7)).map(|r| r.state),
+            mark_ambiguous(Some(&live), &id, Token(7), NOW).map(|r| r.state),
             Ok(State::Ambiguous)
         );
-        assert!(mark_ambiguous(Some(&done), &id, Token(7)).is_err());
+        assert!(mark_ambiguous(Some(&done), &id, Token(7), NOW).is_err());
+    }
+
+    #[test]
+    fn fencing_reports_the_state_at_now_not_the_stored_state() {
+        let done = with(State::Completed, |r| r.expires_at = Some(NOW)).unwrap();
+        let id = done.id.clone();
+        let result = StoredResult::new(200, vec![], vec![]).unwrap();
+        let expect = Err(StoreError::Fenced {
+            id: id.clone(),
+            presented: Token(7),
+            current: Some((Token(7), State::Tombstone)),
+        });
+        assert_eq!(complete(Some(&done), &id, Token(7), result, NOW), expect);
+        assert_eq!(
+            release(Some(&done), &id, Token(7), NOW),
+            expect.map(|_: Record| ())
+        );
+    }
+
+    #[test]
+    fn resolve_checks_text_limits_and_results_deserialize_checked() {
+        let ambiguous = record(State::Ambiguous);
+        let mut long = Resolution::new(Outcome::NotExecuted, "op", "why").unwrap();
+        long.reason = "x".repeat(crate::record::RESOLUTION_TEXT_BYTES_MAX + 1);
+        assert!(matches!(
+            resolve(Some(&ambiguous), &ambiguous.id, long, NOW),
+            Err(StoreError::Limit(_))
+        ));
+        let read = |status: u16| {
+            let doc = format!(r#"{{"status":{status},"headers":[],"body":[]}}"#);
+            serde_json::from_str::<StoredResult>(&doc).map(|r| r.status())
+        };
+        assert_eq!(read(200).ok(), Some(200));
+        let bad = read(42);
+        assert!(bad.is_err(), "a result read from outside is validated");
     }
 
     #[test]

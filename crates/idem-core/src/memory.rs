@@ -99,15 +99,15 @@ impl Store for MemoryStore {
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
-        ready(self.with_record(id, |existing, _| {
-            decision::release(existing, id, token)?;
+        ready(self.with_record(id, |existing, now| {
+            decision::release(existing, id, token, now)?;
             Ok(((), Write::Delete))
         }))
     }
 
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-        ready(self.with_record(id, |existing, _| {
-            let marked = decision::mark_ambiguous(existing, id, token)?;
+        ready(self.with_record(id, |existing, now| {
+            let marked = decision::mark_ambiguous(existing, id, token, now)?;
             Ok((marked.clone(), Write::Put(marked)))
         }))
     }

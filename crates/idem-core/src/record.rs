@@ -52,10 +52,26 @@ pub enum State {
 
 /// A final result as it will be replayed.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "UncheckedResult")]
 pub struct StoredResult {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+}
+
+/// A result as read from outside, checked by [`StoredResult::new`] before use.
+#[derive(serde::Deserialize)]
+struct UncheckedResult {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl TryFrom<UncheckedResult> for StoredResult {
+    type Error = LimitError;
+    fn try_from(r: UncheckedResult) -> Result<Self, LimitError> {
+        StoredResult::new(r.status, r.headers, r.body)
+    }
 }
 
 /// How an ambiguous record was resolved, and by whom.
@@ -210,6 +226,15 @@ impl Resolution {
             reason: reason.to_owned(),
             at: None,
         })
+    }
+}
+
+impl Resolution {
+    /// Checks `by` and `reason` against their limits (the fields are public,
+    /// so stores check again before writing).
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        check_text("resolved_by", &self.by, RESOLUTION_TEXT_BYTES_MAX)?;
+        check_text("reason", &self.reason, RESOLUTION_TEXT_BYTES_MAX)
     }
 }
 

@@ -13,9 +13,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Timestamp(u64);
 
 impl Timestamp {
-    /// A timestamp from milliseconds since the Unix epoch.
+    /// The latest representable time: `i64::MAX` milliseconds, so that every
+    /// timestamp fits the signed 64-bit integers SQL databases store.
+    pub const MAX: Timestamp = Timestamp(i64::MAX as u64);
+
+    /// A timestamp from milliseconds since the Unix epoch (capped at [`Timestamp::MAX`]).
     pub const fn from_millis(ms: u64) -> Timestamp {
-        Timestamp(ms)
+        if ms > Timestamp::MAX.0 {
+            Timestamp::MAX
+        } else {
+            Timestamp(ms)
+        }
     }
 
     /// Milliseconds since the Unix epoch.
@@ -23,9 +31,9 @@ impl Timestamp {
         self.0
     }
 
-    /// This instant plus `ms` milliseconds, saturating at the far future.
+    /// This instant plus `ms` milliseconds, saturating at [`Timestamp::MAX`].
     pub const fn plus_millis(self, ms: u64) -> Timestamp {
-        Timestamp(self.0.saturating_add(ms))
+        Timestamp::from_millis(self.0.saturating_add(ms))
     }
 
     /// Milliseconds from `self` until `later`, or 0 if `later` is not later.
@@ -49,7 +57,7 @@ impl Clock for SystemClock {
         let since_epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Timestamp(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
+        Timestamp::from_millis(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -63,9 +71,13 @@ impl ManualClock {
         ManualClock(Arc::new(AtomicU64::new(start.0)))
     }
 
-    /// Moves the clock forward by `ms` milliseconds.
+    /// Moves the clock forward by `ms` milliseconds (capped at [`Timestamp::MAX`]).
     pub fn advance_millis(&self, ms: u64) {
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(Timestamp::from_millis(now.saturating_add(ms)).0)
+            });
     }
 
     /// Sets the clock to `to` (it may move backwards: clocks do).
@@ -76,7 +88,7 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::SeqCst))
+        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
     }
 }
 

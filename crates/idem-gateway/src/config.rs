@@ -103,13 +103,21 @@ impl GatewayConfig {
         overrides: &Overrides,
     ) -> Result<GatewayConfig, ConfigError> {
         let err = |field: &str, reason: String, from_file: bool| ConfigError {
-            file: if from_file { path.map(Path::to_path_buf) } else { None },
+            file: if from_file {
+                path.map(Path::to_path_buf)
+            } else {
+                None
+            },
             field: field.to_owned(),
             reason,
         };
         let (listen, from_file) = pick(&overrides.listen, &file.listen, LISTEN_DEFAULT);
         let listen = listen.parse::<SocketAddr>().map_err(|e| {
-            err("listen", format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"), from_file)
+            err(
+                "listen",
+                format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"),
+                from_file,
+            )
         })?;
         let upstream = match (&overrides.upstream, &file.upstream) {
             (Some(u), _) => parse_upstream(u).map_err(|r| err("upstream", r, false))?,
@@ -123,18 +131,42 @@ impl GatewayConfig {
             }
         };
         let (store, _) = pick(&overrides.store, &file.store, STORE_DEFAULT);
-        let owner = file.owner.clone().unwrap_or_else(|| format!("idem-{}", std::process::id()));
+        let owner = file
+            .owner
+            .clone()
+            .unwrap_or_else(|| format!("idem-{}", std::process::id()));
         if owner.is_empty() || owner.len() > idem_core::OWNER_BYTES_MAX {
-            return Err(err("owner", format!("must be 1-{} bytes", idem_core::OWNER_BYTES_MAX), true));
+            return Err(err(
+                "owner",
+                format!("must be 1-{} bytes", idem_core::OWNER_BYTES_MAX),
+                true,
+            ));
         }
-        let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default) {
+        let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default)
+        {
             ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
-            ms => Err(err(field, format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"), true)),
+            ms => Err(err(
+                field,
+                format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"),
+                true,
+            )),
         };
-        let connect_timeout = timeout("connect_timeout_ms", file.connect_timeout_ms, CONNECT_TIMEOUT_MS_DEFAULT)?;
-        let response_timeout = timeout("response_timeout_ms", file.response_timeout_ms, RESPONSE_TIMEOUT_MS_DEFAULT)?;
+        let connect_timeout = timeout(
+            "connect_timeout_ms",
+            file.connect_timeout_ms,
+            CONNECT_TIMEOUT_MS_DEFAULT,
+        )?;
+        let response_timeout = timeout(
+            "response_timeout_ms",
+            file.response_timeout_ms,
+            RESPONSE_TIMEOUT_MS_DEFAULT,
+        )?;
         if file.routes.len() > ROUTES_MAX {
-            return Err(err("route", format!("{} routes; at most {ROUTES_MAX}", file.routes.len()), true));
+            return Err(err(
+                "route",
+                format!("{} routes; at most {ROUTES_MAX}", file.routes.len()),
+                true,
+            ));
         }
         let routes = if file.routes.is_empty() {
             vec![Route::default_catch_all()]
@@ -144,8 +176,16 @@ impl GatewayConfig {
                 .enumerate()
                 .map(|(i, spec)| {
                     Route::new(spec).map_err(|e| {
-                        let name = spec.name.as_deref().map(|n| format!(" ({n:?})")).unwrap_or_default();
-                        err(&format!("route[{i}].{}", e.field), format!("{}{name}", e.reason), true)
+                        let name = spec
+                            .name
+                            .as_deref()
+                            .map(|n| format!(" ({n:?})"))
+                            .unwrap_or_default();
+                        err(
+                            &format!("route[{i}].{}", e.field),
+                            format!("{}{name}", e.reason),
+                            true,
+                        )
                     })
                 })
                 .collect::<Result<_, _>>()?
@@ -188,7 +228,11 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-fn pick<'a>(cli: &'a Option<String>, file: &'a Option<String>, default: &'a str) -> (&'a str, bool) {
+fn pick<'a>(
+    cli: &'a Option<String>,
+    file: &'a Option<String>,
+    default: &'a str,
+) -> (&'a str, bool) {
     match (cli, file) {
         (Some(v), _) => (v, false),
         (None, Some(v)) => (v, true),
@@ -201,7 +245,9 @@ fn parse_upstream(raw: &str) -> Result<Uri, String> {
         .parse()
         .map_err(|e| format!("{raw:?} is not a URL ({e})"))?;
     if uri.scheme_str() != Some("http") {
-        return Err(format!("{raw:?} must be an http:// URL (TLS to the upstream is not supported yet)"));
+        return Err(format!(
+            "{raw:?} must be an http:// URL (TLS to the upstream is not supported yet)"
+        ));
     }
     if uri.authority().is_none() {
         return Err(format!("{raw:?} names no host"));
@@ -229,21 +275,44 @@ mod tests {
 
     fn load(text: &str, overrides: &Overrides) -> Result<GatewayConfig, String> {
         let file: FileConfig = toml::from_str(text).map_err(|e| e.message().to_owned())?;
-        GatewayConfig::from_parts(file, Some(Path::new("idem.toml")), overrides).map_err(|e| e.to_string())
+        GatewayConfig::from_parts(file, Some(Path::new("idem.toml")), overrides)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn errors_name_file_and_field() {
-        let up = Overrides { upstream: Some("http://127.0.0.1:9000".into()), ..Default::default() };
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
         let cases = [
-            ("listen = \"nope\"", "idem.toml: listen: \"nope\" is not an address"),
-            ("upstream = \"https://x\"", "idem.toml: upstream: \"https://x\" must be an http:// URL"),
-            ("connect_timeout_ms = 0", "idem.toml: connect_timeout_ms: 0 is out of range"),
-            ("[[route]]\nname = \"payouts\"\nlease_ms = 1", "idem.toml: route[0].lease_ms: lease_ms = 1 is out of range (100..=86400000) (\"payouts\")"),
-            ("[[route]]\n[[route]]\npath = \"x\"", "idem.toml: route[1].path: \"x\" must start with '/'"),
+            (
+                "listen = \"nope\"",
+                "idem.toml: listen: \"nope\" is not an address",
+            ),
+            (
+                "upstream = \"https://x\"",
+                "idem.toml: upstream: \"https://x\" must be an http:// URL",
+            ),
+            (
+                "connect_timeout_ms = 0",
+                "idem.toml: connect_timeout_ms: 0 is out of range",
+            ),
+            (
+                "[[route]]\nname = \"payouts\"\nlease_ms = 1",
+                "idem.toml: route[0].lease_ms: lease_ms = 1 is out of range (100..=86400000) (\"payouts\")",
+            ),
+            (
+                "[[route]]\n[[route]]\npath = \"x\"",
+                "idem.toml: route[1].path: \"x\" must start with '/'",
+            ),
         ];
         for (text, expect) in cases {
-            let overrides = if text.starts_with("upstream") { Overrides::default() } else { up.clone() };
+            let overrides = if text.starts_with("upstream") {
+                Overrides::default()
+            } else {
+                up.clone()
+            };
             let got = load(text, &overrides).map(|_| ()).unwrap_err();
             assert!(got.starts_with(expect), "{text:?}: {got}");
         }
@@ -256,19 +325,38 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("idem-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("idem.toml");
-        std::fs::write(&path, "upstream = \"http://127.0.0.1:9\"\n\n[[route]]\nlease_msx = 5\n").unwrap();
-        let e = GatewayConfig::load(Some(&path), &Overrides::default()).unwrap_err().to_string();
-        assert!(e.contains("idem.toml: line 4, column 1: unknown field `lease_msx`"), "{e}");
+        std::fs::write(
+            &path,
+            "upstream = \"http://127.0.0.1:9\"\n\n[[route]]\nlease_msx = 5\n",
+        )
+        .unwrap();
+        let e = GatewayConfig::load(Some(&path), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("idem.toml: line 4, column 1: unknown field `lease_msx`"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn defaults_and_overrides() {
-        let cli = Overrides { listen: Some("127.0.0.1:9999".into()), ..Default::default() };
-        let c = load("upstream = \"http://127.0.0.1:9000/base\"\nlisten = \"127.0.0.1:1\"", &cli).unwrap();
+        let cli = Overrides {
+            listen: Some("127.0.0.1:9999".into()),
+            ..Default::default()
+        };
+        let c = load(
+            "upstream = \"http://127.0.0.1:9000/base\"\nlisten = \"127.0.0.1:1\"",
+            &cli,
+        )
+        .unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
         assert_eq!(c.store, STORE_DEFAULT);
         assert_eq!(c.routes.len(), 1);
-        assert_eq!(c.response_timeout, Duration::from_millis(RESPONSE_TIMEOUT_MS_DEFAULT));
+        assert_eq!(
+            c.response_timeout,
+            Duration::from_millis(RESPONSE_TIMEOUT_MS_DEFAULT)
+        );
     }
 }

@@ -49,7 +49,13 @@ impl Proxy {
         let (mut parts, body) = req.into_parts();
         let uri = match self.target(&parts.uri) {
             Ok(uri) => uri,
-            Err(reason) => return failure(ProblemKind::UpstreamUnreachable, reason, AttemptOutcome::NotSent),
+            Err(reason) => {
+                return failure(
+                    ProblemKind::UpstreamUnreachable,
+                    reason,
+                    AttemptOutcome::NotSent,
+                );
+            }
         };
         strip_hop_by_hop(&mut parts.headers);
         if let Some(authority) = self.upstream.authority() {
@@ -62,15 +68,30 @@ impl Proxy {
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 if e.is_connect() {
-                    (ProblemKind::UpstreamUnreachable, format!("cannot connect to the upstream: {e}"), AttemptOutcome::NotSent)
+                    (
+                        ProblemKind::UpstreamUnreachable,
+                        format!("cannot connect to the upstream: {e}"),
+                        AttemptOutcome::NotSent,
+                    )
                 } else {
-                    (ProblemKind::UpstreamFailed, format!("the upstream connection failed after the request was sent: {e}"), AttemptOutcome::Lost)
+                    (
+                        ProblemKind::UpstreamFailed,
+                        format!("the upstream connection failed after the request was sent: {e}"),
+                        AttemptOutcome::Lost,
+                    )
                 }
             })?;
             let (mut parts, body) = response.into_parts();
-            let bytes = Limited::new(body, RESPONSE_BYTES_MAX).collect().await.map_err(|e| {
-                (ProblemKind::UpstreamFailed, format!("the upstream response body failed: {e}"), AttemptOutcome::Lost)
-            })?;
+            let bytes = Limited::new(body, RESPONSE_BYTES_MAX)
+                .collect()
+                .await
+                .map_err(|e| {
+                    (
+                        ProblemKind::UpstreamFailed,
+                        format!("the upstream response body failed: {e}"),
+                        AttemptOutcome::Lost,
+                    )
+                })?;
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(header::CONTENT_LENGTH);
             Ok(Response::from_parts(parts, Body::from(bytes.to_bytes())))
@@ -99,7 +120,9 @@ impl Proxy {
         if let Some(authority) = self.upstream.authority() {
             builder = builder.authority(authority.clone());
         }
-        builder.build().map_err(|e| format!("cannot build the upstream URL: {e}"))
+        builder
+            .build()
+            .map_err(|e| format!("cannot build the upstream URL: {e}"))
     }
 }
 
@@ -172,13 +195,28 @@ mod tests {
     #[test]
     fn targets_join_base_path_and_query() {
         let cases = [
-            ("http://127.0.0.1:9000", "/payouts?x=1", "http://127.0.0.1:9000/payouts?x=1"),
-            ("http://127.0.0.1:9000/api/", "/payouts", "http://127.0.0.1:9000/api/payouts"),
+            (
+                "http://127.0.0.1:9000",
+                "/payouts?x=1",
+                "http://127.0.0.1:9000/payouts?x=1",
+            ),
+            (
+                "http://127.0.0.1:9000/api/",
+                "/payouts",
+                "http://127.0.0.1:9000/api/payouts",
+            ),
             ("http://h:1/api", "/", "http://h:1/api/"),
         ];
         for (base, incoming, want) in cases {
-            let p = Proxy::new(base.parse().unwrap(), Duration::from_secs(1), Duration::from_secs(1));
-            assert_eq!(p.target(&incoming.parse().unwrap()).unwrap().to_string(), want);
+            let p = Proxy::new(
+                base.parse().unwrap(),
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            );
+            assert_eq!(
+                p.target(&incoming.parse().unwrap()).unwrap().to_string(),
+                want
+            );
         }
     }
 }

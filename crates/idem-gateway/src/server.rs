@@ -18,11 +18,18 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let proxy = Proxy::new(config.upstream.clone(), config.connect_timeout, config.response_timeout);
-    let layer = IdempotencyLayer::new(store, config.routes.clone()).with_owner(config.owner.clone());
+    let proxy = Proxy::new(
+        config.upstream.clone(),
+        config.connect_timeout,
+        config.response_timeout,
+    );
+    let layer =
+        IdempotencyLayer::new(store, config.routes.clone()).with_owner(config.owner.clone());
     let service = layer.layer(proxy);
     let app = axum::Router::new().fallback_service(service);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

@@ -34,7 +34,10 @@ pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Result<Router, idem_ht
         let ledger = ledger.clone();
         async move {
             let n = ledger.payouts.fetch_add(1, Ordering::SeqCst) + 1;
-            (StatusCode::CREATED, format!("{{\"payout\":{n},\"request\":{body}}}"))
+            (
+                StatusCode::CREATED,
+                format!("{{\"payout\":{n},\"request\":{body}}}"),
+            )
         }
     };
     Ok(Router::new()

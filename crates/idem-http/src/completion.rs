@@ -64,7 +64,9 @@ impl CompletionPolicy {
                         return Err(format!("{name}: {status} is not an HTTP status"));
                     }
                     if let Some((_, other)) = overrides.iter().find(|(s, _)| *s == status) {
-                        return Err(format!("{status} is listed twice ({other:?} and {completion:?})"));
+                        return Err(format!(
+                            "{status} is listed twice ({other:?} and {completion:?})"
+                        ));
                     }
                     overrides.push((status, completion));
                 }
@@ -79,7 +81,11 @@ impl CompletionPolicy {
     /// What an upstream status means.
     pub fn classify(&self, status: StatusCode) -> Completion {
         let code = status.as_u16();
-        let declared = self.overrides.iter().find(|(s, _)| *s == code).map(|(_, c)| *c);
+        let declared = self
+            .overrides
+            .iter()
+            .find(|(s, _)| *s == code)
+            .map(|(_, c)| *c);
         let completion = declared.unwrap_or(match code {
             408 | 425 | 429 | 503 => Completion::Release,
             // The upstream's own "request in progress": this attempt did nothing.
@@ -134,11 +140,24 @@ mod tests {
         for (status, expect_safe, expect_dedups) in cases {
             let s = StatusCode::from_u16(status).unwrap();
             assert_eq!(safe.classify(s), expect_safe, "{status}");
-            assert_eq!(dedups.classify(s), expect_dedups, "{status} with upstream_dedups");
+            assert_eq!(
+                dedups.classify(s),
+                expect_dedups,
+                "{status} with upstream_dedups"
+            );
         }
-        assert_eq!(safe.classify_failure(AttemptOutcome::NotSent), Completion::Release);
-        assert_eq!(safe.classify_failure(AttemptOutcome::Lost), Completion::Unknown);
-        assert_eq!(dedups.classify_failure(AttemptOutcome::Lost), Completion::Release);
+        assert_eq!(
+            safe.classify_failure(AttemptOutcome::NotSent),
+            Completion::Release
+        );
+        assert_eq!(
+            safe.classify_failure(AttemptOutcome::Lost),
+            Completion::Unknown
+        );
+        assert_eq!(
+            dedups.classify_failure(AttemptOutcome::Lost),
+            Completion::Release
+        );
     }
 
     #[test]
@@ -150,10 +169,28 @@ mod tests {
         };
         let p = CompletionPolicy::new(Some(&spec), false).unwrap();
         assert_eq!(p.classify(StatusCode::CONFLICT), Completion::Final);
-        assert_eq!(p.classify(StatusCode::INTERNAL_SERVER_ERROR), Completion::Release);
-        let twice = CompletionSpec { final_statuses: Some(vec![500]), release: Some(vec![500]), unknown: None };
-        assert!(CompletionPolicy::new(Some(&twice), false).unwrap_err().contains("twice"));
-        let bad = CompletionSpec { unknown: Some(vec![700]), ..Default::default() };
-        assert!(CompletionPolicy::new(Some(&bad), false).unwrap_err().contains("700"));
+        assert_eq!(
+            p.classify(StatusCode::INTERNAL_SERVER_ERROR),
+            Completion::Release
+        );
+        let twice = CompletionSpec {
+            final_statuses: Some(vec![500]),
+            release: Some(vec![500]),
+            unknown: None,
+        };
+        assert!(
+            CompletionPolicy::new(Some(&twice), false)
+                .unwrap_err()
+                .contains("twice")
+        );
+        let bad = CompletionSpec {
+            unknown: Some(vec![700]),
+            ..Default::default()
+        };
+        assert!(
+            CompletionPolicy::new(Some(&bad), false)
+                .unwrap_err()
+                .contains("700")
+        );
     }
 }

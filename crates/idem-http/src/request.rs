@@ -24,10 +24,16 @@ pub(crate) fn key(headers: &HeaderMap, route: &Route) -> Result<Option<Idempoten
     };
     let name = route.key_header.as_str();
     if values.next().is_some() {
-        return Err(Problem::new(ProblemKind::InvalidKey, format!("{name} was sent more than once")));
+        return Err(Problem::new(
+            ProblemKind::InvalidKey,
+            format!("{name} was sent more than once"),
+        ));
     }
     let text = value.to_str().map_err(|_| {
-        Problem::new(ProblemKind::InvalidKey, format!("{name} is not visible ASCII"))
+        Problem::new(
+            ProblemKind::InvalidKey,
+            format!("{name} is not visible ASCII"),
+        )
     })?;
     IdempotencyKey::parse(text)
         .map(Some)
@@ -42,7 +48,11 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
         Operation::MethodAndPath => {
             let op = format!("{} {}", parts.method, parts.uri.path().replace('|', "%7C"));
             if op.len() > OPERATION_BYTES_MAX {
-                format!("{} sha256:{}", parts.method, hex(&Sha256::digest(parts.uri.path())))
+                format!(
+                    "{} sha256:{}",
+                    parts.method,
+                    hex(&Sha256::digest(parts.uri.path()))
+                )
             } else {
                 op
             }
@@ -78,14 +88,21 @@ pub(crate) fn scope_digest(scope: &Scope) -> String {
 }
 
 /// The fingerprint of the request, per the route's declarations.
-pub(crate) fn fingerprint(parts: &Parts, route: &Route, body: &Bytes) -> Result<Fingerprint, Problem> {
+pub(crate) fn fingerprint(
+    parts: &Parts,
+    route: &Route,
+    body: &Bytes,
+) -> Result<Fingerprint, Problem> {
     let query = parts.uri.query().map(query_pairs).unwrap_or_default();
     let headers: Vec<(String, String)> = route
         .fingerprint_headers
         .iter()
         .flat_map(|name| {
             parts.headers.get_all(name).iter().map(move |v| {
-                (name.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
             })
         })
         .collect();
@@ -108,15 +125,26 @@ pub(crate) fn fingerprint(parts: &Parts, route: &Route, body: &Bytes) -> Result<
         body,
     };
     Fingerprint::of_request(&request).map_err(|e| {
-        Problem::new(ProblemKind::InvalidBody, format!("the JSON body cannot be fingerprinted: {e}"))
+        Problem::new(
+            ProblemKind::InvalidBody,
+            format!("the JSON body cannot be fingerprinted: {e}"),
+        )
     })
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+    let Some(value) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
-    let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let media = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 
@@ -183,8 +211,10 @@ mod tests {
             ("e=%C3%A9", vec![("e", "é")]),
         ];
         for (query, expect) in cases {
-            let want: Vec<(String, String)> =
-                expect.into_iter().map(|(a, b)| (a.to_owned(), b.to_owned())).collect();
+            let want: Vec<(String, String)> = expect
+                .into_iter()
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .collect();
             assert_eq!(query_pairs(query), want, "{query}");
         }
     }

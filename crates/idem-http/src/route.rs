@@ -140,13 +140,19 @@ impl Route {
             .map_err(|reason| err("path", reason))?;
         let operation = match &spec.name {
             Some(name) if name.trim().is_empty() || name.contains('|') => {
-                return Err(err("name", "must be non-empty and must not contain '|'".into()));
+                return Err(err(
+                    "name",
+                    "must be non-empty and must not contain '|'".into(),
+                ));
             }
             Some(name) => Operation::Named(name.clone()),
             None if pattern.is_catch_all() => Operation::MethodAndPath,
             None => Operation::Named(format!("{} {}", method_list(&methods), pattern.as_str())),
         };
-        let key_header = header_name("key_header", spec.key_header.as_deref().unwrap_or("idempotency-key"))?;
+        let key_header = header_name(
+            "key_header",
+            spec.key_header.as_deref().unwrap_or("idempotency-key"),
+        )?;
         let upstream_dedups = spec.upstream_dedups.unwrap_or(false);
         let policy = policy(spec)?;
         if policy.on_lease_expiry() == LeaseExpiry::Takeover && !upstream_dedups {
@@ -172,7 +178,9 @@ impl Route {
             key_required: spec.key_required.unwrap_or(true),
             principal_headers: header_names(
                 "principal_headers",
-                spec.principal_headers.as_deref().unwrap_or(&["authorization".to_owned()]),
+                spec.principal_headers
+                    .as_deref()
+                    .unwrap_or(&["authorization".to_owned()]),
             )?,
             fingerprint_headers: header_names(
                 "fingerprint_headers",
@@ -182,7 +190,9 @@ impl Route {
                 .fingerprint_exclude
                 .iter()
                 .flatten()
-                .map(|p| JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string())))
+                .map(|p| {
+                    JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string()))
+                })
                 .collect::<Result<_, _>>()?,
             body_bytes_max: body_limit(spec.body_bytes_max)?,
             policy,
@@ -232,7 +242,11 @@ impl PathPattern {
         };
         let mut segments = Vec::new();
         let mut rest = false;
-        let parts: Vec<&str> = if body.is_empty() { vec![] } else { body.split('/').collect() };
+        let parts: Vec<&str> = if body.is_empty() {
+            vec![]
+        } else {
+            body.split('/').collect()
+        };
         for (i, part) in parts.iter().enumerate() {
             match *part {
                 "**" if i + 1 == parts.len() => rest = true,
@@ -241,7 +255,9 @@ impl PathPattern {
                     segments.push(Segment::Param)
                 }
                 p if p.contains(['{', '}', '*']) => {
-                    return Err(format!("{text:?}: segment {p:?} is neither literal, {{name}} nor **"));
+                    return Err(format!(
+                        "{text:?}: segment {p:?} is neither literal, {{name}} nor **"
+                    ));
                 }
                 p => segments.push(Segment::Literal(p.to_owned())),
             }
@@ -258,14 +274,21 @@ impl PathPattern {
         let Some(body) = path.strip_prefix('/') else {
             return false;
         };
-        let parts: Vec<&str> = if body.is_empty() { vec![] } else { body.split('/').collect() };
+        let parts: Vec<&str> = if body.is_empty() {
+            vec![]
+        } else {
+            body.split('/').collect()
+        };
         if parts.len() < self.segments.len() || (!self.rest && parts.len() != self.segments.len()) {
             return false;
         }
-        self.segments.iter().zip(&parts).all(|(seg, part)| match seg {
-            Segment::Literal(lit) => lit == part,
-            Segment::Param => !part.is_empty(),
-        })
+        self.segments
+            .iter()
+            .zip(&parts)
+            .all(|(seg, part)| match seg {
+                Segment::Literal(lit) => lit == part,
+                Segment::Param => !part.is_empty(),
+            })
     }
 
     /// The pattern as written.
@@ -373,7 +396,11 @@ fn parse_methods(declared: Option<&[String]>) -> Result<Vec<Method>, RouteError>
 }
 
 fn method_list(methods: &[Method]) -> String {
-    methods.iter().map(Method::as_str).collect::<Vec<_>>().join(",")
+    methods
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn header_name(field: &'static str, name: &str) -> Result<HeaderName, RouteError> {
@@ -425,24 +452,101 @@ mod tests {
     #[test]
     fn route_fields_are_validated_by_name() {
         let cases: Vec<(RouteSpec, &str)> = vec![
-            (RouteSpec { methods: Some(vec!["P OST".into()]), ..Default::default() }, "methods"),
-            (RouteSpec { methods: Some(vec![]), ..Default::default() }, "methods"),
-            (RouteSpec { path: Some("x".into()), ..Default::default() }, "path"),
-            (RouteSpec { key_header: Some("bad header".into()), ..Default::default() }, "key_header"),
-            (RouteSpec { lease_ms: Some(5), ..Default::default() }, "lease_ms"),
-            (RouteSpec { retention_s: Some(0), ..Default::default() }, "retention_s"),
-            (RouteSpec { retention_s: Some(100), tombstone_s: Some(10), ..Default::default() }, "tombstone_s"),
-            (RouteSpec { body_bytes_max: Some(0), ..Default::default() }, "body_bytes_max"),
-            (RouteSpec { fingerprint_exclude: Some(vec!["nope".into()]), ..Default::default() }, "fingerprint_exclude"),
-            (RouteSpec { on_lease_expiry: Some(LeaseExpiry::Takeover), ..Default::default() }, "on_lease_expiry"),
             (
-                RouteSpec { forward_key: Some(ForwardKeySpec { header: None, template: Some("{scope_digest}".into()) }), ..Default::default() },
+                RouteSpec {
+                    methods: Some(vec!["P OST".into()]),
+                    ..Default::default()
+                },
+                "methods",
+            ),
+            (
+                RouteSpec {
+                    methods: Some(vec![]),
+                    ..Default::default()
+                },
+                "methods",
+            ),
+            (
+                RouteSpec {
+                    path: Some("x".into()),
+                    ..Default::default()
+                },
+                "path",
+            ),
+            (
+                RouteSpec {
+                    key_header: Some("bad header".into()),
+                    ..Default::default()
+                },
+                "key_header",
+            ),
+            (
+                RouteSpec {
+                    lease_ms: Some(5),
+                    ..Default::default()
+                },
+                "lease_ms",
+            ),
+            (
+                RouteSpec {
+                    retention_s: Some(0),
+                    ..Default::default()
+                },
+                "retention_s",
+            ),
+            (
+                RouteSpec {
+                    retention_s: Some(100),
+                    tombstone_s: Some(10),
+                    ..Default::default()
+                },
+                "tombstone_s",
+            ),
+            (
+                RouteSpec {
+                    body_bytes_max: Some(0),
+                    ..Default::default()
+                },
+                "body_bytes_max",
+            ),
+            (
+                RouteSpec {
+                    fingerprint_exclude: Some(vec!["nope".into()]),
+                    ..Default::default()
+                },
+                "fingerprint_exclude",
+            ),
+            (
+                RouteSpec {
+                    on_lease_expiry: Some(LeaseExpiry::Takeover),
+                    ..Default::default()
+                },
+                "on_lease_expiry",
+            ),
+            (
+                RouteSpec {
+                    forward_key: Some(ForwardKeySpec {
+                        header: None,
+                        template: Some("{scope_digest}".into()),
+                    }),
+                    ..Default::default()
+                },
                 "forward_key.template",
             ),
-            (RouteSpec { name: Some("a|b".into()), ..Default::default() }, "name"),
+            (
+                RouteSpec {
+                    name: Some("a|b".into()),
+                    ..Default::default()
+                },
+                "name",
+            ),
         ];
         for (spec, field) in cases {
-            assert_eq!(Route::new(&spec).map(|_| ()).map_err(|e| e.field), Err(field), "{spec:?}");
+            assert_eq!(
+                Route::new(&spec).map(|_| ()).map_err(|e| e.field),
+                Err(field),
+                "{spec:?}"
+            );
         }
     }
 
@@ -454,8 +558,14 @@ mod tests {
         assert!(!route.matches(&Method::GET, "/payouts/1"));
         assert_eq!(route.operation, Operation::MethodAndPath);
         assert_eq!(route.policy, Policy::DEFAULT);
-        let long_retention = RouteSpec { retention_s: Some(90 * 86_400), ..Default::default() };
-        assert_eq!(Route::new(&long_retention).unwrap().policy.tombstone_s(), 90 * 86_400);
+        let long_retention = RouteSpec {
+            retention_s: Some(90 * 86_400),
+            ..Default::default()
+        };
+        assert_eq!(
+            Route::new(&long_retention).unwrap().policy.tombstone_s(),
+            90 * 86_400
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
-use idem_core::{Claim, ClaimRequest, Record, RecordId, StoredResult, Store, StoreError, Token};
+use idem_core::{Claim, ClaimRequest, Record, RecordId, Store, StoreError, StoredResult, Token};
 use tower::{Layer, Service};
 
 use crate::completion::{AttemptOutcome, Completion};
@@ -262,7 +262,10 @@ where
         return response;
     }
     let (parts, body) = response.into_parts();
-    let bytes = Limited::new(body, RESPONSE_BYTES_MAX).collect().await.map(|c| c.to_bytes());
+    let bytes = Limited::new(body, RESPONSE_BYTES_MAX)
+        .collect()
+        .await
+        .map(|c| c.to_bytes());
     let stored_headers = replay_headers(&parts.headers, route);
     let (result, passthrough) = match bytes {
         Ok(bytes) => {
@@ -271,11 +274,18 @@ where
                 Err(e) => (result_not_stored(&e.to_string()), Some(bytes)),
             }
         }
-        Err(e) => (result_not_stored(&format!("the body could not be read: {e}")), None),
+        Err(e) => (
+            result_not_stored(&format!("the body could not be read: {e}")),
+            None,
+        ),
     };
     match shared.store.complete(id, token, result.clone()).await {
-        Ok(_) => tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed"),
-        Err(e) => tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not record the result; the record will become ambiguous when its lease ends"),
+        Ok(_) => {
+            tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed")
+        }
+        Err(e) => {
+            tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not record the result; the record will become ambiguous when its lease ends")
+        }
     }
     match passthrough {
         Some(bytes) => Response::from_parts(parts, ResBody::from(bytes)),
@@ -288,21 +298,32 @@ where
 async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Completion) {
     let outcome = match completion {
         Completion::Release => shared.store.release(id, token).await.map(|_| "released"),
-        Completion::Unknown => shared.store.mark_ambiguous(id, token).await.map(|_| "ambiguous"),
+        Completion::Unknown => shared
+            .store
+            .mark_ambiguous(id, token)
+            .await
+            .map(|_| "ambiguous"),
         Completion::Final => return,
     };
     match outcome {
         Ok(what) => tracing::info!(scope = %id.scope, key = %id.key, "{what}"),
-        Err(e) => tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not settle the record"),
+        Err(e) => {
+            tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not settle the record")
+        }
     }
 }
 
 fn result_not_stored(why: &str) -> StoredResult {
     let problem = Problem::new(
         ProblemKind::ResultNotStored,
-        format!("the effect happened once and will not be repeated, but its response could not be stored: {why}"),
+        format!(
+            "the effect happened once and will not be repeated, but its response could not be stored: {why}"
+        ),
     );
-    let headers = vec![("content-type".to_owned(), "application/problem+json".to_owned())];
+    let headers = vec![(
+        "content-type".to_owned(),
+        "application/problem+json".to_owned(),
+    )];
     // The problem body is small and the status valid; the fallback is the
     // same result without a body.
     StoredResult::new(502, headers.clone(), problem.body().to_vec())
@@ -312,13 +333,19 @@ fn result_not_stored(why: &str) -> StoredResult {
 
 /// The response headers worth replaying: the allow-list plus the route's own.
 fn replay_headers(headers: &http::HeaderMap, route: &Route) -> Vec<(String, String)> {
-    let allowed = [header::CONTENT_TYPE, header::LOCATION, header::CONTENT_LOCATION];
+    let allowed = [
+        header::CONTENT_TYPE,
+        header::LOCATION,
+        header::CONTENT_LOCATION,
+    ];
     allowed
         .iter()
         .chain(&route.replay_headers)
         .flat_map(|name| {
             headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str().ok().map(|v| (name.as_str().to_owned(), v.to_owned()))
+                v.to_str()
+                    .ok()
+                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
             })
         })
         .collect()
@@ -340,12 +367,18 @@ fn stored_response<B: From<Bytes>>(result: &StoredResult, replayed: bool) -> Res
         http::StatusCode::from_u16(result.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let headers = response.headers_mut();
     for (name, value) in result.headers() {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
             headers.append(name, value);
         }
     }
     if replayed {
-        headers.insert(HeaderName::from_static(REPLAYED_HEADER), HeaderValue::from_static("true"));
+        headers.insert(
+            HeaderName::from_static(REPLAYED_HEADER),
+            HeaderValue::from_static("true"),
+        );
     }
     response
 }

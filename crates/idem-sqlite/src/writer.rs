@@ -224,14 +224,15 @@ impl Writer {
             }
             Op::Release { id, token, reply } => {
                 let out = self.read(&id).and_then(|existing| {
-                    decision::release(existing.as_ref(), &id, token)?;
+                    decision::release(existing.as_ref(), &id, token, self.clock.now())?;
                     self.delete(&id)
                 });
                 Done::Unit(reply, out)
             }
             Op::MarkAmbiguous { id, token, reply } => {
                 let out = self.read(&id).and_then(|existing| {
-                    let marked = decision::mark_ambiguous(existing.as_ref(), &id, token)?;
+                    let now = self.clock.now();
+                    let marked = decision::mark_ambiguous(existing.as_ref(), &id, token, now)?;
                     self.put(&marked).map(|()| marked)
                 });
                 Done::Record(reply, out)

@@ -5,7 +5,9 @@ use std::io::Write as _;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use idem_core::{IdempotencyKey, ListQuery, Record, RecordId, Scope, State, SystemClock, Clock, Timestamp};
+use idem_core::{
+    Clock, IdempotencyKey, ListQuery, Record, RecordId, Scope, State, SystemClock, Timestamp,
+};
 use serde::Serialize;
 
 use crate::store_url::{DEFAULT_STORE, StoreUrl};
@@ -62,7 +64,10 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
                 after: None,
                 limit: args.limit as usize,
             };
-            store.list(&query).await.with_context(|| format!("cannot list records in {url}"))?
+            store
+                .list(&query)
+                .await
+                .with_context(|| format!("cannot list records in {url}"))?
         }
         None => {
             eprintln!("note: {url} does not exist yet; no records");
@@ -83,14 +88,28 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
 pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
     let url = StoreUrl::parse(&args.store)?;
     let id = RecordId {
-        scope: Scope::new(args.scope.clone()).with_context(|| format!("invalid scope {:?}", args.scope))?,
-        key: IdempotencyKey::parse(&args.key).with_context(|| format!("invalid key {:?}", args.key))?,
+        scope: Scope::new(args.scope.clone())
+            .with_context(|| format!("invalid scope {:?}", args.scope))?,
+        key: IdempotencyKey::parse(&args.key)
+            .with_context(|| format!("invalid key {:?}", args.key))?,
     };
     let Some(store) = url.open_existing()? else {
-        bail!("{url} does not exist; no record for scope {:?} key {:?}", args.scope, args.key);
+        bail!(
+            "{url} does not exist; no record for scope {:?} key {:?}",
+            args.scope,
+            args.key
+        );
     };
-    let Some(record) = store.get(&id).await.with_context(|| format!("cannot read {url}"))? else {
-        bail!("no record for scope {:?} key {:?} in {url}", args.scope, args.key);
+    let Some(record) = store
+        .get(&id)
+        .await
+        .with_context(|| format!("cannot read {url}"))?
+    else {
+        bail!(
+            "no record for scope {:?} key {:?} in {url}",
+            args.scope,
+            args.key
+        );
     };
     let view = RecordView::new(&record, SystemClock.now());
     let mut out = std::io::stdout().lock();
@@ -193,7 +212,9 @@ fn write_table(out: &mut impl std::io::Write, views: &[RecordView]) -> anyhow::R
                 v.state.to_string(),
                 v.token.to_string(),
                 v.created_at.clone(),
-                v.result.as_ref().map_or("-".into(), |r| r.status.to_string()),
+                v.result
+                    .as_ref()
+                    .map_or("-".into(), |r| r.status.to_string()),
             ]
         })
         .collect();
@@ -205,7 +226,11 @@ fn write_table(out: &mut impl std::io::Write, views: &[RecordView]) -> anyhow::R
         }
     }
     for row in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         writeln!(out, "{}", cells.join("  ").trim_end())?;
     }
     Ok(())
@@ -224,7 +249,10 @@ fn write_details(out: &mut impl std::io::Write, v: &RecordView) -> anyhow::Resul
         ("lease_until", v.lease_until.clone()),
         ("completed_at", v.completed_at.clone().unwrap_or_else(none)),
         ("expires_at", v.expires_at.clone().unwrap_or_else(none)),
-        ("tombstone_until", v.tombstone_until.clone().unwrap_or_else(none)),
+        (
+            "tombstone_until",
+            v.tombstone_until.clone().unwrap_or_else(none),
+        ),
     ];
     for (name, value) in lines {
         writeln!(out, "{name:<16} {value}")?;
@@ -242,7 +270,11 @@ fn write_details(out: &mut impl std::io::Write, v: &RecordView) -> anyhow::Resul
     }
     if let Some(res) = &v.resolution {
         let at = res.at.clone().unwrap_or_else(none);
-        writeln!(out, "{:<16} {} by {} at {at}: {}", "resolution", res.outcome, res.by, res.reason)?;
+        writeln!(
+            out,
+            "{:<16} {} by {} at {at}: {}",
+            "resolution", res.outcome, res.by, res.reason
+        )?;
     }
     Ok(())
 }

@@ -39,7 +39,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let local_addr = listener.local_addr().context("cannot read the bound address")?;
+    let local_addr = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
     tracing::info!(
         %local_addr,
         upstream = %config.upstream,

@@ -28,9 +28,9 @@ impl StoreUrl {
             return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
         }
         match raw.split_once("://") {
-            Some((scheme, _)) => bail!(
-                "store URL {raw:?} has scheme {scheme:?}; supported: sqlite://PATH"
-            ),
+            Some((scheme, _)) => {
+                bail!("store URL {raw:?} has scheme {scheme:?}; supported: sqlite://PATH")
+            }
             None => bail!("store URL {raw:?} has no scheme; write e.g. sqlite://{raw}"),
         }
     }
@@ -82,7 +82,10 @@ mod tests {
     fn parses_store_urls() {
         let cases = [
             ("sqlite://idem.db", Ok(StoreUrl::Sqlite("idem.db".into()))),
-            ("sqlite:///var/lib/idem.db", Ok(StoreUrl::Sqlite("/var/lib/idem.db".into()))),
+            (
+                "sqlite:///var/lib/idem.db",
+                Ok(StoreUrl::Sqlite("/var/lib/idem.db".into())),
+            ),
             ("sqlite://", Err("names no file")),
             ("postgres://h/db", Err("has scheme \"postgres\"")),
             ("idem.db", Err("has no scheme")),

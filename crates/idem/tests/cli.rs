@@ -5,7 +5,10 @@
 use std::process::{Command, Output};
 
 fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -24,31 +27,61 @@ fn records_list_on_missing_fresh_and_garbage_stores() {
 
     let fresh = dir.path().join("fresh.db");
     std::fs::write(&fresh, b"").unwrap();
-    let out = idem(&["records", "list", "--store", &format!("sqlite://{}", fresh.display())]);
+    let out = idem(&[
+        "records",
+        "list",
+        "--store",
+        &format!("sqlite://{}", fresh.display()),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("no records"));
 
     let garbage = dir.path().join("garbage.db");
-    std::fs::write(&garbage, b"this is not a database, it is a shopping list\n".repeat(100)).unwrap();
-    let out = idem(&["records", "list", "--store", &format!("sqlite://{}", garbage.display())]);
+    std::fs::write(
+        &garbage,
+        b"this is not a database, it is a shopping list\n".repeat(100),
+    )
+    .unwrap();
+    let out = idem(&[
+        "records",
+        "list",
+        "--store",
+        &format!("sqlite://{}", garbage.display()),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains(&garbage.display().to_string()) && err.contains("not an idem database"), "{err}");
+    assert!(
+        err.contains(&garbage.display().to_string()) && err.contains("not an idem database"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_arguments_name_what_is_wrong() {
     let cases: [(&[&str], &str); 5] = [
-        (&["records", "list", "--store", "postgres://x/y"], "has scheme \"postgres\""),
-        (&["records", "list", "--state", "done"], "unknown state \"done\""),
+        (
+            &["records", "list", "--store", "postgres://x/y"],
+            "has scheme \"postgres\"",
+        ),
+        (
+            &["records", "list", "--state", "done"],
+            "unknown state \"done\"",
+        ),
         (&["records", "show", "a|b", "bad key"], "invalid key"),
         (&["serve"], "upstream: is required"),
-        (&["serve", "--upstream", "https://x"], "must be an http:// URL"),
+        (
+            &["serve", "--upstream", "https://x"],
+            "must be an http:// URL",
+        ),
     ];
     for (args, expect) in cases {
         let out = idem(args);
         assert!(!out.status.success(), "{args:?}");
-        assert!(text(&out.stderr).contains(expect), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(expect),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
     }
 }
 
@@ -56,16 +89,29 @@ fn bad_arguments_name_what_is_wrong() {
 fn serve_refuses_a_config_with_a_typo_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gateway.toml");
-    std::fs::write(&config, "upstream = \"http://127.0.0.1:9\"\n[[route]]\nretention_sec = 60\n").unwrap();
+    std::fs::write(
+        &config,
+        "upstream = \"http://127.0.0.1:9\"\n[[route]]\nretention_sec = 60\n",
+    )
+    .unwrap();
     let out = idem(&["serve", "--config", config.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("gateway.toml: line 3, column 1: unknown field `retention_sec`"), "{err}");
+    assert!(
+        err.contains("gateway.toml: line 3, column 1: unknown field `retention_sec`"),
+        "{err}"
+    );
 }
 
 #[test]
 fn serve_refuses_a_store_it_cannot_create() {
-    let out = idem(&["serve", "--upstream", "http://127.0.0.1:9", "--store", "sqlite:///nonexistent-dir/x/idem.db"]);
+    let out = idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        "sqlite:///nonexistent-dir/x/idem.db",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("/nonexistent-dir/x/idem.db"), "{err}");

@@ -19,14 +19,25 @@ async fn sequential_duplicate_is_one_effect_and_an_identical_replay() {
     let second = post(&gw.url("/payouts"), &[key("\"p-1\"")], PAYOUT).await;
     assert_eq!(first.status, 201, "{first:?}");
     assert_eq!(first.header("idempotent-replayed"), None);
-    assert_eq!((second.status, second.body.as_str()), (201, first.body.as_str()));
+    assert_eq!(
+        (second.status, second.body.as_str()),
+        (201, first.body.as_str())
+    );
     assert_eq!(second.header("idempotent-replayed"), Some("true"));
     assert_eq!(second.header("content-type"), first.header("content-type"));
     assert_eq!(second.header("location"), Some("/payouts/1"));
-    assert_eq!(second.header("x-not-replayed"), None, "only allow-listed headers are replayed");
+    assert_eq!(
+        second.header("x-not-replayed"),
+        None,
+        "only allow-listed headers are replayed"
+    );
     let effects = up.effects();
     assert_eq!(effects.len(), 1);
-    assert_eq!(effects[0].key.as_deref(), Some("p-1"), "the key is forwarded upstream");
+    assert_eq!(
+        effects[0].key.as_deref(),
+        Some("p-1"),
+        "the key is forwarded upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,8 +59,15 @@ async fn concurrent_duplicates_against_a_slow_upstream_are_one_effect() {
     for handle in duplicates {
         let reply = handle.await.unwrap();
         assert_eq!(reply.status, 409, "{reply:?}");
-        assert_eq!(reply.problem().as_deref(), Some("urn:idem:problem:request-in-progress"));
-        let retry_after: u64 = reply.header("retry-after").expect("Retry-After").parse().unwrap();
+        assert_eq!(
+            reply.problem().as_deref(),
+            Some("urn:idem:problem:request-in-progress")
+        );
+        let retry_after: u64 = reply
+            .header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .unwrap();
         assert!((1..=30).contains(&retry_after), "{retry_after}");
     }
     assert_eq!(first.await.unwrap().status, 201);
@@ -60,13 +78,31 @@ async fn concurrent_duplicates_against_a_slow_upstream_are_one_effect() {
 async fn a_different_payload_under_the_same_key_is_rejected() {
     let (up, site) = (Upstream::start().await, Site::new());
     let gw = Gateway::start(&up.url(), &site.store(), None);
-    assert_eq!(post(&gw.url("/payouts"), &[key("d-1")], PAYOUT).await.status, 201);
-    let reused = post(&gw.url("/payouts"), &[key("d-1")], r#"{"seller":847,"amount":99999}"#).await;
+    assert_eq!(
+        post(&gw.url("/payouts"), &[key("d-1")], PAYOUT)
+            .await
+            .status,
+        201
+    );
+    let reused = post(
+        &gw.url("/payouts"),
+        &[key("d-1")],
+        r#"{"seller":847,"amount":99999}"#,
+    )
+    .await;
     assert_eq!(reused.status, 422);
-    assert_eq!(reused.problem().as_deref(), Some("urn:idem:problem:key-reused"));
+    assert_eq!(
+        reused.problem().as_deref(),
+        Some("urn:idem:problem:key-reused")
+    );
     assert!(reused.body.contains("Idempotency-Key is already used"));
     // Reordered members and whitespace are the same request (RFC 8785).
-    let reordered = post(&gw.url("/payouts"), &[key("d-1")], r#"{ "currency":"EUR","amount":1200, "seller":847 }"#).await;
+    let reordered = post(
+        &gw.url("/payouts"),
+        &[key("d-1")],
+        r#"{ "currency":"EUR","amount":1200, "seller":847 }"#,
+    )
+    .await;
     assert_eq!(reordered.status, 201);
     assert_eq!(reordered.header("idempotent-replayed"), Some("true"));
     assert_eq!(up.effects().len(), 1);
@@ -83,17 +119,39 @@ async fn missing_malformed_and_oversized_requests_are_refused_before_any_claim()
         (vec![], PAYOUT.into(), 400, "missing-key"),
         (vec![key("")], PAYOUT.into(), 400, "invalid-key"),
         (vec![key(&long)], PAYOUT.into(), 400, "invalid-key"),
-        (vec![key("\"unterminated")], PAYOUT.into(), 400, "invalid-key"),
+        (
+            vec![key("\"unterminated")],
+            PAYOUT.into(),
+            400,
+            "invalid-key",
+        ),
         (vec![key("has space")], PAYOUT.into(), 400, "invalid-key"),
         (vec![key("m-1")], "{\"seller\":".into(), 400, "invalid-body"),
-        (vec![key("m-1")], "{\"a\":1,\"a\":2}".into(), 400, "invalid-body"),
-        (vec![key("m-1")], format!("{{\"pad\":\"{}\"}}", "x".repeat(1024 * 1024)), 413, "body-too-large"),
+        (
+            vec![key("m-1")],
+            "{\"a\":1,\"a\":2}".into(),
+            400,
+            "invalid-body",
+        ),
+        (
+            vec![key("m-1")],
+            format!("{{\"pad\":\"{}\"}}", "x".repeat(1024 * 1024)),
+            413,
+            "body-too-large",
+        ),
     ];
     for (headers, body, status, problem) in cases {
         let reply = post(&url, &headers, &body).await;
         assert_eq!(reply.status, status, "{headers:?}: {reply:?}");
-        assert_eq!(reply.problem(), Some(format!("urn:idem:problem:{problem}")), "{headers:?}");
-        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            reply.problem(),
+            Some(format!("urn:idem:problem:{problem}")),
+            "{headers:?}"
+        );
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
     }
     assert_eq!(up.hits(), 0, "nothing was forwarded");
     // Nothing was claimed either: the same key with a good body executes once.
@@ -106,18 +164,36 @@ async fn two_principals_with_one_key_are_two_intents() {
     let (up, site) = (Upstream::start().await, Site::new());
     let gw = Gateway::start(&up.url(), &site.store(), None);
     let url = gw.url("/payouts");
-    let alice = post(&url, &[key("same"), ("authorization", "Bearer alice")], PAYOUT).await;
-    let bob = post(&url, &[key("same"), ("authorization", "Bearer bob")], PAYOUT).await;
+    let alice = post(
+        &url,
+        &[key("same"), ("authorization", "Bearer alice")],
+        PAYOUT,
+    )
+    .await;
+    let bob = post(
+        &url,
+        &[key("same"), ("authorization", "Bearer bob")],
+        PAYOUT,
+    )
+    .await;
     assert_eq!((alice.status, bob.status), (201, 201));
     assert_eq!(bob.header("idempotent-replayed"), None, "no cross-replay");
     assert_ne!(alice.body, bob.body);
-    let alice_again = post(&url, &[key("same"), ("authorization", "Bearer alice")], PAYOUT).await;
+    let alice_again = post(
+        &url,
+        &[key("same"), ("authorization", "Bearer alice")],
+        PAYOUT,
+    )
+    .await;
     assert_eq!(alice_again.body, alice.body);
     assert_eq!(up.effects().len(), 2);
     let db = std::fs::read(site.store()).unwrap_or_default();
     let wal = std::fs::read(site.store().with_extension("db-wal")).unwrap_or_default();
     for bytes in [db, wal] {
-        assert!(!String::from_utf8_lossy(&bytes).contains("Bearer"), "raw credentials must never be stored");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("Bearer"),
+            "raw credentials must never be stored"
+        );
     }
 }
 
@@ -128,7 +204,10 @@ async fn a_final_4xx_is_replayed_not_retried() {
     let first = post(&gw.url("/reject"), &[key("r-1")], PAYOUT).await;
     let again = post(&gw.url("/reject"), &[key("r-1")], PAYOUT).await;
     assert_eq!(first.status, 400);
-    assert_eq!((again.status, again.body.as_str()), (400, first.body.as_str()));
+    assert_eq!(
+        (again.status, again.body.as_str()),
+        (400, first.body.as_str())
+    );
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(up.hits(), 1);
 }
@@ -142,7 +221,10 @@ async fn an_upstream_500_is_never_re_executed_blindly() {
     for _ in 0..3 {
         let retry = post(&gw.url("/fail"), &[key("f-1")], PAYOUT).await;
         assert_eq!(retry.status, 409, "{retry:?}");
-        assert_eq!(retry.problem().as_deref(), Some("urn:idem:problem:outcome-unknown"));
+        assert_eq!(
+            retry.problem().as_deref(),
+            Some("urn:idem:problem:outcome-unknown")
+        );
         assert!(retry.header("retry-after").is_some());
     }
     assert_eq!(up.effects().len(), 1);
@@ -179,7 +261,10 @@ async fn a_gateway_killed_after_the_effect_never_repeats_it() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let after_lease = post(&url, &[key("k-1")], PAYOUT).await;
     assert_eq!(after_lease.status, 409, "{after_lease:?}");
-    assert_eq!(after_lease.problem().as_deref(), Some("urn:idem:problem:outcome-unknown"));
+    assert_eq!(
+        after_lease.problem().as_deref(),
+        Some("urn:idem:problem:outcome-unknown")
+    );
     assert_eq!(up.effects().len(), 1, "the retry did not pay again");
 }
 
@@ -192,7 +277,10 @@ async fn completed_records_survive_a_restart() {
     gw.kill();
     let gw = Gateway::start(&up.url(), &site.store(), None);
     let replay = post(&gw.url("/payouts"), &[key("s-1")], PAYOUT).await;
-    assert_eq!((replay.status, replay.body.as_str()), (201, first.body.as_str()));
+    assert_eq!(
+        (replay.status, replay.body.as_str()),
+        (201, first.body.as_str())
+    );
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(up.effects().len(), 1);
 }
@@ -204,14 +292,26 @@ async fn sigterm_lets_in_flight_requests_finish_and_be_recorded() {
     let url = gw.url("/slow?ms=1500");
     let in_flight = tokio::spawn(async move { post(&url, &[key("t-1")], PAYOUT).await });
     assert!(eventually(Duration::from_secs(10), || up.effects().len() == 1).await);
-    let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
     assert!(status.success(), "{status:?}");
     let reply = in_flight.await.unwrap();
-    assert_eq!(reply.status, 201, "the in-flight request finished: {reply:?}");
+    assert_eq!(
+        reply.status, 201,
+        "the in-flight request finished: {reply:?}"
+    );
     let gw = Gateway::start(&up.url(), &site.store(), None);
     let replay = post(&gw.url("/slow?ms=1500"), &[key("t-1")], PAYOUT).await;
-    assert_eq!((replay.status, replay.body.as_str()), (201, reply.body.as_str()));
-    assert_eq!(replay.header("idempotent-replayed"), Some("true"), "and was recorded");
+    assert_eq!(
+        (replay.status, replay.body.as_str()),
+        (201, reply.body.as_str())
+    );
+    assert_eq!(
+        replay.header("idempotent-replayed"),
+        Some("true"),
+        "and was recorded"
+    );
     assert_eq!(up.effects().len(), 1);
 }
 
@@ -219,13 +319,21 @@ async fn sigterm_lets_in_flight_requests_finish_and_be_recorded() {
 async fn an_unwritable_store_fails_closed() {
     let (up, site) = (Upstream::start().await, Site::new());
     let gw = Gateway::start(&up.url(), &site.store(), None);
-    assert_eq!(post(&gw.url("/payouts"), &[key("u-0")], PAYOUT).await.status, 201);
+    assert_eq!(
+        post(&gw.url("/payouts"), &[key("u-0")], PAYOUT)
+            .await
+            .status,
+        201
+    );
     // Another process holds the write lock: the store cannot be written.
     let blocker = rusqlite::Connection::open(site.store()).unwrap();
     blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let reply = post(&gw.url("/payouts"), &[key("u-1")], PAYOUT).await;
     assert_eq!(reply.status, 503, "{reply:?}");
-    assert_eq!(reply.problem().as_deref(), Some("urn:idem:problem:store-unavailable"));
+    assert_eq!(
+        reply.problem().as_deref(),
+        Some("urn:idem:problem:store-unavailable")
+    );
     assert_eq!(up.effects().len(), 1, "nothing was forwarded");
     blocker.execute_batch("ROLLBACK").unwrap();
     let recovered = post(&gw.url("/payouts"), &[key("u-1")], PAYOUT).await;
@@ -240,9 +348,15 @@ async fn an_upstream_timeout_after_sending_is_an_unknown_outcome() {
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     let first = post(&gw.url("/slow?ms=2000"), &[key("to-1")], PAYOUT).await;
     assert_eq!(first.status, 504, "{first:?}");
-    assert_eq!(first.problem().as_deref(), Some("urn:idem:problem:upstream-timeout"));
+    assert_eq!(
+        first.problem().as_deref(),
+        Some("urn:idem:problem:upstream-timeout")
+    );
     let retry = post(&gw.url("/slow?ms=2000"), &[key("to-1")], PAYOUT).await;
-    assert_eq!(retry.problem().as_deref(), Some("urn:idem:problem:outcome-unknown"));
+    assert_eq!(
+        retry.problem().as_deref(),
+        Some("urn:idem:problem:outcome-unknown")
+    );
     assert_eq!(up.effects().len(), 1);
 }
 
@@ -255,7 +369,14 @@ async fn an_unreachable_upstream_releases_the_key() {
     let gw = Gateway::start(&dead, &site.store(), None);
     let reply = post(&gw.url("/payouts"), &[key("x-1")], PAYOUT).await;
     assert_eq!(reply.status, 502);
-    assert_eq!(reply.problem().as_deref(), Some("urn:idem:problem:upstream-unreachable"));
+    assert_eq!(
+        reply.problem().as_deref(),
+        Some("urn:idem:problem:upstream-unreachable")
+    );
     let again = post(&gw.url("/payouts"), &[key("x-1")], PAYOUT).await;
-    assert_eq!(again.problem().as_deref(), Some("urn:idem:problem:upstream-unreachable"), "released, so tried again");
+    assert_eq!(
+        again.problem().as_deref(),
+        Some("urn:idem:problem:upstream-unreachable"),
+        "released, so tried again"
+    );
 }

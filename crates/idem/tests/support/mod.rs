@@ -89,7 +89,9 @@ impl Drop for Upstream {
 }
 
 fn key_of(headers: &HeaderMap) -> Option<String> {
-    headers.get("idempotency-key").map(|v| v.to_str().unwrap().to_owned())
+    headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned())
 }
 
 fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usize {
@@ -105,7 +107,11 @@ fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usi
 fn paid(n: usize) -> Response {
     (
         StatusCode::CREATED,
-        [("content-type", "application/json"), ("location", &format!("/payouts/{n}")), ("x-not-replayed", "1")],
+        [
+            ("content-type", "application/json"),
+            ("location", &format!("/payouts/{n}")),
+            ("x-not-replayed", "1"),
+        ],
         format!("{{\"payout\":{n}}}"),
     )
         .into_response()
@@ -119,7 +125,11 @@ async fn pay(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Respon
 async fn slow(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     l.lock().unwrap().hits += 1;
     let n = record(&l, "/slow", &headers, &body);
-    let ms = uri.query().and_then(|q| q.strip_prefix("ms=")).and_then(|v| v.parse().ok()).unwrap_or(500);
+    let ms = uri
+        .query()
+        .and_then(|q| q.strip_prefix("ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     paid(n)
 }
@@ -145,7 +155,12 @@ async fn busy_once(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> 
 
 async fn reject(State(l): State<Shared>) -> Response {
     l.lock().unwrap().hits += 1;
-    (StatusCode::BAD_REQUEST, [("content-type", "application/json")], "{\"error\":\"insufficient funds\"}").into_response()
+    (
+        StatusCode::BAD_REQUEST,
+        [("content-type", "application/json")],
+        "{\"error\":\"insufficient funds\"}",
+    )
+        .into_response()
 }
 
 /// The `idem serve` process.
@@ -237,7 +252,10 @@ pub struct Reply {
 
 impl Reply {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The problem `type`, if this is a problem response.
@@ -257,7 +275,10 @@ pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    let response = client().request(req.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let response = client()
+        .request(req.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
     let status = response.status().as_u16();
     let headers = response
         .headers()
@@ -266,7 +287,11 @@ pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
         .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
         .collect();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
 }
 
 pub fn key(k: &str) -> (&'static str, &str) {
@@ -280,7 +305,9 @@ pub struct Site {
 
 impl Site {
     pub fn new() -> Site {
-        Site { dir: tempfile::tempdir().unwrap() }
+        Site {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     pub fn store(&self) -> PathBuf {
