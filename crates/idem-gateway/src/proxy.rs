@@ -70,13 +70,13 @@ impl Proxy {
                 if e.is_connect() {
                     (
                         ProblemKind::UpstreamUnreachable,
-                        format!("cannot connect to the upstream: {e}"),
+                        format!("cannot connect to the upstream: {}", chain(&e)),
                         AttemptOutcome::NotSent,
                     )
                 } else {
                     (
                         ProblemKind::UpstreamFailed,
-                        format!("the upstream connection failed after the request was sent: {e}"),
+                        format!("the upstream connection failed after the request was sent: {}", chain(&e)),
                         AttemptOutcome::Lost,
                     )
                 }
@@ -124,6 +124,18 @@ impl Proxy {
             .build()
             .map_err(|e| format!("cannot build the upstream URL: {e}"))
     }
+}
+
+/// An error with its causes, `a: b: c`, so the detail says why, not only what.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn failure(kind: ProblemKind, reason: String, outcome: AttemptOutcome) -> Response<Body> {

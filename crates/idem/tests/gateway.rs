@@ -380,3 +380,33 @@ async fn an_unreachable_upstream_releases_the_key() {
         "released, so tried again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_config_controls_forwarding_and_optional_keys() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let config = site.config(
+        r#"
+[[route]]
+name = "payouts"
+methods = ["POST"]
+path = "/payouts"
+forward_key = { header = "X-Upstream-Key", template = "{scope_digest}:{key}" }
+
+[[route]]
+path = "/reject"
+key_required = false
+"#,
+    );
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    assert_eq!(post(&gw.url("/payouts"), &[key("fw-1")], PAYOUT).await.status, 201);
+    let effect = up.effects().pop().unwrap();
+    assert_eq!(effect.key, None, "the key header was renamed");
+    let forwarded = effect.upstream_key.unwrap();
+    let (digest, key) = forwarded.split_once(':').unwrap();
+    assert_eq!((digest.len(), key), (16, "fw-1"));
+    // An unlisted path is not protected; an optional key passes through.
+    assert_eq!(post(&gw.url("/slow?ms=1"), &[], PAYOUT).await.status, 201);
+    assert_eq!(post(&gw.url("/reject"), &[], PAYOUT).await.status, 400);
+    assert_eq!(post(&gw.url("/reject"), &[], PAYOUT).await.header("idempotent-replayed"), None);
+    assert_eq!(up.hits(), 4);
+}

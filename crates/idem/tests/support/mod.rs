@@ -27,6 +27,8 @@ use hyper_util::rt::TokioExecutor;
 pub struct Effect {
     pub path: String,
     pub key: Option<String>,
+    /// `X-Upstream-Key`, for routes that forward the key under another name.
+    pub upstream_key: Option<String>,
     pub body: String,
 }
 
@@ -99,6 +101,7 @@ fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usi
     l.effects.push(Effect {
         path: path.to_owned(),
         key: key_of(headers),
+        upstream_key: headers.get("x-upstream-key").map(|v| v.to_str().unwrap().to_owned()),
         body: String::from_utf8_lossy(body).into_owned(),
     });
     l.effects.len()
