@@ -76,7 +76,10 @@ impl Proxy {
                 } else {
                     (
                         ProblemKind::UpstreamFailed,
-                        format!("the upstream connection failed after the request was sent: {}", chain(&e)),
+                        format!(
+                            "the upstream connection failed after the request was sent: {}",
+                            chain(&e)
+                        ),
                         AttemptOutcome::Lost,
                     )
                 }

@@ -398,7 +398,12 @@ key_required = false
 "#,
     );
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
-    assert_eq!(post(&gw.url("/payouts"), &[key("fw-1")], PAYOUT).await.status, 201);
+    assert_eq!(
+        post(&gw.url("/payouts"), &[key("fw-1")], PAYOUT)
+            .await
+            .status,
+        201
+    );
     let effect = up.effects().pop().unwrap();
     assert_eq!(effect.key, None, "the key header was renamed");
     let forwarded = effect.upstream_key.unwrap();
@@ -407,6 +412,11 @@ key_required = false
     // An unlisted path is not protected; an optional key passes through.
     assert_eq!(post(&gw.url("/slow?ms=1"), &[], PAYOUT).await.status, 201);
     assert_eq!(post(&gw.url("/reject"), &[], PAYOUT).await.status, 400);
-    assert_eq!(post(&gw.url("/reject"), &[], PAYOUT).await.header("idempotent-replayed"), None);
+    assert_eq!(
+        post(&gw.url("/reject"), &[], PAYOUT)
+            .await
+            .header("idempotent-replayed"),
+        None
+    );
     assert_eq!(up.hits(), 4);
 }

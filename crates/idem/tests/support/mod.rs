@@ -101,7 +101,9 @@ fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usi
     l.effects.push(Effect {
         path: path.to_owned(),
         key: key_of(headers),
-        upstream_key: headers.get("x-upstream-key").map(|v| v.to_str().unwrap().to_owned()),
+        upstream_key: headers
+            .get("x-upstream-key")
+            .map(|v| v.to_str().unwrap().to_owned()),
         body: String::from_utf8_lossy(body).into_owned(),
     });
     l.effects.len()
@@ -174,12 +176,17 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts `idem serve` on an ephemeral port and waits until it listens.
+    /// Starts `idem serve` on an SQLite file.
     pub fn start(upstream: &str, store: &Path, config: Option<&Path>) -> Gateway {
+        Gateway::start_url(upstream, &format!("sqlite://{}", store.display()), config)
+    }
+
+    /// Starts `idem serve` on an ephemeral port and waits until it listens.
+    pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
             .arg("--store")
-            .arg(format!("sqlite://{}", store.display()))
+            .arg(store_url)
             .env("IDEM_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
