@@ -152,6 +152,11 @@ pub enum LimitError {
         /// What exactly.
         detail: String,
     },
+    /// A text field holding a control character.
+    ControlCharacter {
+        /// Which field.
+        field: &'static str,
+    },
     /// A text field over its limit.
     TextTooLong {
         /// Which field.
@@ -249,9 +254,14 @@ impl Record {
     }
 }
 
-/// Checks an owner label against [`OWNER_BYTES_MAX`].
+/// Checks an owner label: at most [`OWNER_BYTES_MAX`] bytes, no control
+/// characters (every store must be able to keep it as text).
 pub fn check_owner(owner: &str) -> Result<(), LimitError> {
-    check_text("owner", owner, OWNER_BYTES_MAX)
+    check_text("owner", owner, OWNER_BYTES_MAX)?;
+    if owner.chars().any(char::is_control) {
+        return Err(LimitError::ControlCharacter { field: "owner" });
+    }
+    Ok(())
 }
 
 fn check_text(field: &'static str, text: &str, max: usize) -> Result<(), LimitError> {
@@ -321,6 +331,9 @@ impl fmt::Display for LimitError {
                 "result body is {bytes} bytes; at most {RESULT_BODY_BYTES_MAX} can be stored"
             ),
             LimitError::HeadersTooLarge { detail } => write!(f, "result headers: {detail}"),
+            LimitError::ControlCharacter { field } => {
+                write!(f, "{field} contains a control character")
+            }
             LimitError::TextTooLong { field, bytes, max } => {
                 write!(f, "{field} is {bytes} bytes; at most {max} are allowed")
             }

@@ -122,8 +122,10 @@ pub enum StoreError {
     },
     /// A value over one of the contract's limits.
     Limit(LimitError),
-    /// The store cannot be reached or written right now; nothing was
-    /// changed that the caller was told about. Retry later; fail closed.
+    /// The store cannot be reached or written right now. The operation may
+    /// or may not have been applied (a networked store can lose the reply to
+    /// a commit), so the caller must neither act as an owner nor assume the
+    /// write is absent: fail closed, and let a later claim decide.
     Unavailable {
         /// What is unavailable (a path, a host).
         store: String,

@@ -306,7 +306,10 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
         Completion::Final => return,
     };
     match outcome {
-        Ok(what) => tracing::info!(scope = %id.scope, key = %id.key, "{what}"),
+        Ok("ambiguous") => {
+            tracing::warn!(scope = %id.scope, key = %id.key, "outcome unknown; the record awaits reconciliation")
+        }
+        Ok(what) => tracing::debug!(scope = %id.scope, key = %id.key, "{what}"),
         Err(e) => {
             tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not settle the record")
         }

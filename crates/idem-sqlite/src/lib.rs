@@ -241,8 +241,20 @@ impl Store for SqliteStore {
         if let Err(e) = check_owner(&req.owner) {
             return Box::pin(std::future::ready(Err(e.into())));
         }
+        // Replays and refusals are answered by a reader; only a claim that
+        // writes goes through the writer and its group commit.
+        let read_req = req.clone();
+        let read = self.read(|reply| ReadOp::Claim {
+            req: read_req,
+            reply,
+        });
         let req = req.clone();
-        self.write(|reply| Op::Claim { req, reply })
+        Box::pin(async move {
+            if let Some(claim) = read.await? {
+                return Ok(claim);
+            }
+            self.write(|reply| Op::Claim { req, reply }).await
+        })
     }
 
     fn complete<'a>(

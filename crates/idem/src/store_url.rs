@@ -1,25 +1,30 @@
-//! Store URLs (`sqlite://PATH`) parsed once into a validated type, and opened.
+//! Store URLs (`sqlite://PATH`, `postgres://…`) parsed once into a
+//! validated type, and opened.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use idem_core::Store;
+use idem_core::{Store, StoreError};
+use idem_postgres::{PgOptions, PgStore, redact_url};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
 /// The default store: an SQLite file in the working directory.
 pub const DEFAULT_STORE: &str = "sqlite://idem.db";
 
 /// A parsed store URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     /// `sqlite://PATH`: relative paths as given, `sqlite:///abs/path` absolute.
     Sqlite(PathBuf),
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…]` (or `postgresql://`),
+    /// as given. It may hold a password, so `Display` and `Debug` mask it.
+    Postgres(String),
 }
 
 impl StoreUrl {
-    /// Parses `sqlite://PATH`.
+    /// Parses `sqlite://PATH`, `postgres://…` or `postgresql://…`.
     pub fn parse(raw: &str) -> anyhow::Result<StoreUrl> {
         if let Some(path) = raw.strip_prefix("sqlite://") {
             if path.is_empty() {
@@ -27,11 +32,16 @@ impl StoreUrl {
             }
             return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
         }
+        if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
+            return Ok(StoreUrl::Postgres(raw.to_owned()));
+        }
+        let shown = redact_url(raw);
         match raw.split_once("://") {
-            Some((scheme, _)) => {
-                bail!("store URL {raw:?} has scheme {scheme:?}; supported: sqlite://PATH")
-            }
-            None => bail!("store URL {raw:?} has no scheme; write e.g. sqlite://{raw}"),
+            Some((scheme, _)) => bail!(
+                "store URL {shown:?} has scheme {scheme:?}; \
+                 supported: sqlite://PATH, postgres://USER@HOST/DB"
+            ),
+            None => bail!("store URL {shown:?} has no scheme; write e.g. sqlite://{shown}"),
         }
     }
 
@@ -43,11 +53,15 @@ impl StoreUrl {
                     .with_context(|| format!("cannot open store {self}"))?;
                 Ok(Arc::new(store))
             }
+            StoreUrl::Postgres(url) => match connect_postgres(url, true)? {
+                Some(store) => Ok(Arc::new(store)),
+                None => bail!("store {self} was not created"),
+            },
         }
     }
 
     /// Opens an existing store for inspection, or `None` if there is none yet
-    /// (inspecting must not create a database as a side effect).
+    /// (inspecting must not create a database or a schema as a side effect).
     pub fn open_existing(&self) -> anyhow::Result<Option<Arc<dyn Store>>> {
         match self {
             StoreUrl::Sqlite(path) => {
@@ -62,14 +76,51 @@ impl StoreUrl {
                     .with_context(|| format!("cannot open store {self}"))?;
                 Ok(Some(Arc::new(store)))
             }
+            StoreUrl::Postgres(url) => {
+                let store = connect_postgres(url, false)?;
+                Ok(store.map(|s| Arc::new(s) as Arc<dyn Store>))
+            }
         }
     }
+}
+
+/// Connects (and creates or migrates the schema) on a thread and runtime of
+/// its own, so that this synchronous call works inside or outside the
+/// caller's runtime; the pool opens its connections later, on the runtime
+/// of the operations that use them.
+fn connect_postgres(url: &str, create: bool) -> anyhow::Result<Option<PgStore>> {
+    let connect = || -> anyhow::Result<Result<Option<PgStore>, StoreError>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start a runtime to connect to PostgreSQL")?;
+        Ok(runtime.block_on(async {
+            if create {
+                PgStore::connect(url, PgOptions::default()).await.map(Some)
+            } else {
+                PgStore::connect_existing(url, PgOptions::default()).await
+            }
+        }))
+    };
+    let connected = std::thread::scope(|s| s.spawn(connect).join())
+        .map_err(|_| anyhow::anyhow!("connecting to {} panicked", redact_url(url)))??;
+    Ok(connected?)
 }
 
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+        }
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            StoreUrl::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
         }
     }
 }
@@ -80,6 +131,7 @@ mod tests {
 
     #[test]
     fn parses_store_urls() {
+        let pg = |url: &str| Ok(StoreUrl::Postgres(url.to_owned()));
         let cases = [
             ("sqlite://idem.db", Ok(StoreUrl::Sqlite("idem.db".into()))),
             (
@@ -87,15 +139,58 @@ mod tests {
                 Ok(StoreUrl::Sqlite("/var/lib/idem.db".into())),
             ),
             ("sqlite://", Err("names no file")),
-            ("postgres://h/db", Err("has scheme \"postgres\"")),
+            ("postgres://h/db", pg("postgres://h/db")),
+            (
+                "postgresql://app:pw@h:5433/db?sslmode=disable",
+                pg("postgresql://app:pw@h:5433/db?sslmode=disable"),
+            ),
+            ("mysql://app:pw@h/db", Err("has scheme \"mysql\"")),
             ("idem.db", Err("has no scheme")),
         ];
         for (raw, expect) in cases {
             match (StoreUrl::parse(raw), expect) {
                 (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
-                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{raw}: {e}"),
+                (Err(e), Err(part)) => {
+                    assert!(e.to_string().contains(part), "{raw}: {e}");
+                    assert!(!e.to_string().contains("pw"), "{raw} leaks: {e}");
+                }
                 (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn never_shows_a_password() {
+        let cases = [
+            ("sqlite://idem.db", "sqlite://idem.db"),
+            (
+                "postgres://app:s3cret@db:5432/payments",
+                "postgres://app:***@db:5432/payments",
+            ),
+            (
+                "postgresql://app@db/payments?password=s3cret",
+                "postgresql://app@db/payments?password=***",
+            ),
+        ];
+        for (raw, shown) in cases {
+            let Ok(url) = StoreUrl::parse(raw) else {
+                panic!("{raw} parses");
+            };
+            assert_eq!(url.to_string(), shown, "{raw}");
+            assert!(!format!("{url:?}").contains("s3cret"), "{url:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_a_bad_postgres_url_when_opening() {
+        let Ok(url) = StoreUrl::parse("postgres://app:s3cret@db:notaport/payments") else {
+            panic!("the scheme is postgres");
+        };
+        let Err(e) = url.open() else {
+            panic!("a bad URL must not open");
+        };
+        let text = format!("{e:#}");
+        assert!(text.contains("invalid PostgreSQL URL"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
     }
 }

@@ -58,10 +58,14 @@ fn records_list_on_missing_fresh_and_garbage_stores() {
 
 #[test]
 fn bad_arguments_name_what_is_wrong() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["records", "list", "--store", "mysql://x/y"],
+            "has scheme \"mysql\"",
+        ),
         (
             &["records", "list", "--store", "postgres://x/y"],
-            "has scheme \"postgres\"",
+            "names no user",
         ),
         (
             &["records", "list", "--state", "done"],

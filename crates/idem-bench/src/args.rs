@@ -1,0 +1,72 @@
+//! Command-line flags shared by the subcommands: `--flag value` pairs, checked
+//! against the flags a subcommand knows, then read with a default and a range.
+
+use std::fmt::Display;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::{Context, bail};
+
+/// The flags given after a subcommand.
+pub struct Flags {
+    values: Vec<(String, String)>,
+    usage: &'static str,
+}
+
+impl Flags {
+    /// Reads `--flag value` pairs; a flag not in `known` is an error.
+    pub fn parse(
+        mut args: impl Iterator<Item = String>,
+        known: &[&str],
+        usage: &'static str,
+    ) -> anyhow::Result<Flags> {
+        let mut values = Vec::new();
+        while let Some(flag) = args.next() {
+            let value = args
+                .next()
+                .with_context(|| format!("{flag} needs a value; {usage}"))?;
+            if !known.contains(&flag.as_str()) {
+                bail!("unknown flag {flag}; {usage}");
+            }
+            values.push((flag, value));
+        }
+        Ok(Flags { values, usage })
+    }
+
+    /// The last value given for `flag`.
+    fn get(&self, flag: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(f, _)| f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `flag` as a number in `range`, or `default` when it is not given.
+    pub fn number<T>(&self, flag: &str, default: T, range: RangeInclusive<T>) -> anyhow::Result<T>
+    where
+        T: FromStr + PartialOrd + Display,
+        T::Err: std::error::Error + Send + Sync + 'static,
+    {
+        let value = match self.get(flag) {
+            Some(raw) => raw
+                .parse()
+                .with_context(|| format!("{flag} {raw:?}; {}", self.usage))?,
+            None => default,
+        };
+        if !range.contains(&value) {
+            bail!(
+                "{flag} must be {}..={}, not {value}",
+                range.start(),
+                range.end()
+            );
+        }
+        Ok(value)
+    }
+
+    /// `flag` as a path, or `default`.
+    pub fn path(&self, flag: &str, default: PathBuf) -> PathBuf {
+        self.get(flag).map_or(default, PathBuf::from)
+    }
+}

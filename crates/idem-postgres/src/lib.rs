@@ -1,0 +1,345 @@
+//! The shared idem store: PostgreSQL, for many stateless gateway nodes.
+//!
+//! The store applies the shared decision functions of
+//! [`idem_core::decision`] and nothing else, and passes the same conformance
+//! suite as [`idem_core::MemoryStore`]. What PostgreSQL adds:
+//!
+//! - **Time from the database.** With [`PgOptions::clock`] `None`, leases
+//!   and expiry are judged by the database's `clock_timestamp()`, read in
+//!   the statement that decides (after the row lock is granted), so nodes
+//!   with skewed clocks agree. An injected clock (tests) is passed as a
+//!   parameter in the same place: one code path.
+//! - **A new key in one round trip**: `INSERT … SELECT … ON CONFLICT (scope,
+//!   key) DO NOTHING RETURNING …` builds exactly the record
+//!   `decision::claim(None, …)` builds, with a token from a sequence.
+//! - **Existing keys** by a locked read-decide-write in one transaction:
+//!   `SELECT … FOR UPDATE`, the shared decision, its write, `COMMIT`.
+//! - **Tokens** from a `SEQUENCE`: unique and increasing across nodes,
+//!   releases and deletes.
+//! - **A claim in the caller's transaction** ([`PgStore::claim_in`],
+//!   [`PgStore::complete_in`]): the effect's own rows and the record
+//!   commit together, or neither does.
+//! - A pool of connections ([`deadpool_postgres`]) that discards broken
+//!   ones on checkout, so the store heals after a server restart.
+//!
+//! ```no_run
+//! use idem_core::{Claim, ClaimRequest, Fingerprint, IdempotencyKey, Policy, RecordId};
+//! use idem_core::{Scope, Store, StoredResult};
+//! use idem_postgres::{PgOptions, PgStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PgStore::connect("postgres://idem@db:5432/app", PgOptions::default()).await?;
+//! let req = ClaimRequest {
+//!     id: RecordId {
+//!         scope: Scope::new("POST /payouts|tenant-7")?,
+//!         key: IdempotencyKey::parse("payout-847-2026-W36")?,
+//!     },
+//!     fingerprint: Fingerprint::from_bytes([7; 32]),
+//!     owner: "node-1".to_owned(),
+//!     policy: Policy::default(),
+//! };
+//! if let Claim::Acquired { token, .. } = store.claim(&req).await? {
+//!     let result = StoredResult::new(201, vec![], b"paid".to_vec())?;
+//!     store.complete(&req.id, token, result).await?;
+//! }
+//! assert!(matches!(store.claim(&req).await?, Claim::Replay { .. }));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Errors
+//! A malformed URL, refused credentials, a missing permission or a schema
+//! of a newer version are [`StoreError::Incompatible`], saying what to fix;
+//! a server that is unreachable, restarting, overloaded or that dropped the
+//! connection is [`StoreError::Unavailable`] (the gateway answers 503 and
+//! fails closed). Every message names the host, port, database and schema,
+//! never the password.
+//!
+//! ## Schema
+//! In the schema [`PgOptions::schema`]: `records` keyed by `(scope, key)`
+//! (text in `COLLATE "C"`, so listing order is byte order), the sequence
+//! `tokens`, and `schema_version` (one row, [`SCHEMA_VERSION`]). `connect`
+//! creates and migrates them in one transaction under an advisory lock, so
+//! nodes starting together do not race.
+
+mod config;
+mod error;
+mod ops;
+mod row;
+mod schema;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_core::decision::Write;
+use idem_core::{
+    Claim, ClaimRequest, ListQuery, PurgeReport, Record, RecordId, Resolution, Store, StoreError,
+    StoreFuture, StoredResult, Token, check_owner,
+};
+use tokio_postgres::NoTls;
+
+use crate::ops::{Ctx, Exec};
+use crate::schema::Found;
+
+pub use config::{
+    APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, CONNECT_TIMEOUT_MS_MAX,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, PgOptions, SCHEMA_BYTES_MAX, SCHEMA_DEFAULT, redact_url,
+};
+/// The pool, re-exported so callers of [`PgStore::client`] name the same
+/// version.
+pub use deadpool_postgres;
+pub use schema::SCHEMA_VERSION;
+/// The driver, re-exported so callers of [`PgStore::claim_in`] name the
+/// same `Transaction` type.
+pub use tokio_postgres;
+
+/// A [`Store`] in a PostgreSQL schema, shared by any number of nodes.
+pub struct PgStore {
+    pool: Pool,
+    ctx: Ctx,
+    timeout: Duration,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`),
+    /// creating the schema or migrating it to [`SCHEMA_VERSION`].
+    ///
+    /// Opens one connection for the migration and checks nothing more: the
+    /// pool opens its connections as operations need them.
+    pub async fn connect(url: &str, options: PgOptions) -> Result<PgStore, StoreError> {
+        let (store, _) = PgStore::open(url, options, true).await?;
+        Ok(store)
+    }
+
+    /// Connects to an existing store for inspection: `None` (and nothing
+    /// created) when the schema holds no idem tables; an existing older
+    /// schema is migrated as by [`PgStore::connect`].
+    pub async fn connect_existing(
+        url: &str,
+        options: PgOptions,
+    ) -> Result<Option<PgStore>, StoreError> {
+        let (store, found) = PgStore::open(url, options, false).await?;
+        Ok((found == Found::Ready).then_some(store))
+    }
+
+    /// A pooled connection, for running your own statements (such as a
+    /// transaction for [`PgStore::claim_in`]) on the store's pool.
+    pub async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| error::from_pool(&self.ctx.store, e, self.timeout))
+    }
+
+    /// Claims in the caller's transaction: the same decision as
+    /// [`Store::claim`], its write part of `tx`. Commit makes the record
+    /// visible together with whatever else `tx` wrote; rollback undoes
+    /// both, and the key can be claimed again.
+    ///
+    /// While `tx` is open, another claimer of the same key waits for it
+    /// (it then gets [`Claim::Replay`] after a commit that completed the
+    /// record, [`Claim::InFlight`] after one that did not, or acquires
+    /// after a rollback, with a lease counted from then); it never
+    /// acquires a second time. Keep `tx` short: a waiting claimer holds a
+    /// pooled connection. `tx` may be on any connection to the store's
+    /// database, e.g. from [`PgStore::client`] (it dereferences to a
+    /// [`tokio_postgres::Transaction`]), at `READ COMMITTED`; at stricter
+    /// isolation a concurrent claim may fail with a serialization error,
+    /// reported as [`StoreError::Unavailable`]: retry the transaction.
+    pub async fn claim_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        check_owner(&req.owner)?;
+        ops::claim_on(&Exec::Foreign(tx), &self.ctx, req).await
+    }
+
+    /// Completes in the caller's transaction: the same transition as
+    /// [`Store::complete`], its write part of `tx`.
+    pub async fn complete_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        id: &RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> Result<Record, StoreError> {
+        let transition = ops::complete(id, token, result);
+        ops::modify(&Exec::Foreign(tx), &self.ctx, id, transition).await
+    }
+
+    /// The schema holding the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.ctx.schema.name
+    }
+
+    /// The store as messages name it: `postgres://USER@HOST:PORT/DB
+    /// (schema S)`, without the password.
+    pub fn name(&self) -> &str {
+        &self.ctx.store
+    }
+
+    async fn open(
+        url: &str,
+        options: PgOptions,
+        create: bool,
+    ) -> Result<(PgStore, Found), StoreError> {
+        let target = config::target(url, &options)?;
+        let store = target.store;
+        let ctx = Ctx {
+            schema: schema::Schema::new(&options.schema),
+            store: store.clone(),
+            clock: options.clock,
+        };
+        let found = migrate(&target.pg, &ctx, create).await?;
+        let manager = Manager::from_config(
+            target.pg,
+            NoTls,
+            ManagerConfig {
+                // `Fast` checks only that the connection is open; a
+                // connection the server closed is discarded on checkout.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(target.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(target.timeout))
+            .create_timeout(Some(target.timeout))
+            .recycle_timeout(Some(target.timeout))
+            .build()
+            .map_err(|e| error::unavailable(&store, format!("cannot build the pool: {e}")))?;
+        let pg = PgStore {
+            pool,
+            ctx,
+            timeout: target.timeout,
+        };
+        Ok((pg, found))
+    }
+
+    /// Runs `transition` as a locked read-decide-write in its own
+    /// transaction on a pooled connection.
+    async fn modify<T>(
+        &self,
+        id: &RecordId,
+        transition: impl FnOnce(Option<&Record>, idem_core::Timestamp) -> Result<(T, Write), StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+        let out = ops::modify(&Exec::PooledTx(&tx), &self.ctx, id, transition).await?;
+        tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+        Ok(out)
+    }
+
+    /// The fast path on the pooled connection in autocommit (one round
+    /// trip), then the locked path in a transaction, retried if the record
+    /// vanished in between.
+    async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        check_owner(&req.owner)?;
+        let mut client = self.client().await?;
+        for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
+            if let Some(claim) = ops::insert_new(&Exec::Pooled(&client), &self.ctx, req).await? {
+                return Ok(claim);
+            }
+            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let claim = ops::claim_locked(&Exec::PooledTx(&tx), &self.ctx, req).await?;
+            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            if let Some(claim) = claim {
+                return Ok(claim);
+            }
+        }
+        Err(ops::vanishing(&self.ctx, &req.id))
+    }
+
+    async fn purge_pooled(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        if limit == 0 {
+            return Ok(PurgeReport::default());
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+        let report = ops::purge(&Exec::PooledTx(&tx), &self.ctx, limit).await?;
+        tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+        Ok(report)
+    }
+}
+
+impl Store for PgStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
+        Box::pin(self.claim_pooled(req))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> StoreFuture<'a, Record> {
+        Box::pin(self.modify(id, ops::complete(id, token, result)))
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
+        Box::pin(self.modify(id, ops::release(id, token)))
+    }
+
+    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
+        Box::pin(self.modify(id, ops::mark_ambiguous(id, token)))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RecordId,
+        resolution: Resolution,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(self.modify(id, ops::resolve(id, resolution)))
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            ops::get(&Exec::Pooled(&client), &self.ctx, id).await
+        })
+    }
+
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            ops::list(&Exec::Pooled(&client), &self.ctx, query).await
+        })
+    }
+
+    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
+        Box::pin(self.purge_pooled(limit))
+    }
+}
+
+/// Creates or migrates the schema on a connection of its own, closed
+/// afterwards: the pool starts empty, and opens its connections on the
+/// runtime of the operations that need them.
+async fn migrate(
+    pg: &tokio_postgres::Config,
+    ctx: &Ctx,
+    create: bool,
+) -> Result<Found, StoreError> {
+    // `connect_timeout` bounds the TCP connect only; a server that accepts
+    // and then says nothing must not hang the start either.
+    let timeout = pg.get_connect_timeout().copied().unwrap_or_default();
+    let (mut client, connection) = tokio::time::timeout(timeout, pg.connect(NoTls))
+        .await
+        .map_err(|_| {
+            error::unavailable(
+                &ctx.store,
+                format!(
+                    "the server did not answer within {} ms",
+                    timeout.as_millis()
+                ),
+            )
+        })?
+        .map_err(|e| error::from_pg(&ctx.store, &e))?;
+    let driver = tokio::spawn(connection);
+    let found = schema::migrate(&mut client, &ctx.schema, &ctx.store, create).await;
+    drop(client);
+    // The connection ends once the client is gone; wait for it so that it
+    // closes cleanly even if the caller's runtime stops right after.
+    let _ = driver.await;
+    found
+}

@@ -1,0 +1,511 @@
+//! Every store operation as statements over one connection or transaction:
+//! the fast path for a new key, the locked read-decide-write for the rest,
+//! reads, and the purge. The decisions are `idem_core::decision`'s; this
+//! module only reads the record, asks, and applies the answer.
+//!
+//! The same functions serve the pooled store and a caller's own transaction
+//! ([`Exec`]), so a claim in the caller's transaction is the store's claim.
+
+use std::slice;
+use std::sync::Arc;
+
+use idem_core::decision::{self, Write};
+use idem_core::{
+    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, ListQuery, PurgeReport, Record, RecordId,
+    Resolution, State, StoreError, StoredResult, Timestamp, Token,
+};
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::error;
+use crate::row::{self, Columns, Param, int};
+use crate::schema::{Schema, now_param};
+
+/// How many times a claim retries when the record it conflicted with is
+/// gone before it could be locked (released or purged in between).
+pub(crate) const CLAIM_ATTEMPTS_MAX: usize = 3;
+
+/// A fast-path insert that took longer than this (it waited for another
+/// transaction inserting the same key, which then rolled back) restarts
+/// its lease from the database's clock after the wait.
+const FAST_PATH_WAIT_MS_MAX: u64 = 10;
+
+/// Where statements run.
+pub(crate) enum Exec<'a, 't> {
+    /// A pooled connection, outside a transaction: statements are prepared
+    /// once per connection.
+    Pooled(&'a deadpool_postgres::Client),
+    /// A transaction on a pooled connection.
+    PooledTx(&'a deadpool_postgres::Transaction<'t>),
+    /// The caller's transaction: typed statements, one round trip each,
+    /// nothing left prepared on a connection the store does not own.
+    Foreign(&'a tokio_postgres::Transaction<'t>),
+}
+
+impl Exec<'_, '_> {
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let values = || -> Vec<&(dyn ToSql + Sync)> { params.iter().map(|(v, _)| *v).collect() };
+        match self {
+            Exec::Pooled(client) => {
+                let stmt = client.prepare_cached(sql).await?;
+                client.query(&stmt, &values()).await
+            }
+            Exec::PooledTx(tx) => {
+                let stmt = tx.prepare_cached(sql).await?;
+                tx.query(&stmt, &values()).await
+            }
+            Exec::Foreign(tx) => tx.query_typed(sql, params).await,
+        }
+    }
+}
+
+/// What every operation needs besides a connection: the statements, the
+/// store's name for messages, and the clock (`None`: the database's).
+pub(crate) struct Ctx {
+    pub(crate) schema: Schema,
+    pub(crate) store: String,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+}
+
+impl Ctx {
+    /// The injected clock's now, bound as `$1` of every time-reading
+    /// statement; NULL selects the database's clock.
+    fn now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|c| int(c.now().as_millis()))
+    }
+
+    pub(crate) fn error(&self, e: &tokio_postgres::Error) -> StoreError {
+        error::from_pg(&self.store, e)
+    }
+
+    async fn query(
+        &self,
+        exec: &Exec<'_, '_>,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, StoreError> {
+        exec.query(sql, params).await.map_err(|e| self.error(&e))
+    }
+
+    /// A value of a row this store wrote that does not read back.
+    fn damaged(&self, what: &str, why: String) -> StoreError {
+        error::damaged(&self.store, what, &why)
+    }
+}
+
+/// The fast path: a new key in one statement, the values those of
+/// `decision::claim(None, …)` at the statement's now with a token from the
+/// sequence. `None` when a record exists (the statement changed nothing).
+pub(crate) async fn insert_new(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+) -> Result<Option<Claim>, StoreError> {
+    let now = ctx.now();
+    let fingerprint: &[u8] = req.fingerprint.as_bytes();
+    let (lease, retention, tombstone) = (
+        int(req.policy.lease_ms()),
+        int(req.policy.retention_s()),
+        int(req.policy.tombstone_s()),
+    );
+    let params: [Param<'_>; 8] = [
+        now_param(&now),
+        (&req.id.scope.as_str(), Type::TEXT),
+        (&req.id.key.as_str(), Type::TEXT),
+        (&fingerprint, Type::BYTEA),
+        (&req.owner, Type::TEXT),
+        (&lease, Type::INT8),
+        (&retention, Type::INT8),
+        (&tombstone, Type::INT8),
+    ];
+    let sql = &ctx.schema.insert_new;
+    let Some((claim, token, waited_ms)) = acquired(exec, ctx, req, sql, &params).await? else {
+        return Ok(None);
+    };
+    if waited_ms > FAST_PATH_WAIT_MS_MAX {
+        return restart_lease(exec, ctx, req, token).await;
+    }
+    Ok(Some(claim))
+}
+
+/// The locked read-decide-write for a key that has a record: the shared
+/// claim decision at the time the lock was granted, a token from the
+/// sequence only if it acquires, its write applied. `None` when the record
+/// vanished since the fast path saw it.
+pub(crate) async fn claim_locked(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+) -> Result<Option<Claim>, StoreError> {
+    let (now, existing) = lock(exec, ctx, &req.id).await?;
+    let Some(existing) = existing else {
+        return Ok(None);
+    };
+    let mut wants_token = false;
+    let mut decided = decision::claim(Some(&existing), req, now, || {
+        wants_token = true;
+        Token(0)
+    });
+    if wants_token {
+        let token = next_token(exec, ctx).await?;
+        decided = decision::claim(Some(&existing), req, now, || token);
+    }
+    let (claim, write) = decided;
+    apply(exec, ctx, &req.id, write).await?;
+    Ok(Some(claim))
+}
+
+/// A claim: the fast path, then the locked path, again if the record
+/// vanished in between (bounded by [`CLAIM_ATTEMPTS_MAX`]). On one
+/// connection, so in the caller's transaction this is the whole claim.
+pub(crate) async fn claim_on(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+) -> Result<Claim, StoreError> {
+    for _ in 0..CLAIM_ATTEMPTS_MAX {
+        if let Some(claim) = insert_new(exec, ctx, req).await? {
+            return Ok(claim);
+        }
+        if let Some(claim) = claim_locked(exec, ctx, req).await? {
+            return Ok(claim);
+        }
+    }
+    Err(vanishing(ctx, &req.id))
+}
+
+/// The claim could not settle: the record kept disappearing between the
+/// insert and the lock. Nothing was acquired.
+pub(crate) fn vanishing(ctx: &Ctx, id: &RecordId) -> StoreError {
+    error::unavailable(
+        &ctx.store,
+        format!(
+            "the record for scope {:?} key {:?} was removed {CLAIM_ATTEMPTS_MAX} times while \
+             claiming it; nothing was claimed, retry",
+            id.scope.as_str(),
+            id.key.as_str()
+        ),
+    )
+}
+
+/// Locked read-decide-write on one record: `transition` gets the record
+/// (if any) and the time the lock was granted, and returns the answer and
+/// the write to apply.
+pub(crate) async fn modify<T>(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+    transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<(T, Write), StoreError>,
+) -> Result<T, StoreError> {
+    let (now, existing) = lock(exec, ctx, id).await?;
+    let (out, write) = transition(existing.as_ref(), now)?;
+    apply(exec, ctx, id, write).await?;
+    Ok(out)
+}
+
+/// `decision::complete` as a transition for [`modify`]: the completed
+/// record, answered and written.
+pub(crate) fn complete<'a>(
+    id: &'a RecordId,
+    token: Token,
+    result: StoredResult,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Record, Write), StoreError> + Send + 'a {
+    move |existing, now| {
+        let done = decision::complete(existing, id, token, result, now)?;
+        Ok((done.clone(), Write::Put(done)))
+    }
+}
+
+/// `decision::release` as a transition for [`modify`]: the record deleted.
+pub(crate) fn release(
+    id: &RecordId,
+    token: Token,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<((), Write), StoreError> + Send + '_ {
+    move |existing, now| {
+        decision::release(existing, id, token, now)?;
+        Ok(((), Write::Delete))
+    }
+}
+
+/// `decision::mark_ambiguous` as a transition for [`modify`].
+pub(crate) fn mark_ambiguous(
+    id: &RecordId,
+    token: Token,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Record, Write), StoreError> + Send + '_ {
+    move |existing, now| {
+        let marked = decision::mark_ambiguous(existing, id, token, now)?;
+        Ok((marked.clone(), Write::Put(marked)))
+    }
+}
+
+/// `decision::resolve` as a transition for [`modify`]: the completed record,
+/// or `None` when it was released as not executed.
+pub(crate) fn resolve(
+    id: &RecordId,
+    resolution: Resolution,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Option<Record>, Write), StoreError> + Send + '_
+{
+    move |existing, now| {
+        let write = decision::resolve(existing, id, resolution, now)?;
+        let out = match &write {
+            Write::Put(record) => Some(record.clone()),
+            _ => None,
+        };
+        Ok((out, write))
+    }
+}
+
+/// The record, as stored.
+pub(crate) async fn get(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+) -> Result<Option<Record>, StoreError> {
+    let params: [Param<'_>; 2] = [
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.get, &params).await?;
+    match rows.first() {
+        Some(row) => row::decode(row, 0, &ctx.store),
+        None => Ok(None),
+    }
+}
+
+/// Records in (scope, key) byte order after the cursor, filtered by their
+/// state at the store's now, exactly like the memory store.
+pub(crate) async fn list(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    query: &ListQuery,
+) -> Result<Vec<Record>, StoreError> {
+    let now = ctx.now();
+    let limit = int(query.effective_limit() as u64);
+    let (after_scope, after_key) = match &query.after {
+        Some(after) => (after.scope.as_str(), after.key.as_str()),
+        None => ("", ""),
+    };
+    let mut params: Vec<Param<'_>> = Vec::with_capacity(4);
+    let mut clauses: Vec<&str> = Vec::with_capacity(2);
+    let mut sql = match query.state.map(state_clause) {
+        Some(clause) if clause.contains("now.ms") => {
+            params.push(now_param(&now));
+            clauses.push(clause);
+            ctx.schema.select_at_now.clone()
+        }
+        Some(clause) => {
+            clauses.push(clause);
+            ctx.schema.select.clone()
+        }
+        None => ctx.schema.select.clone(),
+    };
+    let cursor;
+    if query.after.is_some() {
+        params.push((&after_scope, Type::TEXT));
+        params.push((&after_key, Type::TEXT));
+        let n = params.len();
+        cursor = format!("(scope, key) > (${}, ${n})", n - 1);
+        clauses.push(&cursor);
+    }
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    params.push((&limit, Type::INT8));
+    sql.push_str(&format!(" ORDER BY scope, key LIMIT ${}", params.len()));
+    let rows = ctx.query(exec, &sql, &params).await?;
+    let mut records = Vec::with_capacity(rows.len());
+    for row in &rows {
+        records.extend(row::decode(row, 0, &ctx.store)?);
+    }
+    Ok(records)
+}
+
+/// Applies `decision::purge` to the first `limit` records in (scope, key)
+/// order that it would change, locked, as the memory store does. Run it in
+/// a transaction so the locks hold until the writes commit.
+pub(crate) async fn purge(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    limit: usize,
+) -> Result<PurgeReport, StoreError> {
+    let mut report = PurgeReport::default();
+    let limit = int(limit.min(LIST_LIMIT_MAX) as u64);
+    if limit == 0 {
+        return Ok(report);
+    }
+    let now = ctx.now();
+    let params: [Param<'_>; 2] = [now_param(&now), (&limit, Type::INT8)];
+    let rows = ctx.query(exec, &ctx.schema.purge, &params).await?;
+    let (mut puts, mut deletes) = (Vec::new(), Vec::new());
+    for row in &rows {
+        let now = row::time(row, 0, "now").map_err(|why| ctx.damaged("the purge", why))?;
+        let Some(record) = row::decode(row, 1, &ctx.store)? else {
+            continue;
+        };
+        match decision::purge(&record, now) {
+            Write::None => {}
+            Write::Put(tombstone) => puts.push(tombstone),
+            Write::Delete => deletes.push(record.id),
+        }
+    }
+    report.tombstoned = puts.len() as u64;
+    report.deleted = deletes.len() as u64;
+    put(exec, ctx, &puts).await?;
+    delete(exec, ctx, &deletes).await?;
+    Ok(report)
+}
+
+/// `Record::state_at(now) == state` in SQL, reading `now.ms` in the
+/// completed and tombstone cases. The literal `state = 'ambiguous'` lets
+/// PostgreSQL use the partial index `records_ambiguous`.
+fn state_clause(state: State) -> &'static str {
+    match state {
+        State::InProgress => "state = 'in_progress'",
+        State::Ambiguous => "state = 'ambiguous'",
+        State::Completed => {
+            "(state = 'completed' AND (expires_at_ms IS NULL OR expires_at_ms > now.ms))"
+        }
+        State::Tombstone => {
+            "(state = 'tombstone' OR (state = 'completed' AND expires_at_ms <= now.ms))"
+        }
+    }
+}
+
+/// Runs the fast path's insert or lease restart and reads what it returned
+/// (token, `created_at_ms`, `lease_until_ms`, the time after the statement):
+/// the answer of the shared decision for those values, checked against the
+/// lease the SQL stored, the token, and how long the statement waited in
+/// milliseconds. `None` when the statement wrote nothing.
+async fn acquired(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<(Claim, Token, u64)>, StoreError> {
+    let rows = ctx.query(exec, sql, params).await?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let mut values = [0u64; 4];
+    for (idx, name) in ["token", "created_at_ms", "lease_until_ms", "now_ms"]
+        .into_iter()
+        .enumerate()
+    {
+        values[idx] =
+            row::unsigned(row, idx, name).map_err(|why| ctx.damaged("a new record", why))?;
+    }
+    let [token, created_at, stored_lease_until, after] = values;
+    let (token, created_at) = (Token(token), Timestamp::from_millis(created_at));
+    let (claim, _) = decision::claim(None, req, created_at, || token);
+    match claim {
+        Claim::Acquired { lease_until, .. } if lease_until.as_millis() == stored_lease_until => Ok(
+            Some((claim, token, after.saturating_sub(created_at.as_millis()))),
+        ),
+        other => Err(StoreError::Incompatible {
+            store: ctx.store.clone(),
+            reason: format!(
+                "the fast path stored lease_until_ms {stored_lease_until} for {}, but the \
+                 decision answers {other:?}; this is a bug in idem-postgres",
+                req.id
+            ),
+        }),
+    }
+}
+
+/// The fast-path insert waited for another transaction inserting the same
+/// key (which rolled back), so its lease started before the wait. Restart
+/// it from the clock after the wait, as the decision would have had it
+/// run then; if the record changed meanwhile, decide on it as it is.
+async fn restart_lease(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+    token: Token,
+) -> Result<Option<Claim>, StoreError> {
+    let now = ctx.now();
+    let (lease, token_param) = (int(req.policy.lease_ms()), int(token.0));
+    let params: [Param<'_>; 5] = [
+        now_param(&now),
+        (&req.id.scope.as_str(), Type::TEXT),
+        (&req.id.key.as_str(), Type::TEXT),
+        (&token_param, Type::INT8),
+        (&lease, Type::INT8),
+    ];
+    let sql = &ctx.schema.restart_lease;
+    let restarted = acquired(exec, ctx, req, sql, &params).await?;
+    Ok(restarted.map(|(claim, _, _)| claim))
+}
+
+/// The record (if any), locked until the transaction ends, and the time
+/// read after the lock was granted.
+async fn lock(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+) -> Result<(Timestamp, Option<Record>), StoreError> {
+    let now = ctx.now();
+    let params: [Param<'_>; 3] = [
+        now_param(&now),
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.lock, &params).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| ctx.damaged(&id.to_string(), "the locked read returned no row".into()))?;
+    let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&id.to_string(), why))?;
+    Ok((now, row::decode(row, 1, &ctx.store)?))
+}
+
+async fn next_token(exec: &Exec<'_, '_>, ctx: &Ctx) -> Result<Token, StoreError> {
+    let rows = ctx.query(exec, &ctx.schema.next_token, &[]).await?;
+    let token = match rows.first() {
+        Some(row) => row::unsigned(row, 0, "nextval"),
+        None => Err("nextval returned no row".to_owned()),
+    };
+    token
+        .map(Token)
+        .map_err(|why| ctx.damaged("the tokens sequence", why))
+}
+
+async fn apply(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+    write: Write,
+) -> Result<(), StoreError> {
+    match write {
+        Write::None => Ok(()),
+        Write::Put(record) => put(exec, ctx, slice::from_ref(&record)).await,
+        Write::Delete => delete(exec, ctx, slice::from_ref(id)).await,
+    }
+}
+
+/// Inserts or replaces `records` in one statement.
+async fn put(exec: &Exec<'_, '_>, ctx: &Ctx, records: &[Record]) -> Result<(), StoreError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let columns = Columns::new(records)
+        .map_err(|e| ctx.damaged("a record to write", format!("cannot encode it: {e}")))?;
+    ctx.query(exec, &ctx.schema.put, &columns.params()).await?;
+    Ok(())
+}
+
+/// Deletes the records of `ids` in one statement.
+async fn delete(exec: &Exec<'_, '_>, ctx: &Ctx, ids: &[RecordId]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let scopes: Vec<&str> = ids.iter().map(|id| id.scope.as_str()).collect();
+    let keys: Vec<&str> = ids.iter().map(|id| id.key.as_str()).collect();
+    let params: [Param<'_>; 2] = [(&scopes, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)];
+    ctx.query(exec, &ctx.schema.delete, &params).await?;
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! The store's schema: its tables, the statements every operation runs
+//! against them (spliced with the schema name once, at connect), and the
+//! versioned migrations that create and upgrade them, serialised between
+//! nodes that start together by an advisory lock.
+
+use idem_core::StoreError;
+use tokio_postgres::types::Type;
+
+use crate::error;
+use crate::row::{self, COLUMNS, Param};
+
+/// The schema steps, in order: step `i` moves `schema_version.version` from
+/// `i` to `i + 1`. `{s}` is the schema name. Append only; never edit a step
+/// that has shipped.
+const MIGRATIONS: &[&str] = &[
+    // 1: records keyed by (scope, key) in byte order (COLLATE "C", so that
+    // ORDER BY and the `after` cursor agree with Rust's `Ord` on strings);
+    // JSON kept as text, not jsonb, because jsonb refuses the NUL a
+    // serialised resolution reason may hold; a partial index for the few
+    // ambiguous records operators and the reconciler list; the fencing
+    // sequence, so tokens keep increasing after the record that held the
+    // last one is deleted, and across nodes.
+    "CREATE TABLE {s}.records (
+        scope TEXT COLLATE \"C\" NOT NULL,
+        key TEXT COLLATE \"C\" NOT NULL,
+        fingerprint BYTEA NOT NULL CHECK (octet_length(fingerprint) = 32),
+        state TEXT NOT NULL
+            CHECK (state IN ('in_progress', 'completed', 'ambiguous', 'tombstone')),
+        token BIGINT NOT NULL CHECK (token > 0),
+        owner TEXT NOT NULL,
+        lease_until_ms BIGINT NOT NULL,
+        created_at_ms BIGINT NOT NULL,
+        completed_at_ms BIGINT,
+        expires_at_ms BIGINT,
+        tombstone_until_ms BIGINT,
+        retention_s BIGINT NOT NULL,
+        tombstone_s BIGINT NOT NULL,
+        result_status INTEGER,
+        result_headers TEXT,
+        result_body BYTEA,
+        resolution TEXT,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX records_ambiguous ON {s}.records (scope, key) WHERE state = 'ambiguous';
+    CREATE SEQUENCE {s}.tokens AS BIGINT MINVALUE 1 NO CYCLE;",
+];
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// First key of the advisory lock that serialises migrations: "idem" in
+/// ASCII; the second key is a hash of the schema name.
+const MIGRATION_LOCK_CLASS: i32 = 0x6964_656d;
+
+/// "The store's now" in milliseconds since the Unix epoch, as SQL: the
+/// injected clock's value, bound as parameter `$1` of every statement that
+/// reads time, or, when that is NULL, the database's clock, read when the
+/// expression is evaluated (`clock_timestamp()`, not `now()`, which is the
+/// transaction's start). One code path for both.
+const STORE_NOW_MS: &str =
+    "COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)";
+
+/// A validated schema name and every statement the store runs in it.
+pub(crate) struct Schema {
+    pub(crate) name: String,
+    /// The fast path: a new key in one statement, or no row on conflict;
+    /// it also returns the time after the insert, to notice a wait.
+    pub(crate) insert_new: String,
+    /// Restarts the lease of a record the fast path just inserted.
+    pub(crate) restart_lease: String,
+    /// The locked read: the record (if any), locked, and the time after the
+    /// lock was granted.
+    pub(crate) lock: String,
+    pub(crate) next_token: String,
+    /// Insert or replace records given as one array per column.
+    pub(crate) put: String,
+    /// Delete records given as arrays of scopes and keys.
+    pub(crate) delete: String,
+    pub(crate) get: String,
+    /// Purge candidates, locked, in (scope, key) order, with the time.
+    pub(crate) purge: String,
+    /// `SELECT <columns> FROM records`, the start of a list query.
+    pub(crate) select: String,
+    /// The same joined with `now` (one row, column `ms`: the store's now as
+    /// parameter `$1` or the database's clock), for filters that read it.
+    pub(crate) select_at_now: String,
+}
+
+impl Schema {
+    /// The statements for schema `name`, which `config::target` validated
+    /// (it needs no quoting).
+    pub(crate) fn new(name: &str) -> Schema {
+        let cols = COLUMNS.join(", ");
+        let now = STORE_NOW_MS;
+        let unnest: Vec<String> = row::ARRAY_TYPES
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| format!("${}::{ty}", i + 1))
+            .collect();
+        let update: Vec<String> = COLUMNS[2..]
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        let s = name;
+        Schema {
+            name: name.to_owned(),
+            insert_new: format!(
+                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+                 lease_until_ms, created_at_ms, retention_s, tombstone_s) \
+                 SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
+                 now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8 \
+                 FROM (SELECT {now} AS ms) AS now \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING token, created_at_ms, lease_until_ms, {now}"
+            ),
+            restart_lease: format!(
+                "UPDATE {s}.records AS r SET created_at_ms = now.ms, \
+                 lease_until_ms = now.ms + LEAST($5::bigint, 9223372036854775807 - now.ms) \
+                 FROM (SELECT {now} AS ms) AS now \
+                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.state = 'in_progress' \
+                 RETURNING r.token, r.created_at_ms, r.lease_until_ms, now.ms"
+            ),
+            lock: format!(
+                "WITH locked AS MATERIALIZED (\
+                 SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE) \
+                 SELECT {now} AS now_ms, locked.* FROM (SELECT) AS one LEFT JOIN locked ON true"
+            ),
+            next_token: format!("SELECT nextval('{s}.tokens')"),
+            put: format!(
+                "INSERT INTO {s}.records ({cols}) SELECT * FROM unnest({}) \
+                 ON CONFLICT (scope, key) DO UPDATE SET {}",
+                unnest.join(", "),
+                update.join(", ")
+            ),
+            delete: format!(
+                "DELETE FROM {s}.records WHERE (scope, key) IN \
+                 (SELECT * FROM unnest($1::text[], $2::text[]))"
+            ),
+            get: format!("SELECT {cols} FROM {s}.records WHERE scope = $1 AND key = $2"),
+            purge: format!(
+                "WITH now AS MATERIALIZED (SELECT {now} AS ms) \
+                 SELECT now.ms, {} FROM {s}.records r, now \
+                 WHERE (r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
+                    OR (r.state = 'completed' AND r.expires_at_ms <= now.ms) \
+                 ORDER BY r.scope, r.key LIMIT $2 FOR UPDATE OF r",
+                COLUMNS.map(|c| format!("r.{c}")).join(", ")
+            ),
+            select: format!("SELECT {cols} FROM {s}.records"),
+            select_at_now: format!(
+                "WITH now AS MATERIALIZED (SELECT {now} AS ms) \
+                 SELECT {cols} FROM {s}.records, now"
+            ),
+        }
+    }
+}
+
+/// What the schema holds when `connect` looks at it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Migrated to [`SCHEMA_VERSION`] (now, or already).
+    Ready,
+    /// No idem tables, and `create` was off: nothing was created.
+    Missing,
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`]: nothing to do when it is
+/// already there (no lock, no DDL, so a role without CREATE can run a
+/// migrated store); otherwise, one transaction holding the advisory lock
+/// re-checks and applies the missing steps in order. Refuses a newer
+/// version and a schema holding tables that are not idem's.
+pub(crate) async fn migrate(
+    client: &mut tokio_postgres::Client,
+    schema: &Schema,
+    store: &str,
+    create: bool,
+) -> Result<Found, StoreError> {
+    let seen = probe(client, schema, store).await?;
+    if let Some(version) = seen.version {
+        check_version(version, store)?;
+        if version == SCHEMA_VERSION {
+            return Ok(Found::Ready);
+        }
+    } else if !create {
+        return Ok(Found::Missing);
+    }
+    let pg = |e: tokio_postgres::Error| error::from_pg(store, &e);
+    let tx = client.transaction().await.map_err(pg)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&MIGRATION_LOCK_CLASS, &schema.name],
+    )
+    .await
+    .map_err(pg)?;
+    let seen = probe(&tx, schema, store).await?;
+    let from = match seen.version {
+        Some(version) => version,
+        None => bootstrap(&tx, schema, store, &seen).await?,
+    };
+    check_version(from, store)?;
+    let s = &schema.name;
+    for (step, sql) in MIGRATIONS.iter().enumerate().skip(from.max(0) as usize) {
+        let what = format!("apply schema step {} in schema {s}", step + 1);
+        let missing = format!("the role needs CREATE on schema {s}");
+        tx.batch_execute(&sql.replace("{s}", s))
+            .await
+            .map_err(|e| error::ddl(store, &e, &what, &missing))?;
+    }
+    if from < SCHEMA_VERSION {
+        tx.execute(
+            &format!("UPDATE {s}.schema_version SET version = $1 WHERE id = 1"),
+            &[&SCHEMA_VERSION],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(Found::Ready)
+}
+
+/// The schema as `probe` saw it.
+struct Seen {
+    schema_exists: bool,
+    /// Tables, sequences and other relations in the schema.
+    relations: i64,
+    /// `schema_version.version`, if that table exists.
+    version: Option<i32>,
+    user: String,
+    database: String,
+}
+
+async fn probe(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &Schema,
+    store: &str,
+) -> Result<Seen, StoreError> {
+    let pg = |e: tokio_postgres::Error| error::from_pg(store, &e);
+    let row = client
+        .query_one(
+            "SELECT n.oid IS NOT NULL, \
+                    (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid), \
+                    to_regclass($2) IS NOT NULL, current_user::text, current_database()::text \
+             FROM (SELECT) AS one LEFT JOIN pg_namespace n ON n.nspname = $1",
+            &[&schema.name, &format!("{}.schema_version", schema.name)],
+        )
+        .await
+        .map_err(pg)?;
+    let get = |e: tokio_postgres::Error| error::damaged(store, "the catalog", &error::chain(&e));
+    let has_version_table: bool = row.try_get(2).map_err(get)?;
+    let version = if has_version_table {
+        let sql = format!(
+            "SELECT version FROM {}.schema_version WHERE id = 1",
+            schema.name
+        );
+        let found = client.query_opt(&sql, &[]).await.map_err(pg)?;
+        let version: Option<i32> = match found {
+            Some(row) => row.try_get(0).map_err(get)?,
+            None => None,
+        };
+        Some(version.ok_or_else(|| StoreError::Incompatible {
+            store: store.to_owned(),
+            reason: format!(
+                "{}.schema_version has no version row; restore the schema from a backup",
+                schema.name
+            ),
+        })?)
+    } else {
+        None
+    };
+    Ok(Seen {
+        schema_exists: row.try_get(0).map_err(get)?,
+        relations: row.try_get(1).map_err(get)?,
+        version,
+        user: row.try_get(3).map_err(get)?,
+        database: row.try_get(4).map_err(get)?,
+    })
+}
+
+/// Creates the schema (if missing) and its version table at version 0;
+/// refuses a schema that already holds someone else's tables.
+async fn bootstrap(
+    tx: &tokio_postgres::Transaction<'_>,
+    schema: &Schema,
+    store: &str,
+    seen: &Seen,
+) -> Result<i32, StoreError> {
+    let (s, user, db) = (&schema.name, &seen.user, &seen.database);
+    if !seen.schema_exists {
+        let what = format!("create schema {s} in database {db} as role {user}");
+        let missing = format!(
+            "the role needs CREATE on the database (GRANT CREATE ON DATABASE {db} TO {user}), \
+             or an administrator creates the schema for it (CREATE SCHEMA {s} AUTHORIZATION {user})"
+        );
+        tx.batch_execute(&format!("CREATE SCHEMA {s}"))
+            .await
+            .map_err(|e| error::ddl(store, &e, &what, &missing))?;
+    } else if seen.relations > 0 {
+        return Err(StoreError::Incompatible {
+            store: store.to_owned(),
+            reason: format!(
+                "schema {s} holds {} tables or sequences but no idem schema_version; \
+                 it belongs to something else: choose another schema",
+                seen.relations
+            ),
+        });
+    }
+    let what = format!("create table {s}.schema_version as role {user}");
+    let missing =
+        format!("the role needs CREATE on schema {s} (GRANT CREATE ON SCHEMA {s} TO {user})");
+    tx.batch_execute(&format!(
+        "CREATE TABLE {s}.schema_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version INTEGER NOT NULL
+        );
+        INSERT INTO {s}.schema_version (id, version) VALUES (1, 0);"
+    ))
+    .await
+    .map_err(|e| error::ddl(store, &e, &what, &missing))?;
+    Ok(0)
+}
+
+fn check_version(version: i32, store: &str) -> Result<(), StoreError> {
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Incompatible {
+            store: store.to_owned(),
+            reason: format!(
+                "schema version {version} is newer than this idem supports ({SCHEMA_VERSION}); \
+                 upgrade idem"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Parameter `$1` of every statement reading [`STORE_NOW_MS`]: the
+/// injected clock's now, or NULL for the database's clock.
+pub(crate) fn now_param(now: &Option<i64>) -> Param<'_> {
+    (now, Type::INT8)
+}
