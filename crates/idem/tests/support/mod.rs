@@ -342,3 +342,49 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
     }
     check()
 }
+
+/// A PostgreSQL schema of its own for one test, dropped afterwards.
+pub struct PgSchema {
+    pub url: String,
+    pub name: String,
+}
+
+impl PgSchema {
+    /// `IDEM_TEST_POSTGRES_URL` or the local server, with a fresh schema name.
+    pub fn new(tag: &str) -> PgSchema {
+        let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let name = format!("idem_gw_{tag}_{}", std::process::id());
+        PgSchema { url, name }
+    }
+
+    /// The store URL a gateway is started with.
+    pub fn store_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}schema={}", self.url, self.name)
+    }
+
+    /// Runs one statement on a connection of its own.
+    pub fn execute(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        let (url, sql) = (self.url.clone(), sql.to_owned());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await
+            })
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let _ = self.execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+    }
+}
