@@ -1,0 +1,64 @@
+//! The reconciler for ambiguous records: an attempt whose outcome is unknown
+//! is resolved by asking the provider by the stable business reference (the
+//! key), never by re-executing the request (DESIGN.md "Reconciliation").
+//!
+//! - [`LookupSpec`] → [`Lookup`]: per route, how to ask the provider
+//!   (`[route.lookup]` in the gateway config).
+//! - [`ReconcileSpec`] → [`ReconcileSettings`]: tries, backoff, concurrency,
+//!   rate, interval and batch, each bounded.
+//! - [`Reconciler`]: [`Reconciler::run_once`] is one bounded scan and returns
+//!   a [`ReconcileReport`]; [`Reconciler::run`] scans every `interval_s`
+//!   until shutdown.
+//!
+//! For each ambiguous record whose operation has a lookup:
+//!
+//! | the provider answers | the record |
+//! | --- | --- |
+//! | a `found` status | completed with the answer (status, content-type, location, content-location, body ≤ 1 MiB), resolved by `reconciler` |
+//! | a `not_found` status | released (resolved as not executed), so a retry may run |
+//! | anything else, no answer, a timeout, a body too large | stays ambiguous; tried again after a jittered exponential backoff; after `max_tries` left for an operator |
+//!
+//! Records whose operation has no lookup are left for an operator without
+//! any request. Try counts live in memory: a restart resets them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idem_core::{Clock, MemoryStore, Store, SystemClock};
+//! use idem_reconcile::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let lookup = Lookup::new(&LookupSpec {
+//!     url: Some("http://127.0.0.1:9000/payouts/by-key/{key}".into()),
+//!     ..Default::default()
+//! })?;
+//! let settings = ReconcileSettings::new(&ReconcileSpec {
+//!     max_tries: Some(3),
+//!     ..Default::default()
+//! })?;
+//! let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+//! let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Arc::clone(&clock)));
+//! // The operation is the route's name, as in the records' scopes.
+//! let reconciler = Reconciler::new(store, vec![("payouts".into(), lookup)], settings, clock)?;
+//! let report = reconciler.run_once().await; // `idem reconcile --once`
+//! assert_eq!(report.scanned, 0);
+//! println!("{report}");
+//! # Ok(())
+//! # }
+//! ```
+
+mod backoff;
+mod lookup;
+mod probe;
+mod reconciler;
+mod settings;
+
+pub use lookup::{
+    CONNECT_TIMEOUT_MS_DEFAULT, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,
+    TIMEOUT_MS_MAX, Verdict, scope_parts,
+};
+pub use reconciler::{RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, TRACKED_MAX};
+pub use settings::{
+    BACKOFF_MS_LIMIT, BATCH_LIMIT, CONCURRENCY_LIMIT, ConfigError, INTERVAL_S_LIMIT,
+    MAX_TRIES_LIMIT, RATE_PER_S_LIMIT, ReconcileSettings, ReconcileSpec,
+};

@@ -1,0 +1,533 @@
+//! The lookup request of one route: how to ask the provider, by the stable
+//! business reference (the key), whether an effect happened. Declared as
+//! plain data ([`LookupSpec`], a route's `[route.lookup]` table) and
+//! validated once into [`Lookup`].
+
+use std::fmt;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri};
+use idem_core::RecordId;
+use serde::Deserialize;
+
+use crate::settings::{ConfigError, check_range};
+
+/// Default time allowed for one whole lookup exchange, in milliseconds.
+pub const TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default connect timeout, in milliseconds (capped at the lookup's timeout).
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// The longest timeout a lookup may declare, in milliseconds (five minutes).
+pub const TIMEOUT_MS_MAX: u64 = 300_000;
+/// The most static headers a lookup may declare.
+pub const HEADERS_MAX: usize = 32;
+
+/// A lookup as declared: every field optional, defaults applied by [`Lookup::new`].
+///
+/// ```toml
+/// [route.lookup]
+/// method = "GET"
+/// url = "http://127.0.0.1:9000/payouts/by-key/{key}"
+/// found = [200]
+/// not_found = [404]
+/// headers = [["authorization", "Bearer secret"]]
+/// timeout_ms = 5000
+/// ```
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LookupSpec {
+    /// Request method; default `GET`. The request has no body.
+    pub method: Option<String>,
+    /// `http://host[:port]/path[?query]` with `{key}` (required), and
+    /// optionally `{operation}` and `{principal}`, in the path or query.
+    /// Every value is percent-encoded.
+    pub url: Option<String>,
+    /// Statuses meaning "the effect happened": the answer is stored as the
+    /// record's result; default `[200]`.
+    pub found: Option<Vec<u16>>,
+    /// Statuses meaning "definitely not executed": the record is released;
+    /// default `[404]`.
+    pub not_found: Option<Vec<u16>>,
+    /// Static request headers, as `[name, value]` pairs; default none.
+    pub headers: Option<Vec<(String, String)>>,
+    /// Time allowed for the whole exchange, in milliseconds; default 5000.
+    pub timeout_ms: Option<u64>,
+    /// Time allowed to connect, in milliseconds; default 1000, at most `timeout_ms`.
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// A validated lookup.
+#[derive(Clone)]
+pub struct Lookup {
+    method: Method,
+    url: UrlTemplate,
+    found: Vec<u16>,
+    not_found: Vec<u16>,
+    headers: HeaderMap,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+/// What a lookup's status says about the effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// One of the `found` statuses: the effect happened.
+    Found,
+    /// One of the `not_found` statuses: the effect definitely did not happen.
+    NotFound,
+    /// Anything else: no finding, try again later.
+    Unknown,
+}
+
+/// A URL with placeholders, split once into literal text and values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct UrlTemplate {
+    text: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Key,
+    Operation,
+    Principal,
+}
+
+impl Lookup {
+    /// Validates a declared lookup, applying defaults. Errors name the field.
+    pub fn new(spec: &LookupSpec) -> Result<Lookup, ConfigError> {
+        let method = parse_method(spec.method.as_deref().unwrap_or("GET"))?;
+        let url = match &spec.url {
+            Some(url) => {
+                UrlTemplate::parse(url).map_err(|reason| ConfigError::new("url", reason))?
+            }
+            None => return Err(ConfigError::new("url", "is required".into())),
+        };
+        let found = statuses("found", spec.found.as_deref().unwrap_or(&[200]))?;
+        let not_found = statuses("not_found", spec.not_found.as_deref().unwrap_or(&[404]))?;
+        if let Some(both) = found.iter().find(|s| not_found.contains(s)) {
+            return Err(ConfigError::new(
+                "not_found",
+                format!("status {both} is also listed in found"),
+            ));
+        }
+        let timeout_ms = spec.timeout_ms.unwrap_or(TIMEOUT_MS_DEFAULT);
+        check_range("timeout_ms", timeout_ms, 1, TIMEOUT_MS_MAX)?;
+        let connect_timeout_ms = match spec.connect_timeout_ms {
+            Some(ms) => check_range("connect_timeout_ms", ms, 1, timeout_ms)?,
+            None => CONNECT_TIMEOUT_MS_DEFAULT.min(timeout_ms),
+        };
+        Ok(Lookup {
+            method,
+            url,
+            found,
+            not_found,
+            headers: headers(spec.headers.as_deref().unwrap_or(&[]))?,
+            timeout: Duration::from_millis(timeout_ms),
+            connect_timeout: Duration::from_millis(connect_timeout_ms),
+        })
+    }
+
+    /// The URL asked for a record: the template with the record's operation,
+    /// principal and key, each percent-encoded.
+    pub fn url_for(&self, id: &RecordId) -> String {
+        let (operation, principal) = scope_parts(id);
+        self.url.render(operation, principal, id.key.as_str())
+    }
+
+    /// What `status` says about the effect.
+    pub fn verdict(&self, status: u16) -> Verdict {
+        if self.found.contains(&status) {
+            Verdict::Found
+        } else if self.not_found.contains(&status) {
+            Verdict::NotFound
+        } else {
+            Verdict::Unknown
+        }
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The static request headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// Time allowed for the whole exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Time allowed to connect.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+}
+
+/// The operation and principal of a record's scope, `operation|principal[|region]`
+/// (no part contains `|`); a scope without a separator has an empty principal.
+pub fn scope_parts(id: &RecordId) -> (&str, &str) {
+    let mut parts = id.scope.as_str().split('|');
+    let operation = parts.next().unwrap_or_default();
+    (operation, parts.next().unwrap_or_default())
+}
+
+// Header values are credentials more often than not: never print them.
+impl fmt::Debug for Lookup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lookup")
+            .field("method", &self.method)
+            .field("url", &self.url.text)
+            .field("found", &self.found)
+            .field("not_found", &self.not_found)
+            .field(
+                "headers",
+                &redacted(self.headers.keys().map(|k| k.as_str())),
+            )
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl fmt::Debug for LookupSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = self.headers.iter().flatten().map(|(n, _)| n.as_str());
+        f.debug_struct("LookupSpec")
+            .field("method", &self.method)
+            .field("url", &self.url)
+            .field("found", &self.found)
+            .field("not_found", &self.not_found)
+            .field("headers", &redacted(names))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .finish()
+    }
+}
+
+fn redacted<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'static str)> {
+    names.map(|n| (n, "<redacted>")).collect()
+}
+
+impl UrlTemplate {
+    fn parse(text: &str) -> Result<UrlTemplate, String> {
+        let Some(rest) = text.strip_prefix("http://") else {
+            return Err(if text.starts_with("https://") {
+                format!(
+                    "{text:?}: https is not supported (the reconciler has no TLS client); use http://"
+                )
+            } else {
+                format!("{text:?} must start with http://")
+            });
+        };
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        if authority.is_empty() {
+            return Err(format!("{text:?} has no host"));
+        }
+        if authority.contains(['{', '}', '@']) {
+            return Err(format!(
+                "{text:?}: the host may hold neither placeholders nor credentials"
+            ));
+        }
+        if text.contains('#') {
+            return Err(format!("{text:?} must not have a fragment"));
+        }
+        let parts = split_placeholders(text)?;
+        if !parts.contains(&Part::Key) {
+            return Err(format!("{text:?} must contain {{key}}"));
+        }
+        let template = UrlTemplate {
+            text: text.to_owned(),
+            parts,
+        };
+        // Values are percent-encoded, so one sample render proves every render parses.
+        let sample = template.render("operation", "principal", "key");
+        match sample.parse::<Uri>() {
+            Ok(uri) if uri.host().is_some_and(|h| !h.is_empty()) => Ok(template),
+            Ok(_) => Err(format!("{text:?} has no host")),
+            Err(e) => Err(format!("{text:?} is not a valid URL: {e}")),
+        }
+    }
+
+    fn render(&self, operation: &str, principal: &str, key: &str) -> String {
+        let mut out = String::with_capacity(self.text.len() + key.len() * 3);
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => out.push_str(t),
+                Part::Key => percent_encode(key, &mut out),
+                Part::Operation => percent_encode(operation, &mut out),
+                Part::Principal => percent_encode(principal, &mut out),
+            }
+        }
+        out
+    }
+}
+
+fn split_placeholders(text: &str) -> Result<Vec<Part>, String> {
+    let mut pieces = text.split('{');
+    let mut parts = Vec::new();
+    let literal = |t: &str, parts: &mut Vec<Part>| {
+        if t.contains('}') {
+            return Err(format!("{text:?}: '}}' without '{{'"));
+        }
+        if !t.is_empty() {
+            parts.push(Part::Text(t.to_owned()));
+        }
+        Ok(())
+    };
+    literal(pieces.next().unwrap_or_default(), &mut parts)?;
+    for piece in pieces {
+        let Some((name, tail)) = piece.split_once('}') else {
+            return Err(format!("{text:?}: unclosed '{{'"));
+        };
+        parts.push(match name {
+            "key" => Part::Key,
+            "operation" => Part::Operation,
+            "principal" => Part::Principal,
+            other => {
+                return Err(format!(
+                    "{text:?}: unknown placeholder {{{other}}}; use {{key}}, {{operation}} or {{principal}}"
+                ));
+            }
+        });
+        literal(tail, &mut parts)?;
+    }
+    Ok(parts)
+}
+
+/// Appends `value` with every byte outside RFC 3986's unreserved set as `%XX`.
+fn percent_encode(value: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in value.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+}
+
+fn parse_method(name: &str) -> Result<Method, ConfigError> {
+    match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
+        Ok(Method::CONNECT) => Err(ConfigError::new(
+            "method",
+            "CONNECT opens a tunnel; a lookup is a plain request".into(),
+        )),
+        Ok(method) => Ok(method),
+        Err(_) => Err(ConfigError::new(
+            "method",
+            format!("{name:?} is not an HTTP method"),
+        )),
+    }
+}
+
+fn statuses(field: &'static str, declared: &[u16]) -> Result<Vec<u16>, ConfigError> {
+    if declared.is_empty() {
+        return Err(ConfigError::new(
+            field,
+            "must list at least one status".into(),
+        ));
+    }
+    if let Some(bad) = declared.iter().find(|s| !(100..=599).contains(*s)) {
+        return Err(ConfigError::new(
+            field,
+            format!("{bad} is not an HTTP status (100-599)"),
+        ));
+    }
+    let mut list = declared.to_vec();
+    list.sort_unstable();
+    list.dedup();
+    Ok(list)
+}
+
+fn headers(declared: &[(String, String)]) -> Result<HeaderMap, ConfigError> {
+    if declared.len() > HEADERS_MAX {
+        return Err(ConfigError::new(
+            "headers",
+            format!("{} headers; at most {HEADERS_MAX}", declared.len()),
+        ));
+    }
+    let mut map = HeaderMap::new();
+    for (name, value) in declared {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| ConfigError::new("headers", format!("{name:?} is not a header name")))?;
+        if is_framing(&header) {
+            return Err(ConfigError::new(
+                "headers",
+                format!("{name:?} is set by the HTTP client, not by configuration"),
+            ));
+        }
+        // The value is never echoed: it is likely a credential.
+        let value = HeaderValue::from_str(value).map_err(|_| {
+            ConfigError::new("headers", format!("the value of {name:?} is not valid"))
+        })?;
+        map.append(header, value);
+    }
+    Ok(map)
+}
+
+fn is_framing(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "host"
+            | "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::check_field_errors;
+    use idem_core::{IdempotencyKey, Scope};
+
+    fn spec(url: &str) -> LookupSpec {
+        LookupSpec {
+            url: Some(url.into()),
+            ..Default::default()
+        }
+    }
+
+    fn id(scope: &str, key: &str) -> RecordId {
+        RecordId {
+            scope: Scope::new(scope).unwrap(),
+            key: IdempotencyKey::parse(key).unwrap(),
+        }
+    }
+
+    #[test]
+    fn every_field_is_named_in_its_error() {
+        let headers = format!(
+            "headers = [{}]",
+            vec![r#"["x-a", "v"]"#; HEADERS_MAX + 1].join(",")
+        );
+        let url = r#"url = "http://127.0.0.1:9000/p/{key}""#;
+        let with_url = |rest: &str| format!("{url}\n{rest}");
+        let cases: Vec<(String, &str)> = vec![
+            (String::new(), "url"),
+            (r#"url = "https://h/{key}""#.into(), "url"),
+            (r#"url = "ftp://h/{key}""#.into(), "url"),
+            (r#"url = "http:///{key}""#.into(), "url"),
+            (r#"url = "http://{key}/x""#.into(), "url"),
+            (r#"url = "http://user:pw@h/{key}""#.into(), "url"),
+            (r#"url = "http://h/p""#.into(), "url"),
+            (r#"url = "http://h/{nope}/{key}""#.into(), "url"),
+            (r#"url = "http://h/{key""#.into(), "url"),
+            (r#"url = "http://h/}{key}""#.into(), "url"),
+            (r#"url = "http://h/{key}#frag""#.into(), "url"),
+            (r#"url = "http://h/a b/{key}""#.into(), "url"),
+            (with_url(r#"method = "G ET""#), "method"),
+            (with_url(r#"method = "connect""#), "method"),
+            (with_url("found = []"), "found"),
+            (with_url("found = [99]"), "found"),
+            (with_url("not_found = [600]"), "not_found"),
+            (with_url("not_found = []"), "not_found"),
+            (with_url("found = [200, 404]"), "not_found"),
+            (with_url("timeout_ms = 0"), "timeout_ms"),
+            (with_url("timeout_ms = 300001"), "timeout_ms"),
+            (
+                with_url("timeout_ms = 100\nconnect_timeout_ms = 200"),
+                "connect_timeout_ms",
+            ),
+            (with_url("connect_timeout_ms = 0"), "connect_timeout_ms"),
+            (with_url(r#"headers = [["bad name", "v"]]"#), "headers"),
+            (with_url(r#"headers = [["x-a", "bad\nvalue"]]"#), "headers"),
+            (with_url(r#"headers = [["host", "h"]]"#), "headers"),
+            (with_url(&headers), "headers"),
+        ];
+        let cases: Vec<(&str, &str)> = cases.iter().map(|(t, f)| (t.as_str(), *f)).collect();
+        check_field_errors(&cases, |spec: &LookupSpec| Lookup::new(spec));
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let lookup = Lookup::new(&spec("http://h:1/p/{key}")).unwrap();
+        assert_eq!(lookup.method(), Method::GET);
+        assert_eq!(lookup.verdict(200), Verdict::Found);
+        assert_eq!(lookup.verdict(404), Verdict::NotFound);
+        assert_eq!(lookup.verdict(500), Verdict::Unknown);
+        assert_eq!(lookup.timeout(), Duration::from_millis(TIMEOUT_MS_DEFAULT));
+        assert_eq!(lookup.connect_timeout(), Duration::from_millis(1_000));
+        let short = Lookup::new(&LookupSpec {
+            timeout_ms: Some(300),
+            ..spec("http://h/{key}")
+        })
+        .unwrap();
+        assert_eq!(short.connect_timeout(), Duration::from_millis(300));
+    }
+
+    #[test]
+    fn renders_percent_encoded_values() {
+        let cases = [
+            (
+                "http://h:9/by-key/{key}",
+                "POST /payouts|t1",
+                "payout-847_2026.W36~",
+                "http://h:9/by-key/payout-847_2026.W36~",
+            ),
+            (
+                "http://h/by-key/{key}",
+                "op|t1",
+                "a/b?c=d&e#f%g\"h",
+                "http://h/by-key/a%2Fb%3Fc%3Dd%26e%23f%25g%22h",
+            ),
+            (
+                "http://h/{operation}/{principal}?k={key}",
+                "POST /payouts|tenant 42|eu",
+                "k1",
+                "http://h/POST%20%2Fpayouts/tenant%2042?k=k1",
+            ),
+            ("http://h/{principal}/{key}", "bare-op", "k", "http://h//k"),
+        ];
+        for (template, scope, key, want) in cases {
+            let lookup = Lookup::new(&spec(template)).unwrap();
+            let url = lookup.url_for(&id(scope, key));
+            assert_eq!(url, want);
+            assert!(url.parse::<Uri>().is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_header_values() {
+        let declared = LookupSpec {
+            headers: Some(vec![("authorization".into(), "Bearer s3cret".into())]),
+            ..spec("http://h/{key}")
+        };
+        let lookup = Lookup::new(&declared).unwrap();
+        for shown in [format!("{declared:?}"), format!("{lookup:?}")] {
+            assert!(shown.contains("authorization"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_toml() {
+        let declared: LookupSpec = toml::from_str(
+            r#"
+            method = "get"
+            url = "http://127.0.0.1:9000/payouts/by-key/{key}"
+            found = [200, 201]
+            not_found = [404, 410]
+            headers = [["authorization", "Bearer x"]]
+            timeout_ms = 2500
+            "#,
+        )
+        .unwrap();
+        let lookup = Lookup::new(&declared).unwrap();
+        assert_eq!(lookup.verdict(201), Verdict::Found);
+        assert_eq!(lookup.verdict(410), Verdict::NotFound);
+        assert_eq!(lookup.headers().len(), 1);
+        assert!(toml::from_str::<LookupSpec>("urll = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! One lookup exchange with the provider: build the request from the
+//! record's key, send it once (the client never retries on its own), and
+//! turn the answer into a finding or a failure.
+
+use bytes::Bytes;
+use http::{Request, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_core::{RESULT_BODY_BYTES_MAX, RecordId, StoredResult};
+
+use crate::lookup::{Lookup, Verdict};
+
+/// Response headers kept with a found result: the ones the gateway replays
+/// by default.
+const KEPT_HEADERS: [header::HeaderName; 3] = [
+    header::CONTENT_TYPE,
+    header::LOCATION,
+    header::CONTENT_LOCATION,
+];
+
+/// The longest URL quoted in a resolution reason or a log line, in bytes.
+const SHOWN_URL_BYTES_MAX: usize = 512;
+
+/// A lookup with its own HTTP client (the connect timeout is per client).
+pub(crate) struct Prober {
+    lookup: Lookup,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+/// What the provider said.
+pub(crate) enum Answer {
+    /// The effect happened; this is what the provider answered.
+    Found {
+        result: StoredResult,
+        reason: String,
+    },
+    /// The effect definitely did not happen.
+    NotFound { reason: String },
+    /// No finding: another status, a connect error, a timeout, a body too large.
+    Failed { reason: String },
+}
+
+impl Prober {
+    /// A prober keeping at most `idle_max` idle connections to the provider.
+    pub(crate) fn new(lookup: Lookup, idle_max: usize) -> Prober {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(lookup.connect_timeout()));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            // A lookup is a read, but a resend is still a second request the
+            // rate limit did not count: the next scan decides when to ask again.
+            .retry_canceled_requests(false)
+            .pool_max_idle_per_host(idle_max)
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .build(connector);
+        Prober { lookup, client }
+    }
+
+    /// Asks the provider about `id`, within the lookup's total timeout.
+    pub(crate) async fn ask(&self, id: &RecordId) -> Answer {
+        let url = self.lookup.url_for(id);
+        let uri = match url.parse::<Uri>() {
+            Ok(uri) => uri,
+            Err(e) => {
+                return Answer::Failed {
+                    reason: format!("cannot build the lookup URL: {e}"),
+                };
+            }
+        };
+        let shown = format!("lookup {} {}", self.lookup.method(), without_query(&uri));
+        let mut request = Request::new(Empty::new());
+        *request.method_mut() = self.lookup.method().clone();
+        *request.uri_mut() = uri;
+        *request.headers_mut() = self.lookup.headers().clone();
+        let timeout = self.lookup.timeout();
+        match tokio::time::timeout(timeout, self.exchange(request, &shown)).await {
+            Ok(answer) => answer,
+            Err(_) => Answer::Failed {
+                reason: format!(
+                    "{shown}: no complete answer within {} ms",
+                    timeout.as_millis()
+                ),
+            },
+        }
+    }
+
+    async fn exchange(&self, request: Request<Empty<Bytes>>, shown: &str) -> Answer {
+        let failed = |reason: String| Answer::Failed { reason };
+        let response = match self.client.request(request).await {
+            Ok(response) => response,
+            Err(e) => return failed(format!("{shown} failed: {}", chain(&e))),
+        };
+        let status = response.status().as_u16();
+        let reason = format!("{shown} answered {status}");
+        match self.lookup.verdict(status) {
+            Verdict::Unknown => failed(reason),
+            Verdict::NotFound => Answer::NotFound { reason },
+            Verdict::Found => {
+                let (parts, body) = response.into_parts();
+                let body = match Limited::new(body, RESULT_BODY_BYTES_MAX).collect().await {
+                    Ok(collected) => collected.to_bytes(),
+                    Err(e) => {
+                        return failed(format!(
+                            "{reason}, but its body could not be kept (at most \
+                             {RESULT_BODY_BYTES_MAX} bytes): {e}"
+                        ));
+                    }
+                };
+                let headers = KEPT_HEADERS
+                    .iter()
+                    .filter_map(|name| {
+                        let value = parts.headers.get(name)?.to_str().ok()?;
+                        Some((name.as_str().to_owned(), value.to_owned()))
+                    })
+                    .collect();
+                match StoredResult::new(status, headers, body.to_vec()) {
+                    Ok(result) => Answer::Found { result, reason },
+                    Err(e) => failed(format!("{reason}, but it cannot be stored: {e}")),
+                }
+            }
+        }
+    }
+}
+
+/// The URL without its query (which may carry a credential), clipped for logs.
+fn without_query(uri: &Uri) -> String {
+    let mut shown = format!(
+        "{}://{}{}",
+        uri.scheme_str().unwrap_or("http"),
+        uri.authority().map_or("", |a| a.as_str()),
+        uri.path()
+    );
+    if shown.len() > SHOWN_URL_BYTES_MAX {
+        let mut end = SHOWN_URL_BYTES_MAX;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        shown.truncate(end);
+        shown.push('…');
+    }
+    shown
+}
+
+/// An error with its causes, `a: b: c`, so a log line says why, not only what.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_drop_the_query_and_stay_short() {
+        let cases = [
+            ("http://h:9/a/b?token=s3cret", "http://h:9/a/b".to_owned()),
+            ("http://h/", "http://h/".to_owned()),
+        ];
+        for (uri, want) in cases {
+            assert_eq!(without_query(&uri.parse().unwrap()), want);
+        }
+        let long: Uri = format!("http://h/{}", "a".repeat(2_000)).parse().unwrap();
+        let shown = without_query(&long);
+        assert!(
+            shown.len() <= SHOWN_URL_BYTES_MAX + '…'.len_utf8(),
+            "{}",
+            shown.len()
+        );
+    }
+}

@@ -1,0 +1,528 @@
+//! The reconciler: scans the store for ambiguous records, asks each route's
+//! provider by key whether the effect happened, and resolves the record —
+//! completed with the provider's answer, or released — never by re-executing
+//! the request. What it cannot decide it leaves, bounded, for an operator.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use idem_core::{
+    Clock, ListQuery, Outcome, Record, RecordId, Resolution, State, Store, StoreError, Timestamp,
+    Token,
+};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio::time::{Duration, Instant};
+
+use crate::backoff::{Backoff, SplitMix64};
+use crate::lookup::{Lookup, scope_parts};
+use crate::probe::{Answer, Prober};
+use crate::settings::{ConfigError, ReconcileSettings};
+
+/// Who the reconciler's resolutions are recorded as resolved by.
+pub const RESOLVED_BY: &str = "reconciler";
+/// The most records whose tries are remembered at once (see [`Reconciler`]).
+pub const TRACKED_MAX: usize = 100_000;
+
+/// Called after each resolution the reconciler makes, with who resolved it
+/// ([`RESOLVED_BY`]) and the outcome (`completed` or `not_executed`): a
+/// place to count resolutions in metrics.
+pub type ResolutionHook = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// Resolves ambiguous records by asking each route's provider.
+///
+/// Try counts and backoff live in memory, in a map bounded by
+/// [`TRACKED_MAX`]: a restart resets them, so a record left for an operator
+/// is tried again `max_tries` times after a restart. One `run_once` is one
+/// try at most per record, so `idem reconcile --once` never gives up on a
+/// record unless `max_tries` is 1.
+pub struct Reconciler {
+    store: Arc<dyn Store>,
+    probers: HashMap<String, Arc<Prober>>,
+    settings: ReconcileSettings,
+    clock: Arc<dyn Clock>,
+    on_resolution: Option<ResolutionHook>,
+    scan: Mutex<ScanState>,
+}
+
+/// What one scan did. Every scanned record is counted in exactly one of the
+/// other fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReconcileReport {
+    /// `in_progress` records whose lease had expired (their gateway died or
+    /// hung), marked ambiguous so they are reconciled rather than forgotten;
+    /// only for operations with a lookup.
+    pub expired_leases: u64,
+    /// Ambiguous records looked at.
+    pub scanned: u64,
+    /// Found by the provider: completed with its answer.
+    pub completed: u64,
+    /// Not found by the provider: released, so a retry may run.
+    pub released: u64,
+    /// The lookup failed (other status, connect error, timeout, body too
+    /// large); tried again after a backoff.
+    pub retried: u64,
+    /// Skipped: the backoff of an earlier failed lookup has not elapsed.
+    pub waiting: u64,
+    /// Left for an operator: `max_tries` lookups failed.
+    pub gave_up: u64,
+    /// Left for an operator: the record's operation has no lookup configured.
+    pub no_lookup: u64,
+    /// Resolved or released by someone else meanwhile: nothing to do.
+    pub resolved_elsewhere: u64,
+    /// The store failed (listing or resolving), or the record could not be
+    /// tracked; tried again on a later scan, no try counted.
+    pub errors: u64,
+}
+
+/// What the reconciler remembers between scans.
+struct ScanState {
+    /// Where the next scan continues, so every ambiguous record gets its turn.
+    cursor: Option<RecordId>,
+    /// Number of the current pass over all ambiguous records.
+    pass: u64,
+    tracked: HashMap<RecordId, Tracked>,
+    rng: SplitMix64,
+    /// The earliest instant the next lookup may start (the rate limit).
+    next_start: Instant,
+}
+
+/// One ambiguous record's history in this process.
+struct Tracked {
+    /// The token of the attempt it was tracked for: a new ambiguity of the
+    /// same key (after a release and a new claim) starts afresh.
+    token: Token,
+    failures: u32,
+    next_at: Timestamp,
+    parked: Option<Parked>,
+    /// The last pass that saw it; records not seen in a whole pass are forgotten.
+    pass: u64,
+}
+
+/// Why a record is left for an operator (the warning is logged once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Parked {
+    GaveUp,
+    NoLookup,
+}
+
+/// What one lookup task came to.
+enum Step {
+    /// Resolved: completed (true) or released (false).
+    Resolved {
+        completed: bool,
+    },
+    Elsewhere,
+    StoreFailed(String),
+    LookupFailed(String),
+}
+
+impl Reconciler {
+    /// A reconciler over `store`, with one lookup per operation (the route
+    /// name, as in `Scope::from_parts(operation, principal, region)`).
+    ///
+    /// Fails when an operation is empty, contains `|`, or has two lookups.
+    pub fn new(
+        store: Arc<dyn Store>,
+        lookups: Vec<(String, Lookup)>,
+        settings: ReconcileSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Reconciler, ConfigError> {
+        let mut probers = HashMap::with_capacity(lookups.len());
+        for (operation, lookup) in lookups {
+            if operation.is_empty() || operation.contains('|') {
+                return Err(ConfigError::new(
+                    "lookup",
+                    format!("operation {operation:?} must be non-empty without '|'"),
+                ));
+            }
+            let prober = Arc::new(Prober::new(lookup, settings.concurrency()));
+            if probers.insert(operation.clone(), prober).is_some() {
+                return Err(ConfigError::new(
+                    "lookup",
+                    format!("operation {operation:?} has two lookups"),
+                ));
+            }
+        }
+        let seed = settings
+            .seed()
+            .unwrap_or_else(|| clock.now().as_millis() ^ (u64::from(std::process::id()) << 32));
+        Ok(Reconciler {
+            store,
+            probers,
+            settings,
+            clock,
+            on_resolution: None,
+            scan: Mutex::new(ScanState {
+                cursor: None,
+                pass: 0,
+                tracked: HashMap::new(),
+                rng: SplitMix64::new(seed),
+                next_start: Instant::now(),
+            }),
+        })
+    }
+
+    /// Calls `hook` after each resolution this reconciler makes.
+    pub fn with_on_resolution(mut self, hook: ResolutionHook) -> Reconciler {
+        self.on_resolution = Some(hook);
+        self
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &ReconcileSettings {
+        &self.settings
+    }
+
+    /// One bounded scan: at most `batch` ambiguous records, continuing where
+    /// the previous scan stopped; each due record is looked up once, with at
+    /// most `concurrency` lookups in flight and `rate_per_s` started per second.
+    /// Scans never overlap: a second caller waits for the first.
+    pub async fn run_once(&self) -> ReconcileReport {
+        let mut state = self.scan.lock().await;
+        let mut report = ReconcileReport::default();
+        self.mark_expired_leases(&mut report).await;
+        let mut records = match self.list(state.cursor.clone()).await {
+            Ok(records) => records,
+            Err(e) => return report.store_failed(&e),
+        };
+        if records.is_empty() && state.cursor.is_some() {
+            // The previous scan ended exactly at the last record: start over now.
+            state.end_pass();
+            records = match self.list(None).await {
+                Ok(records) => records,
+                Err(e) => return report.store_failed(&e),
+            };
+        }
+        let pass_ended = records.len() < self.settings.batch();
+        state.cursor = match records.last() {
+            Some(last) if !pass_ended => Some(last.id.clone()),
+            _ => None,
+        };
+        report.scanned = records.len() as u64;
+        let now = self.clock.now();
+        let due: Vec<(RecordId, Arc<Prober>)> = records
+            .into_iter()
+            .filter_map(|r| self.triage(&mut state, r.id, r.token, now, &mut report))
+            .collect();
+        self.look_up(&mut state, due, &mut report).await;
+        if pass_ended {
+            state.end_pass();
+        }
+        report
+    }
+
+    /// Runs a scan every `interval_s` until `shutdown` completes; a scan in
+    /// progress is abandoned (lookups are reads, resolutions atomic).
+    pub async fn run<F: Future>(self, shutdown: F) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                report = self.run_once() => log_report(&report),
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(self.settings.interval()) => {}
+            }
+        }
+    }
+
+    /// An `in_progress` record whose lease expired stays so until a retry's
+    /// claim marks it ambiguous; if no retry ever comes, its outcome would
+    /// stay unknown forever. Marks such records (of operations with a lookup;
+    /// other routes may take over) ambiguous with their own token, so a
+    /// record that moved on meanwhile is refused by fencing and left alone.
+    async fn mark_expired_leases(&self, report: &mut ReconcileReport) {
+        let query = ListQuery {
+            state: Some(State::InProgress),
+            after: None,
+            limit: self.settings.batch(),
+        };
+        let records = match self.store.list(&query).await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list records in progress");
+                report.errors += 1;
+                return;
+            }
+        };
+        let now = self.clock.now();
+        for r in records {
+            let (operation, _) = scope_parts(&r.id);
+            if r.lease_until > now || !self.probers.contains_key(operation) {
+                continue;
+            }
+            match self.store.mark_ambiguous(&r.id, r.token).await {
+                Ok(_) => {
+                    tracing::warn!(scope = %r.id.scope, key = %r.id.key, owner = %r.owner,
+                        "lease expired with no answer recorded; marked ambiguous for reconciliation");
+                    report.expired_leases += 1;
+                }
+                Err(StoreError::Fenced { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(scope = %r.id.scope, key = %r.id.key, error = %e, "cannot mark an expired lease ambiguous");
+                    report.errors += 1;
+                }
+            }
+        }
+    }
+
+    /// At most `batch` ambiguous records after `after`.
+    async fn list(&self, after: Option<RecordId>) -> Result<Vec<Record>, StoreError> {
+        let query = ListQuery {
+            state: Some(State::Ambiguous),
+            after,
+            limit: self.settings.batch(),
+        };
+        self.store.list(&query).await
+    }
+
+    /// Decides what to do with one listed record now; `Some` when a lookup is due.
+    fn triage(
+        &self,
+        state: &mut ScanState,
+        id: RecordId,
+        token: Token,
+        now: Timestamp,
+        report: &mut ReconcileReport,
+    ) -> Option<(RecordId, Arc<Prober>)> {
+        let pass = state.pass;
+        let (operation, _) = scope_parts(&id);
+        let prober = self.probers.get(operation).cloned();
+        if state.tracked.get(&id).is_some_and(|t| t.token != token) {
+            state.tracked.remove(&id);
+        }
+        if !state.tracked.contains_key(&id) && state.tracked.len() >= TRACKED_MAX {
+            tracing::warn!(record = %id, "reconciler tracks {TRACKED_MAX} records already; this one waits for the next pass");
+            report.errors += 1;
+            return None;
+        }
+        let tracked = state.tracked.entry(id.clone()).or_insert(Tracked {
+            token,
+            failures: 0,
+            next_at: now,
+            parked: None,
+            pass,
+        });
+        tracked.pass = pass;
+        let Some(prober) = prober else {
+            if tracked.parked != Some(Parked::NoLookup) {
+                tracked.parked = Some(Parked::NoLookup);
+                tracing::warn!(record = %id, operation, "ambiguous record needs an operator: no lookup configured for its operation");
+            }
+            report.no_lookup += 1;
+            return None;
+        };
+        match tracked.parked {
+            Some(_) => report.gave_up += 1,
+            None if tracked.next_at > now => report.waiting += 1,
+            None => return Some((id, prober)),
+        }
+        None
+    }
+
+    /// Looks up the due records, bounded in concurrency and rate, and
+    /// settles each answer.
+    async fn look_up(
+        &self,
+        state: &mut ScanState,
+        due: Vec<(RecordId, Arc<Prober>)>,
+        report: &mut ReconcileReport,
+    ) {
+        let mut tasks = JoinSet::new();
+        let spacing = Duration::from_secs(1) / self.settings.rate_per_s();
+        for (id, prober) in due {
+            while tasks.len() >= self.settings.concurrency() {
+                if let Some(done) = tasks.join_next().await {
+                    self.settle(state, done, report);
+                }
+            }
+            let start = state.next_start.max(Instant::now());
+            tokio::time::sleep_until(start).await;
+            state.next_start = start + spacing;
+            let store = Arc::clone(&self.store);
+            tasks.spawn(async move {
+                let step = match prober.ask(&id).await {
+                    Answer::Found { result, reason } => {
+                        resolve(&*store, &id, Outcome::Completed { result }, &reason).await
+                    }
+                    Answer::NotFound { reason } => {
+                        resolve(&*store, &id, Outcome::NotExecuted, &reason).await
+                    }
+                    Answer::Failed { reason } => Step::LookupFailed(reason),
+                };
+                (id, step)
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            self.settle(state, done, report);
+        }
+    }
+
+    /// Counts one finished lookup task and updates the record's history.
+    fn settle(
+        &self,
+        state: &mut ScanState,
+        done: Result<(RecordId, Step), tokio::task::JoinError>,
+        report: &mut ReconcileReport,
+    ) {
+        let (id, step) = match done {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(error = %e, "a reconciler lookup task failed");
+                report.errors += 1;
+                return;
+            }
+        };
+        match step {
+            Step::Resolved { completed } => {
+                state.tracked.remove(&id);
+                let outcome = if completed {
+                    report.completed += 1;
+                    "completed"
+                } else {
+                    report.released += 1;
+                    "not_executed"
+                };
+                if let Some(hook) = &self.on_resolution {
+                    hook(RESOLVED_BY, outcome);
+                }
+            }
+            Step::Elsewhere => {
+                state.tracked.remove(&id);
+                report.resolved_elsewhere += 1;
+            }
+            Step::StoreFailed(reason) => {
+                tracing::warn!(record = %id, %reason, "reconciler cannot record a resolution; it will look again");
+                report.errors += 1;
+            }
+            Step::LookupFailed(reason) => self.failed(state, &id, &reason, report),
+        }
+    }
+
+    /// Counts a failed lookup: a backoff, or after `max_tries` an operator.
+    fn failed(
+        &self,
+        state: &mut ScanState,
+        id: &RecordId,
+        reason: &str,
+        report: &mut ReconcileReport,
+    ) {
+        let backoff = Backoff {
+            base_ms: self.settings.backoff_ms(),
+            max_ms: self.settings.backoff_max_ms(),
+        };
+        let now = self.clock.now();
+        let ScanState { tracked, rng, .. } = state;
+        let Some(tracked) = tracked.get_mut(id) else {
+            report.errors += 1; // triage tracks every record it lets through
+            return;
+        };
+        tracked.failures = tracked.failures.saturating_add(1);
+        if tracked.failures >= self.settings.max_tries() {
+            tracked.parked = Some(Parked::GaveUp);
+            report.gave_up += 1;
+            tracing::warn!(record = %id, tries = tracked.failures, %reason, "ambiguous record needs an operator: every lookup failed");
+        } else {
+            let delay_ms = backoff.delay_ms(tracked.failures, rng);
+            tracked.next_at = now.plus_millis(delay_ms);
+            report.retried += 1;
+            tracing::info!(record = %id, tries = tracked.failures, delay_ms, %reason, "reconciler lookup failed; will try again");
+        }
+    }
+}
+
+impl ScanState {
+    /// Forgets the records not seen during the pass that ends (resolved
+    /// elsewhere, by an operator or by time), so the map stays bounded.
+    fn end_pass(&mut self) {
+        let pass = self.pass;
+        self.tracked.retain(|_, t| t.pass == pass);
+        self.pass += 1;
+        self.cursor = None;
+    }
+}
+
+impl ReconcileReport {
+    fn store_failed(mut self, e: &StoreError) -> ReconcileReport {
+        tracing::warn!(error = %e, "reconciler cannot list ambiguous records");
+        self.errors += 1;
+        self
+    }
+}
+
+/// Records the provider's finding; a record resolved meanwhile is not an error.
+async fn resolve(store: &dyn Store, id: &RecordId, outcome: Outcome, reason: &str) -> Step {
+    let completed = matches!(outcome, Outcome::Completed { .. });
+    let resolution = match Resolution::new(outcome, RESOLVED_BY, reason) {
+        Ok(resolution) => resolution,
+        Err(e) => return Step::StoreFailed(e.to_string()),
+    };
+    match store.resolve(id, resolution).await {
+        Ok(_) => {
+            tracing::info!(record = %id, completed, %reason, "reconciler resolved an ambiguous record");
+            Step::Resolved { completed }
+        }
+        Err(StoreError::WrongState { .. } | StoreError::NotFound { .. }) => Step::Elsewhere,
+        Err(e) => Step::StoreFailed(e.to_string()),
+    }
+}
+
+fn log_report(report: &ReconcileReport) {
+    if report.scanned == 0 && report.errors == 0 {
+        tracing::debug!("reconciler found no ambiguous record");
+    } else {
+        tracing::info!(%report, "reconciler scan");
+    }
+}
+
+impl fmt::Display for ReconcileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} expired leases marked ambiguous; scanned {}: {} completed, {} released, \
+             {} retried, {} waiting, {} left for an operator after max_tries, \
+             {} without a lookup, {} resolved elsewhere, {} errors",
+            self.expired_leases,
+            self.scanned,
+            self.completed,
+            self.released,
+            self.retried,
+            self.waiting,
+            self.gave_up,
+            self.no_lookup,
+            self.resolved_elsewhere,
+            self.errors
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_display_names_every_count() {
+        let report = ReconcileReport {
+            expired_leases: 10,
+            scanned: 9,
+            completed: 1,
+            released: 2,
+            retried: 3,
+            waiting: 4,
+            gave_up: 5,
+            no_lookup: 6,
+            resolved_elsewhere: 7,
+            errors: 8,
+        };
+        assert_eq!(
+            report.to_string(),
+            "10 expired leases marked ambiguous; scanned 9: 1 completed, 2 released, \
+             3 retried, 4 waiting, 5 left for an operator after max_tries, \
+             6 without a lookup, 7 resolved elsewhere, 8 errors"
+        );
+    }
+}
