@@ -65,6 +65,11 @@ impl Flags {
         Ok(value)
     }
 
+    /// `flag` as text, or `default`.
+    pub fn text(&self, flag: &str, default: &str) -> String {
+        self.get(flag).unwrap_or(default).to_owned()
+    }
+
     /// `flag` as a path, or `default`.
     pub fn path(&self, flag: &str, default: PathBuf) -> PathBuf {
         self.get(flag).map_or(default, PathBuf::from)

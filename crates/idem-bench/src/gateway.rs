@@ -21,10 +21,10 @@ use idem_sqlite::{SqliteOptions, SqliteStore, WriterStats};
 use tokio::runtime::Runtime;
 
 use crate::args::Flags;
-use crate::load::{self, Expect, Keys, Measured};
+use crate::load::{self, Expect, Keys};
+use crate::measured::{self, Baseline, Measured};
 use crate::server::Server;
 use crate::upstream::Upstream;
-use crate::verdict;
 
 const USAGE: &str =
     "usage: idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]";
@@ -175,8 +175,9 @@ impl Bench<'_> {
         let (c, n) = (self.options.connections, self.options.keys);
         let (direct, gateway) = (self.upstream.addr(), self.gateway);
         println!(
-            "  {:<24} {:>9} {:>8} {:>8} {:>9} {:>7} {:>10}  sqlite writer",
-            "phase", "req/s", "p50 µs", "p99 µs", "ok", "errors", "upstream"
+            "{} {:>10}  sqlite writer",
+            measured::header("req/s"),
+            "upstream"
         );
         let first = self.phase("direct #1", direct, fresh_keys("d1", c), Expect::Executed)?;
         let fresh = self.phase(
@@ -255,13 +256,8 @@ impl Bench<'_> {
             }),
         };
         print_row(&row);
-        if row.measured.errors > 0 {
-            self.fail(format!(
-                "{name}: {} of {} requests FAILED; first: {}",
-                row.measured.errors,
-                row.measured.ok + row.measured.errors,
-                row.measured.first_error.as_deref().unwrap_or("?")
-            ));
+        if let Some(failure) = row.measured.failure(name) {
+            self.fail(failure);
         }
         Ok(row)
     }
@@ -303,7 +299,6 @@ fn replay_key(i: usize) -> String {
 }
 
 fn print_row(row: &Row) {
-    let m = &row.measured;
     let writer = row.writer.map_or(String::new(), |w| {
         format!(
             "{} batches, {:.1} ops/batch",
@@ -312,38 +307,22 @@ fn print_row(row: &Row) {
         )
     });
     println!(
-        "  {:<24} {:>9.0} {:>8} {:>8} {:>9} {:>7} {:>10}  {writer}",
-        row.name,
-        m.per_s(),
-        m.percentile_us(0.50),
-        m.percentile_us(0.99),
-        m.ok,
-        m.errors,
-        row.upstream_hits,
+        "{} {:>10}  {writer}",
+        row.measured.row(row.name),
+        row.upstream_hits
     );
 }
 
 /// The baseline (mean of the two direct runs), the ratios against the
 /// targets, and the latency the gateway adds.
 fn summarize(first: &Row, second: &Row, fresh: &Row, replay: &Row) {
-    let mean = |f: &dyn Fn(&Measured) -> f64| (f(&first.measured) + f(&second.measured)) / 2.0;
-    let per_s = mean(&|m| m.per_s());
-    let p50 = mean(&|m| f64::from(m.percentile_us(0.50)));
-    let p99 = mean(&|m| f64::from(m.percentile_us(0.99)));
-    let drift = (second.measured.per_s() - first.measured.per_s()) / per_s.max(f64::MIN_POSITIVE);
-    println!(
-        "  baseline = mean of direct #1 and #2: {per_s:.0} req/s, p50 {p50:.0} µs, p99 {p99:.0} µs \
-         (#2 vs #1: {:+.1}% req/s)",
-        drift * 100.0
+    let baseline = Baseline::print_mean(
+        "direct",
+        "req/s",
+        (first.name, &first.measured),
+        (second.name, &second.measured),
     );
     for (row, target) in [(fresh, TARGET_FRESH), (replay, TARGET_REPLAY)] {
-        let ratio = row.measured.per_s() / per_s.max(f64::MIN_POSITIVE);
-        println!(
-            "  {:<20} {ratio:>5.2}x direct  target >= {target}x: {:<6}  added latency: p50 {:+.0} µs, p99 {:+.0} µs",
-            row.name,
-            verdict(ratio >= target),
-            f64::from(row.measured.percentile_us(0.50)) - p50,
-            f64::from(row.measured.percentile_us(0.99)) - p99,
-        );
+        baseline.print_ratio(row.name, &row.measured, Some(target));
     }
 }

@@ -14,6 +14,8 @@ use hyper::{Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::measured::Measured;
+
 /// The path every request goes to.
 pub const PATH: &str = "/payouts";
 /// The key header the gateway reads by default.
@@ -36,59 +38,6 @@ pub enum Expect {
     Executed,
     /// A replay of a stored result (`idempotent-replayed: true`).
     Replayed,
-}
-
-/// What one phase measured.
-#[derive(Debug, Default)]
-pub struct Measured {
-    /// Requests answered as expected.
-    pub ok: u64,
-    /// Requests that failed or were answered otherwise.
-    pub errors: u64,
-    /// The first error, for the report.
-    pub first_error: Option<String>,
-    /// From the first request to the last worker's end.
-    pub elapsed: Duration,
-    /// Latencies of the good requests in microseconds, sorted.
-    latencies_us: Vec<u32>,
-}
-
-impl Measured {
-    /// Good requests per second.
-    pub fn per_s(&self) -> f64 {
-        self.ok as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    /// The `q` quantile (0..=1) of the latencies, in microseconds, by
-    /// nearest rank; 0 when nothing was measured.
-    pub fn percentile_us(&self, q: f64) -> u32 {
-        percentile(&self.latencies_us, q)
-    }
-
-    fn merge(&mut self, other: Measured) {
-        self.ok += other.ok;
-        self.errors += other.errors;
-        if self.first_error.is_none() {
-            self.first_error = other.first_error;
-        }
-        self.latencies_us.extend(other.latencies_us);
-    }
-
-    fn error(&mut self, e: anyhow::Error) {
-        self.errors += 1;
-        if self.first_error.is_none() {
-            self.first_error = Some(format!("{e:#}"));
-        }
-    }
-}
-
-/// The nearest-rank `q` quantile of sorted `values`; 0 when there are none.
-fn percentile(sorted: &[u32], q: f64) -> u32 {
-    let Some(last) = sorted.len().checked_sub(1) else {
-        return 0;
-    };
-    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.saturating_sub(1).min(last)]
 }
 
 /// The ~100-byte JSON body sent with `key`; the same key always gets the
@@ -119,8 +68,7 @@ pub async fn run(
     while let Some(joined) = workers.join_next().await {
         total.merge(joined.context("a load worker panicked")?);
     }
-    total.elapsed = start.elapsed();
-    total.latencies_us.sort_unstable();
+    total.finish(start.elapsed());
     Ok(total)
 }
 
@@ -143,11 +91,7 @@ async fn worker(addr: SocketAddr, mut keys: Keys, expect: Expect, deadline: Inst
         let Some(key) = keys.next() else { break };
         let started = Instant::now();
         match tokio::time::timeout(REQUEST_TIMEOUT, exchange(sender, &host, &key, expect)).await {
-            Ok(Ok(())) => {
-                out.ok += 1;
-                let us = started.elapsed().as_micros();
-                out.latencies_us.push(u32::try_from(us).unwrap_or(u32::MAX));
-            }
+            Ok(Ok(())) => out.ok_since(started),
             Ok(Err(e)) => {
                 out.error(e.context(format!("key {key}")));
                 // The connection's state is unknown after a failure.
@@ -224,17 +168,6 @@ async fn exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentile_by_nearest_rank() {
-        let v: Vec<u32> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.5), 50);
-        assert_eq!(percentile(&v, 0.99), 99);
-        assert_eq!(percentile(&v, 1.0), 100);
-        assert_eq!(percentile(&v, 0.0), 1);
-        assert_eq!(percentile(&[7], 0.99), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
-    }
 
     #[test]
     fn body_is_about_100_bytes_and_json() {

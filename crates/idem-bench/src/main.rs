@@ -4,10 +4,14 @@
 //! Usage:
 //! - `cargo run --release -p idem-bench -- sqlite [--callers 64] [--seconds 5] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- gateway [--connections 32] [--seconds 5] [--keys 4096] [--dir DIR]`
+//! - `cargo run --release -p idem-bench -- postgres [--connections 16] [--seconds 5] [--url URL]`
 
 mod args;
+mod fixtures;
 mod gateway;
 mod load;
+mod measured;
+mod postgres;
 mod server;
 mod sqlite;
 mod upstream;
@@ -15,18 +19,15 @@ mod upstream;
 use anyhow::bail;
 
 const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir DIR]\n       \
-     idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]";
+     idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]\n       \
+     idem-bench postgres [--connections N] [--seconds S] [--url URL]";
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
         Some("sqlite") => sqlite::main(args),
         Some("gateway") => gateway::main(args),
+        Some("postgres") => postgres::main(args),
         _ => bail!(USAGE),
     }
-}
-
-/// How a target is reported.
-fn verdict(met: bool) -> &'static str {
-    if met { "MET" } else { "MISSED" }
 }

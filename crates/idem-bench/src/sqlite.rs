@@ -11,14 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
-use idem_core::{
-    Claim, ClaimRequest, Fingerprint, IdempotencyKey, Policy, RecordId, Scope, Store, StoredResult,
-};
+use anyhow::Context;
+use idem_core::{Scope, Store};
 use idem_sqlite::{SqliteOptions, SqliteStore, WriterStats};
 
 use crate::args::Flags;
-use crate::verdict;
+use crate::fixtures;
+use crate::measured::verdict;
 
 /// Pairs per second the group-commit mode should reach.
 const TARGET_PAIRS_PER_S: f64 = 25_000.0;
@@ -146,27 +145,12 @@ async fn caller_loop(
     caller: usize,
     deadline: Instant,
 ) -> anyhow::Result<u64> {
-    let scope = Scope::new("POST /payouts|bench-tenant")?;
-    let body = br#"{"payout":"po_8f3a9c","amount":12500,"currency":"EUR","status":"paid"}"#;
-    let result = StoredResult::new(
-        201,
-        vec![("content-type".to_owned(), "application/json".to_owned())],
-        body.to_vec(),
-    )?;
+    let scope = Scope::new(fixtures::SCOPE)?;
+    let result = fixtures::payout_result()?;
     let mut pairs = 0;
     while Instant::now() < deadline {
-        let req = ClaimRequest {
-            id: RecordId {
-                scope: scope.clone(),
-                key: IdempotencyKey::parse(&format!("c{caller}-{pairs}"))?,
-            },
-            fingerprint: Fingerprint::from_bytes([caller as u8; 32]),
-            owner: "bench".to_owned(),
-            policy: Policy::default(),
-        };
-        let Claim::Acquired { token, .. } = store.claim(&req).await? else {
-            bail!("fresh key {} was not acquired", req.id);
-        };
+        let req = fixtures::request(&scope, &format!("c{caller}-{pairs}"), caller as u8)?;
+        let token = fixtures::acquire(&*store, &req).await?;
         store.complete(&req.id, token, result.clone()).await?;
         pairs += 1;
     }

@@ -11,6 +11,8 @@ use http::Uri;
 use idem_http::{Route, RouteSpec};
 use serde::Deserialize;
 
+use crate::admin::AdminToken;
+
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 /// The default store.
@@ -23,6 +25,12 @@ pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The most routes a config may declare.
 pub const ROUTES_MAX: usize = 1_000;
+/// The environment variable holding the admin API's bearer token, by default.
+pub const ADMIN_TOKEN_ENV_DEFAULT: &str = "IDEM_ADMIN_TOKEN";
+/// Default time between two purges, in seconds.
+pub const PURGE_INTERVAL_S_DEFAULT: u64 = 60;
+/// The longest time between two purges, in seconds (one day).
+pub const PURGE_INTERVAL_S_MAX: u64 = 86_400;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -40,6 +48,12 @@ pub struct FileConfig {
     pub connect_timeout_ms: Option<u64>,
     /// Time allowed for the upstream's whole response, in milliseconds.
     pub response_timeout_ms: Option<u64>,
+    /// Address of the admin API; none means no admin listener.
+    pub admin_listen: Option<String>,
+    /// Name of the environment variable holding the admin API's token.
+    pub admin_token_env: Option<String>,
+    /// Seconds between two runs of the retention purge.
+    pub purge_interval_s: Option<u64>,
     /// Protected routes; none means POST and PATCH on every path.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSpec>,
@@ -73,6 +87,12 @@ pub struct GatewayConfig {
     pub response_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
+    /// Where the admin API listens; `None`: it is off.
+    pub admin_listen: Option<SocketAddr>,
+    /// The environment variable the admin API's bearer token is read from.
+    pub admin_token_env: String,
+    /// Time between two runs of the retention purge.
+    pub purge_interval: Duration,
 }
 
 /// A configuration error: where (file, field) and what.
@@ -168,6 +188,27 @@ impl GatewayConfig {
                 true,
             ));
         }
+        let admin_listen = match &file.admin_listen {
+            Some(raw) => Some(parse_admin_listen(raw).map_err(|r| err("admin_listen", r, true))?),
+            None => None,
+        };
+        let admin_token_env = match &file.admin_token_env {
+            Some(name) => {
+                check_env_name(name).map_err(|r| err("admin_token_env", r, true))?;
+                name.clone()
+            }
+            None => ADMIN_TOKEN_ENV_DEFAULT.to_owned(),
+        };
+        let purge_interval = match file.purge_interval_s.unwrap_or(PURGE_INTERVAL_S_DEFAULT) {
+            s @ 1..=PURGE_INTERVAL_S_MAX => Duration::from_secs(s),
+            s => {
+                return Err(err(
+                    "purge_interval_s",
+                    format!("{s} is out of range (1..={PURGE_INTERVAL_S_MAX})"),
+                    true,
+                ));
+            }
+        };
         let routes = if file.routes.is_empty() {
             vec![Route::default_catch_all()]
         } else {
@@ -198,7 +239,67 @@ impl GatewayConfig {
             connect_timeout,
             response_timeout,
             routes,
+            admin_listen,
+            admin_token_env,
+            purge_interval,
         })
+    }
+
+    /// `--admin-listen`: the command line wins over the file.
+    pub fn set_admin_listen(&mut self, raw: &str) -> Result<(), ConfigError> {
+        let addr = parse_admin_listen(raw).map_err(|reason| ConfigError {
+            file: None,
+            field: "--admin-listen".into(),
+            reason,
+        })?;
+        self.admin_listen = Some(addr);
+        Ok(())
+    }
+
+    /// The admin API's bearer token, read with `lookup` (the process
+    /// environment in `idem serve`) from the variable `admin_token_env`
+    /// names. Refused unless it is set and at least
+    /// [`crate::ADMIN_TOKEN_BYTES_MIN`] bytes long.
+    pub fn admin_token(
+        &self,
+        lookup: impl FnOnce(&str) -> Option<String>,
+    ) -> Result<AdminToken, ConfigError> {
+        let name = &self.admin_token_env;
+        let err = |reason: String| ConfigError {
+            file: None,
+            field: "admin_token_env".into(),
+            reason,
+        };
+        let Some(value) = lookup(name) else {
+            return Err(err(format!(
+                "the admin API is enabled but the environment variable {name} is not set \
+                 (or not UTF-8); set it to a random token of at least {} bytes, e.g. \
+                 {name}=$(openssl rand -hex 32)",
+                crate::ADMIN_TOKEN_BYTES_MIN
+            )));
+        };
+        AdminToken::new(&value).map_err(|why| err(format!("environment variable {name}: {why}")))
+    }
+}
+
+fn parse_admin_listen(raw: &str) -> Result<SocketAddr, String> {
+    raw.parse::<SocketAddr>()
+        .map_err(|e| format!("{raw:?} is not an address like 127.0.0.1:9090 ({e})"))
+}
+
+/// A portable environment variable name: letters, digits and `_`, not
+/// starting with a digit.
+fn check_env_name(name: &str) -> Result<(), String> {
+    let portable = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if portable {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an environment variable name (letters, digits and _, 1-255 bytes)"
+        ))
     }
 }
 
@@ -299,6 +400,22 @@ mod tests {
                 "idem.toml: connect_timeout_ms: 0 is out of range",
             ),
             (
+                "purge_interval_s = 0",
+                "idem.toml: purge_interval_s: 0 is out of range (1..=86400)",
+            ),
+            (
+                "purge_interval_s = 86401",
+                "idem.toml: purge_interval_s: 86401 is out of range",
+            ),
+            (
+                "admin_listen = \"localhost\"",
+                "idem.toml: admin_listen: \"localhost\" is not an address",
+            ),
+            (
+                "admin_token_env = \"IDEM-TOKEN\"",
+                "idem.toml: admin_token_env: \"IDEM-TOKEN\" is not an environment variable name",
+            ),
+            (
                 "[[route]]\nname = \"payouts\"\nlease_ms = 1",
                 "idem.toml: route[0].lease_ms: lease_ms = 1 is out of range (100..=86400000) (\"payouts\")",
             ),
@@ -358,5 +475,79 @@ mod tests {
             c.response_timeout,
             Duration::from_millis(RESPONSE_TIMEOUT_MS_DEFAULT)
         );
+        assert_eq!(c.admin_listen, None, "the admin API is off by default");
+        assert_eq!(c.admin_token_env, ADMIN_TOKEN_ENV_DEFAULT);
+        assert_eq!(
+            c.purge_interval,
+            Duration::from_secs(PURGE_INTERVAL_S_DEFAULT)
+        );
+    }
+
+    #[test]
+    fn admin_listen_from_the_command_line_wins() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        let mut c = load(
+            "admin_listen = \"127.0.0.1:9090\"\nadmin_token_env = \"PAYOUTS_ADMIN\"\npurge_interval_s = 5",
+            &up,
+        )
+        .unwrap();
+        assert_eq!(
+            c.admin_listen.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.1:9090")
+        );
+        assert_eq!(c.purge_interval, Duration::from_secs(5));
+        c.set_admin_listen("127.0.0.1:9191").unwrap();
+        assert_eq!(
+            c.admin_listen.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.1:9191")
+        );
+        let e = c.set_admin_listen("nope").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--admin-listen: \"nope\" is not an address"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_admin_token_must_be_set_and_long_enough() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        let c = load("admin_token_env = \"PAYOUTS_ADMIN\"", &up).unwrap();
+        let token = |value: Option<&str>| {
+            c.admin_token(|name| {
+                assert_eq!(name, "PAYOUTS_ADMIN");
+                value.map(str::to_owned)
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        let cases = [
+            (None, Err("environment variable PAYOUTS_ADMIN is not set")),
+            (
+                Some(""),
+                Err("PAYOUTS_ADMIN: the token is 0 bytes; at least 16"),
+            ),
+            (
+                Some("short-token"),
+                Err("PAYOUTS_ADMIN: the token is 11 bytes; at least 16"),
+            ),
+            (
+                Some("sixteen bytes ok"),
+                Err("PAYOUTS_ADMIN: the token must be visible ASCII"),
+            ),
+            (Some("0123456789abcdef"), Ok(())),
+        ];
+        for (value, want) in cases {
+            match (token(value), want) {
+                (Ok(()), Ok(())) => {}
+                (Err(got), Err(part)) => assert!(got.contains(part), "{value:?}: {got}"),
+                (got, want) => panic!("{value:?}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

@@ -1,12 +1,23 @@
 //! `idem serve`: the gateway. A reverse proxy whose every protected request
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
 //! upstream; the proxy itself never retries and tells the layer whether a
-//! failed request was ever sent.
+//! failed request was ever sent. Next to it: the admin API (its own
+//! listener, behind a bearer token), the retention purge, and the operator's
+//! view of a record shared with `idem records`.
 
+pub mod admin;
 mod config;
 mod proxy;
+mod purge;
 mod server;
+mod view;
 
-pub use config::{ConfigError, FileConfig, GatewayConfig, Overrides};
+pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_header};
+pub use config::{
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
+    PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX,
+};
 pub use proxy::Proxy;
-pub use server::{serve, shutdown_signal};
+pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX};
+pub use server::{AdminListener, ServeOptions, serve, serve_with, shutdown_signal};
+pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

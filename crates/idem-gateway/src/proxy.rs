@@ -145,6 +145,8 @@ fn failure(kind: ProblemKind, reason: String, outcome: AttemptOutcome) -> Respon
     tracing::warn!(problem = kind.slug(), %reason, "upstream attempt failed");
     let mut response: Response<Body> = Problem::new(kind, reason).into_response();
     response.extensions_mut().insert(outcome);
+    // The layer counts every problem response by this extension.
+    response.extensions_mut().insert(kind);
     response
 }
 

@@ -1,35 +1,105 @@
-//! Runs the gateway: binds, serves the layered proxy, and on SIGTERM or
-//! SIGINT stops accepting and lets in-flight requests finish and be recorded.
+//! Runs the gateway: binds, serves the layered proxy, the admin API (when
+//! configured) and the retention purge, and on SIGTERM or SIGINT stops
+//! accepting and lets in-flight requests finish and be recorded.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::Store;
-use idem_http::IdempotencyLayer;
+use idem_http::{IdempotencyLayer, Metrics};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tower::Layer;
 
-use crate::{GatewayConfig, Proxy};
+use crate::admin::{self, AdminToken};
+use crate::{GatewayConfig, Proxy, purge};
 
-/// Serves `config` on `listener` until `shutdown` resolves, then drains.
+/// What runs next to the proxy: shared metrics and the admin API.
+#[derive(Debug, Default)]
+pub struct ServeOptions {
+    /// The metrics every part counts into; fresh ones if `None`.
+    pub metrics: Option<Arc<Metrics>>,
+    /// The admin API's listener and token; no admin API if `None`.
+    pub admin: Option<AdminListener>,
+}
+
+/// The admin API's own listener and the token it requires.
+#[derive(Debug)]
+pub struct AdminListener {
+    /// Bound by the caller, so that it can report the address.
+    pub listener: TcpListener,
+    /// The bearer token.
+    pub token: AdminToken,
+}
+
+/// Serves `config` on `listener` until `shutdown` resolves, then drains;
+/// the retention purge runs alongside. No admin API.
 pub async fn serve(
     config: &GatewayConfig,
     store: Arc<dyn Store>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(config, store, listener, ServeOptions::default(), shutdown).await
+}
+
+/// [`serve`], plus the admin API and shared metrics of `options`. On
+/// `shutdown` the proxy drains its in-flight requests, the admin API
+/// finishes its own, and the purge stops between two batches.
+pub async fn serve_with(
+    config: &GatewayConfig,
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let metrics = options.metrics.unwrap_or_default();
+    // Dropping the sender stops everything as surely as sending `true`:
+    // the proxy's shutdown future owns it.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let purge = tokio::spawn(purge::run(
+        store.clone(),
+        metrics.clone(),
+        config.purge_interval,
+        stop_rx.clone(),
+    ));
+    let admin = options.admin.map(|admin| {
+        let app = admin::router(store.clone(), metrics.clone(), admin.token);
+        let stopped = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            axum::serve(admin.listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+        })
+    });
     let proxy = Proxy::new(
         config.upstream.clone(),
         config.connect_timeout,
         config.response_timeout,
     );
-    let layer =
-        IdempotencyLayer::new(store, config.routes.clone()).with_owner(config.owner.clone());
-    let service = layer.layer(proxy);
-    let app = axum::Router::new().fallback_service(service);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let layer = IdempotencyLayer::new(store, config.routes.clone())
+        .with_owner(config.owner.clone())
+        .with_metrics(metrics);
+    let app = axum::Router::new().fallback_service(layer.layer(proxy));
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await;
+    if let Err(e) = purge.await {
+        tracing::error!(error = %e, "the retention purge task failed");
+    }
+    let admin_served = match admin {
+        Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        None => Ok(()),
+    };
+    served.and(admin_served)
+}
+
+/// Resolves once `stop` is true or its sender is gone.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

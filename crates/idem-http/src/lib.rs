@@ -7,6 +7,8 @@
 //! then either calls the inner service exactly once and records its answer,
 //! or answers itself: a replay of the stored result, or an RFC 9457 problem.
 //! The inner service's failures become responses, never new error types.
+//! Every decision is counted in [`Metrics`] (share one `Arc<Metrics>` with
+//! [`IdempotencyLayer::with_metrics`] and serve [`Metrics::render`]).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -39,12 +41,16 @@
 //! ```
 
 mod completion;
+mod metrics;
 mod problem;
 mod request;
 mod route;
 mod service;
 
 pub use completion::{AttemptOutcome, Completion, CompletionPolicy, CompletionSpec};
+pub use metrics::{
+    ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
+};
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind};
 pub use request::ANONYMOUS;
 pub use route::{

@@ -1,10 +1,12 @@
 //! The middleware in tower's shape: [`IdempotencyLayer`] builds
-//! [`Idempotency<S>`], whose future runs one request through the contract.
+//! [`Idempotency<S>`], whose future runs one request through the contract
+//! and records every decision it makes in [`Metrics`].
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, header};
@@ -14,6 +16,7 @@ use idem_core::{Claim, ClaimRequest, Record, RecordId, Store, StoreError, Stored
 use tower::{Layer, Service};
 
 use crate::completion::{AttemptOutcome, Completion};
+use crate::metrics::{Metrics, StoreOp};
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
@@ -40,20 +43,24 @@ pub struct Idempotency<S> {
     shared: Arc<Shared>,
 }
 
+#[derive(Clone)]
 struct Shared {
     store: Arc<dyn Store>,
     routes: Vec<Route>,
     owner: String,
+    metrics: Arc<Metrics>,
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` protecting `routes` (first match wins).
+    /// A layer over `store` protecting `routes` (first match wins). It counts
+    /// into metrics of its own until [`IdempotencyLayer::with_metrics`].
     pub fn new(store: Arc<dyn Store>, routes: Vec<Route>) -> IdempotencyLayer {
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 store,
                 routes,
                 owner: format!("idem-{}", std::process::id()),
+                metrics: Arc::default(),
             }),
         }
     }
@@ -61,11 +68,24 @@ impl IdempotencyLayer {
     /// Sets the owner label written on records this layer acquires (a node
     /// name helps an operator tell which gateway held a record).
     pub fn with_owner(self, owner: impl Into<String>) -> IdempotencyLayer {
-        let shared = Shared {
-            store: self.shared.store.clone(),
-            routes: self.shared.routes.clone(),
-            owner: owner.into(),
-        };
+        let owner = owner.into();
+        self.edit(|shared| shared.owner = owner)
+    }
+
+    /// Counts every decision into `metrics`, shared with whatever renders
+    /// them (the gateway's admin API, your own `/metrics` handler).
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> IdempotencyLayer {
+        self.edit(|shared| shared.metrics = metrics)
+    }
+
+    /// The metrics this layer counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    fn edit(self, change: impl FnOnce(&mut Shared)) -> IdempotencyLayer {
+        let mut shared = Shared::clone(&self.shared);
+        change(&mut shared);
         IdempotencyLayer {
             shared: Arc::new(shared),
         }
@@ -113,7 +133,14 @@ where
                 .iter()
                 .find(|r| r.matches(req.method(), req.uri().path()));
             match route {
-                Some(route) => Ok(protect(&shared, route, inner, req).await),
+                Some(route) => {
+                    let response = protect(&shared, route, inner, req).await;
+                    // Problems made here and by the proxy carry their kind.
+                    if let Some(kind) = response.extensions().get::<ProblemKind>() {
+                        shared.metrics.problem(*kind);
+                    }
+                    Ok(response)
+                }
                 None => {
                     let mut inner = inner;
                     inner.call(req).await
@@ -144,25 +171,25 @@ where
         Ok(None) if !route.key_required => {
             return match inner.call(req).await {
                 Ok(response) => response,
-                Err(e) => Problem::new(ProblemKind::UpstreamFailed, e.to_string()).into_response(),
+                Err(e) => problem(Problem::new(ProblemKind::UpstreamFailed, e.to_string())),
             };
         }
         Ok(None) => {
             let detail = format!("this route requires the {} header", route.key_header);
-            return Problem::new(ProblemKind::MissingKey, detail).into_response();
+            return problem(Problem::new(ProblemKind::MissingKey, detail));
         }
-        Err(problem) => return problem.into_response(),
+        Err(p) => return problem(p),
     };
     let (mut parts, body) = req.into_parts();
     let body = match read_body(&parts.headers, body, route.body_bytes_max).await {
         Ok(bytes) => bytes,
-        Err(problem) => return problem.into_response(),
+        Err(p) => return problem(p),
     };
     let prepared = request::scope(&parts, route)
         .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)));
     let (scope, fingerprint) = match prepared {
         Ok(found) => found,
-        Err(problem) => return problem.into_response(),
+        Err(p) => return problem(p),
     };
     let claim_request = ClaimRequest {
         id: RecordId { scope, key },
@@ -170,21 +197,57 @@ where
         owner: shared.owner.clone(),
         policy: *route.policy(),
     };
-    let claim = match shared.store.claim(&claim_request).await {
-        Ok(claim) => claim,
-        Err(e) => return store_unavailable(&claim_request.id, &e).into_response(),
-    };
+    let claimed = timed(
+        &shared.metrics,
+        StoreOp::Claim,
+        shared.store.claim(&claim_request),
+    )
+    .await;
     let id = &claim_request.id;
+    let claim = match claimed {
+        Ok(claim) => claim,
+        Err(e) => return problem(store_unavailable(id, &e)),
+    };
+    shared.metrics.claim(&claim);
     match claim {
         Claim::Acquired { token, .. } => {
             forward_key(&mut parts.headers, route, id);
             let req = Request::from_parts(parts, ReqBody::from(body));
+            let started = Instant::now();
             let outcome = inner.call(req).await;
+            shared.metrics.observe_upstream(started.elapsed());
             finish(shared, route, id, token, outcome).await
         }
         Claim::Replay { record } => replay(&record),
-        other => refusal(route, id, other).into_response(),
+        other => problem(refusal(route, id, other)),
     }
+}
+
+/// The response for a problem this layer answers, tagged with its kind so
+/// that it is counted once, where every protected response passes.
+fn problem<B: From<Bytes>>(problem: Problem) -> Response<B> {
+    let kind = problem.kind;
+    let mut response: Response<B> = problem.into_response();
+    response.extensions_mut().insert(kind);
+    response
+}
+
+/// Runs one store operation, timing it and counting its failure: a fenced
+/// write apart from every other store error.
+async fn timed<T>(
+    metrics: &Metrics,
+    op: StoreOp,
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let outcome = operation.await;
+    metrics.observe_store(op, started.elapsed());
+    match &outcome {
+        Err(StoreError::Fenced { .. }) => metrics.fenced_write(),
+        Err(_) => metrics.store_error(),
+        Ok(_) => {}
+    }
+    outcome
 }
 
 /// Reads the body up to `limit`: 413 on a declared or actual excess.
@@ -249,8 +312,9 @@ where
         Ok(response) => response,
         Err(e) => {
             let completion = route.completion.classify_failure(AttemptOutcome::Lost);
-            settle(shared, id, token, completion).await;
-            return Problem::new(ProblemKind::UpstreamFailed, e.to_string()).into_response();
+            let cause = format!("the inner service failed: {e}");
+            settle(shared, id, token, completion, &cause).await;
+            return problem(Problem::new(ProblemKind::UpstreamFailed, e.to_string()));
         }
     };
     let completion = match response.extensions().get::<AttemptOutcome>() {
@@ -258,7 +322,11 @@ where
         None => route.completion.classify(response.status()),
     };
     if completion != Completion::Final {
-        settle(shared, id, token, completion).await;
+        let cause = match response.extensions().get::<ProblemKind>() {
+            Some(kind) => kind.slug().to_owned(),
+            None => format!("upstream answered {}", response.status().as_u16()),
+        };
+        settle(shared, id, token, completion, &cause).await;
         return response;
     }
     let (parts, body) = response.into_parts();
@@ -279,9 +347,19 @@ where
             None,
         ),
     };
-    match shared.store.complete(id, token, result.clone()).await {
+    let completed = timed(
+        &shared.metrics,
+        StoreOp::Complete,
+        shared.store.complete(id, token, result.clone()),
+    )
+    .await;
+    match completed {
         Ok(_) => {
+            shared.metrics.completion(Completion::Final);
             tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed")
+        }
+        Err(e @ StoreError::Fenced { .. }) => {
+            tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "the result was not recorded: a newer attempt owns the record (fenced)")
         }
         Err(e) => {
             tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not record the result; the record will become ambiguous when its lease ends")
@@ -295,21 +373,34 @@ where
 
 /// Releases or marks ambiguous; failures leave the record in progress,
 /// which the lease turns into `ambiguous`: never into a blind re-execution.
-async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Completion) {
+/// `cause` (what the upstream did) goes into the log for the operator.
+async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Completion, cause: &str) {
+    let metrics = &shared.metrics;
     let outcome = match completion {
-        Completion::Release => shared.store.release(id, token).await.map(|_| "released"),
-        Completion::Unknown => shared
-            .store
-            .mark_ambiguous(id, token)
-            .await
-            .map(|_| "ambiguous"),
+        Completion::Release => {
+            let released = shared.store.release(id, token);
+            timed(metrics, StoreOp::Release, released).await
+        }
+        Completion::Unknown => {
+            let marked = shared.store.mark_ambiguous(id, token);
+            timed(metrics, StoreOp::MarkAmbiguous, marked)
+                .await
+                .map(|_| ())
+        }
         Completion::Final => return,
     };
     match outcome {
-        Ok("ambiguous") => {
-            tracing::warn!(scope = %id.scope, key = %id.key, "outcome unknown; the record awaits reconciliation")
+        Ok(()) => {
+            metrics.completion(completion);
+            if completion == Completion::Unknown {
+                tracing::warn!(scope = %id.scope, key = %id.key, cause, "outcome unknown; the record awaits reconciliation");
+            } else {
+                tracing::debug!(scope = %id.scope, key = %id.key, cause, "released");
+            }
         }
-        Ok(what) => tracing::debug!(scope = %id.scope, key = %id.key, "{what}"),
+        Err(e @ StoreError::Fenced { .. }) => {
+            tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "the record was not settled: a newer attempt owns it (fenced)")
+        }
         Err(e) => {
             tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not settle the record")
         }
@@ -359,8 +450,10 @@ fn replay<B: From<Bytes>>(record: &Record) -> Response<B> {
         Some(result) => stored_response(result, true),
         // A completed record always carries its result; a missing one means
         // the store lost it, which must not be answered as a fresh success.
-        None => Problem::new(ProblemKind::ResultNotStored, "the stored result is missing")
-            .into_response(),
+        None => problem(Problem::new(
+            ProblemKind::ResultNotStored,
+            "the stored result is missing",
+        )),
     }
 }
 
@@ -403,8 +496,13 @@ fn refusal(route: &Route, id: &RecordId, claim: Claim) -> Problem {
             "the outcome of an earlier request with this key is unknown and is being reconciled; nothing was executed",
         )
         .retry_after(lease_s),
-        Claim::Expired { .. } => {
-            tracing::warn!(scope = %id.scope, key = %id.key, "late replay after retention refused");
+        Claim::Expired { completed_at, .. } => {
+            tracing::warn!(
+                scope = %id.scope,
+                key = %id.key,
+                completed_at_ms = completed_at.map(|t| t.as_millis()),
+                "late replay after retention refused; nothing was executed"
+            );
             Problem::new(
                 ProblemKind::KeyExpired,
                 "this key is past its retention; the request was not executed. Use a new key only if this is a new intent",
@@ -425,4 +523,158 @@ fn store_unavailable(id: &RecordId, e: &StoreError) -> Problem {
         format!("the idempotency store did not answer ({e}); nothing was forwarded"),
     )
     .retry_after(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::ClaimDecision;
+    use http_body_util::Full;
+    use idem_core::{
+        ClaimRequest, ListQuery, MemoryStore, PurgeReport, Resolution, StoreFuture, SystemClock,
+    };
+    use tower::{ServiceExt, service_fn};
+
+    /// A memory store whose completions are always fenced: as if a newer
+    /// attempt had taken the record over while this one ran.
+    struct FencedStore(MemoryStore);
+
+    impl Store for FencedStore {
+        fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
+            self.0.claim(req)
+        }
+        fn complete<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+            _result: StoredResult,
+        ) -> StoreFuture<'a, Record> {
+            Box::pin(std::future::ready(Err(StoreError::Fenced {
+                id: id.clone(),
+                presented: token,
+                current: None,
+            })))
+        }
+        fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
+            self.0.release(id, token)
+        }
+        fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
+            self.0.mark_ambiguous(id, token)
+        }
+        fn resolve<'a>(
+            &'a self,
+            id: &'a RecordId,
+            resolution: Resolution,
+        ) -> StoreFuture<'a, Option<Record>> {
+            self.0.resolve(id, resolution)
+        }
+        fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
+            self.0.get(id)
+        }
+        fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+            self.0.list(query)
+        }
+        fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
+            self.0.purge(limit)
+        }
+    }
+
+    /// Sends `(path, key, body)` through a layer over an upstream that
+    /// answers 500 on `/fail` and 201 elsewhere; returns the statuses.
+    async fn drive(
+        store: Arc<dyn Store>,
+        requests: &[(&str, Option<&str>, &str)],
+    ) -> (Vec<u16>, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let layer = IdempotencyLayer::new(store, vec![Route::default_catch_all()])
+            .with_metrics(metrics.clone());
+        assert!(Arc::ptr_eq(layer.metrics(), &metrics));
+        let upstream = service_fn(|req: Request<Full<Bytes>>| async move {
+            let status = if req.uri().path() == "/fail" {
+                500
+            } else {
+                201
+            };
+            let mut res = Response::new(Full::new(Bytes::from_static(b"{\"paid\":true}")));
+            *res.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+            Ok::<_, std::convert::Infallible>(res)
+        });
+        let service = layer.layer(upstream);
+        let mut statuses = Vec::new();
+        for (path, key, body) in requests {
+            let mut req = Request::post(*path).header("content-type", "application/json");
+            if let Some(key) = key {
+                req = req.header("idempotency-key", *key);
+            }
+            let req = req
+                .body(Full::new(Bytes::from(body.to_string())))
+                .unwrap_or_default();
+            let res = service.clone().oneshot(req).await;
+            statuses.push(res.map(|r| r.status().as_u16()).unwrap_or(0));
+        }
+        (statuses, metrics)
+    }
+
+    fn series(metrics: &Metrics, series: &str) -> Option<u64> {
+        metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test]
+    async fn every_decision_is_counted() {
+        let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+        let (statuses, m) = drive(
+            store,
+            &[
+                ("/payouts", Some("k1"), "{\"a\":1}"),
+                ("/payouts", Some("k1"), "{\"a\":1}"),
+                ("/payouts", Some("k1"), "{\"a\":2}"),
+                ("/payouts", None, "{}"),
+                ("/fail", Some("k2"), "{}"),
+                ("/fail", Some("k2"), "{}"),
+            ],
+        )
+        .await;
+        assert_eq!(statuses, [201, 201, 422, 400, 500, 409]);
+        let expect = [
+            ("idem_claims_total{decision=\"acquired\"}", 2),
+            ("idem_claims_total{decision=\"replay\"}", 1),
+            ("idem_claims_total{decision=\"mismatch\"}", 1),
+            ("idem_claims_total{decision=\"outcome_unknown\"}", 1),
+            ("idem_problems_total{type=\"key-reused\"}", 1),
+            ("idem_problems_total{type=\"missing-key\"}", 1),
+            ("idem_problems_total{type=\"outcome-unknown\"}", 1),
+            ("idem_completions_total{outcome=\"final\"}", 1),
+            ("idem_completions_total{outcome=\"ambiguous\"}", 1),
+            ("idem_marked_ambiguous_total", 1),
+            ("idem_fenced_writes_total", 0),
+            ("idem_store_seconds_count{op=\"claim\"}", 5),
+            ("idem_store_seconds_count{op=\"complete\"}", 1),
+            ("idem_store_seconds_count{op=\"mark_ambiguous\"}", 1),
+            ("idem_upstream_seconds_count", 2),
+        ];
+        for (name, want) in expect {
+            assert_eq!(series(&m, name), Some(want), "{name}");
+        }
+        assert_eq!(m.claims(ClaimDecision::InFlight), 0);
+    }
+
+    #[tokio::test]
+    async fn a_fenced_completion_is_counted_and_not_a_completion() {
+        let store = Arc::new(FencedStore(MemoryStore::new(Arc::new(SystemClock))));
+        let (statuses, m) = drive(store, &[("/payouts", Some("k1"), "{}")]).await;
+        assert_eq!(
+            statuses,
+            [201],
+            "the caller still gets the upstream's answer"
+        );
+        assert_eq!(m.fenced_writes(), 1);
+        assert_eq!(
+            series(&m, "idem_completions_total{outcome=\"final\"}"),
+            Some(0)
+        );
+        assert_eq!(series(&m, "idem_store_errors_total"), Some(0));
+    }
 }

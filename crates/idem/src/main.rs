@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::records::{ListArgs, ShowArgs};
+use crate::records::{ListArgs, ResolveArgs, ShowArgs};
 
 /// idem makes "this business effect happens once" a contract that can be
 /// stated, enforced, inspected and tested.
@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
     Serve(serve::ServeArgs),
-    /// Inspect idempotency records in a store.
+    /// Inspect idempotency records in a store, and resolve ambiguous ones.
     #[command(subcommand)]
     Records(RecordsCommand),
 }
@@ -35,6 +35,9 @@ enum RecordsCommand {
     List(ListArgs),
     /// Show one record in full.
     Show(ShowArgs),
+    /// Resolve an ambiguous record by hand: completed (store its result) or
+    /// not executed (remove it so a retry runs).
+    Resolve(ResolveArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Records(RecordsCommand::List(args)) => records::list(args).await,
             Command::Records(RecordsCommand::Show(args)) => records::show(args).await,
+            Command::Records(RecordsCommand::Resolve(args)) => records::resolve(args).await,
         }
     });
     match outcome {

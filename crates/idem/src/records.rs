@@ -1,14 +1,17 @@
 //! `idem records …`: what an operator sees of the records in a store, as a
-//! table for people or JSON for machines.
+//! table for people or JSON for machines, and the resolution of an
+//! ambiguous record by hand.
 
 use std::io::Write as _;
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::{ArgGroup, Args, ValueEnum};
 use idem_core::{
-    Clock, IdempotencyKey, ListQuery, Record, RecordId, Scope, State, SystemClock, Timestamp,
+    Clock, IdempotencyKey, ListQuery, Outcome, RecordId, Resolution, Scope, State, StoreError,
+    StoredResult, SystemClock,
 };
-use serde::Serialize;
+use idem_gateway::{RecordView, outcome_name};
 
 use crate::store_url::{DEFAULT_STORE, StoreUrl};
 
@@ -54,6 +57,44 @@ pub struct ShowArgs {
     format: Format,
 }
 
+/// `idem records resolve SCOPE KEY (--completed … | --not-executed) --reason TEXT`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("outcome").required(true).args(["completed", "not_executed"])))]
+pub struct ResolveArgs {
+    /// The scope, exactly as `records list` prints it.
+    scope: String,
+    /// The idempotency key.
+    key: String,
+    /// The effect happened: store the result given by --status, --header and
+    /// --body, and replay it to every retry.
+    #[arg(long)]
+    completed: bool,
+    /// The effect did not happen: remove the record so that the next retry
+    /// runs the request.
+    #[arg(long)]
+    not_executed: bool,
+    /// Status of the stored result (with --completed).
+    #[arg(long, conflicts_with = "not_executed", default_value_t = 200,
+          value_parser = clap::value_parser!(u16).range(100..=599))]
+    status: u16,
+    /// File holding the stored body (with --completed); `-` reads stdin.
+    #[arg(long, conflicts_with = "not_executed", value_name = "FILE")]
+    body: Option<PathBuf>,
+    /// A stored header, NAME:VALUE (with --completed); repeat for more.
+    #[arg(long = "header", conflicts_with = "not_executed", value_name = "NAME:VALUE",
+          value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// Why you resolve it this way; kept on a completed record.
+    #[arg(long)]
+    reason: String,
+    /// Who resolves it [default: operator:$USER].
+    #[arg(long)]
+    by: Option<String>,
+    /// The store, as a URL.
+    #[arg(long, default_value = DEFAULT_STORE)]
+    store: String,
+}
+
 /// Lists records.
 pub async fn list(args: ListArgs) -> anyhow::Result<()> {
     let url = StoreUrl::parse(&args.store)?;
@@ -87,12 +128,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
 /// Shows one record.
 pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
     let url = StoreUrl::parse(&args.store)?;
-    let id = RecordId {
-        scope: Scope::new(args.scope.clone())
-            .with_context(|| format!("invalid scope {:?}", args.scope))?,
-        key: IdempotencyKey::parse(&args.key)
-            .with_context(|| format!("invalid key {:?}", args.key))?,
-    };
+    let id = record_id(&args.scope, &args.key)?;
     let Some(store) = url.open_existing()? else {
         bail!(
             "{url} does not exist; no record for scope {:?} key {:?}",
@@ -120,82 +156,105 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Resolves an ambiguous record by hand, and says what it did.
+pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
+    let url = StoreUrl::parse(&args.store)?;
+    let id = record_id(&args.scope, &args.key)?;
+    let (scope, key) = (&args.scope, &args.key);
+    if args.reason.trim().is_empty() {
+        bail!("--reason must not be empty: say why you resolve it this way");
+    }
+    let by = args.by.clone().unwrap_or_else(default_actor);
+    if by.trim().is_empty() {
+        bail!("--by must not be empty");
+    }
+    let outcome = if args.completed {
+        let body = match &args.body {
+            Some(path) => read_body(path)?,
+            None => Vec::new(),
+        };
+        let result = StoredResult::new(args.status, args.headers.clone(), body)
+            .context("the result cannot be stored")?;
+        Outcome::Completed { result }
+    } else {
+        Outcome::NotExecuted
+    };
+    let resolution =
+        Resolution::new(outcome, &by, &args.reason).context("the resolution is refused")?;
+    let Some(store) = url.open_existing()? else {
+        bail!("{url} does not exist; no record for scope {scope:?} key {key:?}");
+    };
+    let outcome = outcome_name(&resolution.outcome);
+    match store.resolve(&id, resolution).await {
+        Ok(Some(record)) => {
+            let (status, bytes) = record
+                .result
+                .as_ref()
+                .map_or((0, 0), |r| (r.status(), r.body().len()));
+            println!(
+                "resolved scope {scope:?} key {key:?} as {outcome} by {by}: \
+                 retries now get the stored result (status {status}, {bytes} body bytes)"
+            );
+        }
+        Ok(None) => println!(
+            "resolved scope {scope:?} key {key:?} as {outcome} by {by}: \
+             the record is removed; the next retry runs the request"
+        ),
+        Err(StoreError::NotFound { .. }) => {
+            bail!("no record for scope {scope:?} key {key:?} in {url}; nothing was resolved")
+        }
+        Err(StoreError::WrongState { state, .. }) => bail!(
+            "the record for scope {scope:?} key {key:?} is {state}, not ambiguous; \
+             only an ambiguous record can be resolved, nothing was changed"
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot resolve in {url}")),
+    }
+    Ok(())
+}
+
+fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
+    Ok(RecordId {
+        scope: Scope::new(scope.to_owned()).with_context(|| format!("invalid scope {scope:?}"))?,
+        key: IdempotencyKey::parse(key).with_context(|| format!("invalid key {key:?}"))?,
+    })
+}
+
+/// `operator:$USER`, or `operator` when `USER` is unset.
+fn default_actor() -> String {
+    match std::env::var("USER") {
+        Ok(user) if !user.trim().is_empty() => format!("operator:{user}"),
+        _ => "operator".to_owned(),
+    }
+}
+
+/// The body for `--body FILE` (`-`: stdin), read no further than one byte
+/// past what can be stored, so that a wrong file is refused quickly.
+fn read_body(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let limit = idem_core::RESULT_BODY_BYTES_MAX as u64 + 1;
+    let mut body = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .take(limit)
+            .read_to_end(&mut body)
+            .context("cannot read the body from stdin")?;
+    } else {
+        std::fs::File::open(path)
+            .and_then(|f| f.take(limit).read_to_end(&mut body))
+            .with_context(|| format!("cannot read --body {}", path.display()))?;
+    }
+    Ok(body)
+}
+
+fn parse_header(raw: &str) -> Result<(String, String), String> {
+    let Some((name, value)) = raw.split_once(':') else {
+        return Err(format!("{raw:?} is not NAME:VALUE"));
+    };
+    idem_gateway::result_header(name, value)
+}
+
 fn parse_state(raw: &str) -> Result<State, String> {
     raw.parse()
-}
-
-/// A record as shown: the state as of now, times in RFC 3339, bodies as text.
-#[derive(Debug, Serialize)]
-struct RecordView {
-    scope: String,
-    key: String,
-    state: State,
-    token: u64,
-    owner: String,
-    fingerprint: String,
-    created_at: String,
-    lease_until: String,
-    completed_at: Option<String>,
-    expires_at: Option<String>,
-    tombstone_until: Option<String>,
-    result: Option<ResultView>,
-    resolution: Option<ResolutionView>,
-}
-
-#[derive(Debug, Serialize)]
-struct ResultView {
-    status: u16,
-    headers: Vec<(String, String)>,
-    /// The body as UTF-8 text when it is text, otherwise absent.
-    body: Option<String>,
-    /// The body as lowercase hex when it is not UTF-8.
-    body_hex: Option<String>,
-    body_bytes: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct ResolutionView {
-    outcome: &'static str,
-    by: String,
-    reason: String,
-    at: Option<String>,
-}
-
-impl RecordView {
-    fn new(r: &Record, now: Timestamp) -> RecordView {
-        RecordView {
-            scope: r.id.scope.to_string(),
-            key: r.id.key.to_string(),
-            state: r.state_at(now),
-            token: r.token.0,
-            owner: r.owner.clone(),
-            fingerprint: r.fingerprint.to_hex(),
-            created_at: rfc3339(r.created_at),
-            lease_until: rfc3339(r.lease_until),
-            completed_at: r.completed_at.map(rfc3339),
-            expires_at: r.expires_at.map(rfc3339),
-            tombstone_until: r.tombstone_until.map(rfc3339),
-            result: r.result.as_ref().map(|res| {
-                let text = std::str::from_utf8(res.body()).ok().map(str::to_owned);
-                ResultView {
-                    status: res.status(),
-                    headers: res.headers().to_vec(),
-                    body_hex: text.is_none().then(|| hex(res.body())),
-                    body: text,
-                    body_bytes: res.body().len(),
-                }
-            }),
-            resolution: r.resolution.as_ref().map(|res| ResolutionView {
-                outcome: match res.outcome {
-                    idem_core::Outcome::Completed { .. } => "completed",
-                    idem_core::Outcome::NotExecuted => "not_executed",
-                },
-                by: res.by.clone(),
-                reason: res.reason.clone(),
-                at: res.at.map(rfc3339),
-            }),
-        }
-    }
 }
 
 fn write_table(out: &mut impl std::io::Write, views: &[RecordView]) -> anyhow::Result<()> {
@@ -277,49 +336,4 @@ fn write_details(out: &mut impl std::io::Write, v: &RecordView) -> anyhow::Resul
         )?;
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `2026-11-29T09:00:00.123Z` from milliseconds since the epoch (UTC; the
-/// civil-from-days algorithm of H. Hinnant, so no date crate is needed).
-fn rfc3339(t: Timestamp) -> String {
-    let ms = t.as_millis();
-    let (days, ms_of_day) = ((ms / 86_400_000) as i64, ms % 86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s, milli) = (
-        ms_of_day / 3_600_000,
-        ms_of_day / 60_000 % 60,
-        ms_of_day / 1000 % 60,
-        ms_of_day % 1000,
-    );
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats_timestamps_as_rfc3339() {
-        let cases = [
-            (0, "1970-01-01T00:00:00.000Z"),
-            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
-            (1_796_029_200_123, "2026-11-30T09:00:00.123Z"),
-            (4_102_444_799_999, "2099-12-31T23:59:59.999Z"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(rfc3339(Timestamp::from_millis(ms)), want);
-        }
-    }
 }

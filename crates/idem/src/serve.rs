@@ -1,11 +1,12 @@
-//! `idem serve`: loads the configuration, opens the store, binds, and runs
-//! the gateway until SIGTERM.
+//! `idem serve`: loads the configuration, opens the store, binds the proxy
+//! and (when configured) the admin API, and runs the gateway until SIGTERM.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use idem_gateway::{GatewayConfig, Overrides};
+use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
 
 use crate::store_url::StoreUrl;
 
@@ -24,6 +25,10 @@ pub struct ServeArgs {
     /// TOML file declaring routes and settings; command-line values win.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Address of the admin API, e.g. 127.0.0.1:9090 [default: off]. Its
+    /// bearer token is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
+    #[arg(long)]
+    admin_listen: Option<String>,
 }
 
 /// Runs the gateway.
@@ -33,7 +38,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         upstream: args.upstream,
         store: args.store,
     };
-    let config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    let mut config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    if let Some(addr) = &args.admin_listen {
+        config.set_admin_listen(addr)?;
+    }
+    // The token is checked before anything is opened or bound: a gateway
+    // whose admin API cannot start does not start at all.
+    let admin_token = match config.admin_listen {
+        Some(_) => Some(config.admin_token(|name| std::env::var(name).ok())?),
+        None => None,
+    };
     let url = StoreUrl::parse(&config.store)?;
     let store = url.open()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -42,16 +56,43 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let local_addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
+    let admin = match (config.admin_listen, admin_token) {
+        (Some(addr), Some(token)) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (admin_listen)"))?;
+            Some(AdminListener { listener, token })
+        }
+        _ => None,
+    };
     tracing::info!(
         %local_addr,
         upstream = %config.upstream,
         store = %url,
         routes = config.routes.len(),
+        purge_interval_s = config.purge_interval.as_secs(),
         "idem gateway listening"
     );
-    idem_gateway::serve(&config, store, listener, idem_gateway::shutdown_signal())
-        .await
-        .context("the gateway stopped with an error")?;
+    if let Some(admin) = &admin {
+        let admin_addr = admin
+            .listener
+            .local_addr()
+            .context("cannot read the admin API's bound address")?;
+        tracing::info!(%admin_addr, token_env = %config.admin_token_env, "admin API listening");
+    }
+    let options = ServeOptions {
+        metrics: Some(Arc::default()),
+        admin,
+    };
+    idem_gateway::serve_with(
+        &config,
+        store,
+        listener,
+        options,
+        idem_gateway::shutdown_signal(),
+    )
+    .await
+    .context("the gateway stopped with an error")?;
     tracing::info!("stopped; every in-flight request finished");
     Ok(())
 }

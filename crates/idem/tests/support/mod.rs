@@ -279,16 +279,9 @@ pub fn client() -> Client<HttpConnector, Body> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
-/// POSTs `body` as JSON with the given extra headers.
-pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut req = axum::http::Request::post(url).header("content-type", "application/json");
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let response = client()
-        .request(req.body(Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
+/// Sends one request and reads the whole answer (minus `Date`).
+async fn exchange(req: axum::http::Request<Body>) -> Reply {
+    let response = client().request(req).await.unwrap();
     let status = response.status().as_u16();
     let headers = response
         .headers()
@@ -302,6 +295,15 @@ pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
     }
+}
+
+/// POSTs `body` as JSON with the given extra headers.
+pub async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut req = axum::http::Request::post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    exchange(req.body(Body::from(body.to_owned())).unwrap()).await
 }
 
 pub fn key(k: &str) -> (&'static str, &str) {
@@ -387,4 +389,103 @@ impl Drop for PgSchema {
     fn drop(&mut self) {
         let _ = self.execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
     }
+}
+
+// ---- Operations: the admin API, the CLI, metrics ----
+
+impl Gateway {
+    /// Starts `idem serve` with the admin API on an ephemeral port, its
+    /// token in `IDEM_ADMIN_TOKEN`; returns the gateway and the admin address.
+    pub fn start_admin(
+        upstream: &str,
+        store: &Path,
+        config: Option<&Path>,
+        token: &str,
+    ) -> (Gateway, SocketAddr) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .arg("--store")
+            .arg(format!("sqlite://{}", store.display()))
+            .env("IDEM_LOG", "info")
+            .env("IDEM_ADMIN_TOKEN", token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        let mut child = cmd.spawn().expect("spawn idem serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                for field in ["local_addr=", "admin_addr="] {
+                    if let Some(rest) = line.split(field).nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                        let _ = tx.send((field, addr));
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let (mut addr, mut admin) = (None, None);
+        while addr.is_none() || admin.is_none() {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(("local_addr=", a)) => addr = Some(a.parse().unwrap()),
+                Ok((_, a)) => admin = Some(a.parse().unwrap()),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("idem serve did not start: {:#?}", log.lock().unwrap());
+                }
+            }
+        }
+        let gateway = Gateway {
+            addr: addr.unwrap(),
+            child,
+            log,
+        };
+        (gateway, admin.unwrap())
+    }
+}
+
+/// Any request; `body` is sent as JSON when it is not empty.
+pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut req = axum::http::Request::builder().method(method).uri(url);
+    if !body.is_empty() {
+        req = req.header("content-type", "application/json");
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    exchange(req.body(Body::from(body.to_owned())).unwrap()).await
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters: one
+/// path segment of the admin API.
+pub fn segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Runs the `idem` command to completion.
+pub fn idem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The value of one series in a Prometheus text page, e.g.
+/// `idem_claims_total{decision="replay"}`.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }

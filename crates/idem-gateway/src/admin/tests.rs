@@ -1,0 +1,343 @@
+//! The admin API in-process, over a memory store: authentication first,
+//! then every endpoint and every refusal.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use idem_core::{
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, MemoryStore, Policy, RecordId, Scope, Store,
+    SystemClock,
+};
+use idem_http::Metrics;
+use tower::ServiceExt;
+
+use super::*;
+
+const TOKEN: &str = "0123456789abcdef-admin";
+
+struct Fixture {
+    store: Arc<MemoryStore>,
+    metrics: Arc<Metrics>,
+    app: axum::Router,
+}
+
+fn fixture() -> Fixture {
+    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+    let metrics = Arc::new(Metrics::new());
+    let token = AdminToken::new(TOKEN).unwrap();
+    let app = router(store.clone(), metrics.clone(), token);
+    Fixture {
+        store,
+        metrics,
+        app,
+    }
+}
+
+fn id(scope: &str, key: &str) -> RecordId {
+    RecordId {
+        scope: Scope::new(scope).unwrap(),
+        key: IdempotencyKey::parse(key).unwrap(),
+    }
+}
+
+/// An ambiguous record: acquired, then its outcome unknown.
+async fn ambiguous(store: &MemoryStore, id: &RecordId) {
+    let req = ClaimRequest {
+        id: id.clone(),
+        fingerprint: Fingerprint::from_bytes([3; 32]),
+        owner: "gw-1".into(),
+        policy: Policy::DEFAULT,
+    };
+    let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {
+        panic!("fresh key");
+    };
+    store.mark_ambiguous(id, token).await.unwrap();
+}
+
+/// (status, content-type, body)
+async fn send(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    auth: Option<&str>,
+    body: &str,
+) -> (u16, String, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(auth) = auth {
+        req = req.header("authorization", auth);
+    }
+    let res = app
+        .clone()
+        .oneshot(req.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, ct, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+fn problem_type(body: &str) -> String {
+    let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+    doc["type"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn every_endpoint_needs_the_exact_token() {
+    let f = fixture();
+    let wrong = [
+        None,
+        Some("".to_owned()),
+        Some(TOKEN.to_owned()),
+        Some(format!("Basic {TOKEN}")),
+        Some("Bearer 0123456789abcdef-admiN".to_owned()),
+        Some("Bearer 0123456789abcdef-admin-and-more".to_owned()),
+        Some("Bearer 0123456789abcdef".to_owned()),
+        Some("Bearer ".to_owned()),
+    ];
+    for path in ["/metrics", "/records", "/records/a/b", "/nowhere"] {
+        for auth in &wrong {
+            let (status, ct, body) = send(&f.app, "GET", path, auth.as_deref(), "").await;
+            assert_eq!(status, 401, "{path} {auth:?}");
+            assert_eq!(ct, "application/problem+json");
+            assert_eq!(problem_type(&body), "urn:idem:problem:unauthorized");
+        }
+    }
+    let lower = format!("bearer {TOKEN}");
+    let (status, ct, body) = send(&f.app, "GET", "/metrics", Some(&lower), "").await;
+    assert_eq!((status, ct.as_str()), (200, METRICS_CONTENT_TYPE));
+    assert!(body.contains("# TYPE idem_claims_total counter"));
+}
+
+#[tokio::test]
+async fn lists_shows_and_resolves_records() {
+    let f = fixture();
+    let (scope, key) = ("POST /payouts|anonymous", "p/1 x");
+    let rid = id(scope, "p/1x");
+    ambiguous(&f.store, &rid).await;
+    let auth = bearer();
+    let auth = Some(auth.as_str());
+
+    let (status, _, body) =
+        send(&f.app, "GET", "/records?state=ambiguous&limit=10", auth, "").await;
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["key"], "p/1x");
+    assert_eq!(list[0]["state"], "ambiguous");
+
+    let path = "/records/POST%20%2Fpayouts%7Canonymous/p%2F1x";
+    let (status, _, body) = send(&f.app, "GET", path, auth, "").await;
+    assert_eq!(status, 200, "{body}");
+    let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (shown["scope"].as_str(), shown["owner"].as_str()),
+        (Some(scope), Some("gw-1"))
+    );
+    let _ = key;
+
+    let resolve = format!("{path}/resolve");
+    let body = r#"{"outcome":"completed","status":201,"headers":[["content-type","application/json"]],"body":"{\"payout\":7}","reason":"provider shows payout 7"}"#;
+    let (status, _, answer) = send(&f.app, "POST", &resolve, auth, body).await;
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["outcome"], "completed");
+    assert_eq!(answer["by"], ADMIN_API_ACTOR);
+    assert_eq!(answer["record"]["state"], "completed");
+    assert_eq!(answer["record"]["result"]["body"], "{\"payout\":7}");
+    assert_eq!(
+        answer["record"]["resolution"]["reason"],
+        "provider shows payout 7"
+    );
+    assert!(
+        f.metrics
+            .render()
+            .contains("idem_resolutions_total{by=\"operator\",outcome=\"completed\"} 1\n")
+    );
+
+    let (status, _, again) = send(&f.app, "POST", &resolve, auth, body).await;
+    assert_eq!(status, 409, "{again}");
+    assert_eq!(problem_type(&again), "urn:idem:problem:not-ambiguous");
+    assert!(again.contains("this one is completed"), "{again}");
+
+    let other = id(scope, "p-2");
+    ambiguous(&f.store, &other).await;
+    let not_executed = r#"{"outcome":"not_executed","reason":"not in the provider's ledger"}"#;
+    let (status, _, answer) = send(
+        &f.app,
+        "POST",
+        "/records/POST%20%2Fpayouts%7Canonymous/p-2/resolve",
+        auth,
+        not_executed,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("\"record\":null"), "{answer}");
+    assert_eq!(f.store.get(&other).await.unwrap(), None, "released");
+}
+
+#[tokio::test]
+async fn refusals_are_problems_that_say_what_to_fix() {
+    let f = fixture();
+    ambiguous(&f.store, &id("s", "k")).await;
+    let auth = bearer();
+    let auth = Some(auth.as_str());
+    let cases: [(&str, &str, &str, u16, &str, &str); 13] = [
+        (
+            "GET",
+            "/records?state=done",
+            "",
+            400,
+            "invalid-request",
+            "query parameter `state`",
+        ),
+        (
+            "GET",
+            "/records?limit=0",
+            "",
+            400,
+            "invalid-request",
+            "query parameter `limit`",
+        ),
+        (
+            "GET",
+            "/records?sort=key",
+            "",
+            400,
+            "invalid-request",
+            "query parameter `sort` is unknown",
+        ),
+        (
+            "GET",
+            "/records?after_key=k",
+            "",
+            400,
+            "invalid-request",
+            "go together",
+        ),
+        (
+            "GET",
+            "/records/s/k%2",
+            "",
+            400,
+            "invalid-request",
+            "path segment key",
+        ),
+        (
+            "GET",
+            "/records/s/bad%20key",
+            "",
+            400,
+            "invalid-request",
+            "path segment key \"bad key\"",
+        ),
+        (
+            "GET",
+            "/records/s/nope",
+            "",
+            404,
+            "record-not-found",
+            "no record for scope \"s\" key \"nope\"",
+        ),
+        (
+            "POST",
+            "/records/s/nope/resolve",
+            r#"{"outcome":"not_executed","reason":"r"}"#,
+            404,
+            "record-not-found",
+            "no record",
+        ),
+        (
+            "POST",
+            "/records/s/k/resolve",
+            "{\"outcome\":",
+            400,
+            "invalid-request",
+            "not valid JSON",
+        ),
+        (
+            "POST",
+            "/records/s/k/resolve",
+            r#"{"outcome":"completed","reason":"r","status":42}"#,
+            400,
+            "invalid-request",
+            "field `status`",
+        ),
+        (
+            "DELETE",
+            "/records/s/k",
+            "",
+            405,
+            "method-not-allowed",
+            "use GET",
+        ),
+        (
+            "GET",
+            "/records/s/k/resolve",
+            "",
+            405,
+            "method-not-allowed",
+            "use POST",
+        ),
+        ("GET", "/", "", 404, "not-found", "GET /records"),
+    ];
+    for (method, path, body, status, slug, detail) in cases {
+        let (got, ct, text) = send(&f.app, method, path, auth, body).await;
+        assert_eq!(got, status, "{method} {path}: {text}");
+        assert_eq!(ct, "application/problem+json", "{method} {path}");
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["type"], format!("urn:idem:problem:{slug}"));
+        assert_eq!(doc["status"], status);
+        let said = doc["detail"].as_str().unwrap();
+        assert!(said.contains(detail), "{method} {path}: {said}");
+    }
+    // Refused resolutions changed nothing.
+    let record = f.store.get(&id("s", "k")).await.unwrap().unwrap();
+    assert_eq!(record.state, idem_core::State::Ambiguous);
+}
+
+#[test]
+fn percent_decoding() {
+    let cases = [
+        ("abc", false, Ok("abc")),
+        ("a%20b%7Cc", false, Ok("a b|c")),
+        ("a+b", false, Ok("a+b")),
+        ("a+b", true, Ok("a b")),
+        ("%e2%82%ac", false, Ok("€")),
+        ("%", false, Err("not followed by two hex digits")),
+        ("%+1", false, Err("not followed by two hex digits")),
+        ("%ff", false, Err("not UTF-8")),
+    ];
+    for (raw, plus, want) in cases {
+        match (percent_decode(raw, plus), want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
+            (Err(e), Err(part)) => assert!(e.contains(part), "{raw}: {e}"),
+            (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn tokens_are_compared_whole() {
+    let token = AdminToken::new("0123456789abcdef").unwrap();
+    assert!(token.matches(b"0123456789abcdef"));
+    for other in [
+        &b""[..],
+        b"0123456789abcde",
+        b"0123456789abcdeF",
+        b"0123456789abcdef0",
+    ] {
+        assert!(!token.matches(other), "{other:?}");
+    }
+    assert_eq!(format!("{token:?}"), "AdminToken(***)");
+}

@@ -1,0 +1,154 @@
+//! A record as an operator sees it: the state as of now, times in RFC 3339,
+//! bodies as text. One shape for `idem records … --format json` and the
+//! admin API, so a script written against one works against the other.
+
+use idem_core::{Outcome, Record, State, Timestamp};
+use serde::Serialize;
+
+/// One record, as shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RecordView {
+    /// The scope, exactly as the store keeps it.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The state at the time of the view (a completed record past
+    /// retention shows as `tombstone` even before the purge ran).
+    pub state: State,
+    /// The fencing token of the latest acquisition.
+    pub token: u64,
+    /// Who acquired the record.
+    pub owner: String,
+    /// The request fingerprint, hex.
+    pub fingerprint: String,
+    /// When it was acquired.
+    pub created_at: String,
+    /// When the lease of the acquisition ends (ended).
+    pub lease_until: String,
+    /// When the effect completed.
+    pub completed_at: Option<String>,
+    /// When the result stops being replayed.
+    pub expires_at: Option<String>,
+    /// When the tombstone is dropped.
+    pub tombstone_until: Option<String>,
+    /// The stored result, if it is still kept.
+    pub result: Option<ResultView>,
+    /// How the record was resolved, if it was ever ambiguous.
+    pub resolution: Option<ResolutionView>,
+}
+
+/// A stored result, as shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ResultView {
+    /// The HTTP status.
+    pub status: u16,
+    /// The replayed headers.
+    pub headers: Vec<(String, String)>,
+    /// The body as UTF-8 text when it is text, otherwise absent.
+    pub body: Option<String>,
+    /// The body as lowercase hex when it is not UTF-8.
+    pub body_hex: Option<String>,
+    /// The body's size.
+    pub body_bytes: usize,
+}
+
+/// A resolution, as shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ResolutionView {
+    /// `completed` or `not_executed`.
+    pub outcome: &'static str,
+    /// Who resolved it.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    pub at: Option<String>,
+}
+
+impl RecordView {
+    /// The view of `r` at `now`.
+    pub fn new(r: &Record, now: Timestamp) -> RecordView {
+        RecordView {
+            scope: r.id.scope.to_string(),
+            key: r.id.key.to_string(),
+            state: r.state_at(now),
+            token: r.token.0,
+            owner: r.owner.clone(),
+            fingerprint: r.fingerprint.to_hex(),
+            created_at: rfc3339(r.created_at),
+            lease_until: rfc3339(r.lease_until),
+            completed_at: r.completed_at.map(rfc3339),
+            expires_at: r.expires_at.map(rfc3339),
+            tombstone_until: r.tombstone_until.map(rfc3339),
+            result: r.result.as_ref().map(|res| {
+                let text = std::str::from_utf8(res.body()).ok().map(str::to_owned);
+                ResultView {
+                    status: res.status(),
+                    headers: res.headers().to_vec(),
+                    body_hex: text.is_none().then(|| hex(res.body())),
+                    body: text,
+                    body_bytes: res.body().len(),
+                }
+            }),
+            resolution: r.resolution.as_ref().map(|res| ResolutionView {
+                outcome: outcome_name(&res.outcome),
+                by: res.by.clone(),
+                reason: res.reason.clone(),
+                at: res.at.map(rfc3339),
+            }),
+        }
+    }
+}
+
+/// `completed` or `not_executed`, as the CLI and the admin API spell it.
+pub fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Completed { .. } => "completed",
+        Outcome::NotExecuted => "not_executed",
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `2026-11-29T09:00:00.123Z` from milliseconds since the epoch (UTC; the
+/// civil-from-days algorithm of H. Hinnant, so no date crate is needed).
+pub fn rfc3339(t: Timestamp) -> String {
+    let ms = t.as_millis();
+    let (days, ms_of_day) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_timestamps_as_rfc3339() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (1_796_029_200_123, "2026-11-30T09:00:00.123Z"),
+            (4_102_444_799_999, "2099-12-31T23:59:59.999Z"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(rfc3339(Timestamp::from_millis(ms)), want);
+        }
+    }
+}
