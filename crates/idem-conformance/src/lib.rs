@@ -22,6 +22,7 @@
 //! runtime. Store crates need no tokio dependency of their own for it.
 
 pub mod cases;
+pub mod checks;
 
 use idem_core::Timestamp;
 
@@ -64,6 +65,12 @@ macro_rules! conformance_suite {
             resolve_completed_stores_result,
             resolve_not_executed_releases,
             resolve_refuses_other_states,
+            resolve_not_executed_is_journaled,
+            resolve_completed_is_journaled,
+            journal_keeps_every_episode_oldest_first,
+            journal_is_bounded_per_record,
+            refused_resolve_journals_nothing,
+            journal_scopes_isolate,
             list_orders_by_scope_then_key,
             list_filters_by_state_at_store_clock,
             list_pages_with_after_cursor,

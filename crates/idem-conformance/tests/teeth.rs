@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use idem_conformance::{START, cases};
 use idem_core::{
-    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, ListQuery, ManualClock, MemoryStore,
-    OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, State, Store, StoreError,
+    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, ManualClock, MemoryStore,
+    OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved, State, Store, StoreError,
     StoreFuture, StoredResult, Timestamp, Token,
 };
 
@@ -103,6 +103,21 @@ async fn every_fault_is_caught() {
             Fault::ResolveSkipsStateCheck,
             vec![case!(resolve_refuses_other_states)],
         ),
+        (
+            Fault::JournalForgetsReleases,
+            vec![
+                case!(resolve_not_executed_is_journaled),
+                case!(journal_keeps_every_episode_oldest_first),
+                case!(journal_scopes_isolate),
+            ],
+        ),
+        (
+            Fault::JournalNewestFirst,
+            vec![
+                case!(journal_keeps_every_episode_oldest_first),
+                case!(journal_is_bounded_per_record),
+            ],
+        ),
     ];
     let quiet = QuietPanics::new();
     let mut escaped = Vec::new();
@@ -155,6 +170,10 @@ enum Fault {
     ClaimClockLagsOneMs,
     /// Resolve on a record that is not ambiguous answers "released".
     ResolveSkipsStateCheck,
+    /// The journal loses the resolutions that released the record.
+    JournalForgetsReleases,
+    /// The journal is read newest first.
+    JournalNewestFirst,
 }
 
 /// `MemoryStore`, wrapped, with at most one fault.
@@ -289,6 +308,20 @@ impl Store for Broken {
                 (Fault::ResolveSkipsStateCheck, Err(StoreError::WrongState { .. })) => Ok(None),
                 (_, resolved) => resolved,
             }
+        })
+    }
+
+    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
+        Box::pin(async move {
+            let mut entries = self.inner.resolutions(id).await?;
+            match self.fault {
+                Fault::JournalForgetsReleases => {
+                    entries.retain(|e| e.outcome != Resolved::NotExecuted)
+                }
+                Fault::JournalNewestFirst => entries.reverse(),
+                _ => {}
+            }
+            Ok(entries)
         })
     }
 

@@ -2,7 +2,9 @@
 //! (existing record, request, now). Every store applies these and nothing
 //! else; a store's only job is to apply one atomically to one record.
 
-use crate::record::{Outcome, Record, RecordId, Resolution, State, StoredResult, Token};
+use crate::record::{
+    JournalEntry, Outcome, Record, RecordId, Resolution, Resolved, State, StoredResult, Token,
+};
 use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 
 /// A request to claim (scope, key) for one attempt.
@@ -281,13 +283,14 @@ pub fn mark_ambiguous(
 }
 
 /// Resolving an `ambiguous` record: completed (store the result) or not
-/// executed (remove it so a retry may run). Returns the write to apply.
+/// executed (remove it so a retry may run). Returns the write to apply and
+/// the journal entry to append with it, in the same atomic step.
 pub fn resolve(
     existing: Option<&Record>,
     id: &RecordId,
     mut resolution: Resolution,
     now: Timestamp,
-) -> Result<Write, StoreError> {
+) -> Result<(Write, JournalEntry), StoreError> {
     resolution.check_limits()?;
     let Some(record) = existing else {
         return Err(StoreError::NotFound { id: id.clone() });
@@ -299,16 +302,30 @@ pub fn resolve(
             operation: "resolve",
         });
     }
+    let (outcome, status) = match &resolution.outcome {
+        Outcome::NotExecuted => (Resolved::NotExecuted, None),
+        Outcome::Completed { result } => (Resolved::Completed, Some(result.status())),
+    };
+    let entry = JournalEntry {
+        id: id.clone(),
+        token: record.token,
+        outcome,
+        status,
+        by: resolution.by.clone(),
+        reason: resolution.reason.clone(),
+        at: now,
+    };
     resolution.at = Some(now);
-    match &resolution.outcome {
-        Outcome::NotExecuted => Ok(Write::Delete),
+    let write = match &resolution.outcome {
+        Outcome::NotExecuted => Write::Delete,
         Outcome::Completed { result } => {
             let mut done = record.clone();
             mark_completed(&mut done, result.clone(), now);
             done.resolution = Some(resolution);
-            Ok(Write::Put(done))
+            Write::Put(done)
         }
-    }
+    };
+    Ok((write, entry))
 }
 
 /// What the purge does with one record at `now`.
@@ -676,16 +693,39 @@ mod tests {
             "bank says paid",
         )
         .unwrap();
-        let Ok(Write::Put(resolved)) = resolve(Some(&ambiguous), &id, found, NOW) else {
+        let Ok((Write::Put(resolved), entry)) = resolve(Some(&ambiguous), &id, found, NOW) else {
             panic!("resolve must put")
         };
         assert_eq!(resolved.state, State::Completed);
+        assert_eq!(
+            entry,
+            JournalEntry {
+                id: id.clone(),
+                token: ambiguous.token,
+                outcome: Resolved::Completed,
+                status: Some(200),
+                by: "operator".into(),
+                reason: "bank says paid".into(),
+                at: NOW,
+            }
+        );
         assert_eq!(resolved.resolution.as_ref().and_then(|r| r.at), Some(NOW));
         let not_executed =
             Resolution::new(Outcome::NotExecuted, "reconciler", "lookup: 404").unwrap();
         assert_eq!(
             resolve(Some(&ambiguous), &id, not_executed.clone(), NOW),
-            Ok(Write::Delete)
+            Ok((
+                Write::Delete,
+                JournalEntry {
+                    id: id.clone(),
+                    token: ambiguous.token,
+                    outcome: Resolved::NotExecuted,
+                    status: None,
+                    by: "reconciler".into(),
+                    reason: "lookup: 404".into(),
+                    at: NOW,
+                }
+            ))
         );
         assert_eq!(
             resolve(Some(&resolved), &id, not_executed.clone(), NOW),

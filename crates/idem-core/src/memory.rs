@@ -1,11 +1,14 @@
 //! The memory store: the shared decision over a `BTreeMap`, for tests and the
 //! simulator. Nothing survives the process; every answer is immediate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::decision::{self, Claim, ClaimRequest, Write};
-use crate::record::{Record, RecordId, Resolution, StoredResult, Token, check_owner};
+use crate::record::{
+    JOURNAL_PER_RECORD_MAX, JournalEntry, Record, RecordId, Resolution, StoredResult, Token,
+    check_owner,
+};
 use crate::store::{ListQuery, PurgeReport, Store, StoreError, StoreFuture};
 use crate::{Clock, State, Timestamp};
 
@@ -19,6 +22,8 @@ pub struct MemoryStore {
 struct Inner {
     records: BTreeMap<RecordId, Record>,
     last_token: u64,
+    /// The resolution journal per record, oldest first; never purged.
+    journal: BTreeMap<RecordId, VecDeque<JournalEntry>>,
 }
 
 impl MemoryStore {
@@ -77,6 +82,7 @@ impl Store for MemoryStore {
         let Inner {
             records,
             last_token,
+            ..
         } = &mut *inner;
         let (claim, write) = decision::claim(records.get(&req.id), req, now, || {
             *last_token += 1;
@@ -117,14 +123,37 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
-        ready(self.with_record(id, |existing, now| {
-            let write = decision::resolve(existing, id, resolution, now)?;
-            let out = match &write {
-                Write::Put(r) => Some(r.clone()),
-                _ => None,
-            };
-            Ok((out, write))
-        }))
+        // One lock for the record's write and the journal's append.
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let Inner {
+            records, journal, ..
+        } = &mut *inner;
+        let (write, entry) = match decision::resolve(records.get(id), id, resolution, now) {
+            Ok(decided) => decided,
+            Err(e) => return ready(Err(e)),
+        };
+        let out = match &write {
+            Write::Put(r) => Some(r.clone()),
+            _ => None,
+        };
+        apply(records, id, write);
+        let entries = journal.entry(id.clone()).or_default();
+        entries.push_back(entry);
+        while entries.len() > JOURNAL_PER_RECORD_MAX {
+            entries.pop_front();
+        }
+        ready(Ok(out))
+    }
+
+    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
+        let inner = self.lock();
+        let entries = inner
+            .journal
+            .get(id)
+            .map(|e| e.iter().cloned().collect())
+            .unwrap_or_default();
+        ready(Ok(entries))
     }
 
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {

@@ -100,6 +100,42 @@ pub enum Outcome {
     NotExecuted,
 }
 
+/// The most journal entries a store keeps per record: the oldest beyond
+/// this are dropped when a resolution is appended.
+pub const JOURNAL_PER_RECORD_MAX: usize = 100;
+
+/// What a resolution found, as the journal keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolved {
+    /// The effect happened; the record became `completed`.
+    Completed,
+    /// The effect did not happen; the record was released.
+    NotExecuted,
+}
+
+/// One resolution of an ambiguous record, kept by the store in a journal
+/// that outlives the record: a release (not executed), a purge or a new
+/// acquisition of the key does not remove it. Written in the same atomic
+/// step as the resolution itself.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JournalEntry {
+    /// The record resolved.
+    pub id: RecordId,
+    /// The token of the attempt whose outcome was unknown.
+    pub token: Token,
+    /// What the resolver found.
+    pub outcome: Resolved,
+    /// The stored result's status, when resolved as completed.
+    pub status: Option<u16>,
+    /// Who or what resolved it.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When, by the store's clock.
+    pub at: Timestamp,
+}
+
 /// One record: `(scope, key) → fingerprint, state, token, owner, lease, times, result`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
@@ -303,6 +339,29 @@ impl std::str::FromStr for State {
             "tombstone" => Ok(State::Tombstone),
             other => Err(format!(
                 "unknown state {other:?}; expected in_progress, completed, ambiguous or tombstone"
+            )),
+        }
+    }
+}
+
+impl Resolved {
+    /// The name as stored and shown: `completed` or `not_executed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolved::Completed => "completed",
+            Resolved::NotExecuted => "not_executed",
+        }
+    }
+}
+
+impl std::str::FromStr for Resolved {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "completed" => Ok(Resolved::Completed),
+            "not_executed" => Ok(Resolved::NotExecuted),
+            other => Err(format!(
+                "unknown resolution outcome {other:?}; expected completed or not_executed"
             )),
         }
     }

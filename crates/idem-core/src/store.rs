@@ -6,7 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::decision::{Claim, ClaimRequest};
-use crate::record::{LimitError, Record, RecordId, Resolution, State, StoredResult, Token};
+use crate::record::{
+    JournalEntry, LimitError, Record, RecordId, Resolution, State, StoredResult, Token,
+};
 
 /// The future every store operation returns. Boxed so that `dyn Store` works
 /// and the core needs no async runtime; a store that answers at once (the
@@ -39,12 +41,23 @@ pub trait Store: Send + Sync {
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record>;
 
     /// Resolves an ambiguous record; returns the completed record, or `None`
-    /// when it was released as not executed.
+    /// when it was released as not executed. A resolution that succeeds
+    /// appends exactly one [`JournalEntry`] (the one `decision::resolve`
+    /// returns) in the same atomic step as the record's write; one that is
+    /// refused appends nothing.
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>>;
+
+    /// The resolution journal of (scope, key), oldest first: every
+    /// resolution of every ambiguity episode of the key, whether the record
+    /// still exists or not. The journal is small and the purge leaves it
+    /// alone; each store keeps at most the last
+    /// [`JOURNAL_PER_RECORD_MAX`](crate::JOURNAL_PER_RECORD_MAX)
+    /// entries per record, dropping the oldest on append.
+    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>>;
 
     /// The record, as stored.
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>>;

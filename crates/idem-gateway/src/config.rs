@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::Uri;
 use idem_http::{Route, RouteSpec};
+use idem_reconcile::{Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
@@ -57,6 +58,49 @@ pub struct FileConfig {
     /// Protected routes; none means POST and PATCH on every path.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSpec>,
+    /// How ambiguous records are looked up at the provider, per route name.
+    #[serde(default, rename = "lookup")]
+    pub lookups: Vec<LookupEntry>,
+    /// Reconciler settings.
+    pub reconcile: Option<ReconcileSpec>,
+}
+
+/// One `[[lookup]]`: the route it serves (by `name`) and the lookup request
+/// (the fields of [`LookupSpec`], spelled out because serde's `flatten`
+/// would silently accept a misspelt field).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LookupEntry {
+    /// The `name` of the route whose ambiguous records this looks up.
+    pub route: String,
+    /// See [`LookupSpec::method`].
+    pub method: Option<String>,
+    /// See [`LookupSpec::url`].
+    pub url: Option<String>,
+    /// See [`LookupSpec::found`].
+    pub found: Option<Vec<u16>>,
+    /// See [`LookupSpec::not_found`].
+    pub not_found: Option<Vec<u16>>,
+    /// See [`LookupSpec::headers`].
+    pub headers: Option<Vec<(String, String)>>,
+    /// See [`LookupSpec::timeout_ms`].
+    pub timeout_ms: Option<u64>,
+    /// See [`LookupSpec::connect_timeout_ms`].
+    pub connect_timeout_ms: Option<u64>,
+}
+
+impl LookupEntry {
+    fn spec(&self) -> LookupSpec {
+        LookupSpec {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            found: self.found.clone(),
+            not_found: self.not_found.clone(),
+            headers: self.headers.clone(),
+            timeout_ms: self.timeout_ms,
+            connect_timeout_ms: self.connect_timeout_ms,
+        }
+    }
 }
 
 /// Values given on the command line; they win over the file.
@@ -93,6 +137,10 @@ pub struct GatewayConfig {
     pub admin_token_env: String,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// Lookups by operation (route name), for the reconciler.
+    pub lookups: Vec<(String, Lookup)>,
+    /// Reconciler settings.
+    pub reconcile: ReconcileSettings,
 }
 
 /// A configuration error: where (file, field) and what.
@@ -231,7 +279,34 @@ impl GatewayConfig {
                 })
                 .collect::<Result<_, _>>()?
         };
+        let lookups = file
+            .lookups
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let known = routes
+                    .iter()
+                    .any(|r| r.operation_name() == Some(entry.route.as_str()));
+                if !known {
+                    return Err(err(
+                        &format!("lookup[{i}].route"),
+                        format!(
+                            "no [[route]] has name = {:?}; a lookup serves a named route",
+                            entry.route
+                        ),
+                        true,
+                    ));
+                }
+                Lookup::new(&entry.spec())
+                    .map(|lookup| (entry.route.clone(), lookup))
+                    .map_err(|e| err(&format!("lookup[{i}].{}", e.field), e.reason, true))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
+            .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         Ok(GatewayConfig {
+            lookups,
+            reconcile,
             listen,
             upstream,
             store: store.to_owned(),
@@ -378,6 +453,43 @@ mod tests {
         let file: FileConfig = toml::from_str(text).map_err(|e| e.message().to_owned())?;
         GatewayConfig::from_parts(file, Some(Path::new("idem.toml")), overrides)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn lookups_name_a_route_and_every_field_is_checked() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        let route = "[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n";
+        let good = format!(
+            "{route}[[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9000/by-key/{{key}}\"\n[reconcile]\nmax_tries = 3\n"
+        );
+        let c = load(&good, &up).unwrap();
+        assert_eq!(c.lookups.len(), 1);
+        assert_eq!(c.reconcile.max_tries(), 3);
+        let cases = [
+            (
+                format!("{route}[[lookup]]\nroute = \"refunds\"\nurl = \"http://h/{{key}}\""),
+                "idem.toml: lookup[0].route: no [[route]] has name = \"refunds\"",
+            ),
+            (
+                format!("{route}[[lookup]]\nroute = \"payouts\"\nurl = \"http://h/x\""),
+                "idem.toml: lookup[0].url",
+            ),
+            (
+                format!("{route}[reconcile]\nmax_tries = 0"),
+                "idem.toml: reconcile.max_tries",
+            ),
+            (
+                format!("{route}[[lookup]]\nroute = \"payouts\"\nurll = \"http://h/{{key}}\""),
+                "unknown field `urll`",
+            ),
+        ];
+        for (text, expect) in cases {
+            let got = load(&text, &up).map(|_| ()).unwrap_err();
+            assert!(got.contains(expect), "{text:?}: {got}");
+        }
     }
 
     #[test]

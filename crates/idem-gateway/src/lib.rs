@@ -2,7 +2,8 @@
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
 //! upstream; the proxy itself never retries and tells the layer whether a
 //! failed request was ever sent. Next to it: the admin API (its own
-//! listener, behind a bearer token), the retention purge, and the operator's
+//! listener, behind a bearer token), the retention purge, the reconciler
+//! (when routes declare lookups), and the operator's
 //! view of a record shared with `idem records`.
 
 pub mod admin;
@@ -14,10 +15,10 @@ mod view;
 
 pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_header};
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LookupEntry, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX,
 };
 pub use proxy::Proxy;
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX};
-pub use server::{AdminListener, ServeOptions, serve, serve_with, shutdown_signal};
+pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

@@ -5,8 +5,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::Store;
-use idem_http::{IdempotencyLayer, Metrics};
+use idem_core::{Store, SystemClock};
+use idem_http::{IdempotencyLayer, Metrics, Resolver};
+use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::Layer;
@@ -63,6 +64,7 @@ pub async fn serve_with(
         config.purge_interval,
         stop_rx.clone(),
     ));
+    let reconciler = start_reconciler(config, &store, &metrics, stop_rx.clone());
     let admin = options.admin.map(|admin| {
         let app = admin::router(store.clone(), metrics.clone(), admin.token);
         let stopped = stopped(stop_rx.clone());
@@ -90,11 +92,58 @@ pub async fn serve_with(
     if let Err(e) = purge.await {
         tracing::error!(error = %e, "the retention purge task failed");
     }
+    if let Some(Err(e)) = match reconciler {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
+        tracing::error!(error = %e, "the reconciler task failed");
+    }
     let admin_served = match admin {
         Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
         None => Ok(()),
     };
     served.and(admin_served)
+}
+
+/// Starts the reconciler when any route has a lookup; it resolves ambiguous
+/// records by asking the provider and stops with the gateway.
+fn start_reconciler(
+    config: &GatewayConfig,
+    store: &Arc<dyn Store>,
+    metrics: &Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let reconciler = reconciler(config, store.clone(), metrics.clone())?;
+    Some(tokio::spawn(reconciler.run(stopped(stop))))
+}
+
+/// The reconciler for `config`'s lookups, counting into `metrics`; `None`
+/// when no route has a lookup.
+pub fn reconciler(
+    config: &GatewayConfig,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+) -> Option<Reconciler> {
+    if config.lookups.is_empty() {
+        return None;
+    }
+    let hook: idem_reconcile::ResolutionHook = Arc::new(move |_by: &str, outcome: &str| {
+        metrics.resolved(Resolver::Reconciler, outcome == "completed");
+    });
+    // The lookups were validated with the config; operation names come from
+    // routes, so they are non-empty and have no '|'.
+    match Reconciler::new(
+        store,
+        config.lookups.clone(),
+        config.reconcile.clone(),
+        Arc::new(SystemClock),
+    ) {
+        Ok(r) => Some(r.with_on_resolution(hook)),
+        Err(e) => {
+            tracing::error!(error = %e, "the reconciler cannot start");
+            None
+        }
+    }
 }
 
 /// Resolves once `stop` is true or its sender is gone.

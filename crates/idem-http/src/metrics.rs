@@ -154,10 +154,12 @@ impl Metrics {
 
     /// Counts one resolution of an ambiguous record.
     pub fn resolution(&self, by: Resolver, outcome: &Outcome) {
-        let column = match outcome {
-            Outcome::Completed { .. } => 0,
-            Outcome::NotExecuted => 1,
-        };
+        self.resolved(by, matches!(outcome, Outcome::Completed { .. }));
+    }
+
+    /// Counts one resolution by its kind: completed, or not executed.
+    pub fn resolved(&self, by: Resolver, completed: bool) {
+        let column = if completed { 0 } else { 1 };
         bump(&self.resolutions[by as usize][column]);
     }
 

@@ -218,6 +218,16 @@ impl Route {
         self.methods.contains(method) && self.pattern.matches(path)
     }
 
+    /// The operation name every record of this route carries in its scope,
+    /// or `None` for the catch-all route, whose scopes name each request's
+    /// method and path.
+    pub fn operation_name(&self) -> Option<&str> {
+        match &self.operation {
+            Operation::Named(name) => Some(name),
+            Operation::MethodAndPath => None,
+        }
+    }
+
     /// The route's policy.
     pub fn policy(&self) -> &Policy {
         &self.policy

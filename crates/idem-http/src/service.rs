@@ -568,6 +568,12 @@ mod tests {
         ) -> StoreFuture<'a, Option<Record>> {
             self.0.resolve(id, resolution)
         }
+        fn resolutions<'a>(
+            &'a self,
+            id: &'a RecordId,
+        ) -> StoreFuture<'a, Vec<idem_core::JournalEntry>> {
+            self.0.resolutions(id)
+        }
         fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
             self.0.get(id)
         }

@@ -57,10 +57,14 @@
 //!
 //! ## Schema
 //! In the schema [`PgOptions::schema`]: `records` keyed by `(scope, key)`
-//! (text in `COLLATE "C"`, so listing order is byte order), the sequence
-//! `tokens`, and `schema_version` (one row, [`SCHEMA_VERSION`]). `connect`
-//! creates and migrates them in one transaction under an advisory lock, so
-//! nodes starting together do not race.
+//! (text in `COLLATE "C"`, so listing order is byte order), the resolution
+//! journal `resolutions` keyed by `(scope, key, seq)` (appended in the
+//! resolve's transaction, never purged, the last
+//! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries
+//! per record), the sequence `tokens`, and `schema_version` (one row,
+//! [`SCHEMA_VERSION`]). `connect` creates and migrates them in one
+//! transaction under an advisory lock, so nodes starting together do not
+//! race.
 
 mod config;
 mod error;
@@ -71,14 +75,13 @@ mod schema;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use idem_core::decision::Write;
 use idem_core::{
-    Claim, ClaimRequest, ListQuery, PurgeReport, Record, RecordId, Resolution, Store, StoreError,
-    StoreFuture, StoredResult, Token, check_owner,
+    Claim, ClaimRequest, JournalEntry, ListQuery, PurgeReport, Record, RecordId, Resolution, Store,
+    StoreError, StoreFuture, StoredResult, Token, check_owner,
 };
 use tokio_postgres::NoTls;
 
-use crate::ops::{Ctx, Exec};
+use crate::ops::{Ctx, Decided, Exec};
 use crate::schema::Found;
 
 pub use config::{
@@ -222,7 +225,7 @@ impl PgStore {
     async fn modify<T>(
         &self,
         id: &RecordId,
-        transition: impl FnOnce(Option<&Record>, idem_core::Timestamp) -> Result<(T, Write), StoreError>,
+        transition: impl FnOnce(Option<&Record>, idem_core::Timestamp) -> Result<Decided<T>, StoreError>,
     ) -> Result<T, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
@@ -291,6 +294,13 @@ impl Store for PgStore {
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(self.modify(id, ops::resolve(id, resolution)))
+    }
+
+    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            ops::resolutions(&Exec::Pooled(&client), &self.ctx, id).await
+        })
     }
 
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {

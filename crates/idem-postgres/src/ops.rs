@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use idem_core::decision::{self, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, ListQuery, PurgeReport, Record, RecordId,
-    Resolution, State, StoreError, StoredResult, Timestamp, Token,
+    Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
+    PurgeReport, Record, RecordId, Resolution, State, StoreError, StoredResult, Timestamp, Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -192,18 +192,26 @@ pub(crate) fn vanishing(ctx: &Ctx, id: &RecordId) -> StoreError {
     )
 }
 
+/// What a transition for [`modify`] decided: the answer, the write to
+/// apply, and the journal entry to append with it (resolutions only).
+pub(crate) type Decided<T> = (T, Write, Option<JournalEntry>);
+
 /// Locked read-decide-write on one record: `transition` gets the record
-/// (if any) and the time the lock was granted, and returns the answer and
-/// the write to apply.
+/// (if any) and the time the lock was granted, and returns the answer, the
+/// write to apply and the journal entry to append, both in the caller's
+/// transaction.
 pub(crate) async fn modify<T>(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,
     id: &RecordId,
-    transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<(T, Write), StoreError>,
+    transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<T>, StoreError>,
 ) -> Result<T, StoreError> {
     let (now, existing) = lock(exec, ctx, id).await?;
-    let (out, write) = transition(existing.as_ref(), now)?;
+    let (out, write, entry) = transition(existing.as_ref(), now)?;
     apply(exec, ctx, id, write).await?;
+    if let Some(entry) = entry {
+        append_journal(exec, ctx, &entry).await?;
+    }
     Ok(out)
 }
 
@@ -213,10 +221,10 @@ pub(crate) fn complete<'a>(
     id: &'a RecordId,
     token: Token,
     result: StoredResult,
-) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Record, Write), StoreError> + Send + 'a {
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Record>, StoreError> + Send + 'a {
     move |existing, now| {
         let done = decision::complete(existing, id, token, result, now)?;
-        Ok((done.clone(), Write::Put(done)))
+        Ok((done.clone(), Write::Put(done), None))
     }
 }
 
@@ -224,10 +232,10 @@ pub(crate) fn complete<'a>(
 pub(crate) fn release(
     id: &RecordId,
     token: Token,
-) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<((), Write), StoreError> + Send + '_ {
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<()>, StoreError> + Send + '_ {
     move |existing, now| {
         decision::release(existing, id, token, now)?;
-        Ok(((), Write::Delete))
+        Ok(((), Write::Delete, None))
     }
 }
 
@@ -235,28 +243,75 @@ pub(crate) fn release(
 pub(crate) fn mark_ambiguous(
     id: &RecordId,
     token: Token,
-) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Record, Write), StoreError> + Send + '_ {
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Record>, StoreError> + Send + '_ {
     move |existing, now| {
         let marked = decision::mark_ambiguous(existing, id, token, now)?;
-        Ok((marked.clone(), Write::Put(marked)))
+        Ok((marked.clone(), Write::Put(marked), None))
     }
 }
 
 /// `decision::resolve` as a transition for [`modify`]: the completed record,
-/// or `None` when it was released as not executed.
+/// or `None` when it was released as not executed, and its journal entry.
 pub(crate) fn resolve(
     id: &RecordId,
     resolution: Resolution,
-) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<(Option<Record>, Write), StoreError> + Send + '_
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Option<Record>>, StoreError> + Send + '_
 {
     move |existing, now| {
-        let write = decision::resolve(existing, id, resolution, now)?;
+        let (write, entry) = decision::resolve(existing, id, resolution, now)?;
         let out = match &write {
             Write::Put(record) => Some(record.clone()),
             _ => None,
         };
-        Ok((out, write))
+        Ok((out, write, Some(entry)))
     }
+}
+
+/// The newest [`JOURNAL_PER_RECORD_MAX`] journal entries of `id`, oldest
+/// first.
+pub(crate) async fn resolutions(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+) -> Result<Vec<JournalEntry>, StoreError> {
+    let limit = int(JOURNAL_PER_RECORD_MAX as u64);
+    let params: [Param<'_>; 3] = [
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+        (&limit, Type::INT8),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.journal_get, &params).await?;
+    rows.iter()
+        .map(|row| row::decode_entry(row, id, &ctx.store))
+        .collect()
+}
+
+/// Appends `entry` to the journal and keeps the newest
+/// [`JOURNAL_PER_RECORD_MAX`] entries of its record, in one statement. Run
+/// it under the record's lock, which numbers the entries without a race.
+async fn append_journal(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    entry: &JournalEntry,
+) -> Result<(), StoreError> {
+    let token = int(entry.token.0);
+    let status = entry.status.map(i32::from);
+    let (by, reason) = (entry.by.as_bytes(), entry.reason.as_bytes());
+    let at = int(entry.at.as_millis());
+    let keep = int(JOURNAL_PER_RECORD_MAX as u64);
+    let params: [Param<'_>; 9] = [
+        (&entry.id.scope.as_str(), Type::TEXT),
+        (&entry.id.key.as_str(), Type::TEXT),
+        (&token, Type::INT8),
+        (&entry.outcome.as_str(), Type::TEXT),
+        (&status, Type::INT4),
+        (&by, Type::BYTEA),
+        (&reason, Type::BYTEA),
+        (&at, Type::INT8),
+        (&keep, Type::INT8),
+    ];
+    ctx.query(exec, &ctx.schema.journal_append, &params).await?;
+    Ok(())
 }
 
 /// The record, as stored.

@@ -3,8 +3,8 @@
 //! its scope and key instead of a panic.
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, Record, RecordId, Resolution, Scope, State, StoreError,
-    StoredResult, Timestamp, Token,
+    Fingerprint, IdempotencyKey, JournalEntry, Record, RecordId, Resolution, Scope, State,
+    StoreError, StoredResult, Timestamp, Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -174,6 +174,35 @@ pub(crate) fn decode(row: &Row, first: usize, store: &str) -> Result<Option<Reco
         .record(scope, key)
         .map(Some)
         .map_err(|why| error::damaged(store, &at, &why))
+}
+
+/// Decodes one row of the journal read (`token, outcome, status,
+/// resolved_by, reason, at_ms`) for `id`.
+pub(crate) fn decode_entry(
+    row: &Row,
+    id: &RecordId,
+    store: &str,
+) -> Result<JournalEntry, StoreError> {
+    let fields = Fields { row, first: 0 };
+    let entry = || -> Result<JournalEntry, String> {
+        let status = match fields.get::<Option<i32>>(2, "status")? {
+            None => None,
+            Some(s) => Some(u16::try_from(s).map_err(|_| format!("status {s}"))?),
+        };
+        let utf8 = |idx, name: &str| -> Result<String, String> {
+            String::from_utf8(fields.get::<Vec<u8>>(idx, name)?).map_err(|e| format!("{name}: {e}"))
+        };
+        Ok(JournalEntry {
+            id: id.clone(),
+            token: Token(fields.unsigned(0, "token")?),
+            outcome: fields.get::<&str>(1, "outcome")?.parse()?,
+            status,
+            by: utf8(3, "resolved_by")?,
+            reason: utf8(4, "reason")?,
+            at: fields.time(5, "at_ms")?,
+        })
+    };
+    entry().map_err(|why| error::damaged(store, &format!("a resolution of {id}"), &why))
 }
 
 /// Reads a timestamp column (milliseconds), such as the `now` a statement

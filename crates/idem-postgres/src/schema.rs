@@ -46,6 +46,24 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX records_ambiguous ON {s}.records (scope, key) WHERE state = 'ambiguous';
     CREATE SEQUENCE {s}.tokens AS BIGINT MINVALUE 1 NO CYCLE;",
+    // 2: the resolution journal: one row per resolution, numbered per
+    // (scope, key) by `seq` (the primary key is also the index reading a
+    // record's journal by (scope, key)), kept when the record is released
+    // or purged (the purge never touches it); the resolve keeps the last
+    // `JOURNAL_PER_RECORD_MAX` rows per record. Actor and reason are bytes
+    // (UTF-8), because TEXT refuses the NUL a reason may hold.
+    "CREATE TABLE {s}.resolutions (
+        scope TEXT COLLATE \"C\" NOT NULL,
+        key TEXT COLLATE \"C\" NOT NULL,
+        seq BIGINT NOT NULL,
+        token BIGINT NOT NULL,
+        outcome TEXT NOT NULL,
+        status INTEGER,
+        resolved_by BYTEA NOT NULL,
+        reason BYTEA NOT NULL,
+        at_ms BIGINT NOT NULL,
+        PRIMARY KEY (scope, key, seq)
+    );",
 ];
 
 /// The schema version this build writes and reads.
@@ -82,6 +100,11 @@ pub(crate) struct Schema {
     pub(crate) get: String,
     /// Purge candidates, locked, in (scope, key) order, with the time.
     pub(crate) purge: String,
+    /// Appends one resolution, numbered after the record's last, and drops
+    /// the record's entries older than its newest `$9`.
+    pub(crate) journal_append: String,
+    /// A record's newest `$3` journal entries, oldest first.
+    pub(crate) journal_get: String,
     /// `SELECT <columns> FROM records`, the start of a list query.
     pub(crate) select: String,
     /// The same joined with `now` (one row, column `ms`: the store's now as
@@ -147,6 +170,20 @@ impl Schema {
                     OR (r.state = 'completed' AND r.expires_at_ms <= now.ms) \
                  ORDER BY r.scope, r.key LIMIT $2 FOR UPDATE OF r",
                 COLUMNS.map(|c| format!("r.{c}")).join(", ")
+            ),
+            journal_append: format!(
+                "WITH appended AS (\
+                 INSERT INTO {s}.resolutions (scope, key, seq, token, outcome, status, \
+                 resolved_by, reason, at_ms) \
+                 SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4, $5, $6, $7, $8 \
+                 FROM {s}.resolutions WHERE scope = $1 AND key = $2 RETURNING seq) \
+                 DELETE FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
+                 AND seq <= (SELECT seq FROM appended) - $9"
+            ),
+            journal_get: format!(
+                "SELECT token, outcome, status, resolved_by, reason, at_ms FROM (\
+                 SELECT * FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
+                 ORDER BY seq DESC LIMIT $3) AS newest ORDER BY seq"
             ),
             select: format!("SELECT {cols} FROM {s}.records"),
             select_at_now: format!(

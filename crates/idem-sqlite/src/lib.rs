@@ -48,8 +48,11 @@
 //! `get` and `list` run on reader threads with their own connections.
 //!
 //! ## Schema
-//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`); a
-//! one-row table `meta` holds the fencing counter, so tokens keep
+//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`); the
+//! resolution journal `resolutions`, keyed by `(scope, key, seq)`, which
+//! outlives releases and purges and keeps the last
+//! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries per
+//! record; a one-row table `meta` holds the fencing counter, so tokens keep
 //! increasing after records are deleted, across restarts and between
 //! processes sharing the file. The file is marked with
 //! `PRAGMA application_id` = [`APPLICATION_ID`] and versioned with
@@ -66,8 +69,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, ListQuery, PurgeReport, Record, RecordId, Resolution, Store,
-    StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
+    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, PurgeReport, Record, RecordId, Resolution,
+    Store, StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -293,6 +296,11 @@ impl Store for SqliteStore {
             resolution,
             reply,
         })
+    }
+
+    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
+        let id = id.clone();
+        self.read(|reply| ReadOp::Resolutions { id, reply })
     }
 
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use idem_core::decision::{self, Decision, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, ListQuery, Record, RecordId, State, StoreError, Token,
+    Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Record, RecordId,
+    State, StoreError, Token,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -26,6 +27,11 @@ pub(crate) enum ReadOp {
     List {
         query: ListQuery,
         reply: Reply<Vec<Record>>,
+    },
+    /// The resolution journal of one record.
+    Resolutions {
+        id: RecordId,
+        reply: Reply<Vec<JournalEntry>>,
     },
     /// A claim decided on the last committed state; `None` when the
     /// decision writes and must be taken again by the writer.
@@ -56,6 +62,9 @@ pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue:
             Some(ReadOp::List { query, reply }) => {
                 let _ = reply.send(list(&conn, &store, clock.as_ref(), &query));
             }
+            Some(ReadOp::Resolutions { id, reply }) => {
+                let _ = reply.send(resolutions(&conn, &store, &id));
+            }
             Some(ReadOp::Claim { req, reply }) => {
                 let _ = reply.send(read_claim(&conn, &store, clock.as_ref(), &req));
             }
@@ -74,6 +83,25 @@ fn get(conn: &Connection, store: &str, id: &RecordId) -> Result<Option<Record>, 
         })
         .map_err(|e| schema::error(store, &e))?
         .transpose()
+}
+
+/// The newest `JOURNAL_PER_RECORD_MAX` journal entries of `id`, oldest first.
+fn resolutions(
+    conn: &Connection,
+    store: &str,
+    id: &RecordId,
+) -> Result<Vec<JournalEntry>, StoreError> {
+    let limit = row::int(JOURNAL_PER_RECORD_MAX as u64);
+    conn.prepare_cached(row::JOURNAL_GET)
+        .and_then(|mut stmt| {
+            stmt.query_map((id.scope.as_str(), id.key.as_str(), limit), |r| {
+                Ok(row::decode_entry(r, id, store))
+            })?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| schema::error(store, &e))?
+        .into_iter()
+        .collect()
 }
 
 /// The claim decision on the last committed state, when it writes nothing:

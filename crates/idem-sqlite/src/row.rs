@@ -3,11 +3,11 @@
 //! an error naming its scope and key instead of a panic.
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, Record, RecordId, Resolution, Scope, State, StoreError,
-    StoredResult, Timestamp, Token,
+    Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, Record, RecordId,
+    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
 };
 use rusqlite::types::ValueRef;
-use rusqlite::{Row, Statement, params};
+use rusqlite::{Connection, Row, Statement, params};
 
 /// Every column of `records`, in the order [`bind`] and [`decode`] use.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token, owner, \
@@ -35,6 +35,21 @@ pub(crate) const GET: &str = "SELECT scope, key, fingerprint, state, token, owne
 
 /// Removes one record by primary key.
 pub(crate) const DELETE: &str = "DELETE FROM records WHERE scope = ?1 AND key = ?2";
+
+/// Appends one resolution to the journal, numbered after the record's last.
+pub(crate) const JOURNAL_APPEND: &str = "INSERT INTO resolutions (scope, key, seq, token, \
+     outcome, status, resolved_by, reason, at_ms) \
+     SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8 \
+     FROM resolutions WHERE scope = ?1 AND key = ?2";
+
+/// Drops a record's journal entries older than its newest `?3`.
+pub(crate) const JOURNAL_TRIM: &str = "DELETE FROM resolutions WHERE scope = ?1 AND key = ?2 \
+     AND seq <= (SELECT MAX(seq) FROM resolutions WHERE scope = ?1 AND key = ?2) - ?3";
+
+/// A record's newest `?3` journal entries, oldest first.
+pub(crate) const JOURNAL_GET: &str = "SELECT token, outcome, status, resolved_by, reason, at_ms \
+     FROM (SELECT * FROM resolutions WHERE scope = ?1 AND key = ?2 ORDER BY seq DESC LIMIT ?3) \
+     ORDER BY seq";
 
 /// A `u64` as SQLite's signed 64-bit integer. Times are milliseconds since
 /// 1970 and tokens count acquisitions, so real values are far below
@@ -78,6 +93,55 @@ pub(crate) fn put(stmt: &mut Statement<'_>, record: &Record) -> Result<usize, ru
         body,
         resolution,
     ])
+}
+
+/// Appends `entry` to the journal with [`JOURNAL_APPEND`], then keeps the
+/// newest [`JOURNAL_PER_RECORD_MAX`] entries of its record.
+pub(crate) fn append_journal(conn: &Connection, entry: &JournalEntry) -> rusqlite::Result<()> {
+    let (scope, key) = (entry.id.scope.as_str(), entry.id.key.as_str());
+    conn.prepare_cached(JOURNAL_APPEND)?.execute(params![
+        scope,
+        key,
+        int(entry.token.0),
+        entry.outcome.as_str(),
+        entry.status.map(i64::from),
+        entry.by.as_str(),
+        entry.reason.as_str(),
+        int(entry.at.as_millis()),
+    ])?;
+    conn.prepare_cached(JOURNAL_TRIM)?.execute(params![
+        scope,
+        key,
+        int(JOURNAL_PER_RECORD_MAX as u64)
+    ])?;
+    Ok(())
+}
+
+/// Decodes one row selected by [`JOURNAL_GET`] for `id`.
+pub(crate) fn decode_entry(
+    row: &Row<'_>,
+    id: &RecordId,
+    store: &str,
+) -> Result<JournalEntry, StoreError> {
+    let entry = || -> Result<JournalEntry, String> {
+        let status = match row.get::<_, Option<i64>>(2).map_err(|e| e.to_string())? {
+            None => None,
+            Some(s) => Some(u16::try_from(s).map_err(|_| format!("status {s}"))?),
+        };
+        Ok(JournalEntry {
+            id: id.clone(),
+            token: Token(unsigned(row, 0, "token")?),
+            outcome: text(row, 1)?.parse()?,
+            status,
+            by: text(row, 3)?,
+            reason: text(row, 4)?,
+            at: time(row, 5, "at_ms")?,
+        })
+    };
+    entry().map_err(|why| StoreError::Incompatible {
+        store: store.to_owned(),
+        reason: format!("a resolution of {id} cannot be read: {why}"),
+    })
 }
 
 /// Decodes one row selected with [`COLUMNS`]. `store` names the database in

@@ -48,6 +48,22 @@ const MIGRATIONS: &[&str] = &[
         last_token INTEGER NOT NULL
     ) STRICT;
     INSERT INTO meta (id, last_token) VALUES (1, 0);",
+    // 2: the resolution journal: one row per resolution, numbered per
+    // (scope, key) by `seq`, kept when the record is released or purged
+    // (the purge never touches it); the writer keeps the last
+    // `JOURNAL_PER_RECORD_MAX` rows per record.
+    "CREATE TABLE resolutions (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        outcome TEXT NOT NULL CHECK (outcome = 'completed' OR outcome = 'not_executed'),
+        status INTEGER,
+        resolved_by TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, key, seq)
+    ) STRICT, WITHOUT ROWID;",
 ];
 
 /// The schema version this build writes and reads.

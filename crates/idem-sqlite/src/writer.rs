@@ -244,7 +244,13 @@ impl Writer {
             } => {
                 let out = self.read(&id).and_then(|existing| {
                     let now = self.clock.now();
-                    match decision::resolve(existing.as_ref(), &id, resolution, now)? {
+                    let (write, entry) =
+                        decision::resolve(existing.as_ref(), &id, resolution, now)?;
+                    // In the operation's savepoint: the record's write and
+                    // the journal's append commit together or not at all.
+                    row::append_journal(&self.conn, &entry)
+                        .map_err(|e| schema::error(&self.store, &e))?;
+                    match write {
                         Write::Put(done) => self.put(&done).map(|()| Some(done)),
                         write => self.write(&id, &write).map(|()| None),
                     }

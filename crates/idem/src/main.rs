@@ -1,6 +1,7 @@
 //! `idem`: the command-line entry point. Thin glue: parse arguments, open the
 //! store named by a URL, and call the library crates.
 
+mod reconcile;
 mod records;
 mod serve;
 mod store_url;
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
     Serve(serve::ServeArgs),
+    /// Resolve ambiguous records by asking the provider (one pass).
+    Reconcile(reconcile::ReconcileArgs),
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
     #[command(subcommand)]
     Records(RecordsCommand),
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
+            Command::Reconcile(args) => reconcile::run(args).await,
             Command::Records(RecordsCommand::List(args)) => records::list(args).await,
             Command::Records(RecordsCommand::Show(args)) => records::show(args).await,
             Command::Records(RecordsCommand::Resolve(args)) => records::resolve(args).await,

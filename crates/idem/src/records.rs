@@ -11,7 +11,7 @@ use idem_core::{
     Clock, IdempotencyKey, ListQuery, Outcome, RecordId, Resolution, Scope, State, StoreError,
     StoredResult, SystemClock,
 };
-use idem_gateway::{RecordView, outcome_name};
+use idem_gateway::{RecordView, outcome_name, rfc3339};
 
 use crate::store_url::{DEFAULT_STORE, StoreUrl};
 
@@ -136,22 +136,55 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
             args.key
         );
     };
-    let Some(record) = store
+    let record = store
         .get(&id)
         .await
-        .with_context(|| format!("cannot read {url}"))?
-    else {
+        .with_context(|| format!("cannot read {url}"))?;
+    let history = store
+        .resolutions(&id)
+        .await
+        .with_context(|| format!("cannot read the resolution journal of {url}"))?;
+    if record.is_none() && history.is_empty() {
         bail!(
             "no record for scope {:?} key {:?} in {url}",
             args.scope,
             args.key
         );
-    };
-    let view = RecordView::new(&record, SystemClock.now());
+    }
+    let now = SystemClock.now();
     let mut out = std::io::stdout().lock();
     match args.format {
-        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&view)?)?,
-        Format::Table => write_details(&mut out, &view)?,
+        Format::Json => {
+            // The record's view, or just its id when it was released, plus
+            // every resolution it went through.
+            let mut doc = match &record {
+                Some(r) => serde_json::to_value(RecordView::new(r, now))?,
+                None => serde_json::json!({ "scope": args.scope, "key": args.key, "state": null }),
+            };
+            if let Some(fields) = doc.as_object_mut() {
+                fields.insert("resolutions".into(), serde_json::to_value(&history)?);
+            }
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        }
+        Format::Table => {
+            match &record {
+                Some(r) => write_details(&mut out, &RecordView::new(r, now))?,
+                None => writeln!(out, "no record now (released); its resolution history:")?,
+            }
+            for entry in &history {
+                let status = entry.status.map(|s| format!(" {s}")).unwrap_or_default();
+                writeln!(
+                    out,
+                    "{:<16} {} {}{status} by {} (token {}): {}",
+                    "resolved",
+                    rfc3339(entry.at),
+                    entry.outcome.as_str(),
+                    entry.by,
+                    entry.token,
+                    entry.reason
+                )?;
+            }
+        }
     }
     Ok(())
 }

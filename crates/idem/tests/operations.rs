@@ -315,6 +315,22 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
         "{said}"
     );
 
+    // The record is gone, but who released it, when and why is kept.
+    let out = idem(&[
+        "records", "show", &scope, "b-1", "--format", "json", "--store", &store,
+    ]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], serde_json::Value::Null, "{shown}");
+    assert_eq!(
+        shown["resolutions"][0]["outcome"], "not_executed",
+        "{shown}"
+    );
+    assert_eq!(shown["resolutions"][0]["by"], "operator:alice", "{shown}");
+    assert_eq!(
+        shown["resolutions"][0]["reason"],
+        "provider has no payout for b-1"
+    );
+
     let retry = post(&url, &[key("b-1")], PAYOUT).await;
     assert_eq!(retry.status, 201, "{retry:?}");
     assert_eq!(

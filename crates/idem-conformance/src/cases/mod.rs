@@ -16,6 +16,7 @@
 mod claim;
 mod fencing;
 mod isolation;
+mod journal;
 mod list;
 mod purge;
 mod resolve;
@@ -24,6 +25,7 @@ mod support;
 pub use claim::*;
 pub use fencing::*;
 pub use isolation::*;
+pub use journal::*;
 pub use list::*;
 pub use purge::*;
 pub use resolve::*;

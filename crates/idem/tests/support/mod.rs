@@ -36,6 +36,9 @@ pub struct Effect {
 pub struct Ledger {
     pub effects: Vec<Effect>,
     pub hits: usize,
+    /// When set, the lookup endpoint answers 503: the provider cannot say.
+    pub lookup_down: bool,
+    pub lookups: usize,
     busy_seen: HashMap<String, bool>,
 }
 
@@ -62,6 +65,8 @@ impl Upstream {
             .route("/fail", axum::routing::post(fail))
             .route("/busy-once", axum::routing::post(busy_once))
             .route("/reject", axum::routing::post(reject))
+            .route("/slow-before", axum::routing::post(slow_before))
+            .route("/payouts/by-key/{key}", axum::routing::get(lookup))
             .with_state(ledger.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -81,6 +86,14 @@ impl Upstream {
 
     pub fn hits(&self) -> usize {
         self.ledger.lock().unwrap().hits
+    }
+
+    pub fn lookups(&self) -> usize {
+        self.ledger.lock().unwrap().lookups
+    }
+
+    pub fn set_lookup_down(&self, down: bool) {
+        self.ledger.lock().unwrap().lookup_down = down;
     }
 }
 
@@ -137,6 +150,50 @@ async fn slow(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes
         .unwrap_or(500);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     paid(n)
+}
+
+/// Waits first and pays after: a gateway killed during the wait drops the
+/// connection, the handler is cancelled, and no payment happens.
+async fn slow_before(
+    State(l): State<Shared>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    l.lock().unwrap().hits += 1;
+    let ms = uri
+        .query()
+        .and_then(|q| q.strip_prefix("ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    paid(record(&l, "/slow-before", &headers, &body))
+}
+
+/// The provider's lookup by the stable reference (the key): 200 with what
+/// the payment answered, 404 when no payment has this key.
+async fn lookup(
+    State(l): State<Shared>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    let mut ledger = l.lock().unwrap();
+    ledger.lookups += 1;
+    if ledger.lookup_down {
+        return (StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response();
+    }
+    match ledger
+        .effects
+        .iter()
+        .position(|e| e.key.as_deref() == Some(key.as_str()))
+    {
+        Some(i) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            format!("{{\"payout\":{},\"found_by\":\"lookup\"}}", i + 1),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn fail(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
@@ -219,6 +276,18 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// SIGSTOP or SIGCONT: freeze or thaw the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
     }
 
     /// SIGKILL: no cleanup, no goodbye.
