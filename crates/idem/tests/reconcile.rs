@@ -173,3 +173,68 @@ async fn a_gateway_frozen_past_its_lease_cannot_complete_late() {
     assert_eq!(shown["state"], "ambiguous", "{shown}");
     assert_eq!(up.effects().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_once_resolves_from_the_shell() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    // The gateway runs without lookups; the operator's config has one.
+    let plain =
+        site.config("[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&plain));
+    assert_eq!(
+        post(&gw.url("/fail"), &[key("cron-1")], PAYOUT)
+            .await
+            .status,
+        500
+    );
+    let with_lookup = site.dir.path().join("reconcile.toml");
+    std::fs::write(
+        &with_lookup,
+        format!(
+            "[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n\
+             [[lookup]]\nroute = \"failing\"\nurl = \"{}/payouts/by-key/{{key}}\"\n",
+            up.url()
+        ),
+    )
+    .unwrap();
+    let store = format!("sqlite://{}", site.store().display());
+    let args = [
+        "reconcile",
+        "--once",
+        "--config",
+        with_lookup.to_str().unwrap(),
+        "--store",
+        &store,
+        "--format",
+        "json",
+    ];
+    let out = support::idem(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (report["scanned"].as_u64(), report["completed"].as_u64()),
+        (Some(1), Some(1)),
+        "{report}"
+    );
+    let replay = post(&gw.url("/fail"), &[key("cron-1")], PAYOUT).await;
+    assert_eq!(
+        (replay.status, replay.header("idempotent-replayed")),
+        (200, Some("true"))
+    );
+    // Without any lookup there is nothing to do, and it says so.
+    let out = support::idem(&[
+        "reconcile",
+        "--once",
+        "--config",
+        plain.to_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("declares no [[lookup]]"));
+    assert_eq!(up.effects().len(), 1);
+}
