@@ -139,6 +139,9 @@ pub struct GatewayConfig {
     pub purge_interval: Duration,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
+    /// The directory of the config file: routes' contract paths are
+    /// relative to it.
+    pub base_dir: PathBuf,
     /// Reconciler settings.
     pub reconcile: ReconcileSettings,
 }
@@ -305,6 +308,10 @@ impl GatewayConfig {
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         Ok(GatewayConfig {
+            base_dir: path
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
             lookups,
             reconcile,
             listen,

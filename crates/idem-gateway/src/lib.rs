@@ -8,6 +8,7 @@
 
 pub mod admin;
 mod config;
+pub mod contracts;
 mod proxy;
 mod purge;
 mod server;

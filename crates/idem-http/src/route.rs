@@ -55,6 +55,9 @@ pub struct RouteSpec {
     pub replay_headers: Option<Vec<String>>,
     /// How the key is forwarded upstream.
     pub forward_key: Option<ForwardKeySpec>,
+    /// The operation's contract file (`idem check` format), relative to the
+    /// config file; `idem serve` refuses to start when it fails.
+    pub contract: Option<String>,
 }
 
 /// How the key is passed on to the upstream, as declared.
@@ -85,6 +88,7 @@ pub struct Route {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) forward_header: HeaderName,
     pub(crate) forward_template: KeyTemplate,
+    pub(crate) contract: Option<std::path::PathBuf>,
 }
 
 /// What names the operation in the scope.
@@ -203,6 +207,10 @@ impl Route {
                 "replay_headers",
                 spec.replay_headers.as_deref().unwrap_or(&[]),
             )?,
+            contract: match spec.contract.as_deref() {
+                Some("") => return Err(err("contract", "names no file".into())),
+                other => other.map(std::path::PathBuf::from),
+            },
         })
     }
 
@@ -226,6 +234,12 @@ impl Route {
             Operation::Named(name) => Some(name),
             Operation::MethodAndPath => None,
         }
+    }
+
+    /// The contract file the route names, as written (relative paths are
+    /// relative to the config file).
+    pub fn contract(&self) -> Option<&std::path::Path> {
+        self.contract.as_deref()
     }
 
     /// The route's policy.

@@ -1,6 +1,7 @@
 //! `idem`: the command-line entry point. Thin glue: parse arguments, open the
 //! store named by a URL, and call the library crates.
 
+mod check;
 mod reconcile;
 mod records;
 mod serve;
@@ -25,6 +26,8 @@ struct Cli {
 enum Command {
     /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
     Serve(serve::ServeArgs),
+    /// Judge idempotency contract files by the twelve design-review questions.
+    Check(check::CheckArgs),
     /// Resolve ambiguous records by asking the provider (one pass).
     Reconcile(reconcile::ReconcileArgs),
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
@@ -46,6 +49,11 @@ enum RecordsCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    // `check` is pure and has its own exit codes (0 pass, 1 fail, 2 invalid).
+    let command = match cli.command {
+        Command::Check(args) => return check::run(args),
+        other => other,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -57,7 +65,8 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        match cli.command {
+        match command {
+            Command::Check(_) => Ok(()),
             Command::Serve(args) => serve::run(args).await,
             Command::Reconcile(args) => reconcile::run(args).await,
             Command::Records(RecordsCommand::List(args)) => records::list(args).await,

@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// bearer token is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
     #[arg(long)]
     admin_listen: Option<String>,
+    /// Start even when a route's contract file fails `idem check` (each
+    /// failure is logged as an error). Without it such a gateway refuses to start.
+    #[arg(long)]
+    allow_unsafe_contract: bool,
 }
 
 /// Runs the gateway.
@@ -48,6 +52,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(_) => Some(config.admin_token(|name| std::env::var(name).ok())?),
         None => None,
     };
+    judge_contracts(&config, args.allow_unsafe_contract)?;
     let url = StoreUrl::parse(&config.store)?;
     let store = url.open()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -94,5 +99,35 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("the gateway stopped with an error")?;
     tracing::info!("stopped; every in-flight request finished");
+    Ok(())
+}
+
+/// Refuses to start when a route's contract fails, unless told otherwise;
+/// then every failure is logged as an error, loudly, at each start.
+fn judge_contracts(config: &GatewayConfig, allow_unsafe: bool) -> anyhow::Result<()> {
+    let failing: Vec<_> = idem_gateway::contracts::evaluate(config)
+        .into_iter()
+        .filter(|c| !c.passed())
+        .collect();
+    if failing.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = failing
+        .iter()
+        .flat_map(|c| {
+            let head = format!("route {:?}: contract {} fails:", c.route, c.path.display());
+            std::iter::once(head).chain(c.failures().into_iter().map(|f| format!("  {f}")))
+        })
+        .collect();
+    if !allow_unsafe {
+        anyhow::bail!(
+            "refusing to start: {}\n(run `idem check --gateway CONFIG` for the full report; \
+             --allow-unsafe-contract starts anyway)",
+            lines.join("\n")
+        );
+    }
+    for line in &lines {
+        tracing::error!("UNSAFE CONTRACT, started anyway with --allow-unsafe-contract: {line}");
+    }
     Ok(())
 }

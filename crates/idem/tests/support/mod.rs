@@ -238,10 +238,30 @@ impl Gateway {
         Gateway::start_url(upstream, &format!("sqlite://{}", store.display()), config)
     }
 
+    /// [`Gateway::start`] with extra arguments.
+    pub fn start_args(
+        upstream: &str,
+        store: &Path,
+        config: Option<&Path>,
+        extra: &[&str],
+    ) -> Gateway {
+        Gateway::spawn(
+            upstream,
+            &format!("sqlite://{}", store.display()),
+            config,
+            extra,
+        )
+    }
+
     /// Starts `idem serve` on an ephemeral port and waits until it listens.
     pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
+        Gateway::spawn(upstream, store_url, config, &[])
+    }
+
+    fn spawn(upstream: &str, store_url: &str, config: Option<&Path>, extra: &[&str]) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .args(extra)
             .arg("--store")
             .arg(store_url)
             .env("IDEM_LOG", "info")

@@ -1,0 +1,170 @@
+//! Cross-checks a gateway route's configuration against the contract it names,
+//! so the running system enforces what the contract file promises.
+//!
+//! The binary extracts [`GatewayFacts`] from its own config; this crate does
+//! not depend on the gateway, keeping the contract reusable by the simulator.
+
+use crate::horizon::{format_duration, replay_horizon};
+use crate::questions::upstream_dedups;
+use crate::report::Finding;
+use crate::schema::{Contract, LeaseExpiry, Reconcile};
+
+/// What a gateway route actually enforces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayFacts {
+    /// The route's record retention.
+    pub retention_s: u64,
+    /// The route's tombstone horizon, counted from the first claim.
+    pub tombstone_s: u64,
+    /// The route's lease.
+    pub lease_ms: u64,
+    /// True when the route's lease-expiry policy is `takeover`.
+    pub on_lease_expiry_takeover: bool,
+    /// True when the route declares that its upstream dedups by the propagated key.
+    pub upstream_dedups: bool,
+    /// True when a `[[lookup]]` serves the route.
+    pub has_lookup: bool,
+}
+
+/// One finding per cross-check, topics `gateway.retention`, `gateway.tombstone`,
+/// `gateway.lease`, `gateway.takeover`, `gateway.lookup`. All must pass.
+pub fn cross_check(contract: &Contract, facts: &GatewayFacts) -> Vec<Finding> {
+    vec![
+        retention(contract, facts),
+        tombstone(contract, facts),
+        lease(contract, facts),
+        takeover(contract, facts),
+        lookup(contract, facts),
+    ]
+}
+
+fn retention(c: &Contract, g: &GatewayFacts) -> Finding {
+    let t = "gateway.retention";
+    let need_contract = c.retention.as_ref().map_or(0, |r| r.retention_s);
+    let need_horizon = replay_horizon(c.replay.as_ref()).map_or(0, |h| h.total_s);
+    let need = need_contract.max(need_horizon);
+    if g.retention_s < need {
+        let what = if need_horizon > need_contract {
+            "the replay horizon"
+        } else {
+            "the contract's retention"
+        };
+        return Finding::fail(
+            t,
+            format!(
+                "route retention {} is shorter than {what} {}",
+                format_duration(g.retention_s),
+                format_duration(need)
+            ),
+            format!("set the route's retention_s to at least {need}"),
+        );
+    }
+    Finding::pass(
+        t,
+        format!(
+            "route retention {} covers {}",
+            format_duration(g.retention_s),
+            format_duration(need)
+        ),
+    )
+}
+
+fn tombstone(c: &Contract, g: &GatewayFacts) -> Finding {
+    let t = "gateway.tombstone";
+    let need = c.retention.as_ref().map_or(0, |r| r.tombstone_s);
+    if g.tombstone_s < need {
+        return Finding::fail(
+            t,
+            format!(
+                "route tombstone {} is shorter than the contract's {}",
+                format_duration(g.tombstone_s),
+                format_duration(need)
+            ),
+            format!("set the route's tombstone_s to at least {need}"),
+        );
+    }
+    Finding::pass(
+        t,
+        format!(
+            "route tombstone {} covers the contract's",
+            format_duration(g.tombstone_s)
+        ),
+    )
+}
+
+fn lease(c: &Contract, g: &GatewayFacts) -> Finding {
+    let t = "gateway.lease";
+    let Some(cc) = &c.concurrency else {
+        return Finding::unanswered(
+            t,
+            "the contract has no [concurrency]: the upstream timeout is unknown",
+            "add [concurrency] with upstream_timeout_ms",
+        );
+    };
+    if g.lease_ms < cc.upstream_timeout_ms {
+        return Finding::fail(
+            t,
+            format!(
+                "route lease {} ms is shorter than the upstream timeout {} ms: the lease expires mid-attempt",
+                g.lease_ms, cc.upstream_timeout_ms
+            ),
+            format!(
+                "set the route's lease_ms to at least {}",
+                cc.upstream_timeout_ms
+            ),
+        );
+    }
+    Finding::pass(
+        t,
+        format!(
+            "route lease {} ms covers the upstream timeout {} ms",
+            g.lease_ms, cc.upstream_timeout_ms
+        ),
+    )
+}
+
+fn takeover(c: &Contract, g: &GatewayFacts) -> Finding {
+    let t = "gateway.takeover";
+    if !g.on_lease_expiry_takeover {
+        return Finding::pass(t, "an expired lease is reconciled, never taken over");
+    }
+    if !g.upstream_dedups {
+        return Finding::fail(
+            t,
+            "the route takes over expired leases but does not declare that the upstream dedups by key",
+            "use on_lease_expiry = reconcile, or declare upstream dedup only if the provider really dedups",
+        );
+    }
+    let contract_takeover = c
+        .concurrency
+        .as_ref()
+        .is_some_and(|cc| cc.on_lease_expiry == LeaseExpiry::Takeover);
+    if !contract_takeover || !upstream_dedups(c) {
+        return Finding::fail(
+            t,
+            "the route takes over expired leases but the contract does not allow takeover with a deduplicating upstream",
+            "align the route with the contract: reconcile, or state the provider's dedup in the contract",
+        );
+    }
+    Finding::pass(
+        t,
+        "takeover is safe: the upstream dedups by the propagated key",
+    )
+}
+
+fn lookup(c: &Contract, g: &GatewayFacts) -> Finding {
+    let t = "gateway.lookup";
+    let wants = c
+        .ambiguity
+        .as_ref()
+        .is_some_and(|a| a.reconcile == Reconcile::ProviderLookup);
+    match (wants, g.has_lookup) {
+        (true, false) => Finding::fail(
+            t,
+            "the contract reconciles by provider lookup but the route has no [[lookup]]",
+            "add a [[lookup]] for the route, built from the key",
+        ),
+        (true, true) => Finding::pass(t, "the route's [[lookup]] reconciles unknown outcomes"),
+        (false, _) => Finding::pass(t, "the contract does not reconcile by provider lookup"),
+    }
+}

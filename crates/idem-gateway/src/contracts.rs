@@ -1,0 +1,87 @@
+//! The contracts routes name: each is judged by `idem check`'s twelve
+//! questions and cross-checked against what the route really enforces, so a
+//! gateway never runs a route whose own contract says it is unsafe.
+
+use std::path::PathBuf;
+
+use idem_contract::{ContractError, Finding, GatewayFacts, Report};
+use idem_http::Route;
+
+use crate::GatewayConfig;
+
+/// One route's contract and its verdicts.
+#[derive(Debug)]
+pub struct RouteContract {
+    /// The route's name (or its pattern when unnamed).
+    pub route: String,
+    /// The contract file, resolved against the config file's directory.
+    pub path: PathBuf,
+    /// The twelve questions and the cross-check, or why the file could not
+    /// be read.
+    pub outcome: Result<(Report, Vec<Finding>), ContractError>,
+}
+
+impl RouteContract {
+    /// True when the file was read, every question passed and every
+    /// cross-check passed.
+    pub fn passed(&self) -> bool {
+        match &self.outcome {
+            Ok((report, cross)) => report.passed() && cross.iter().all(|f| f.verdict.passed()),
+            Err(_) => false,
+        }
+    }
+
+    /// One line per failure, for logs and refusals.
+    pub fn failures(&self) -> Vec<String> {
+        match &self.outcome {
+            Err(e) => vec![e.to_string()],
+            Ok((report, cross)) => report
+                .findings
+                .iter()
+                .chain(cross)
+                .filter(|f| !f.verdict.passed())
+                .map(|f| format!("{} {}: {}", f.verdict.as_str(), f.topic, f.why))
+                .collect(),
+        }
+    }
+}
+
+/// Judges the contract of every route that names one.
+pub fn evaluate(config: &GatewayConfig) -> Vec<RouteContract> {
+    config
+        .routes
+        .iter()
+        .filter_map(|route| {
+            let file = route.contract()?;
+            let path = config.base_dir.join(file);
+            let outcome = idem_contract::load(&path).map(|contract| {
+                let report = idem_contract::check(&contract);
+                let cross = idem_contract::cross_check(&contract, &facts(config, route));
+                (report, cross)
+            });
+            Some(RouteContract {
+                route: route
+                    .operation_name()
+                    .unwrap_or(route.pattern().as_str())
+                    .to_owned(),
+                path,
+                outcome,
+            })
+        })
+        .collect()
+}
+
+/// What the route enforces, in the contract crate's terms.
+fn facts(config: &GatewayConfig, route: &Route) -> GatewayFacts {
+    let policy = route.policy();
+    GatewayFacts {
+        retention_s: policy.retention_s(),
+        tombstone_s: policy.tombstone_s(),
+        lease_ms: policy.lease_ms(),
+        on_lease_expiry_takeover: policy.on_lease_expiry() == idem_core::LeaseExpiry::Takeover,
+        upstream_dedups: route.upstream_dedups(),
+        has_lookup: route
+            .operation_name()
+            .is_some_and(|name| config.lookups.iter().any(|(op, _)| op == name)),
+    }
+}

@@ -1,0 +1,152 @@
+//! `idem check` as a reviewer and a deploy pipeline run it: exit codes, the
+//! five example contracts, and a gateway that refuses to serve a route whose
+//! contract fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use support::{Gateway, Site, Upstream};
+
+fn example(name: &str) -> String {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "..",
+        "examples",
+        "contracts",
+        name,
+    ]
+    .iter()
+    .collect();
+    path.to_str().unwrap().to_owned()
+}
+
+fn idem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_examples_get_their_verdicts_and_exit_codes() {
+    let cases = [
+        ("payouts.toml", 0, None),
+        ("incident-one-key-per-attempt.toml", 1, Some("generation")),
+        ("incident-two-dlq-redrive.toml", 1, Some("retention")),
+        ("content-dedup-attributes.toml", 1, Some("fingerprint")),
+        ("active-active-async.toml", 1, Some("failover")),
+    ];
+    for (file, code, failing) in cases {
+        let out = idem(&["check", &example(file), "--format", "json"]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{file}: {}",
+            text(&out.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let findings = doc[0]["report"]["findings"].as_array().unwrap().clone();
+        assert_eq!(findings.len(), 12, "{file}: twelve questions");
+        if let Some(question) = failing {
+            let f = findings.iter().find(|f| f["topic"] == question).unwrap();
+            assert_eq!(f["verdict"], "FAIL", "{file}: {f}");
+        }
+    }
+    // People get aligned text, without colour when not on a terminal.
+    let out = idem(&["check", &example("incident-two-dlq-redrive.toml")]);
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("retention    FAIL") && shown.contains("replay horizon:"),
+        "{shown}"
+    );
+    assert!(!shown.contains('\u{1b}'), "no colour codes on a pipe");
+}
+
+#[test]
+fn unreadable_and_invalid_files_exit_2_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[operation]\nname = \"x\"\nbogus = 1\n").unwrap();
+    let out = idem(&["check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("bad.toml:3:1: operation.bogus: unknown field `bogus`"),
+        "{}",
+        text(&out.stderr)
+    );
+    let missing = dir.path().join("missing.toml");
+    let out = idem(&["check", missing.to_str().unwrap(), &example("payouts.toml")]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unreadable file wins over a pass"
+    );
+    assert!(text(&out.stderr).contains("missing.toml"));
+    assert_eq!(idem(&["check"]).status.code(), Some(2));
+}
+
+fn gateway_config(site: &Site, contract: &str, retention_s: u64) -> PathBuf {
+    let text = format!(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\nretention_s = {retention_s}\n\
+         tombstone_s = 31536000\ncontract = {:?}\n\
+         [[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9/payouts/by-key/{{key}}\"\n",
+        example(contract)
+    );
+    site.config(&text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_refuses_a_route_whose_contract_fails() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    // The contract passes on its own, but this route keeps records one hour.
+    let short = gateway_config(&site, "payouts.toml", 3600);
+    let out = idem(&["check", "--gateway", short.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("gateway.retention"),
+        "{}",
+        text(&out.stdout)
+    );
+    let store = format!("sqlite://{}", site.store().display());
+    let out = idem(&[
+        "serve",
+        "--upstream",
+        &up.url(),
+        "--store",
+        &store,
+        "--config",
+        short.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to start") && err.contains("gateway.retention"),
+        "{err}"
+    );
+    assert!(!site.store().exists(), "nothing was opened");
+
+    // --allow-unsafe-contract starts, and says so loudly.
+    let gw = Gateway::start_args(
+        &up.url(),
+        &site.store(),
+        Some(&short),
+        &["--allow-unsafe-contract"],
+    );
+    assert!(gw.logs().contains("UNSAFE CONTRACT"), "{}", gw.logs());
+    drop(gw);
+
+    // A route that keeps records long enough passes and starts quietly.
+    let long = gateway_config(&site, "payouts.toml", 31_536_000);
+    let out = idem(&["check", "--gateway", long.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&long));
+    assert!(!gw.logs().contains("UNSAFE CONTRACT"));
+}
