@@ -5,6 +5,7 @@ mod check;
 mod reconcile;
 mod records;
 mod serve;
+mod sim;
 mod store_url;
 
 use std::process::ExitCode;
@@ -28,6 +29,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Judge idempotency contract files by the twelve design-review questions.
     Check(check::CheckArgs),
+    /// Replay designs under injected faults, deterministically, and count
+    /// duplicate and lost effects.
+    Sim(sim::SimArgs),
     /// Resolve ambiguous records by asking the provider (one pass).
     Reconcile(reconcile::ReconcileArgs),
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
     // `check` is pure and has its own exit codes (0 pass, 1 fail, 2 invalid).
     let command = match cli.command {
         Command::Check(args) => return check::run(args),
+        Command::Sim(args) => return sim::run(args),
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -66,7 +71,7 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match command {
-            Command::Check(_) => Ok(()),
+            Command::Check(_) | Command::Sim(_) => Ok(()),
             Command::Serve(args) => serve::run(args).await,
             Command::Reconcile(args) => reconcile::run(args).await,
             Command::Records(RecordsCommand::List(args)) => records::list(args).await,

@@ -1,0 +1,759 @@
+//! The simulated topology and its fault injectors: an at-least-once queue
+//! with a DLQ, an orchestrator with retries, a payout API that is slow or
+//! crashes, a bank rail, a reconciler, and one or two regions whose stores
+//! replicate. Everything happens in virtual time from one event queue; what
+//! happened is written to a [`Log`] that only the checker judges.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use idem_core::{
+    Claim, ClaimRequest, Clock, Fingerprint, IdempotencyKey, ListQuery, ManualClock, Outcome,
+    RecordId, Resolution, Scope, State, Store, StoreError, StoreFuture, StoredResult, Timestamp,
+    Token,
+};
+
+use crate::checker::{AnswerObs, EffectObs, Log};
+use crate::design::{RegionMode, Topology, Workload};
+use crate::rng::Rng;
+
+/// Virtual time starts here (2026-01-01), so timestamps look like real ones.
+const EPOCH_MS: u64 = 1_767_225_600_000;
+/// A run that needs more events than this is cut short and reported.
+const EVENTS_MAX: u64 = 2_000_000;
+/// Network delay of one reply, in milliseconds.
+const NET_MS: u64 = 1;
+
+/// Runs one seed and returns the log of what happened.
+pub(crate) fn simulate(
+    topo: &Topology,
+    w: &Workload,
+    op: &str,
+    seed: u64,
+    make_store: &dyn Fn(Arc<dyn Clock>) -> Arc<dyn Store>,
+) -> Log {
+    let clock = ManualClock::new(Timestamp::from_millis(EPOCH_MS));
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let stores: Vec<Arc<dyn Store>> = match topo.mode {
+        RegionMode::Single => vec![make_store(shared)],
+        RegionMode::Sync => {
+            let one = make_store(shared);
+            vec![one.clone(), one]
+        }
+        RegionMode::HomeRegion | RegionMode::AnyRegion => {
+            vec![make_store(shared.clone()), make_store(shared)]
+        }
+    };
+    let mut world = World::new(topo, w, clock, stores, seed);
+    world.populate(op, seed);
+    world.run();
+    world.into_log()
+}
+
+/// Something that happens at a virtual instant.
+enum Ev {
+    Deliver { intent: usize },
+    Visibility { intent: usize, delivery: u32 },
+    Redrive { intent: usize },
+    Send { handler: usize },
+    Timeout { attempt: usize },
+    Effect { attempt: usize },
+    Respond { attempt: usize },
+    Reply { attempt: usize, reply: Reply },
+    Replicate { to: usize, op: ReplOp },
+    Reconcile { region: usize },
+    Resend { intent: usize },
+    Failover,
+    CatchUp,
+    Purge,
+}
+
+/// What reaches the caller.
+enum Reply {
+    Ok { body: String, replay: bool },
+    Conflict,
+    Rejected,
+    Unavailable,
+}
+
+/// A write shipped to the other region's store, re-applied through the
+/// `Store` API; tokens are translated through the replica's own.
+enum ReplOp {
+    Claim(ClaimRequest, Token),
+    Complete(RecordId, Token, StoredResult),
+    MarkAmbiguous(RecordId, Token),
+    Resolve(RecordId, Resolution),
+}
+
+struct Item {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Item {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Item {
+    /// Reversed: `BinaryHeap` pops the earliest (time, sequence) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct Intent {
+    scope: Scope,
+    key: IdempotencyKey,
+    fp: Fingerprint,
+    home: usize,
+    poisoned: bool,
+    ack_lost: bool,
+    resend_planned: bool,
+    // Queue message state.
+    deliveries: u32,
+    receives: u32,
+    acked: bool,
+    redriven: bool,
+}
+
+struct Handler {
+    intent: usize,
+    resend: bool,
+    attempts: u32,
+    done: bool,
+}
+
+struct Attempt {
+    handler: usize,
+    region: usize,
+    id: RecordId,
+    fp: Fingerprint,
+    token: Option<Token>,
+    settled: bool,
+    effect: Option<String>,
+}
+
+struct World<'a> {
+    topo: &'a Topology,
+    w: &'a Workload,
+    clock: ManualClock,
+    stores: Vec<Arc<dyn Store>>,
+    faults: Rng,
+    queue: BinaryHeap<Item>,
+    seq: u64,
+    now: u64,
+    events: u64,
+    intents: Vec<Intent>,
+    handlers: Vec<Handler>,
+    attempts: Vec<Attempt>,
+    down: Vec<bool>,
+    failed_over: bool,
+    caught_up: bool,
+    tokens: BTreeMap<(usize, RecordId, Token), Token>,
+    bank: BTreeMap<RecordId, Vec<usize>>,
+    crashed_after: BTreeSet<RecordId>,
+    log: Log,
+}
+
+impl<'a> World<'a> {
+    fn new(
+        topo: &'a Topology,
+        w: &'a Workload,
+        clock: ManualClock,
+        stores: Vec<Arc<dyn Store>>,
+        seed: u64,
+    ) -> World<'a> {
+        World {
+            topo,
+            w,
+            clock,
+            down: vec![false; stores.len()],
+            stores,
+            faults: Rng::new(seed, 2),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            events: 0,
+            intents: Vec::new(),
+            handlers: Vec::new(),
+            attempts: Vec::new(),
+            failed_over: false,
+            caught_up: false,
+            tokens: BTreeMap::new(),
+            bank: BTreeMap::new(),
+            crashed_after: BTreeSet::new(),
+            log: Log::default(),
+        }
+    }
+
+    /// The workload: intents, their arrival, which are poisoned, the failover.
+    fn populate(&mut self, op: &str, seed: u64) {
+        let mut arrivals = Rng::new(seed, 1);
+        for i in 0..self.w.intents as usize {
+            let scope = Scope::from_parts(op, &format!("tenant-{}", i % 3), None);
+            let key = IdempotencyKey::parse(&format!("payout:seller-{i}:2026-W36"));
+            let (Ok(scope), Ok(key)) = (scope, key) else {
+                self.log
+                    .errors
+                    .push(format!("intent {i}: invalid scope or key"));
+                continue;
+            };
+            let fp = fingerprint(i as u64, 0);
+            self.log.intent_fps.push(fp);
+            let at = arrivals.range(0, self.w.arrival_spread_s * 1000);
+            let poisoned = arrivals.chance(self.w.post_effect_failure);
+            self.intents.push(Intent {
+                scope,
+                key,
+                fp,
+                home: i % self.stores.len(),
+                poisoned,
+                ack_lost: false,
+                resend_planned: false,
+                deliveries: 0,
+                receives: 0,
+                acked: false,
+                redriven: false,
+            });
+            self.at(at, Ev::Deliver { intent: i });
+        }
+        if self.stores.len() > 1 {
+            self.at(self.w.failover_at_s * 1000, Ev::Failover);
+        }
+        self.at(self.w.purge_every_s.max(1) * 1000, Ev::Purge);
+    }
+
+    fn run(&mut self) {
+        while let Some(item) = self.queue.pop() {
+            self.events += 1;
+            if self.events > EVENTS_MAX {
+                self.log.truncated = true;
+                return;
+            }
+            self.now = item.at;
+            self.clock.set(Timestamp::from_millis(EPOCH_MS + item.at));
+            self.handle(item.ev);
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Deliver { intent } => self.deliver(intent),
+            Ev::Visibility { intent, delivery } => {
+                let m = &self.intents[intent];
+                if !m.acked && m.deliveries == delivery {
+                    self.deliver(intent);
+                }
+            }
+            Ev::Redrive { intent } => {
+                self.intents[intent].redriven = true;
+                self.intents[intent].receives = 0;
+                self.deliver(intent);
+            }
+            Ev::Send { handler } => self.send(handler),
+            Ev::Timeout { attempt } => {
+                if !self.attempts[attempt].settled {
+                    self.attempts[attempt].settled = true;
+                    self.retry(self.attempts[attempt].handler);
+                }
+            }
+            Ev::Effect { attempt } => self.effect(attempt),
+            Ev::Respond { attempt } => self.respond(attempt),
+            Ev::Reply { attempt, reply } => self.reply(attempt, reply),
+            Ev::Replicate { to, op } => self.apply_replicated(to, op),
+            Ev::Reconcile { region } => self.reconcile(region),
+            Ev::Resend { intent } => {
+                let h = self.new_handler(intent, true);
+                self.send(h);
+            }
+            Ev::Failover => self.failover(),
+            Ev::CatchUp => self.caught_up = true,
+            Ev::Purge => self.purge(),
+        }
+    }
+
+    /// The queue hands the message to a consumer, or moves it to the DLQ.
+    fn deliver(&mut self, i: usize) {
+        let m = &mut self.intents[i];
+        if m.acked {
+            return;
+        }
+        m.receives += 1;
+        m.deliveries += 1;
+        let delivery = m.deliveries;
+        let (visibility_s, max_receives) = self.topo.queue.unwrap_or((u64::MAX / 4000, 1));
+        if m.receives > max_receives {
+            // Dead-lettered; redriven once, later, if the contract says so.
+            if let (false, Some(after_s)) = (m.redriven, self.topo.redrive_after_s) {
+                self.after(after_s * 1000, Ev::Redrive { intent: i });
+            }
+            return;
+        }
+        let h = self.new_handler(i, false);
+        self.after(0, Ev::Send { handler: h });
+        if self.topo.queue.is_some() {
+            self.after(
+                visibility_s * 1000,
+                Ev::Visibility {
+                    intent: i,
+                    delivery,
+                },
+            );
+        }
+    }
+
+    fn new_handler(&mut self, intent: usize, resend: bool) -> usize {
+        self.handlers.push(Handler {
+            intent,
+            resend,
+            attempts: 0,
+            done: false,
+        });
+        self.handlers.len() - 1
+    }
+
+    /// The orchestrator makes one attempt: the gateway claims, then calls the API.
+    fn send(&mut self, h: usize) {
+        if self.handlers[h].done {
+            return;
+        }
+        self.handlers[h].attempts += 1;
+        self.log.attempts += 1;
+        let (i, resend) = (self.handlers[h].intent, self.handlers[h].resend);
+        let id = self.attempt_id(i);
+        let fp = if resend {
+            fingerprint(i as u64, 1)
+        } else {
+            self.intents[i].fp
+        };
+        let region = self.route(i);
+        let a = self.attempts.len();
+        self.attempts.push(Attempt {
+            handler: h,
+            region: region.unwrap_or(0),
+            id: id.clone(),
+            fp,
+            token: None,
+            settled: false,
+            effect: None,
+        });
+        self.after(self.topo.timeout_ms, Ev::Timeout { attempt: a });
+        let Some(r) = region.filter(|r| !self.down[*r]) else {
+            return self.send_reply(a, Reply::Unavailable);
+        };
+        let req = ClaimRequest {
+            id,
+            fingerprint: fp,
+            owner: format!("r{r}/a{a}"),
+            policy: self.topo.policy,
+        };
+        let reply = match now_ready(self.stores[r].claim(&req)) {
+            Ok(Claim::Acquired { token, .. }) => {
+                self.attempts[a].token = Some(token);
+                self.replicate(r, ReplOp::Claim(req, token));
+                return self.start_api(a);
+            }
+            Ok(Claim::Replay { record }) => {
+                if self.failed_over && r == 1 && record.owner.starts_with("r0/") {
+                    self.log.coverage.replay_after_failover += 1;
+                }
+                let body = record.result.map(|res| body_text(res.body()));
+                Reply::Ok {
+                    body: body.unwrap_or_default(),
+                    replay: true,
+                }
+            }
+            Ok(Claim::OutcomeUnknown { newly_marked }) => {
+                self.log.coverage.conflict_409 += 1;
+                if newly_marked {
+                    self.marked(r, &req.id);
+                }
+                Reply::Conflict
+            }
+            Ok(Claim::InFlight { .. }) => {
+                self.log.coverage.conflict_409 += 1;
+                Reply::Conflict
+            }
+            Ok(Claim::Mismatch { .. }) => {
+                self.log.coverage.mismatch_422 += 1;
+                Reply::Rejected
+            }
+            Ok(Claim::Expired { .. }) => {
+                self.log.late_replays_rejected += 1;
+                Reply::Rejected
+            }
+            Ok(_) | Err(_) => Reply::Unavailable,
+        };
+        self.send_reply(a, reply);
+    }
+
+    /// The key this attempt sends: the intent's, or a fresh one per attempt.
+    fn attempt_id(&mut self, i: usize) -> RecordId {
+        let intent = &self.intents[i];
+        let mut id = RecordId {
+            scope: intent.scope.clone(),
+            key: intent.key.clone(),
+        };
+        if self.topo.per_attempt_keys {
+            let fresh = format!("{:016x}", self.faults.next_u64());
+            if let Ok(key) = IdempotencyKey::parse(&fresh) {
+                id.key = key;
+            }
+        }
+        id
+    }
+
+    /// Which region serves intent `i` now; `None` while a failover catches up.
+    fn route(&self, i: usize) -> Option<usize> {
+        let home = self.intents[i].home;
+        if !self.failed_over || home == 1 {
+            return Some(home);
+        }
+        self.caught_up.then_some(1)
+    }
+
+    /// The payout API after a successful claim: effect, maybe a crash, a reply.
+    fn start_api(&mut self, a: usize) {
+        let (cb, ca) = (self.w.crash_before_effect, self.w.crash_after_effect);
+        let roll = self.faults.range(0, 1_000_000) as f64 / 1_000_000.0;
+        if roll < cb {
+            return; // crashed before the effect: no effect, no reply
+        }
+        let effect_ms = self.faults.range(1, self.w.effect_delay_max_ms.max(1));
+        self.after(effect_ms, Ev::Effect { attempt: a });
+        if roll < cb + ca {
+            self.crashed_after.insert(self.attempts[a].id.clone());
+            return; // crashed after the effect: no completion, no reply
+        }
+        let timeout = self.topo.timeout_ms;
+        let latency = if self.faults.chance(self.w.slow_tail) {
+            self.faults.range(timeout, 4 * timeout)
+        } else {
+            self.faults.range(20, self.w.latency_max_ms.max(20))
+        };
+        self.after(latency.max(effect_ms + 1), Ev::Respond { attempt: a });
+    }
+
+    /// The bank rail performs the payout (and records it).
+    fn effect(&mut self, a: usize) {
+        let (region, id, fp) = {
+            let at = &self.attempts[a];
+            (at.region, at.id.clone(), at.fp)
+        };
+        if self.down[region] {
+            return;
+        }
+        if let Some(window_s) = self.topo.bank_dedup_window_s {
+            let earlier = self.bank.get(&id).and_then(|v| v.last()).copied();
+            if let Some(e) = earlier {
+                let eff = &self.log.effects[e];
+                if self.now.saturating_sub(eff.at_ms) < window_s * 1000 {
+                    self.attempts[a].effect = Some(eff.body.clone());
+                    return;
+                }
+            }
+        }
+        let n = self.log.effects.len();
+        let body = format!("payout-{n}");
+        let intent = self.handlers[self.attempts[a].handler].intent;
+        self.log.effects.push(EffectObs {
+            intent,
+            id: id.clone(),
+            region,
+            fp,
+            body: body.clone(),
+            at_ms: self.now,
+            acquired: self.attempts[a].token.is_some(),
+        });
+        self.bank.entry(id).or_default().push(n);
+        self.attempts[a].effect = Some(body);
+    }
+
+    /// The API finishes: the gateway completes the record, the reply may be lost.
+    fn respond(&mut self, a: usize) {
+        let at = &self.attempts[a];
+        let (Some(body), Some(token), r) = (at.effect.clone(), at.token, at.region) else {
+            return;
+        };
+        if self.down[r] {
+            return;
+        }
+        let id = at.id.clone();
+        match StoredResult::new(201, vec![], body.clone().into_bytes()) {
+            Ok(result) => match now_ready(self.stores[r].complete(&id, token, result.clone())) {
+                Ok(_) => self.replicate(r, ReplOp::Complete(id, token, result)),
+                Err(StoreError::Fenced { .. }) => self.log.coverage.fenced_zombie_write += 1,
+                Err(_) => {}
+            },
+            Err(e) => self.log.errors.push(format!("result refused: {e}")),
+        }
+        if self.faults.chance(self.w.lost_ack) {
+            let i = self.handlers[self.attempts[a].handler].intent;
+            self.intents[i].ack_lost = true;
+            return;
+        }
+        self.send_reply(
+            a,
+            Reply::Ok {
+                body,
+                replay: false,
+            },
+        );
+    }
+
+    fn send_reply(&mut self, a: usize, reply: Reply) {
+        self.after(NET_MS, Ev::Reply { attempt: a, reply });
+    }
+
+    /// The orchestrator reads a reply (unless it already gave up on the attempt).
+    fn reply(&mut self, a: usize, reply: Reply) {
+        if self.attempts[a].settled {
+            return;
+        }
+        self.attempts[a].settled = true;
+        let h = self.attempts[a].handler;
+        match reply {
+            Reply::Ok { body, replay } => {
+                let i = self.handlers[h].intent;
+                self.log.answers.push(AnswerObs {
+                    id: self.attempts[a].id.clone(),
+                    body,
+                    replay,
+                    fp: self.attempts[a].fp,
+                });
+                if replay && !self.handlers[h].resend && self.intents[i].ack_lost {
+                    self.intents[i].ack_lost = false;
+                    self.log.coverage.lost_ack_then_replay += 1;
+                }
+                self.succeeded(h);
+            }
+            Reply::Rejected => self.finish(h, true),
+            Reply::Conflict | Reply::Unavailable => self.retry(h),
+        }
+    }
+
+    fn succeeded(&mut self, h: usize) {
+        let i = self.handlers[h].intent;
+        if self.handlers[h].resend {
+            return self.finish(h, false);
+        }
+        if !self.intents[i].resend_planned && self.faults.chance(self.w.mismatch_resend) {
+            self.intents[i].resend_planned = true;
+            let later = self.faults.range(1_000, 600_000);
+            self.after(later, Ev::Resend { intent: i });
+        }
+        // A poisoned message's next step fails until it has been redriven.
+        let ack = !self.intents[i].poisoned || self.intents[i].redriven;
+        self.finish(h, ack);
+    }
+
+    fn finish(&mut self, h: usize, ack: bool) {
+        self.handlers[h].done = true;
+        if ack && !self.handlers[h].resend {
+            self.intents[self.handlers[h].intent].acked = true;
+        }
+    }
+
+    fn retry(&mut self, h: usize) {
+        let n = self.handlers[h].attempts;
+        if n >= self.topo.attempts {
+            self.handlers[h].done = true; // no ack: the queue redelivers
+            return;
+        }
+        let exp = self.w.backoff_base_ms.saturating_mul(1 << n.min(20));
+        let cap = exp.min(self.topo.backoff_max_ms.max(1));
+        let delay = self.faults.range(cap / 2, cap);
+        self.after(delay, Ev::Send { handler: h });
+    }
+
+    /// A claim found an expired lease and marked the record ambiguous.
+    fn marked(&mut self, r: usize, id: &RecordId) {
+        if let Ok(Some(record)) = now_ready(self.stores[r].get(id)) {
+            self.replicate(r, ReplOp::MarkAmbiguous(id.clone(), record.token));
+        }
+        self.after(self.w.reconcile_delay_s * 1000, Ev::Reconcile { region: r });
+    }
+
+    /// The reconciler asks the bank by key and resolves every ambiguous record.
+    fn reconcile(&mut self, r: usize) {
+        if self.down[r] {
+            return;
+        }
+        let query = ListQuery {
+            state: Some(State::Ambiguous),
+            ..ListQuery::default()
+        };
+        let Ok(records) = now_ready(self.stores[r].list(&query)) else {
+            return;
+        };
+        for record in records {
+            let found = self.bank.get(&record.id).and_then(|v| v.last()).copied();
+            let outcome = match found {
+                Some(e) => StoredResult::new(201, vec![], self.log.effects[e].body.clone().into())
+                    .map(|result| Outcome::Completed { result }),
+                None => Ok(Outcome::NotExecuted),
+            };
+            let Ok(outcome) = outcome else { continue };
+            let completed = matches!(outcome, Outcome::Completed { .. });
+            let Ok(resolution) = Resolution::new(outcome, "sim-reconciler", "bank lookup") else {
+                continue;
+            };
+            if now_ready(self.stores[r].resolve(&record.id, resolution.clone())).is_ok() {
+                self.log.reconciliations += 1;
+                if completed && self.crashed_after.contains(&record.id) {
+                    self.log.coverage.crash_after_effect_then_reconcile += 1;
+                }
+                self.replicate(r, ReplOp::Resolve(record.id, resolution));
+            }
+        }
+    }
+
+    /// Region 0 fails: its API stops, callers waiting on it see a reset.
+    fn failover(&mut self) {
+        self.failed_over = true;
+        self.down[0] = true;
+        for a in 0..self.attempts.len() {
+            if self.attempts[a].region == 0 && !self.attempts[a].settled {
+                self.after(
+                    0,
+                    Ev::Reply {
+                        attempt: a,
+                        reply: Reply::Unavailable,
+                    },
+                );
+            }
+        }
+        match self.topo.mode {
+            // Region 1 takes region 0's keys only once replication caught up.
+            RegionMode::HomeRegion => self.after(self.topo.lag_ms + 1, Ev::CatchUp),
+            _ => self.caught_up = true,
+        }
+    }
+
+    fn replicate(&mut self, from: usize, op: ReplOp) {
+        if self.topo.replicate && self.stores.len() > 1 {
+            self.after(self.topo.lag_ms, Ev::Replicate { to: 1 - from, op });
+        }
+    }
+
+    fn apply_replicated(&mut self, to: usize, op: ReplOp) {
+        if self.down[to] {
+            return;
+        }
+        let store = self.stores[to].clone();
+        let map = |w: &World, id: &RecordId, t: Token| w.tokens.get(&(to, id.clone(), t)).copied();
+        match op {
+            ReplOp::Claim(req, src) => match now_ready(store.claim(&req)) {
+                Ok(Claim::Acquired { token, .. }) => {
+                    self.tokens.insert((to, req.id, src), token);
+                }
+                _ => self.log.replication_conflicts += 1,
+            },
+            ReplOp::Complete(id, src, result) => {
+                if let Some(t) = map(self, &id, src) {
+                    let _ = now_ready(store.complete(&id, t, result));
+                }
+            }
+            ReplOp::MarkAmbiguous(id, src) => {
+                if let Some(t) = map(self, &id, src) {
+                    if now_ready(store.mark_ambiguous(&id, t)).is_ok() {
+                        self.after(
+                            self.w.reconcile_delay_s * 1000,
+                            Ev::Reconcile { region: to },
+                        );
+                    }
+                }
+            }
+            ReplOp::Resolve(id, resolution) => {
+                let _ = now_ready(store.resolve(&id, resolution));
+            }
+        }
+    }
+
+    fn purge(&mut self) {
+        for r in self.distinct_live_stores() {
+            let _ = now_ready(self.stores[r].purge(idem_core::LIST_LIMIT_MAX));
+        }
+        if !self.queue.is_empty() {
+            self.after(self.w.purge_every_s.max(1) * 1000, Ev::Purge);
+        }
+    }
+
+    fn distinct_live_stores(&self) -> Vec<usize> {
+        let n = if self.topo.mode == RegionMode::Sync {
+            1
+        } else {
+            self.stores.len()
+        };
+        let mut live: Vec<usize> = (0..n).filter(|r| !self.down[*r]).collect();
+        if live.is_empty() && self.topo.mode == RegionMode::Sync {
+            live.push(1);
+        }
+        live
+    }
+
+    /// The end: records still in progress or ambiguous in a live region are stuck.
+    fn into_log(mut self) -> Log {
+        for r in self.distinct_live_stores() {
+            for state in [State::InProgress, State::Ambiguous] {
+                let query = ListQuery {
+                    state: Some(state),
+                    ..ListQuery::default()
+                };
+                if let Ok(records) = now_ready(self.stores[r].list(&query)) {
+                    self.log.stuck += records.len() as u64;
+                }
+            }
+        }
+        self.log.end_ms = self.now;
+        self.log
+    }
+
+    fn after(&mut self, delay_ms: u64, ev: Ev) {
+        self.at(self.now.saturating_add(delay_ms), ev);
+    }
+
+    fn at(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Item {
+            at,
+            seq: self.seq,
+            ev,
+        });
+    }
+}
+
+/// Polls a store future once: the simulated stores answer at once.
+pub(crate) fn now_ready<T>(mut f: StoreFuture<'_, T>) -> Result<T, StoreError> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        Poll::Ready(v) => v,
+        Poll::Pending => Err(StoreError::Unavailable {
+            store: "simulated".into(),
+            reason: "the store future was not ready at once; the simulator needs a store that answers immediately".into(),
+        }),
+    }
+}
+
+/// A request fingerprint standing for (intent, payload variant).
+fn fingerprint(intent: u64, variant: u64) -> Fingerprint {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(&intent.to_be_bytes());
+    b[8..16].copy_from_slice(&variant.to_be_bytes());
+    b[31] = 0x5a;
+    Fingerprint::from_bytes(b)
+}
+
+fn body_text(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).into_owned()
+}
