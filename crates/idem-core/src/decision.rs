@@ -141,74 +141,38 @@ pub fn claim(
     now: Timestamp,
     next_token: impl FnOnce() -> Token,
 ) -> (Claim, Write) {
-    match decide(existing, &req.fingerprint, &req.policy, now) {
-        Decision::Acquire => acquire(req, now, next_token(), None),
-        Decision::TakeOver => acquire(req, now, next_token(), existing.map(|r| r.token)),
-        Decision::Mismatch => match existing {
-            Some(r) => (
-                Claim::Mismatch {
-                    stored: r.fingerprint,
-                },
-                Write::None,
-            ),
-            None => unreachable_none(),
-        },
-        Decision::Replay => match existing {
-            Some(r) => (
-                Claim::Replay {
-                    record: Box::new(r.clone()),
-                },
-                Write::None,
-            ),
-            None => unreachable_none(),
-        },
-        Decision::InFlight => {
-            let lease_until = existing.map_or(now, |r| r.lease_until);
-            let retry_after_ms = now.millis_until(lease_until);
-            (
-                Claim::InFlight {
-                    lease_until,
-                    retry_after_ms,
-                },
-                Write::None,
-            )
+    // With no record the table has one row: acquire.
+    let Some(record) = existing else {
+        return acquire(req, now, next_token(), None);
+    };
+    let answer = match decide(Some(record), &req.fingerprint, &req.policy, now) {
+        Decision::Acquire => return acquire(req, now, next_token(), None),
+        Decision::TakeOver => return acquire(req, now, next_token(), Some(record.token)),
+        Decision::MarkAmbiguous => {
+            let mut marked = record.clone();
+            marked.state = State::Ambiguous;
+            let claim = Claim::OutcomeUnknown { newly_marked: true };
+            return (claim, Write::Put(marked));
         }
-        Decision::MarkAmbiguous => match existing {
-            Some(r) => {
-                let mut marked = r.clone();
-                marked.state = State::Ambiguous;
-                (
-                    Claim::OutcomeUnknown { newly_marked: true },
-                    Write::Put(marked),
-                )
-            }
-            None => unreachable_none(),
+        Decision::Mismatch => Claim::Mismatch {
+            stored: record.fingerprint,
         },
-        Decision::OutcomeUnknown => (
-            Claim::OutcomeUnknown {
-                newly_marked: false,
-            },
-            Write::None,
-        ),
-        Decision::LateReplay => (
-            Claim::Expired {
-                completed_at: existing.and_then(|r| r.completed_at),
-                tombstone_until: existing.and_then(|r| r.tombstone_until),
-            },
-            Write::None,
-        ),
-    }
-}
-
-/// `decide` only returns the rows that need a record when there is one; this
-/// keeps the match total without a panic on a path no input reaches.
-fn unreachable_none() -> (Claim, Write) {
-    (
-        Claim::OutcomeUnknown {
+        Decision::Replay => Claim::Replay {
+            record: Box::new(record.clone()),
+        },
+        Decision::InFlight => Claim::InFlight {
+            lease_until: record.lease_until,
+            retry_after_ms: now.millis_until(record.lease_until),
+        },
+        Decision::OutcomeUnknown => Claim::OutcomeUnknown {
             newly_marked: false,
         },
-        Write::None,
-    )
+        Decision::LateReplay => Claim::Expired {
+            completed_at: record.completed_at,
+            tombstone_until: record.tombstone_until,
+        },
+    };
+    (answer, Write::None)
 }
 
 fn acquire(

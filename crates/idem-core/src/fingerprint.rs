@@ -42,6 +42,16 @@ const BODY_RAW: u8 = 2;
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// Lowercase hexadecimal of any bytes (digests, binary bodies).
+pub fn to_hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(HEX_DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
 /// The SHA-256 fingerprint of a request's canonical form.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint([u8; 32]);
@@ -59,12 +69,7 @@ impl Fingerprint {
 
     /// The fingerprint as 64 lowercase hexadecimal digits.
     pub fn to_hex(&self) -> String {
-        let mut s = String::with_capacity(64);
-        for &b in &self.0 {
-            s.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
-            s.push(char::from(HEX_DIGITS[usize::from(b & 0xf)]));
-        }
-        s
+        to_hex(&self.0)
     }
 
     /// Parses exactly 64 hexadecimal digits (either case) as produced by

@@ -64,7 +64,7 @@ mod store;
 mod time;
 
 pub use decision::{Claim, ClaimRequest, Decision};
-pub use fingerprint::{Body, Fingerprint, FingerprintError, RequestParts};
+pub use fingerprint::{Body, Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
 pub use memory::MemoryStore;

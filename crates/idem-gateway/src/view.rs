@@ -2,7 +2,7 @@
 //! bodies as text. One shape for `idem records … --format json` and the
 //! admin API, so a script written against one works against the other.
 
-use idem_core::{Outcome, Record, State, Timestamp};
+use idem_core::{Outcome, Record, State, Timestamp, to_hex};
 use serde::Serialize;
 
 /// One record, as shown.
@@ -85,7 +85,7 @@ impl RecordView {
                 ResultView {
                     status: res.status(),
                     headers: res.headers().to_vec(),
-                    body_hex: text.is_none().then(|| hex(res.body())),
+                    body_hex: text.is_none().then(|| to_hex(res.body())),
                     body: text,
                     body_bytes: res.body().len(),
                 }
@@ -106,10 +106,6 @@ pub fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Completed { .. } => "completed",
         Outcome::NotExecuted => "not_executed",
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `2026-11-29T09:00:00.123Z` from milliseconds since the epoch (UTC; the

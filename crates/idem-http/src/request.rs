@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
-use idem_core::{Body, Fingerprint, IdempotencyKey, RequestParts, Scope};
+use idem_core::{Body, Fingerprint, IdempotencyKey, RequestParts, Scope, to_hex};
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemKind};
@@ -51,7 +51,7 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
                 format!(
                     "{} sha256:{}",
                     parts.method,
-                    hex(&Sha256::digest(parts.uri.path()))
+                    to_hex(&Sha256::digest(parts.uri.path()))
                 )
             } else {
                 op
@@ -76,7 +76,7 @@ fn principal(headers: &HeaderMap, names: &[HeaderName]) -> String {
         }
     }
     if any {
-        hex(&hasher.finalize()[..16])
+        to_hex(&hasher.finalize()[..16])
     } else {
         ANONYMOUS.to_owned()
     }
@@ -84,7 +84,7 @@ fn principal(headers: &HeaderMap, names: &[HeaderName]) -> String {
 
 /// A short digest of the scope, for key templates that prefix it.
 pub(crate) fn scope_digest(scope: &Scope) -> String {
-    hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
+    to_hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
 }
 
 /// The fingerprint of the request, per the route's declarations.
@@ -190,10 +190,6 @@ fn decode(raw: &str) -> String {
 
 fn hex_value(digit: u8) -> Option<u8> {
     (digit as char).to_digit(16).map(|d| d as u8)
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

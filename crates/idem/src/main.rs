@@ -53,12 +53,21 @@ enum RecordsCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    // `check` is pure and has its own exit codes (0 pass, 1 fail, 2 invalid).
-    let command = match cli.command {
-        Command::Check(args) => return check::run(args),
-        Command::Sim(args) => return sim::run(args),
-        other => other,
-    };
+    match cli.command {
+        // Pure commands with their own exit codes (0 pass, 1 fail, 2 invalid).
+        Command::Check(args) => check::run(args),
+        Command::Sim(args) => sim::run(args),
+        Command::Serve(args) => block_on(serve::run(args)),
+        Command::Reconcile(args) => block_on(reconcile::run(args)),
+        Command::Records(RecordsCommand::List(args)) => block_on(records::list(args)),
+        Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
+        Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
+    }
+}
+
+/// Runs one command on a multi-threaded runtime: 0 on success, 1 with the
+/// error and its causes on stderr.
+fn block_on(command: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -69,17 +78,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(async {
-        match command {
-            Command::Check(_) | Command::Sim(_) => Ok(()),
-            Command::Serve(args) => serve::run(args).await,
-            Command::Reconcile(args) => reconcile::run(args).await,
-            Command::Records(RecordsCommand::List(args)) => records::list(args).await,
-            Command::Records(RecordsCommand::Show(args)) => records::show(args).await,
-            Command::Records(RecordsCommand::Resolve(args)) => records::resolve(args).await,
-        }
-    });
-    match outcome {
+    match runtime.block_on(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
