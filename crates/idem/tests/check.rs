@@ -6,9 +6,8 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use support::{Gateway, Site, Upstream};
+use support::{Gateway, Site, Upstream, idem, text};
 
 fn example(name: &str) -> String {
     let path: PathBuf = [
@@ -22,17 +21,6 @@ fn example(name: &str) -> String {
     .iter()
     .collect();
     path.to_str().unwrap().to_owned()
-}
-
-fn idem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]

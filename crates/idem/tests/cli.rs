@@ -2,18 +2,9 @@
 //! the file and the field, and records on real SQLite files.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
-use std::process::{Command, Output};
+mod support;
 
-fn idem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use support::{idem, text};
 
 #[test]
 fn records_list_on_missing_fresh_and_garbage_stores() {

@@ -9,7 +9,9 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{Gateway, Reply, Site, Upstream, eventually, idem, key, metric, post, segment, send};
+use support::{
+    Gateway, Reply, Site, Upstream, eventually, idem, key, metric, post, segment, send, text,
+};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 const TOKEN: &str = "ops-test-token-5f2c9a7e41d8";
@@ -34,10 +36,6 @@ fn json(reply: &Reply) -> serde_json::Value {
     serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{e}: {reply:?}"))
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 fn store_url(site: &Site) -> String {
     format!("sqlite://{}", site.store().display())
 }
@@ -52,6 +50,23 @@ async fn only_ambiguous(admin_addr: SocketAddr) -> (String, String) {
     let scope = records[0]["scope"].as_str().unwrap().to_owned();
     let key = records[0]["key"].as_str().unwrap().to_owned();
     (scope, key)
+}
+
+/// `idem records list --state ambiguous --format json` on `store`.
+fn ambiguous_records(store: &str) -> serde_json::Value {
+    let args = [
+        "records",
+        "list",
+        "--state",
+        "ambiguous",
+        "--format",
+        "json",
+        "--store",
+        store,
+    ];
+    let out = idem(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,19 +182,7 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
 
     // The API's list is the CLI's `--format json`, record for record.
     let listed = admin("GET", admin_addr, "/records?state=ambiguous", "").await;
-    let out = idem(&[
-        "records",
-        "list",
-        "--state",
-        "ambiguous",
-        "--format",
-        "json",
-        "--store",
-        &store_url(&site),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let from_cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json(&listed), from_cli);
+    assert_eq!(json(&listed), ambiguous_records(&store_url(&site)));
 
     let path = format!("/records/{}/{}", segment(&scope), segment(&key_));
     let shown = admin("GET", admin_addr, &path, "").await;
@@ -280,17 +283,7 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
         201
     );
     let store = store_url(&site);
-    let out = idem(&[
-        "records",
-        "list",
-        "--state",
-        "ambiguous",
-        "--format",
-        "json",
-        "--store",
-        &store,
-    ]);
-    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = ambiguous_records(&store);
     let scope = listed[0]["scope"].as_str().unwrap().to_owned();
 
     // The CLI shares the SQLite file with the running gateway.

@@ -245,20 +245,38 @@ impl Gateway {
         config: Option<&Path>,
         extra: &[&str],
     ) -> Gateway {
-        Gateway::spawn(
-            upstream,
-            &format!("sqlite://{}", store.display()),
-            config,
-            extra,
-        )
+        let store = format!("sqlite://{}", store.display());
+        Gateway::spawn(upstream, &store, config, extra, None).0
     }
 
     /// Starts `idem serve` on an ephemeral port and waits until it listens.
     pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
-        Gateway::spawn(upstream, store_url, config, &[])
+        Gateway::spawn(upstream, store_url, config, &[], None).0
     }
 
-    fn spawn(upstream: &str, store_url: &str, config: Option<&Path>, extra: &[&str]) -> Gateway {
+    /// Starts `idem serve` with the admin API on an ephemeral port, its
+    /// token in `IDEM_ADMIN_TOKEN`; returns the gateway and the admin address.
+    pub fn start_admin(
+        upstream: &str,
+        store: &Path,
+        config: Option<&Path>,
+        token: &str,
+    ) -> (Gateway, SocketAddr) {
+        let store = format!("sqlite://{}", store.display());
+        let extra = ["--admin-listen", "127.0.0.1:0"];
+        let (gateway, admin) = Gateway::spawn(upstream, &store, config, &extra, Some(token));
+        (gateway, admin.unwrap())
+    }
+
+    /// Spawns `idem serve` and waits (30 s at most) until its log names the
+    /// bound address, and the admin address when `admin_token` is given.
+    fn spawn(
+        upstream: &str,
+        store_url: &str,
+        config: Option<&Path>,
+        extra: &[&str],
+        admin_token: Option<&str>,
+    ) -> (Gateway, Option<SocketAddr>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
             .args(extra)
@@ -267,6 +285,9 @@ impl Gateway {
             .env("IDEM_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let Some(token) = admin_token {
+            cmd.env("IDEM_ADMIN_TOKEN", token);
+        }
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
         }
@@ -277,21 +298,32 @@ impl Gateway {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("local_addr=").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                    let _ = tx.send(addr);
+                for field in ["local_addr=", "admin_addr="] {
+                    if let Some(rest) = line.split(field).nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                        let _ = tx.send((field, addr));
+                    }
                 }
                 sink.lock().unwrap().push(line);
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(addr) => addr.parse().unwrap(),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("idem serve did not start: {:#?}", log.lock().unwrap());
+        let (mut addr, mut admin) = (None, None);
+        while addr.is_none() || (admin_token.is_some() && admin.is_none()) {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(("local_addr=", a)) => addr = Some(a.parse().unwrap()),
+                Ok((_, a)) => admin = Some(a.parse().unwrap()),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("idem serve did not start: {:#?}", log.lock().unwrap());
+                }
             }
+        }
+        let gateway = Gateway {
+            addr: addr.unwrap(),
+            child,
+            log,
         };
-        Gateway { addr, child, log }
+        (gateway, admin)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -355,6 +387,17 @@ impl Reply {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts this is a replay of `first`: same status and body, marked
+    /// `Idempotent-Replayed: true`.
+    #[track_caller]
+    pub fn assert_replay_of(&self, first: &Reply) {
+        assert_eq!(
+            (self.status, self.body.as_str()),
+            (first.status, first.body.as_str())
+        );
+        assert_eq!(self.header("idempotent-replayed"), Some("true"), "{self:?}");
     }
 
     /// The problem `type`, if this is a problem response.
@@ -482,63 +525,6 @@ impl Drop for PgSchema {
 
 // ---- Operations: the admin API, the CLI, metrics ----
 
-impl Gateway {
-    /// Starts `idem serve` with the admin API on an ephemeral port, its
-    /// token in `IDEM_ADMIN_TOKEN`; returns the gateway and the admin address.
-    pub fn start_admin(
-        upstream: &str,
-        store: &Path,
-        config: Option<&Path>,
-        token: &str,
-    ) -> (Gateway, SocketAddr) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .arg("--store")
-            .arg(format!("sqlite://{}", store.display()))
-            .env("IDEM_LOG", "info")
-            .env("IDEM_ADMIN_TOKEN", token)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(config) = config {
-            cmd.arg("--config").arg(config);
-        }
-        let mut child = cmd.spawn().expect("spawn idem serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                for field in ["local_addr=", "admin_addr="] {
-                    if let Some(rest) = line.split(field).nth(1) {
-                        let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                        let _ = tx.send((field, addr));
-                    }
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let (mut addr, mut admin) = (None, None);
-        while addr.is_none() || admin.is_none() {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(("local_addr=", a)) => addr = Some(a.parse().unwrap()),
-                Ok((_, a)) => admin = Some(a.parse().unwrap()),
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("idem serve did not start: {:#?}", log.lock().unwrap());
-                }
-            }
-        }
-        let gateway = Gateway {
-            addr: addr.unwrap(),
-            child,
-            log,
-        };
-        (gateway, admin.unwrap())
-    }
-}
-
 /// Any request; `body` is sent as JSON when it is not empty.
 pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
     let mut req = axum::http::Request::builder().method(method).uri(url);
@@ -565,6 +551,12 @@ pub fn segment(text: &str) -> String {
 }
 
 /// Runs the `idem` command to completion.
+/// Bytes a process wrote, as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs the `idem` binary to completion.
 pub fn idem(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
