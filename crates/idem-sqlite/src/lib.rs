@@ -244,20 +244,11 @@ impl Store for SqliteStore {
         if let Err(e) = check_owner(&req.owner) {
             return Box::pin(std::future::ready(Err(e.into())));
         }
-        // Replays and refusals are answered by a reader; only a claim that
-        // writes goes through the writer and its group commit.
-        let read_req = req.clone();
-        let read = self.read(|reply| ReadOp::Claim {
-            req: read_req,
-            reply,
-        });
+        // Every claim goes to the writer: its fresh-key fast path is one
+        // INSERT, and deciding on a reader first cost fresh keys a second
+        // hop and smaller commit groups (measured: 26.8k → 22k pairs/s).
         let req = req.clone();
-        Box::pin(async move {
-            if let Some(claim) = read.await? {
-                return Ok(claim);
-            }
-            self.write(|reply| Op::Claim { req, reply }).await
-        })
+        self.write(|reply| Op::Claim { req, reply })
     }
 
     fn complete<'a>(

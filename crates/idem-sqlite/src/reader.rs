@@ -1,14 +1,11 @@
-//! The reader threads: `get`, `list` and the read-only half of `claim` on
-//! their own connections, so that operators' queries and replays never wait
-//! behind the writer's fsync (WAL lets readers see the last commit while a
-//! new one is being written).
+//! The reader threads: `get` and `list` on their own connections, so that
+//! operators' queries never wait behind the writer's fsync (WAL lets readers
+//! see the last commit while a new one is being written).
 
 use std::sync::{Arc, Mutex};
 
-use idem_core::decision::{self, Decision, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Record, RecordId,
-    State, StoreError, Token,
+    Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Record, RecordId, State, StoreError,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -32,12 +29,6 @@ pub(crate) enum ReadOp {
     Resolutions {
         id: RecordId,
         reply: Reply<Vec<JournalEntry>>,
-    },
-    /// A claim decided on the last committed state; `None` when the
-    /// decision writes and must be taken again by the writer.
-    Claim {
-        req: ClaimRequest,
-        reply: Reply<Option<Claim>>,
     },
 }
 
@@ -64,9 +55,6 @@ pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue:
             }
             Some(ReadOp::Resolutions { id, reply }) => {
                 let _ = reply.send(resolutions(&conn, &store, &id));
-            }
-            Some(ReadOp::Claim { req, reply }) => {
-                let _ = reply.send(read_claim(&conn, &store, clock.as_ref(), &req));
             }
             None => return,
         }
@@ -102,31 +90,6 @@ fn resolutions(
         .map_err(|e| schema::error(store, &e))?
         .into_iter()
         .collect()
-}
-
-/// The claim decision on the last committed state, when it writes nothing:
-/// replay, mismatch, in flight, outcome unknown, expired. Each is a correct
-/// answer as of that commit, because only the writer changes records and a
-/// caller hears of a change only after it committed. Decisions that write
-/// (acquire, take over, mark ambiguous) are left to the writer, which decides
-/// again inside its transaction.
-fn read_claim(
-    conn: &Connection,
-    store: &str,
-    clock: &dyn Clock,
-    req: &ClaimRequest,
-) -> Result<Option<Claim>, StoreError> {
-    let existing = get(conn, store, &req.id)?;
-    let now = clock.now();
-    match decision::decide(existing.as_ref(), &req.fingerprint, &req.policy, now) {
-        Decision::Acquire | Decision::TakeOver | Decision::MarkAmbiguous => Ok(None),
-        _ => {
-            // The decision above takes no token; a closure that is never
-            // called still has to return one.
-            let (claim, write) = decision::claim(existing.as_ref(), req, now, || Token(0));
-            Ok((write == Write::None).then_some(claim))
-        }
-    }
 }
 
 /// Records in (scope, key) order after the cursor, filtered by their state at
