@@ -156,6 +156,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// A store written by a newer idem than this one: refused, never
+    /// migrated backwards.
+    pub fn newer_schema(store: &str, version: i64, supported: i64) -> StoreError {
+        StoreError::Incompatible {
+            store: store.to_owned(),
+            reason: format!(
+                "schema version {version} is newer than this idem supports ({supported}); \
+                 upgrade idem"
+            ),
+        }
+    }
+
     /// True when retrying later may succeed (the store was unavailable).
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable { .. })

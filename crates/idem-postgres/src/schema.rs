@@ -360,13 +360,11 @@ async fn bootstrap(
 
 fn check_version(version: i32, store: &str) -> Result<(), StoreError> {
     if version > SCHEMA_VERSION {
-        return Err(StoreError::Incompatible {
-            store: store.to_owned(),
-            reason: format!(
-                "schema version {version} is newer than this idem supports ({SCHEMA_VERSION}); \
-                 upgrade idem"
-            ),
-        });
+        return Err(StoreError::newer_schema(
+            store,
+            i64::from(version),
+            i64::from(SCHEMA_VERSION),
+        ));
     }
     Ok(())
 }

@@ -219,13 +219,7 @@ fn identify(conn: &Connection, store: &str) -> Result<Kind, StoreError> {
         }));
     }
     if version > SCHEMA_VERSION {
-        return Err(StoreError::Incompatible {
-            store: store.to_owned(),
-            reason: format!(
-                "schema version {version} is newer than this idem supports ({SCHEMA_VERSION}); \
-                 upgrade idem"
-            ),
-        });
+        return Err(StoreError::newer_schema(store, version, SCHEMA_VERSION));
     }
     Ok(Kind::Idem(version))
 }

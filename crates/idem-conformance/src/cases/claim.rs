@@ -6,9 +6,8 @@ use std::sync::Arc;
 use idem_core::{Claim, Clock, LeaseExpiry, ManualClock, Record, State, Store};
 
 use super::support::{
-    LEASE_MS, OWNER, RETENTION_MS, RETENTION_S, TOMBSTONE_MS, TOMBSTONE_S, acquire, after,
-    ambiguous, completed, fp, in_progress, key, largest_result, request, request_with, result,
-    stored,
+    LEASE_MS, OWNER, RETENTION_MS, TOMBSTONE_MS, acquire, after, ambiguous, completed, fp,
+    fresh_record, in_progress, key, largest_result, request, request_with, result, stored,
 };
 
 /// No record → `Acquired`: a token, `lease_until = now + lease_ms`, no
@@ -17,22 +16,7 @@ pub async fn claim_acquires_when_no_record<S: Store + 'static>(store: Arc<S>, cl
     let id = key("payout-847");
     let now = clock.now();
     let token = acquire(&*store, &clock, &request(&id, fp(1))).await;
-    let expect = Record {
-        id: id.clone(),
-        fingerprint: fp(1),
-        state: State::InProgress,
-        token,
-        owner: OWNER.to_owned(),
-        lease_until: after(now, LEASE_MS),
-        created_at: now,
-        completed_at: None,
-        expires_at: None,
-        tombstone_until: None,
-        retention_s: RETENTION_S,
-        tombstone_s: TOMBSTONE_S,
-        result: None,
-        resolution: None,
-    };
+    let expect = fresh_record(&id, fp(1), token, now);
     assert_eq!(store.get(&id).await.unwrap(), Some(expect));
 }
 
@@ -337,22 +321,7 @@ pub async fn claim_after_tombstone_horizon_acquires<S: Store + 'static>(
             took_over: None,
         };
         assert_eq!(claim, expect, "row {row:?}");
-        let fresh = Record {
-            id: id.clone(),
-            fingerprint: fp(2),
-            state: State::InProgress,
-            token,
-            owner: OWNER.to_owned(),
-            lease_until: after(now, LEASE_MS),
-            created_at: now,
-            completed_at: None,
-            expires_at: None,
-            tombstone_until: None,
-            retention_s: RETENTION_S,
-            tombstone_s: TOMBSTONE_S,
-            result: None,
-            resolution: None,
-        };
+        let fresh = fresh_record(&id, fp(2), token, now);
         assert_eq!(stored(&*store, &id).await, fresh, "row {row:?}");
     }
 }

@@ -4,8 +4,8 @@
 
 use idem_core::{
     Claim, ClaimRequest, Clock, Fingerprint, IdempotencyKey, LeaseExpiry, ManualClock,
-    OWNER_BYTES_MAX, Policy, RESULT_BODY_BYTES_MAX, Record, RecordId, Scope, Store, StoredResult,
-    Timestamp, Token,
+    OWNER_BYTES_MAX, Policy, RESULT_BODY_BYTES_MAX, Record, RecordId, Scope, State, Store,
+    StoredResult, Timestamp, Token,
 };
 
 /// The lease of every policy in the suite, in milliseconds.
@@ -167,4 +167,29 @@ pub(crate) async fn stored<S: Store>(store: &S, id: &RecordId) -> Record {
 /// `at + ms`: a short name for the timelines the cases walk.
 pub(crate) fn after(at: Timestamp, ms: u64) -> Timestamp {
     at.plus_millis(ms)
+}
+
+/// The record a fresh acquisition with the suite's default policy writes.
+pub(crate) fn fresh_record(
+    id: &RecordId,
+    fingerprint: Fingerprint,
+    token: Token,
+    now: Timestamp,
+) -> Record {
+    Record {
+        id: id.clone(),
+        fingerprint,
+        state: State::InProgress,
+        token,
+        owner: OWNER.to_owned(),
+        lease_until: after(now, LEASE_MS),
+        created_at: now,
+        completed_at: None,
+        expires_at: None,
+        tombstone_until: None,
+        retention_s: RETENTION_S,
+        tombstone_s: TOMBSTONE_S,
+        result: None,
+        resolution: None,
+    }
 }
