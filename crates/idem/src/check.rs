@@ -86,12 +86,7 @@ fn gateway(
     colour: bool,
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<bool> {
-    // Checking a config needs no upstream; one is supplied if it has none.
-    let overrides = Overrides {
-        upstream: Some("http://127.0.0.1:9".into()),
-        ..Overrides::default()
-    };
-    let config = GatewayConfig::load(Some(config), &overrides)?;
+    let config = GatewayConfig::load_offline(config, &Overrides::default())?;
     let contracts = idem_gateway::contracts::evaluate(&config);
     if contracts.is_empty() {
         eprintln!("note: no route in the config names a contract file (route field `contract`)");

@@ -34,12 +34,10 @@ pub struct ReconcileArgs {
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
         store: args.store,
-        // The reconciler talks to the lookup URLs, never to the upstream;
-        // a config without one is still a valid reconciliation config.
-        upstream: Some("http://127.0.0.1:9".into()),
         ..Overrides::default()
     };
-    let config = GatewayConfig::load(Some(&args.config), &overrides)?;
+    // The reconciler talks to the lookup URLs, never to the upstream.
+    let config = GatewayConfig::load_offline(&args.config, &overrides)?;
     let url = StoreUrl::parse(&config.store)?;
     let store = url.open()?;
     let Some(reconciler) = idem_gateway::reconciler(&config, store, Arc::new(Metrics::default()))

@@ -79,6 +79,17 @@ fn unreadable_and_invalid_files_exit_2_naming_file_line_and_field() {
     );
     assert!(text(&out.stderr).contains("missing.toml"));
     assert_eq!(idem(&["check"]).status.code(), Some(2));
+    // A gateway config is validated whole, its upstream too, though the
+    // check never dials it.
+    let gateway = dir.path().join("gateway.toml");
+    std::fs::write(&gateway, "upstream = \"https://x\"\n").unwrap();
+    let out = idem(&["check", "--gateway", gateway.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("gateway.toml: upstream:"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 fn gateway_config(site: &Site, contract: &str, retention_s: u64) -> PathBuf {
