@@ -65,6 +65,8 @@ macro_rules! conformance_suite {
             resolve_completed_stores_result,
             resolve_not_executed_releases,
             resolve_refuses_other_states,
+            resolve_is_fenced_by_token,
+            resolve_not_executed_waits_for_lease,
             resolve_not_executed_is_journaled,
             resolve_completed_is_journaled,
             journal_keeps_every_episode_oldest_first,
@@ -81,6 +83,7 @@ macro_rules! conformance_suite {
             purge_honours_limit,
             scopes_isolate_keys,
             owner_over_limit_is_refused,
+            legal_values_round_trip_byte_for_byte,
             concurrent_claims_on_one_key_acquire_once,
             concurrent_claims_on_distinct_keys_all_acquire,
         );

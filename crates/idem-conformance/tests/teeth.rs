@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use idem_conformance::{START, cases};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, ManualClock, MemoryStore,
-    OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved, State, Store, StoreError,
-    StoreFuture, StoredResult, Timestamp, Token,
+    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing, ManualClock,
+    MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved, State,
+    Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -104,6 +104,14 @@ async fn every_fault_is_caught() {
             vec![case!(resolve_refuses_other_states)],
         ),
         (
+            Fault::ResolveIgnoresToken,
+            vec![case!(resolve_is_fenced_by_token)],
+        ),
+        (
+            Fault::ReleasesWhileLeased,
+            vec![case!(resolve_not_executed_waits_for_lease)],
+        ),
+        (
             Fault::JournalForgetsReleases,
             vec![
                 case!(resolve_not_executed_is_journaled),
@@ -170,6 +178,11 @@ enum Fault {
     ClaimClockLagsOneMs,
     /// Resolve on a record that is not ambiguous answers "released".
     ResolveSkipsStateCheck,
+    /// Resolve settles whichever attempt holds the record now, whatever
+    /// token the verdict was about.
+    ResolveIgnoresToken,
+    /// Resolve trusts "not executed" while the attempt's lease still runs.
+    ReleasesWhileLeased,
     /// The journal loses the resolutions that released the record.
     JournalForgetsReleases,
     /// The journal is read newest first.
@@ -301,10 +314,26 @@ impl Store for Broken {
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
+        token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
-            match (self.fault, self.inner.resolve(id, resolution).await) {
+            let current = self.inner.get(id).await?;
+            let token = match (self.fault, &current) {
+                (Fault::ResolveIgnoresToken, Some(record)) => record.token,
+                _ => token,
+            };
+            let lease_ms = current.as_ref().map_or(0, |r| {
+                r.lease_until
+                    .as_millis()
+                    .saturating_sub(self.clock.now().as_millis())
+            });
+            if self.fault == Fault::ReleasesWhileLeased {
+                self.clock.skew_ms.store(lease_ms as i64, Ordering::SeqCst);
+            }
+            let resolved = self.inner.resolve(id, token, resolution).await;
+            self.clock.skew_ms.store(0, Ordering::SeqCst);
+            match (self.fault, resolved) {
                 (Fault::ResolveSkipsStateCheck, Err(StoreError::WrongState { .. })) => Ok(None),
                 (_, resolved) => resolved,
             }
@@ -329,7 +358,7 @@ impl Store for Broken {
         self.inner.get(id)
     }
 
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         let mut query = query.clone();
         match self.fault {
             Fault::ListIgnoresState => query.state = None,

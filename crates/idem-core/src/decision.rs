@@ -249,9 +249,18 @@ pub fn mark_ambiguous(
 /// Resolving an `ambiguous` record: completed (store the result) or not
 /// executed (remove it so a retry may run). Returns the write to apply and
 /// the journal entry to append with it, in the same atomic step.
+///
+/// A verdict is about one attempt, named by its `token`: a verdict reached
+/// about an earlier attempt (the key was released and claimed again while
+/// the provider was being asked, or another resolver got there first) is
+/// [`StoreError::Fenced`] and changes nothing. "Not executed" is accepted
+/// only once that attempt can no longer commit, that is after its lease
+/// (routes keep the lease longer than the upstream may take); before, it is
+/// [`StoreError::MayStillCommit`].
 pub fn resolve(
     existing: Option<&Record>,
     id: &RecordId,
+    token: Token,
     mut resolution: Resolution,
     now: Timestamp,
 ) -> Result<(Write, JournalEntry), StoreError> {
@@ -259,11 +268,25 @@ pub fn resolve(
     let Some(record) = existing else {
         return Err(StoreError::NotFound { id: id.clone() });
     };
+    if record.token != token {
+        return Err(StoreError::Fenced {
+            id: id.clone(),
+            presented: token,
+            current: Some((record.token, record.state_at(now))),
+        });
+    }
     if record.state != State::Ambiguous {
         return Err(StoreError::WrongState {
             id: id.clone(),
             state: record.state_at(now),
             operation: "resolve",
+        });
+    }
+    if resolution.outcome == Outcome::NotExecuted && now < record.lease_until {
+        return Err(StoreError::MayStillCommit {
+            id: id.clone(),
+            token,
+            until: record.lease_until,
         });
     }
     let (outcome, status) = match &resolution.outcome {
@@ -632,7 +655,7 @@ mod tests {
         let mut long = Resolution::new(Outcome::NotExecuted, "op", "why").unwrap();
         long.reason = "x".repeat(crate::record::RESOLUTION_TEXT_BYTES_MAX + 1);
         assert!(matches!(
-            resolve(Some(&ambiguous), &ambiguous.id, long, NOW),
+            resolve(Some(&ambiguous), &ambiguous.id, Token(7), long, NOW),
             Err(StoreError::Limit(_))
         ));
         let read = |status: u16| {
@@ -657,7 +680,19 @@ mod tests {
             "bank says paid",
         )
         .unwrap();
-        let Ok((Write::Put(resolved), entry)) = resolve(Some(&ambiguous), &id, found, NOW) else {
+        let other_attempt = resolve(Some(&ambiguous), &id, Token(6), found.clone(), NOW);
+        assert_eq!(
+            other_attempt,
+            Err(StoreError::Fenced {
+                id: id.clone(),
+                presented: Token(6),
+                current: Some((Token(7), State::Ambiguous)),
+            }),
+            "a verdict about another attempt"
+        );
+        let Ok((Write::Put(resolved), entry)) =
+            resolve(Some(&ambiguous), &id, Token(7), found, NOW)
+        else {
             panic!("resolve must put")
         };
         assert_eq!(resolved.state, State::Completed);
@@ -676,8 +711,31 @@ mod tests {
         assert_eq!(resolved.resolution.as_ref().and_then(|r| r.at), Some(NOW));
         let not_executed =
             Resolution::new(Outcome::NotExecuted, "reconciler", "lookup: 404").unwrap();
+        let lease_end = ambiguous.lease_until;
+        let before_lease = Timestamp::from_millis(lease_end.as_millis() - 1);
         assert_eq!(
-            resolve(Some(&ambiguous), &id, not_executed.clone(), NOW),
+            resolve(
+                Some(&ambiguous),
+                &id,
+                Token(7),
+                not_executed.clone(),
+                before_lease
+            ),
+            Err(StoreError::MayStillCommit {
+                id: id.clone(),
+                token: Token(7),
+                until: lease_end,
+            }),
+            "not executed while the attempt may still commit"
+        );
+        assert_eq!(
+            resolve(
+                Some(&ambiguous),
+                &id,
+                Token(7),
+                not_executed.clone(),
+                lease_end
+            ),
             Ok((
                 Write::Delete,
                 JournalEntry {
@@ -687,12 +745,12 @@ mod tests {
                     status: None,
                     by: "reconciler".into(),
                     reason: "lookup: 404".into(),
-                    at: NOW,
+                    at: lease_end,
                 }
             ))
         );
         assert_eq!(
-            resolve(Some(&resolved), &id, not_executed.clone(), NOW),
+            resolve(Some(&resolved), &id, Token(7), not_executed.clone(), NOW),
             Err(StoreError::WrongState {
                 id: id.clone(),
                 state: State::Completed,
@@ -700,7 +758,7 @@ mod tests {
             })
         );
         assert_eq!(
-            resolve(None, &id, not_executed, NOW),
+            resolve(None, &id, Token(7), not_executed, NOW),
             Err(StoreError::NotFound { id: id.clone() })
         );
 

@@ -8,9 +8,16 @@ pub const KEY_BYTES_MAX: usize = 255;
 
 /// A validated idempotency key: 1–255 bytes of visible ASCII (`0x21..=0x7e`).
 ///
-/// The draft `Idempotency-Key` header carries the key as a structured-field
-/// string (`"abc"`); a bare token (`abc`) is accepted too and both parse to the
-/// same key.
+/// A key has two spellings, and each has its own constructor:
+/// - [`IdempotencyKey::parse`] reads a **header value**. The draft
+///   `Idempotency-Key` header carries the key as a structured-field string
+///   (`"abc"`); a bare token (`abc`) is accepted too and both parse to the
+///   same key. The quotes are syntax, not part of the key.
+/// - [`IdempotencyKey::new`] takes the key's **own text**, byte for byte, as
+///   stores, the admin API, the CLI and serde hold it. A key may itself
+///   contain quotes and backslashes (the header `"\"a\""` names the key `"a"`),
+///   so stored text must never be read as a header value again: `"a"` would
+///   turn into `a`, another intent's key.
 ///
 /// ```
 /// use idem_core::IdempotencyKey;
@@ -18,6 +25,12 @@ pub const KEY_BYTES_MAX: usize = 255;
 /// let bare = IdempotencyKey::parse("payout-847-2026-W36").unwrap();
 /// assert_eq!(quoted, bare);
 /// assert!(IdempotencyKey::parse("").is_err());
+///
+/// // A key whose own text is `"a"`: sent quoted and escaped, stored as is.
+/// let odd = IdempotencyKey::parse(r#""\"a\"""#).unwrap();
+/// assert_eq!(odd.as_str(), "\"a\"");
+/// assert_eq!(IdempotencyKey::new(odd.as_str()).unwrap(), odd);
+/// assert_ne!(odd, IdempotencyKey::parse("a").unwrap());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(transparent)]
@@ -51,10 +64,16 @@ pub enum KeyError {
 impl IdempotencyKey {
     /// Parses a header value: a bare token or a quoted structured-field string.
     pub fn parse(raw: &str) -> Result<IdempotencyKey, KeyError> {
-        let value = match raw.strip_prefix('"') {
-            Some(rest) => unquote(rest)?,
-            None => raw.to_owned(),
-        };
+        match raw.strip_prefix('"') {
+            Some(rest) => IdempotencyKey::new(unquote(rest)?),
+            None => IdempotencyKey::new(raw),
+        }
+    }
+
+    /// The key whose own text is `text`, byte for byte (no header syntax):
+    /// how stores, the admin API, the CLI and serde spell a key.
+    pub fn new(text: impl Into<String>) -> Result<IdempotencyKey, KeyError> {
+        let value = text.into();
         if value.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -121,17 +140,10 @@ impl fmt::Debug for IdempotencyKey {
     }
 }
 
-impl std::str::FromStr for IdempotencyKey {
-    type Err = KeyError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        IdempotencyKey::parse(s)
-    }
-}
-
 impl<'de> serde::Deserialize<'de> for IdempotencyKey {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        IdempotencyKey::parse(&raw).map_err(serde::de::Error::custom)
+        let text = String::deserialize(d)?;
+        IdempotencyKey::new(text).map_err(serde::de::Error::custom)
     }
 }
 

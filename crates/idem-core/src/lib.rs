@@ -75,5 +75,8 @@ pub use record::{
     State, StoredResult, Token, check_owner,
 };
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
-pub use store::{LIST_LIMIT_MAX, ListQuery, PurgeReport, Store, StoreError, StoreFuture};
+pub use store::{
+    DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError,
+    StoreFuture,
+};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

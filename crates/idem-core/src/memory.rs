@@ -9,7 +9,7 @@ use crate::record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, Record, RecordId, Resolution, StoredResult, Token,
     check_owner,
 };
-use crate::store::{ListQuery, PurgeReport, Store, StoreError, StoreFuture};
+use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError, StoreFuture};
 use crate::{Clock, State, Timestamp};
 
 /// An in-memory [`Store`] with an injected clock.
@@ -121,6 +121,7 @@ impl Store for MemoryStore {
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
+        token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         // One lock for the record's write and the journal's append.
@@ -129,7 +130,7 @@ impl Store for MemoryStore {
         let Inner {
             records, journal, ..
         } = &mut *inner;
-        let (write, entry) = match decision::resolve(records.get(id), id, resolution, now) {
+        let (write, entry) = match decision::resolve(records.get(id), id, token, resolution, now) {
             Ok(decided) => decided,
             Err(e) => return ready(Err(e)),
         };
@@ -160,22 +161,23 @@ impl Store for MemoryStore {
         ready(Ok(self.lock().records.get(id).cloned()))
     }
 
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         let inner = self.lock();
         let now = self.clock.now();
-        let start = match &query.after {
-            Some(after) => std::ops::Bound::Excluded(after.clone()),
-            None => std::ops::Bound::Unbounded,
-        };
-        let found = inner
+        let limit = query.effective_limit();
+        // The memory store holds only valid records, so nothing is damaged.
+        let records: Vec<Record> = inner
             .records
-            .range((start, std::ops::Bound::Unbounded))
+            .iter()
+            .filter(|(id, _)| query.after.as_ref().is_none_or(|after| after.precedes(id)))
             .map(|(_, r)| r)
             .filter(|r| query.state.is_none_or(|s| r.state_at(now) == s))
-            .take(query.effective_limit())
+            .take(limit)
             .cloned()
             .collect();
-        ready(Ok(found))
+        let last = records.last().map(|r| ListCursor::from(&r.id));
+        let rows = records.len();
+        ready(Ok(Listing::page(records, Vec::new(), last, rows, limit)))
     }
 
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {

@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
     JournalEntry, LimitError, Record, RecordId, Resolution, State, StoredResult, Token,
@@ -45,9 +46,15 @@ pub trait Store: Send + Sync {
     /// appends exactly one [`JournalEntry`] (the one `decision::resolve`
     /// returns) in the same atomic step as the record's write; one that is
     /// refused appends nothing.
+    ///
+    /// The verdict is about the attempt holding `token` and is refused
+    /// ([`StoreError::Fenced`]) when the record now belongs to another
+    /// attempt; "not executed" is refused ([`StoreError::MayStillCommit`])
+    /// until that attempt's lease has ended (see [`crate::decision::resolve`]).
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
+        token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>>;
 
@@ -63,8 +70,10 @@ pub trait Store: Send + Sync {
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>>;
 
     /// Records in (scope, key) order, optionally only those in one state at
-    /// the store's current time.
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>>;
+    /// the store's current time. A row this version cannot read is reported
+    /// in [`Listing::damaged`] and the scan goes on past it: one bad row never
+    /// stops a listing, a purge or a reconciler sweep for every other tenant.
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing>;
 
     /// Turns completed records past retention into tombstones and deletes
     /// tombstones past their horizon, changing at most `limit` records in all
@@ -78,10 +87,87 @@ pub trait Store: Send + Sync {
 pub struct ListQuery {
     /// Only records in this state (at the store's current time).
     pub state: Option<State>,
-    /// Only records after this one in (scope, key) order: a cursor.
-    pub after: Option<RecordId>,
-    /// At most this many, capped at [`LIST_LIMIT_MAX`]; 0 means the cap.
+    /// Only rows after this position in (scope, key) order: a cursor, usually
+    /// the [`Listing::next`] of the previous page.
+    pub after: Option<ListCursor>,
+    /// At most this many rows, capped at [`LIST_LIMIT_MAX`]; 0 means the cap.
+    /// Damaged rows count: a page never reads more than this.
     pub limit: usize,
+}
+
+/// A position in (scope, key) order. It is raw text, not a [`RecordId`],
+/// because the last row a page read may be one that cannot be decoded into
+/// valid types, and the next page must still start after it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListCursor {
+    /// The scope's text.
+    pub scope: String,
+    /// The key's own text.
+    pub key: String,
+}
+
+/// One page of [`Store::list`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// The records read, in (scope, key) order.
+    pub records: Vec<Record>,
+    /// Rows in the page that this version cannot read, in (scope, key) order.
+    pub damaged: Vec<DamagedRow>,
+    /// Where the next page starts, or `None` when this page reached the end.
+    pub next: Option<ListCursor>,
+}
+
+/// A stored row that cannot be decoded: where it is and why. It needs a
+/// person (`idem records show` names it); every other row stays usable.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DamagedRow {
+    /// The row's scope, as stored (lossily decoded if it is not UTF-8).
+    pub scope: String,
+    /// The row's key, as stored (lossily decoded if it is not UTF-8).
+    pub key: String,
+    /// What cannot be read.
+    pub reason: String,
+}
+
+impl From<&RecordId> for ListCursor {
+    fn from(id: &RecordId) -> Self {
+        ListCursor {
+            scope: id.scope.as_str().to_owned(),
+            key: id.key.as_str().to_owned(),
+        }
+    }
+}
+
+impl From<RecordId> for ListCursor {
+    fn from(id: RecordId) -> Self {
+        ListCursor::from(&id)
+    }
+}
+
+impl ListCursor {
+    /// True when `id` comes after this position in (scope, key) byte order.
+    pub fn precedes(&self, id: &RecordId) -> bool {
+        (self.scope.as_bytes(), self.key.as_bytes())
+            < (id.scope.as_str().as_bytes(), id.key.as_str().as_bytes())
+    }
+}
+
+impl Listing {
+    /// A page of `rows` read in order: `next` is the last row's position
+    /// when the page is full (`rows == limit`), else `None`.
+    pub fn page(
+        records: Vec<Record>,
+        damaged: Vec<DamagedRow>,
+        last: Option<ListCursor>,
+        rows: usize,
+        limit: usize,
+    ) -> Listing {
+        Listing {
+            records,
+            damaged,
+            next: if rows >= limit { last } else { None },
+        }
+    }
 }
 
 impl ListQuery {
@@ -102,6 +188,17 @@ pub struct PurgeReport {
     pub tombstoned: u64,
     /// Tombstones past their horizon that were deleted.
     pub deleted: u64,
+    /// Candidate rows that cannot be read and were left alone (see
+    /// [`DamagedRow`]); `idem records list` names them.
+    pub damaged: u64,
+}
+
+impl PurgeReport {
+    /// True when the purge changed nothing, so a catch-up loop may stop.
+    /// Damaged rows do not count: they stay until a person repairs them.
+    pub fn changed_nothing(&self) -> bool {
+        self.tombstoned == 0 && self.deleted == 0
+    }
 }
 
 /// What went wrong in a store, and what the caller can do about it.
@@ -132,6 +229,17 @@ pub enum StoreError {
         state: State,
         /// The operation refused.
         operation: &'static str,
+    },
+    /// A "not executed" verdict about an attempt that may still commit: its
+    /// lease runs until `until`, and the upstream may still be processing
+    /// the request. Nothing was changed; ask again after `until`.
+    MayStillCommit {
+        /// The record.
+        id: RecordId,
+        /// The attempt the verdict was about.
+        token: Token,
+        /// When the attempt's lease ends (store clock).
+        until: Timestamp,
     },
     /// A value over one of the contract's limits.
     Limit(LimitError),
@@ -216,6 +324,15 @@ impl fmt::Display for StoreError {
                 "cannot {operation} scope {:?} key {:?}: the record is {state}",
                 id.scope.as_str(),
                 id.key.as_str()
+            ),
+            StoreError::MayStillCommit { id, token, until } => write!(
+                f,
+                "the attempt holding token {token} of scope {:?} key {:?} may still commit \
+                 until its lease ends ({} ms since the epoch, store clock); \"not executed\" \
+                 is accepted only after that",
+                id.scope.as_str(),
+                id.key.as_str(),
+                until.as_millis()
             ),
             StoreError::Limit(e) => e.fmt(f),
             StoreError::Unavailable { store, reason } => {

@@ -48,6 +48,7 @@ pub(crate) async fn purge_once(
                 metrics.purged(&report);
                 total.tombstoned += report.tombstoned;
                 total.deleted += report.deleted;
+                total.damaged += report.damaged;
                 if report.tombstoned + report.deleted < PURGE_BATCH as u64 {
                     break;
                 }
@@ -61,6 +62,13 @@ pub(crate) async fn purge_once(
         if *stop.borrow() {
             break;
         }
+    }
+    if total.damaged > 0 {
+        tracing::error!(
+            damaged = total.damaged,
+            "retention purge: stored records that cannot be read were left alone; \
+             `idem records list` names them"
+        );
     }
     if total.tombstoned + total.deleted > 0 {
         tracing::info!(
@@ -120,7 +128,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert!(listed.iter().all(|r| r.result.is_none()));
+        assert!(listed.records.iter().all(|r| r.result.is_none()));
 
         clock.advance_millis(10_000);
         let report = purge_once(&store, &metrics, &stop).await;

@@ -535,6 +535,7 @@ mod tests {
         m.purged(&PurgeReport {
             tombstoned: 3,
             deleted: 2,
+            damaged: 0,
         });
         let text = m.render();
         let expect = [

@@ -531,7 +531,8 @@ mod tests {
     use crate::metrics::ClaimDecision;
     use http_body_util::Full;
     use idem_core::{
-        ClaimRequest, ListQuery, MemoryStore, PurgeReport, Resolution, StoreFuture, SystemClock,
+        ClaimRequest, ListQuery, Listing, MemoryStore, PurgeReport, Resolution, StoreFuture,
+        SystemClock,
     };
     use tower::{ServiceExt, service_fn};
 
@@ -564,9 +565,10 @@ mod tests {
         fn resolve<'a>(
             &'a self,
             id: &'a RecordId,
+            token: Token,
             resolution: Resolution,
         ) -> StoreFuture<'a, Option<Record>> {
-            self.0.resolve(id, resolution)
+            self.0.resolve(id, token, resolution)
         }
         fn resolutions<'a>(
             &'a self,
@@ -577,7 +579,7 @@ mod tests {
         fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
             self.0.get(id)
         }
-        fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+        fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
             self.0.list(query)
         }
         fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {

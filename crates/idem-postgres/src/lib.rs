@@ -76,8 +76,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, PurgeReport, Record, RecordId, Resolution, Store,
-    StoreError, StoreFuture, StoredResult, Token, check_owner,
+    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
+    Resolution, Store, StoreError, StoreFuture, StoredResult, Token, check_owner,
 };
 use tokio_postgres::NoTls;
 
@@ -291,9 +291,10 @@ impl Store for PgStore {
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
+        token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(self.modify(id, ops::resolve(id, resolution)))
+        Box::pin(self.modify(id, ops::resolve(id, token, resolution)))
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
@@ -310,7 +311,7 @@ impl Store for PgStore {
         })
     }
 
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         Box::pin(async move {
             let client = self.client().await?;
             ops::list(&Exec::Pooled(&client), &self.ctx, query).await

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use idem_core::decision::{self, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
-    PurgeReport, Record, RecordId, Resolution, State, StoreError, StoredResult, Timestamp, Token,
+    Listing, PurgeReport, Record, RecordId, Resolution, State, StoreError, StoredResult, Timestamp,
+    Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -254,11 +255,12 @@ pub(crate) fn mark_ambiguous(
 /// or `None` when it was released as not executed, and its journal entry.
 pub(crate) fn resolve(
     id: &RecordId,
+    token: Token,
     resolution: Resolution,
 ) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Option<Record>>, StoreError> + Send + '_
 {
     move |existing, now| {
-        let (write, entry) = decision::resolve(existing, id, resolution, now)?;
+        let (write, entry) = decision::resolve(existing, id, token, resolution, now)?;
         let out = match &write {
             Write::Put(record) => Some(record.clone()),
             _ => None,
@@ -337,7 +339,7 @@ pub(crate) async fn list(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,
     query: &ListQuery,
-) -> Result<Vec<Record>, StoreError> {
+) -> Result<Listing, StoreError> {
     let now = ctx.now();
     let limit = int(query.effective_limit() as u64);
     let (after_scope, after_key) = match &query.after {
@@ -373,11 +375,22 @@ pub(crate) async fn list(
     params.push((&limit, Type::INT8));
     sql.push_str(&format!(" ORDER BY scope, key LIMIT ${}", params.len()));
     let rows = ctx.query(exec, &sql, &params).await?;
-    let mut records = Vec::with_capacity(rows.len());
+    let (mut records, mut damaged, mut last) = (Vec::with_capacity(rows.len()), Vec::new(), None);
     for row in &rows {
-        records.extend(row::decode(row, 0, &ctx.store)?);
+        let (at, decoded) = row::decode_listed(row, 0);
+        match decoded {
+            Ok(record) => records.push(record),
+            Err(bad) => damaged.push(bad),
+        }
+        last = Some(at);
     }
-    Ok(records)
+    Ok(Listing::page(
+        records,
+        damaged,
+        last,
+        rows.len(),
+        query.effective_limit(),
+    ))
 }
 
 /// Applies `decision::purge` to the first `limit` records in (scope, key)
@@ -399,7 +412,10 @@ pub(crate) async fn purge(
     let (mut puts, mut deletes) = (Vec::new(), Vec::new());
     for row in &rows {
         let now = row::time(row, 0, "now").map_err(|why| ctx.damaged("the purge", why))?;
-        let Some(record) = row::decode(row, 1, &ctx.store)? else {
+        // A row that cannot be read is left for a person and counted; it
+        // must not stop the purge of every other record.
+        let Ok(record) = row::decode_listed(row, 1).1 else {
+            report.damaged += 1;
             continue;
         };
         match decision::purge(&record, now) {

@@ -3,8 +3,8 @@
 //! its scope and key instead of a panic.
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, JournalEntry, Record, RecordId, Resolution, Scope, State,
-    StoreError, StoredResult, Timestamp, Token,
+    DamagedRow, Fingerprint, IdempotencyKey, JournalEntry, ListCursor, Record, RecordId,
+    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -176,6 +176,27 @@ pub(crate) fn decode(row: &Row, first: usize, store: &str) -> Result<Option<Reco
         .map_err(|why| error::damaged(store, &at, &why))
 }
 
+/// Decodes one row of a scan (record columns from `first`): its position
+/// (raw text, so a scan can go on past it) and the record, or why the row
+/// cannot be read.
+pub(crate) fn decode_listed(row: &Row, first: usize) -> (ListCursor, Result<Record, DamagedRow>) {
+    let raw = |idx: usize| match row.try_get::<_, Option<&str>>(first + idx) {
+        Ok(Some(text)) => text.to_owned(),
+        Ok(None) => "<null>".to_owned(),
+        Err(e) => format!("<{}>", error::chain(&e)),
+    };
+    let (scope, key) = (raw(0), raw(1));
+    let fields = Fields { row, first };
+    let decoded = fields
+        .record(scope.clone(), key.clone())
+        .map_err(|reason| DamagedRow {
+            scope: scope.clone(),
+            key: key.clone(),
+            reason,
+        });
+    (ListCursor { scope, key }, decoded)
+}
+
 /// Decodes one row of the journal read (`token, outcome, status,
 /// resolved_by, reason, at_ms`) for `id`.
 pub(crate) fn decode_entry(
@@ -229,7 +250,7 @@ impl Fields<'_> {
     fn record(&self, scope: String, key: String) -> Result<Record, String> {
         let id = RecordId {
             scope: Scope::new(scope).map_err(|e| format!("scope: {e}"))?,
-            key: IdempotencyKey::parse(&key).map_err(|e| format!("key: {e}"))?,
+            key: IdempotencyKey::new(key).map_err(|e| format!("key: {e}"))?,
         };
         let fingerprint: &[u8] = self.get(2, "fingerprint")?;
         let fingerprint = <[u8; 32]>::try_from(fingerprint)

@@ -8,7 +8,7 @@
 mod support;
 
 use idem_conformance::checks;
-use idem_core::RecordId;
+use idem_core::{Claim, RecordId, Store, StoreError, StoredResult};
 use idem_postgres::{PgStore, SCHEMA_VERSION};
 use support::{SchemaGuard, admin, request};
 
@@ -64,4 +64,43 @@ async fn a_failed_journal_append_undoes_the_resolve() {
         .await
         .unwrap();
     checks::resolve_is_journaled(&store, &id).await;
+}
+
+/// A row this version cannot read (here: a result header list that is not
+/// JSON, a key with a space) is an error for its own key and is named in
+/// every listing, which goes on past it; so does the purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_row_is_named_and_stops_no_scan() {
+    let schema = SchemaGuard::new();
+    let store = schema.store(None).await;
+    for key in ["a", "b-headers", "c", "d-key", "e"] {
+        let req = request(key, 1, 30_000);
+        let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {
+            panic!("{key} is acquired");
+        };
+        let result = StoredResult::new(201, vec![("x".into(), "y".into())], b"ok".to_vec());
+        store
+            .complete(&req.id, token, result.unwrap())
+            .await
+            .unwrap();
+    }
+    let s = schema.name();
+    admin()
+        .await
+        .batch_execute(&format!(
+            "UPDATE {s}.records SET result_headers = 'not json' WHERE key = 'b-headers'; \
+             UPDATE {s}.records SET key = 'd key' WHERE key = 'd-key';"
+        ))
+        .await
+        .unwrap();
+    match store.get(&support::id("b-headers")).await {
+        Err(StoreError::Incompatible { reason, .. }) => {
+            assert!(reason.contains("key \"b-headers\""), "{reason}");
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
+    let scope = "POST /payouts|tenant-a";
+    let good = [support::id("a"), support::id("c"), support::id("e")];
+    let damaged = [(scope, "b-headers"), (scope, "d key")];
+    checks::damaged_rows_do_not_stop_scans(&store, &good, &damaged).await;
 }

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::{
-    Clock, ListQuery, Outcome, Record, RecordId, Resolution, State, Store, StoreError, Timestamp,
-    Token,
+    Clock, DamagedRow, ListCursor, ListQuery, Listing, Outcome, RecordId, Resolution, State, Store,
+    StoreError, Timestamp, Token,
 };
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
@@ -75,12 +75,16 @@ pub struct ReconcileReport {
     /// The store failed (listing or resolving), or the record could not be
     /// tracked; tried again on a later scan, no try counted.
     pub errors: u64,
+    /// Stored rows that cannot be read (listed, skipped, logged).
+    pub damaged: u64,
 }
 
 /// What the reconciler remembers between scans.
 struct ScanState {
     /// Where the next scan continues, so every ambiguous record gets its turn.
-    cursor: Option<RecordId>,
+    cursor: Option<ListCursor>,
+    /// Where the next sweep of expired leases continues.
+    lease_cursor: Option<ListCursor>,
     /// Number of the current pass over all ambiguous records.
     pass: u64,
     tracked: HashMap<RecordId, Tracked>,
@@ -108,6 +112,13 @@ enum Parked {
     NoLookup,
 }
 
+/// A record whose lookup is due: the attempt it is about, and how to ask.
+struct Due {
+    id: RecordId,
+    token: Token,
+    prober: Arc<Prober>,
+}
+
 /// What one lookup task came to.
 enum Step {
     /// Resolved: completed (true) or released (false).
@@ -115,6 +126,10 @@ enum Step {
         completed: bool,
     },
     Elsewhere,
+    /// "Not executed" while the attempt may still commit, until `until`.
+    NotYet {
+        until: Timestamp,
+    },
     StoreFailed(String),
     LookupFailed(String),
 }
@@ -157,6 +172,7 @@ impl Reconciler {
             on_resolution: None,
             scan: Mutex::new(ScanState {
                 cursor: None,
+                lease_cursor: None,
                 pass: 0,
                 tracked: HashMap::new(),
                 rng: SplitMix64::new(seed),
@@ -183,27 +199,26 @@ impl Reconciler {
     pub async fn run_once(&self) -> ReconcileReport {
         let mut state = self.scan.lock().await;
         let mut report = ReconcileReport::default();
-        self.mark_expired_leases(&mut report).await;
-        let mut records = match self.list(state.cursor.clone()).await {
-            Ok(records) => records,
+        self.mark_expired_leases(&mut state, &mut report).await;
+        let mut page = match self.list(state.cursor.clone()).await {
+            Ok(page) => page,
             Err(e) => return report.store_failed(&e),
         };
-        if records.is_empty() && state.cursor.is_some() {
+        if page.records.is_empty() && page.damaged.is_empty() && state.cursor.is_some() {
             // The previous scan ended exactly at the last record: start over now.
             state.end_pass();
-            records = match self.list(None).await {
-                Ok(records) => records,
+            page = match self.list(None).await {
+                Ok(page) => page,
                 Err(e) => return report.store_failed(&e),
             };
         }
-        let pass_ended = records.len() < self.settings.batch();
-        state.cursor = match records.last() {
-            Some(last) if !pass_ended => Some(last.id.clone()),
-            _ => None,
-        };
-        report.scanned = records.len() as u64;
+        report.count_damaged(&page.damaged);
+        let pass_ended = page.next.is_none();
+        state.cursor = page.next;
+        report.scanned = page.records.len() as u64;
         let now = self.clock.now();
-        let due: Vec<(RecordId, Arc<Prober>)> = records
+        let due: Vec<Due> = page
+            .records
             .into_iter()
             .filter_map(|r| self.triage(&mut state, r.id, r.token, now, &mut report))
             .collect();
@@ -235,22 +250,28 @@ impl Reconciler {
     /// stay unknown forever. Marks such records (of operations with a lookup;
     /// other routes may take over) ambiguous with their own token, so a
     /// record that moved on meanwhile is refused by fencing and left alone.
-    async fn mark_expired_leases(&self, report: &mut ReconcileReport) {
+    ///
+    /// One page of `batch` records per scan, continuing where the previous
+    /// scan stopped, so every record in progress gets its turn however many
+    /// there are.
+    async fn mark_expired_leases(&self, state: &mut ScanState, report: &mut ReconcileReport) {
         let query = ListQuery {
             state: Some(State::InProgress),
-            after: None,
+            after: state.lease_cursor.take(),
             limit: self.settings.batch(),
         };
-        let records = match self.store.list(&query).await {
-            Ok(records) => records,
+        let page = match self.store.list(&query).await {
+            Ok(page) => page,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list records in progress");
                 report.errors += 1;
                 return;
             }
         };
+        report.count_damaged(&page.damaged);
+        state.lease_cursor = page.next;
         let now = self.clock.now();
-        for r in records {
+        for r in page.records {
             let (operation, _) = scope_parts(&r.id);
             if r.lease_until > now || !self.probers.contains_key(operation) {
                 continue;
@@ -271,7 +292,7 @@ impl Reconciler {
     }
 
     /// At most `batch` ambiguous records after `after`.
-    async fn list(&self, after: Option<RecordId>) -> Result<Vec<Record>, StoreError> {
+    async fn list(&self, after: Option<ListCursor>) -> Result<Listing, StoreError> {
         let query = ListQuery {
             state: Some(State::Ambiguous),
             after,
@@ -288,7 +309,7 @@ impl Reconciler {
         token: Token,
         now: Timestamp,
         report: &mut ReconcileReport,
-    ) -> Option<(RecordId, Arc<Prober>)> {
+    ) -> Option<Due> {
         let pass = state.pass;
         let (operation, _) = scope_parts(&id);
         let prober = self.probers.get(operation).cloned();
@@ -319,22 +340,17 @@ impl Reconciler {
         match tracked.parked {
             Some(_) => report.gave_up += 1,
             None if tracked.next_at > now => report.waiting += 1,
-            None => return Some((id, prober)),
+            None => return Some(Due { id, token, prober }),
         }
         None
     }
 
     /// Looks up the due records, bounded in concurrency and rate, and
     /// settles each answer.
-    async fn look_up(
-        &self,
-        state: &mut ScanState,
-        due: Vec<(RecordId, Arc<Prober>)>,
-        report: &mut ReconcileReport,
-    ) {
+    async fn look_up(&self, state: &mut ScanState, due: Vec<Due>, report: &mut ReconcileReport) {
         let mut tasks = JoinSet::new();
         let spacing = Duration::from_secs(1) / self.settings.rate_per_s();
-        for (id, prober) in due {
+        for Due { id, token, prober } in due {
             while tasks.len() >= self.settings.concurrency() {
                 if let Some(done) = tasks.join_next().await {
                     self.settle(state, done, report);
@@ -347,10 +363,11 @@ impl Reconciler {
             tasks.spawn(async move {
                 let step = match prober.ask(&id).await {
                     Answer::Found { result, reason } => {
-                        resolve(&*store, &id, Outcome::Completed { result }, &reason).await
+                        let found = Outcome::Completed { result };
+                        resolve(&*store, &id, token, found, &reason).await
                     }
                     Answer::NotFound { reason } => {
-                        resolve(&*store, &id, Outcome::NotExecuted, &reason).await
+                        resolve(&*store, &id, token, Outcome::NotExecuted, &reason).await
                     }
                     Answer::Failed { reason } => Step::LookupFailed(reason),
                 };
@@ -394,6 +411,14 @@ impl Reconciler {
             Step::Elsewhere => {
                 state.tracked.remove(&id);
                 report.resolved_elsewhere += 1;
+            }
+            Step::NotYet { until } => {
+                // The provider has not seen the request, but the attempt may
+                // still reach it: look again once its lease is over.
+                if let Some(tracked) = state.tracked.get_mut(&id) {
+                    tracked.next_at = until;
+                }
+                report.waiting += 1;
             }
             Step::StoreFailed(reason) => {
                 tracing::warn!(record = %id, %reason, "reconciler cannot record a resolution; it will look again");
@@ -447,6 +472,16 @@ impl ScanState {
 }
 
 impl ReconcileReport {
+    /// Rows the store cannot read are named in the log and counted; the
+    /// scan goes on past them.
+    fn count_damaged(&mut self, damaged: &[DamagedRow]) {
+        for row in damaged {
+            tracing::error!(scope = %row.scope, key = %row.key, reason = %row.reason,
+                "a stored record cannot be read; it needs a person");
+        }
+        self.damaged += damaged.len() as u64;
+    }
+
     fn store_failed(mut self, e: &StoreError) -> ReconcileReport {
         tracing::warn!(error = %e, "reconciler cannot list ambiguous records");
         self.errors += 1;
@@ -454,19 +489,29 @@ impl ReconcileReport {
     }
 }
 
-/// Records the provider's finding; a record resolved meanwhile is not an error.
-async fn resolve(store: &dyn Store, id: &RecordId, outcome: Outcome, reason: &str) -> Step {
+/// Records the provider's finding about the attempt holding `token`; a
+/// record resolved or claimed again meanwhile is not an error.
+async fn resolve(
+    store: &dyn Store,
+    id: &RecordId,
+    token: Token,
+    outcome: Outcome,
+    reason: &str,
+) -> Step {
     let completed = matches!(outcome, Outcome::Completed { .. });
     let resolution = match Resolution::new(outcome, RESOLVED_BY, reason) {
         Ok(resolution) => resolution,
         Err(e) => return Step::StoreFailed(e.to_string()),
     };
-    match store.resolve(id, resolution).await {
+    match store.resolve(id, token, resolution).await {
         Ok(_) => {
             tracing::info!(record = %id, completed, %reason, "reconciler resolved an ambiguous record");
             Step::Resolved { completed }
         }
-        Err(StoreError::WrongState { .. } | StoreError::NotFound { .. }) => Step::Elsewhere,
+        Err(StoreError::MayStillCommit { until, .. }) => Step::NotYet { until },
+        Err(
+            StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. },
+        ) => Step::Elsewhere,
         Err(e) => Step::StoreFailed(e.to_string()),
     }
 }
@@ -485,7 +530,7 @@ impl fmt::Display for ReconcileReport {
             f,
             "{} expired leases marked ambiguous; scanned {}: {} completed, {} released, \
              {} retried, {} waiting, {} left for an operator after max_tries, \
-             {} without a lookup, {} resolved elsewhere, {} errors",
+             {} without a lookup, {} resolved elsewhere, {} errors, {} damaged rows",
             self.expired_leases,
             self.scanned,
             self.completed,
@@ -495,7 +540,8 @@ impl fmt::Display for ReconcileReport {
             self.gave_up,
             self.no_lookup,
             self.resolved_elsewhere,
-            self.errors
+            self.errors,
+            self.damaged
         )
     }
 }
@@ -517,12 +563,13 @@ mod tests {
             no_lookup: 6,
             resolved_elsewhere: 7,
             errors: 8,
+            damaged: 11,
         };
         assert_eq!(
             report.to_string(),
             "10 expired leases marked ambiguous; scanned 9: 1 completed, 2 released, \
              3 retried, 4 waiting, 5 left for an operator after max_tries, \
-             6 without a lookup, 7 resolved elsewhere, 8 errors"
+             6 without a lookup, 7 resolved elsewhere, 8 errors, 11 damaged rows"
         );
     }
 }

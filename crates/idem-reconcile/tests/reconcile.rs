@@ -31,6 +31,10 @@ enum Behavior {
     Hang,
     /// An operator resolves the record as completed first, then 200.
     OperatorFirst(Arc<dyn Store>, RecordId),
+    /// While the provider is being asked about the attempt, an operator
+    /// releases it (its lease over), the client's retry claims the key and
+    /// is lost too; then the provider answers 200 about the first attempt.
+    ReleasedAndRetried(Arc<dyn Store>, ManualClock, RecordId),
 }
 
 #[derive(Default)]
@@ -193,8 +197,22 @@ async fn lookup(
             let result = StoredResult::new(201, vec![], b"by hand".to_vec()).unwrap();
             let by_hand =
                 Resolution::new(Outcome::Completed { result }, "operator", "checked").unwrap();
-            store.resolve(&id, by_hand).await.unwrap();
+            let token = store.get(&id).await.unwrap().unwrap().token;
+            store.resolve(&id, token, by_hand).await.unwrap();
             (StatusCode::OK, "{}").into_response()
+        }
+        Some(Behavior::ReleasedAndRetried(store, clock, id)) => {
+            let first = store.get(&id).await.unwrap().unwrap();
+            clock.set(first.lease_until);
+            let released = Resolution::new(Outcome::NotExecuted, "operator", "not in the ledger");
+            let got = store.resolve(&id, first.token, released.unwrap()).await;
+            assert_eq!(got, Ok(None), "the operator releases the first attempt");
+            let retry = claim_request(OPERATION, id.key.as_str());
+            let Claim::Acquired { token, .. } = store.claim(&retry).await.unwrap() else {
+                panic!("the retry acquires");
+            };
+            store.mark_ambiguous(&id, token).await.unwrap();
+            (StatusCode::OK, "{\"paid\":\"first attempt\"}").into_response()
         }
     }
 }
@@ -277,6 +295,13 @@ async fn not_found_releases_the_key_for_a_retry() {
             hook_outcomes.lock().unwrap().push(outcome.to_owned());
         }));
 
+    // The provider has not seen it, but the attempt's lease still runs: the
+    // request may yet reach the provider, so "not found" proves nothing.
+    let held = h.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(reconciler.run_once().await, report(1, |r| r.waiting = 1));
+    assert_eq!(h.store.get(&id).await.unwrap().as_ref(), Some(&held));
+    assert_eq!(h.hits(), 1);
+    h.clock.set(held.lease_until);
     assert_eq!(reconciler.run_once().await, report(1, |r| r.released = 1));
 
     assert_eq!(h.store.get(&id).await.unwrap(), None);
@@ -363,7 +388,7 @@ async fn provider_errors_are_retried_and_counted() {
         })
         .await
         .unwrap();
-    assert_eq!(ambiguous.len(), 3);
+    assert_eq!(ambiguous.records.len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,9 +503,13 @@ async fn a_new_ambiguity_of_the_same_key_starts_with_fresh_tries() {
     // An operator releases it; the client's retry runs and is lost again.
     let released = Resolution::new(Outcome::NotExecuted, "operator", "checked").unwrap();
     let id = claim_request(OPERATION, "payout-4").id;
-    h.store.resolve(&id, released).await.unwrap();
+    let first = h.store.get(&id).await.unwrap().unwrap();
+    h.clock.set(first.lease_until);
+    h.store.resolve(&id, first.token, released).await.unwrap();
     h.ambiguous(OPERATION, "payout-4").await;
     h.answer("payout-4", Behavior::Answer(404, ""));
+    let second = h.store.get(&id).await.unwrap().unwrap();
+    h.clock.set(second.lease_until);
 
     assert_eq!(reconciler.run_once().await, report(1, |r| r.released = 1));
     assert_eq!(h.hits(), 2);
@@ -602,5 +631,44 @@ async fn an_expired_lease_without_a_retry_is_still_reconciled() {
     assert_eq!(
         h.store.get(&other.id).await.unwrap().unwrap().state,
         State::InProgress
+    );
+}
+
+/// Two reconcilers and an operator on one key: a verdict reached about one
+/// attempt never lands on a later attempt of the same key. While the first
+/// reconciler asks the provider about attempt 1, an operator releases
+/// attempt 1 and the client's retry (attempt 2) is lost too. The provider's
+/// late "found" about attempt 1 is refused; attempt 2 stays ambiguous until
+/// a second reconciler settles it by its own lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_verdict_never_lands_on_a_later_attempt() {
+    let h = Harness::new().await;
+    let id = h.ambiguous(OPERATION, "payout-9").await;
+    let first = h.store.get(&id).await.unwrap().unwrap();
+    let store: Arc<dyn Store> = h.store.clone();
+    let race = Behavior::ReleasedAndRetried(store, h.clock.clone(), id.clone());
+    h.answer("payout-9", race);
+    let one = h.reconciler(ReconcileSpec::default(), &h.lookup_url());
+
+    let got = one.run_once().await;
+
+    assert_eq!(got, report(1, |r| r.resolved_elsewhere = 1), "{got}");
+    let second = h.store.get(&id).await.unwrap().unwrap();
+    assert!(second.token > first.token);
+    assert_eq!(second.state, State::Ambiguous, "attempt 2 is not settled");
+    assert_eq!(second.result, None, "attempt 1's answer is not replayed");
+    let journal = h.store.resolutions(&id).await.unwrap();
+    let entries: Vec<_> = journal.iter().map(|e| (e.token, e.by.as_str())).collect();
+    assert_eq!(entries, [(first.token, "operator")]);
+
+    h.answer("payout-9", Behavior::Answer(404, ""));
+    h.clock.set(second.lease_until);
+    let two = h.reconciler(ReconcileSpec::default(), &h.lookup_url());
+    assert_eq!(two.run_once().await, report(1, |r| r.released = 1));
+    let journal = h.store.resolutions(&id).await.unwrap();
+    let entries: Vec<_> = journal.iter().map(|e| (e.token, e.by.as_str())).collect();
+    assert_eq!(
+        entries,
+        [(first.token, "operator"), (second.token, RESOLVED_BY)]
     );
 }

@@ -84,7 +84,7 @@ enum ReplOp {
     Claim(ClaimRequest, Token),
     Complete(RecordId, Token, StoredResult),
     MarkAmbiguous(RecordId, Token),
-    Resolve(RecordId, Resolution),
+    Resolve(RecordId, Token, Resolution),
 }
 
 struct Item {
@@ -593,10 +593,11 @@ impl<'a> World<'a> {
             state: Some(State::Ambiguous),
             ..ListQuery::default()
         };
-        let Ok(records) = now_ready(self.stores[r].list(&query)) else {
+        let Ok(page) = now_ready(self.stores[r].list(&query)) else {
             return;
         };
-        for record in records {
+        let mut retry_at: Option<u64> = None;
+        for record in page.records {
             let found = self.bank.get(&record.id).and_then(|v| v.last()).copied();
             let outcome = match found {
                 Some(e) => StoredResult::new(201, vec![], self.log.effects[e].body.clone().into())
@@ -608,13 +609,27 @@ impl<'a> World<'a> {
             let Ok(resolution) = Resolution::new(outcome, "sim-reconciler", "bank lookup") else {
                 continue;
             };
-            if now_ready(self.stores[r].resolve(&record.id, resolution.clone())).is_ok() {
-                self.log.reconciliations += 1;
-                if completed && self.crashed_after.contains(&record.id) {
-                    self.log.coverage.crash_after_effect_then_reconcile += 1;
+            let resolved =
+                now_ready(self.stores[r].resolve(&record.id, record.token, resolution.clone()));
+            match resolved {
+                Ok(_) => {
+                    self.log.reconciliations += 1;
+                    if completed && self.crashed_after.contains(&record.id) {
+                        self.log.coverage.crash_after_effect_then_reconcile += 1;
+                    }
+                    self.replicate(r, ReplOp::Resolve(record.id, record.token, resolution));
                 }
-                self.replicate(r, ReplOp::Resolve(record.id, resolution));
+                // The attempt may still commit: ask again once its lease is over.
+                Err(StoreError::MayStillCommit { until, .. }) => {
+                    let at = until.as_millis();
+                    retry_at = Some(retry_at.map_or(at, |t: u64| t.min(at)));
+                }
+                Err(_) => {}
             }
+        }
+        if let Some(at) = retry_at {
+            let delay = at.saturating_sub(EPOCH_MS + self.now).max(1);
+            self.after(delay, Ev::Reconcile { region: r });
         }
     }
 
@@ -674,8 +689,10 @@ impl<'a> World<'a> {
                     }
                 }
             }
-            ReplOp::Resolve(id, resolution) => {
-                let _ = now_ready(store.resolve(&id, resolution));
+            ReplOp::Resolve(id, src, resolution) => {
+                if let Some(t) = map(self, &id, src) {
+                    let _ = now_ready(store.resolve(&id, t, resolution));
+                }
             }
         }
     }
@@ -710,8 +727,8 @@ impl<'a> World<'a> {
                     state: Some(state),
                     ..ListQuery::default()
                 };
-                if let Ok(records) = now_ready(self.stores[r].list(&query)) {
-                    self.log.stuck += records.len() as u64;
+                if let Ok(page) = now_ready(self.stores[r].list(&query)) {
+                    self.log.stuck += page.records.len() as u64;
                 }
             }
         }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, ListQuery, MemoryStore, PurgeReport,
-    Record, RecordId, Resolution, State, Store, StoreFuture, StoredResult, Token,
+    Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, ListQuery, Listing, MemoryStore,
+    PurgeReport, Record, RecordId, Resolution, State, Store, StoreFuture, StoredResult, Token,
 };
 use idem_sim::{Design, Summary, run_seeds, run_seeds_with_store};
 
@@ -117,9 +117,10 @@ macro_rules! delegate_rest {
         fn resolve<'a>(
             &'a self,
             id: &'a RecordId,
+            token: Token,
             resolution: Resolution,
         ) -> StoreFuture<'a, Option<Record>> {
-            Box::pin(async move { $inner(self, id).resolve(id, resolution).await })
+            Box::pin(async move { $inner(self, id).resolve(id, token, resolution).await })
         }
         fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
             Box::pin(async move { $inner(self, id).resolutions(id).await })
@@ -146,7 +147,7 @@ impl Store for NotAtomic {
         })
     }
     delegate_rest!(not_atomic_inner);
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         self.inner.list(query)
     }
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
@@ -167,7 +168,7 @@ impl Store for IgnoresFingerprint {
         })
     }
     delegate_rest!(ignores_inner);
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         self.0.list(query)
     }
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
@@ -184,7 +185,7 @@ impl Store for PurgesEarly {
         Box::pin(async move { self.store_for(&req.id).claim(req).await })
     }
     delegate_rest!(purges_inner);
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         Box::pin(async move {
             let (stores, current) = {
                 let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,14 +193,17 @@ impl Store for PurgesEarly {
             };
             let mut out = Vec::new();
             for (at, store) in stores.iter().enumerate() {
-                for r in store.list(query).await? {
+                for r in store.list(query).await?.records {
                     if current.get(&r.id).copied().unwrap_or(0) == at {
                         out.push(r);
                     }
                 }
             }
             out.sort_by(|a, b| a.id.cmp(&b.id));
-            Ok(out)
+            Ok(Listing {
+                records: out,
+                ..Listing::default()
+            })
         })
     }
     fn purge(&self, _limit: usize) -> StoreFuture<'_, PurgeReport> {
@@ -211,6 +215,7 @@ impl Store for PurgesEarly {
             let ids: Vec<RecordId> = self
                 .list(&completed)
                 .await?
+                .records
                 .into_iter()
                 .map(|r| r.id)
                 .collect();
@@ -223,6 +228,7 @@ impl Store for PurgesEarly {
             Ok(PurgeReport {
                 tombstoned: 0,
                 deleted: ids.len() as u64,
+                damaged: 0,
             })
         })
     }

@@ -69,8 +69,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, PurgeReport, Record, RecordId, Resolution,
-    Store, StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
+    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
+    Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -279,11 +279,13 @@ impl Store for SqliteStore {
     fn resolve<'a>(
         &'a self,
         id: &'a RecordId,
+        token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         let id = id.clone();
         self.write(|reply| Op::Resolve {
             id,
+            token,
             resolution,
             reply,
         })
@@ -299,7 +301,7 @@ impl Store for SqliteStore {
         self.read(|reply| ReadOp::Get { id, reply })
     }
 
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Vec<Record>> {
+    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
         let query = query.clone();
         self.read(|reply| ReadOp::List { query, reply })
     }

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use idem_core::{
-    Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Record, RecordId, State, StoreError,
+    Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Listing, Record, RecordId, State,
+    StoreError,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -23,7 +24,7 @@ pub(crate) enum ReadOp {
     },
     List {
         query: ListQuery,
-        reply: Reply<Vec<Record>>,
+        reply: Reply<Listing>,
     },
     /// The resolution journal of one record.
     Resolutions {
@@ -99,7 +100,7 @@ fn list(
     store: &str,
     clock: &dyn Clock,
     query: &ListQuery,
-) -> Result<Vec<Record>, StoreError> {
+) -> Result<Listing, StoreError> {
     let now = row::int(clock.now().as_millis());
     let mut clauses: Vec<&str> = Vec::new();
     let mut params: Vec<Value> = Vec::new();
@@ -111,15 +112,16 @@ fn list(
     }
     if let Some(after) = &query.after {
         clauses.push("(scope, key) > (?, ?)");
-        params.push(Value::Text(after.scope.as_str().to_owned()));
-        params.push(Value::Text(after.key.as_str().to_owned()));
+        params.push(Value::Text(after.scope.clone()));
+        params.push(Value::Text(after.key.clone()));
     }
     let filter = if clauses.is_empty() {
         String::new()
     } else {
         format!("WHERE {}", clauses.join(" AND "))
     };
-    params.push(Value::Integer(row::int(query.effective_limit() as u64)));
+    let limit = query.effective_limit();
+    params.push(Value::Integer(row::int(limit as u64)));
     let sql = format!(
         "SELECT {} FROM records {filter} ORDER BY scope, key LIMIT ?",
         row::COLUMNS
@@ -128,12 +130,21 @@ fn list(
         .prepare_cached(&sql)
         .and_then(|mut stmt| {
             stmt.query_map(rusqlite::params_from_iter(params), |r| {
-                Ok(row::decode(r, store))
+                Ok(row::decode_listed(r))
             })?
             .collect::<Result<Vec<_>, _>>()
         })
         .map_err(|e| schema::error(store, &e))?;
-    rows.into_iter().collect()
+    let count = rows.len();
+    let (mut records, mut damaged, mut last) = (Vec::new(), Vec::new(), None);
+    for (at, decoded) in rows {
+        match decoded {
+            Ok(record) => records.push(record),
+            Err(bad) => damaged.push(bad),
+        }
+        last = Some(at);
+    }
+    Ok(Listing::page(records, damaged, last, count, limit))
 }
 
 /// `Record::state_at(now) == state` in SQL, with `now` as the one parameter

@@ -3,8 +3,8 @@
 //! an error naming its scope and key instead of a panic.
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, Record, RecordId,
-    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
+    DamagedRow, Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, ListCursor,
+    Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, Row, Statement, params};
@@ -153,6 +153,27 @@ pub(crate) fn decode(row: &Row<'_>, store: &str) -> Result<Record, StoreError> {
     fields(row, scope, key).map_err(|e| damaged(store, &at, &e))
 }
 
+/// Decodes one row of a scan: its position (raw text, so a scan can go on
+/// past it) and the record, or why the row cannot be read.
+pub(crate) fn decode_listed(row: &Row<'_>) -> (ListCursor, Result<Record, DamagedRow>) {
+    let raw = |idx: usize| match row.get_ref(idx) {
+        Ok(ValueRef::Text(b) | ValueRef::Blob(b)) => String::from_utf8_lossy(b).into_owned(),
+        Ok(other) => format!("<{}>", other.data_type()),
+        Err(e) => format!("<{e}>"),
+    };
+    let (scope, key) = (raw(0), raw(1));
+    let decoded = match (text(row, 0), text(row, 1)) {
+        (Ok(s), Ok(k)) => fields(row, s, k),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let at = ListCursor {
+        scope: scope.clone(),
+        key: key.clone(),
+    };
+    let decoded = decoded.map_err(|reason| DamagedRow { scope, key, reason });
+    (at, decoded)
+}
+
 /// A row read from a database that is not in the shape this version wrote.
 pub(crate) fn damaged(store: &str, at: &str, why: &str) -> StoreError {
     StoreError::Incompatible {
@@ -164,7 +185,7 @@ pub(crate) fn damaged(store: &str, at: &str, why: &str) -> StoreError {
 fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
     let id = RecordId {
         scope: Scope::new(scope).map_err(|e| format!("scope: {e}"))?,
-        key: IdempotencyKey::parse(&key).map_err(|e| format!("key: {e}"))?,
+        key: IdempotencyKey::new(key).map_err(|e| format!("key: {e}"))?,
     };
     let fingerprint = match row.get_ref(2).map_err(|e| e.to_string())? {
         ValueRef::Blob(b) => <[u8; 32]>::try_from(b)

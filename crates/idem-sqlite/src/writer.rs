@@ -44,6 +44,7 @@ pub(crate) enum Op {
     },
     Resolve {
         id: RecordId,
+        token: Token,
         resolution: Resolution,
         reply: Reply<Option<Record>>,
     },
@@ -239,13 +240,14 @@ impl Writer {
             }
             Op::Resolve {
                 id,
+                token,
                 resolution,
                 reply,
             } => {
                 let out = self.read(&id).and_then(|existing| {
                     let now = self.clock.now();
                     let (write, entry) =
-                        decision::resolve(existing.as_ref(), &id, resolution, now)?;
+                        decision::resolve(existing.as_ref(), &id, token, resolution, now)?;
                     // In the operation's savepoint: the record's write and
                     // the journal's append commit together or not at all.
                     row::append_journal(&self.conn, &entry)
@@ -303,14 +305,19 @@ impl Writer {
             .and_then(|mut stmt| {
                 let rows = stmt
                     .query_map((row::int(now.as_millis()), row::int(limit as u64)), |r| {
-                        Ok(row::decode(r, &self.store))
+                        Ok(row::decode_listed(r).1)
                     })?;
                 rows.collect::<Result<Vec<_>, _>>()
             })
             .map_err(|e| schema::error(&self.store, &e))?;
         let mut report = PurgeReport::default();
         for record in candidates {
-            let record = record?;
+            // A row that cannot be read is left for a person and counted;
+            // it must not stop the purge of every other record.
+            let Ok(record) = record else {
+                report.damaged += 1;
+                continue;
+            };
             let write = decision::purge(&record, now);
             match write {
                 Write::Delete => report.deleted += 1,

@@ -113,8 +113,8 @@ async fn run(seed: u64, options: SqliteOptions) {
                 };
                 let res = Resolution::new(outcome, "operator", "checked the ledger").unwrap();
                 assert_eq!(
-                    sqlite.resolve(id, res.clone()).await,
-                    memory.resolve(id, res).await,
+                    sqlite.resolve(id, token, res.clone()).await,
+                    memory.resolve(id, token, res).await,
                     "{context}"
                 );
             }
@@ -142,7 +142,7 @@ async fn run(seed: u64, options: SqliteOptions) {
                 ];
                 let query = ListQuery {
                     state: states[rng.below(5) as usize],
-                    after: (rng.below(2) == 0).then(|| id.clone()),
+                    after: (rng.below(2) == 0).then(|| id.into()),
                     limit: rng.below(4) as usize,
                 };
                 assert_eq!(

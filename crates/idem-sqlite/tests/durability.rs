@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use idem_conformance::checks;
 use idem_core::{
     Claim, ClaimRequest, Fingerprint, IdempotencyKey, ListQuery, ManualClock, Outcome, Policy,
     Record, RecordId, Resolution, Scope, State, Store, StoreError, StoredResult, Timestamp, Token,
@@ -74,7 +75,7 @@ async fn every_state(store: &SqliteStore, clock: &ManualClock) {
     store.mark_ambiguous(&id("resolved"), t).await.unwrap();
     let outcome = Outcome::Completed { result: result() };
     let resolution = Resolution::new(outcome, "operator ann", "found in the ledger").unwrap();
-    store.resolve(&id("resolved"), resolution).await.unwrap();
+    store.resolve(&id("resolved"), t, resolution).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +85,7 @@ async fn records_in_every_state_survive_reopen_unchanged() {
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
     let store = open(&path, &clock, SqliteOptions::default());
     every_state(&store, &clock).await;
-    let before = store.list(&ListQuery::default()).await.unwrap();
+    let before = store.list(&ListQuery::default()).await.unwrap().records;
     let states: Vec<State> = before.iter().map(|r| r.state).collect();
     for state in [
         State::InProgress,
@@ -97,7 +98,7 @@ async fn records_in_every_state_survive_reopen_unchanged() {
     drop(store);
 
     let store = open(&path, &clock, SqliteOptions::default());
-    let after = store.list(&ListQuery::default()).await.unwrap();
+    let after = store.list(&ListQuery::default()).await.unwrap().records;
     assert_eq!(after, before);
     for record in &before {
         assert_eq!(store.get(&record.id).await.unwrap().as_ref(), Some(record));
@@ -331,44 +332,49 @@ fn marks_its_file_and_closes_it_on_drop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_row_is_an_error_naming_it() {
+async fn a_damaged_row_is_named_and_stops_no_scan() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let clock = ManualClock::new(Timestamp::from_millis(START_MS));
     let store = open(&path, &clock, SqliteOptions::default());
-    let t = acquire(&store, "good").await;
-    store.complete(&id("good"), t, result()).await.unwrap();
+    for key in ["a", "b-headers", "c", "d-key", "e"] {
+        let t = acquire(&store, key).await;
+        store.complete(&id(key), t, result()).await.unwrap();
+    }
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let cases = [
-        (
-            "bad-headers",
-            "UPDATE records SET result_headers = 'not json' WHERE key = 'good'",
-        ),
-        (
-            "bad-key",
-            "UPDATE records SET key = 'bad key' WHERE key = 'good'",
-        ),
+    conn.execute_batch(
+        "UPDATE records SET result_headers = 'not json' WHERE key = 'b-headers';
+         UPDATE records SET key = 'd key' WHERE key = 'd-key';",
+    )
+    .unwrap();
+    // The one damaged record is an error naming it, for its own key only.
+    let expect = "the record at scope \"POST /payouts|tenant-a\" key \"b-headers\"";
+    let own = [
+        store.get(&id("b-headers")).await.map(|_| ()),
+        store.claim(&request("b-headers")).await.map(|_| ()),
     ];
-    for (name, sql) in cases {
-        conn.execute_batch(sql).unwrap();
-        let key = if name == "bad-key" { "bad key" } else { "good" };
-        let expect = format!("the record at scope \"POST /payouts|tenant-a\" key \"{key}\"");
-        let mut errors = vec![store.list(&ListQuery::default()).await.map(|_| ())];
-        if name == "bad-headers" {
-            // The writer reads the row too, before deciding a claim.
-            errors.push(store.get(&id("good")).await.map(|_| ()));
-            errors.push(store.claim(&request("good")).await.map(|_| ()));
-        }
-        for err in errors {
-            match err {
-                Err(StoreError::Incompatible { store, reason }) => {
-                    assert_eq!(store, path.display().to_string());
-                    assert!(reason.contains(&expect), "{name}: {reason}");
-                }
-                other => panic!("{name}: expected Incompatible, got {other:?}"),
+    for err in own {
+        match err {
+            Err(StoreError::Incompatible { store, reason }) => {
+                assert_eq!(store, path.display().to_string());
+                assert!(reason.contains(expect), "{reason}");
             }
+            other => panic!("expected Incompatible, got {other:?}"),
         }
     }
+    // Every other record, every listing and the purge go on.
+    let scope = "POST /payouts|tenant-a";
+    let good = [id("a"), id("c"), id("e")];
+    checks::damaged_rows_do_not_stop_scans(
+        &store,
+        &good,
+        &[(scope, "b-headers"), (scope, "d key")],
+    )
+    .await;
+    assert!(matches!(
+        store.claim(&request("c")).await,
+        Ok(Claim::Replay { .. })
+    ));
 }
 
 async fn concurrent_claims(store: Arc<SqliteStore>, n: usize) -> WriterStats {
@@ -455,7 +461,7 @@ async fn a_failed_operation_does_not_fail_its_batch() {
     assert!(stats.batches - before.batches < stats.ops - before.ops);
     drop(store);
     let store = open(&path, &clock, SqliteOptions::default());
-    let records: Vec<Record> = store.list(&ListQuery::default()).await.unwrap();
+    let records: Vec<Record> = store.list(&ListQuery::default()).await.unwrap().records;
     assert_eq!(records.len(), 64);
     for record in &records {
         let n: usize = record.id.key.as_str()[2..].parse().unwrap();

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::{ArgGroup, Args, ValueEnum};
 use idem_core::{
     Clock, IdempotencyKey, ListQuery, Outcome, RecordId, Resolution, Scope, State, StoreError,
-    StoredResult, SystemClock,
+    StoredResult, SystemClock, Token,
 };
 use idem_gateway::{RecordView, outcome_name, rfc3339};
 
@@ -57,7 +57,7 @@ pub struct ShowArgs {
     format: Format,
 }
 
-/// `idem records resolve SCOPE KEY (--completed … | --not-executed) --reason TEXT`.
+/// `idem records resolve SCOPE KEY --token N (--completed … | --not-executed) --reason TEXT`.
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("outcome").required(true).args(["completed", "not_executed"])))]
 pub struct ResolveArgs {
@@ -65,6 +65,10 @@ pub struct ResolveArgs {
     scope: String,
     /// The idempotency key.
     key: String,
+    /// The token of the attempt you resolve, as `records show` prints it. The
+    /// resolution is refused if the record has moved on to another attempt.
+    #[arg(long)]
+    token: u64,
     /// The effect happened: store the result given by --status, --header and
     /// --body, and replay it to every retry.
     #[arg(long)]
@@ -105,10 +109,22 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
                 after: None,
                 limit: args.limit as usize,
             };
-            store
+            let page = store
                 .list(&query)
                 .await
-                .with_context(|| format!("cannot list records in {url}"))?
+                .with_context(|| format!("cannot list records in {url}"))?;
+            // A row this version cannot read is named, never silently
+            // skipped, and never stops the listing of the others.
+            for row in &page.damaged {
+                eprintln!(
+                    "warning: the record at scope {:?} key {:?} cannot be read: {}",
+                    row.scope, row.key, row.reason
+                );
+            }
+            if page.next.is_some() {
+                eprintln!("note: more records follow; raise --limit to see them");
+            }
+            page.records
         }
         None => {
             eprintln!("note: {url} does not exist yet; no records");
@@ -218,7 +234,7 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
         bail!("{url} does not exist; no record for scope {scope:?} key {key:?}");
     };
     let outcome = outcome_name(&resolution.outcome);
-    match store.resolve(&id, resolution).await {
+    match store.resolve(&id, Token(args.token), resolution).await {
         Ok(Some(record)) => {
             let (status, bytes) = record
                 .result
@@ -236,6 +252,9 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
         Err(StoreError::NotFound { .. }) => {
             bail!("no record for scope {scope:?} key {key:?} in {url}; nothing was resolved")
         }
+        Err(e @ (StoreError::Fenced { .. } | StoreError::MayStillCommit { .. })) => {
+            bail!("{e}; nothing was resolved")
+        }
         Err(StoreError::WrongState { state, .. }) => bail!(
             "the record for scope {scope:?} key {key:?} is {state}, not ambiguous; \
              only an ambiguous record can be resolved, nothing was changed"
@@ -248,7 +267,7 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
 fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
     Ok(RecordId {
         scope: Scope::new(scope.to_owned()).with_context(|| format!("invalid scope {scope:?}"))?,
-        key: IdempotencyKey::parse(key).with_context(|| format!("invalid key {key:?}"))?,
+        key: IdempotencyKey::new(key).with_context(|| format!("invalid key {key:?}"))?,
     })
 }
 

@@ -40,16 +40,16 @@ fn store_url(site: &Site) -> String {
     format!("sqlite://{}", site.store().display())
 }
 
-/// The one ambiguous record, as the admin API lists it: (scope, key).
-async fn only_ambiguous(admin_addr: SocketAddr) -> (String, String) {
+/// The one ambiguous record, as the admin API lists it: (scope, key, token).
+async fn only_ambiguous(admin_addr: SocketAddr) -> (String, String, u64) {
     let listed = admin("GET", admin_addr, "/records?state=ambiguous&limit=10", "").await;
     assert_eq!(listed.status, 200, "{listed:?}");
-    let records = json(&listed);
-    let records = records.as_array().unwrap();
+    let page = json(&listed);
+    let records = page["records"].as_array().unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     let scope = records[0]["scope"].as_str().unwrap().to_owned();
     let key = records[0]["key"].as_str().unwrap().to_owned();
-    (scope, key)
+    (scope, key, records[0]["token"].as_u64().unwrap())
 }
 
 /// `idem records list --state ambiguous --format json` on `store`.
@@ -103,7 +103,10 @@ async fn the_admin_api_refuses_requests_without_the_right_token() {
         }
     }
     let ok = admin("GET", admin_addr, "/records", "").await;
-    assert_eq!((ok.status, ok.body.as_str()), (200, "[]"));
+    assert_eq!(
+        (ok.status, ok.body.as_str()),
+        (200, r#"{"damaged":[],"next":null,"records":[]}"#)
+    );
     // The metrics are on the admin listener only, never on the proxy's.
     let public = send("GET", &gw.url("/metrics"), &[], "").await;
     assert!(!public.body.contains("idem_claims_total"), "{public:?}");
@@ -172,7 +175,7 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
     let (gw, admin_addr) = Gateway::start_admin(&up.url(), &site.store(), None, TOKEN);
     let first = post(&gw.url("/fail"), &[key("a-1")], PAYOUT).await;
     assert_eq!(first.status, 500);
-    let (scope, key_) = only_ambiguous(admin_addr).await;
+    let (scope, key_, token) = only_ambiguous(admin_addr).await;
     assert_eq!(key_, "a-1");
     let logged = eventually(Duration::from_secs(5), || {
         let logs = gw.logs();
@@ -182,7 +185,10 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
 
     // The API's list is the CLI's `--format json`, record for record.
     let listed = admin("GET", admin_addr, "/records?state=ambiguous", "").await;
-    assert_eq!(json(&listed), ambiguous_records(&store_url(&site)));
+    assert_eq!(
+        json(&listed)["records"],
+        ambiguous_records(&store_url(&site))
+    );
 
     let path = format!("/records/{}/{}", segment(&scope), segment(&key_));
     let shown = admin("GET", admin_addr, &path, "").await;
@@ -190,7 +196,8 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
     assert_eq!(json(&shown)["state"], "ambiguous");
 
     let resolve = format!("{path}/resolve");
-    let bad = admin("POST", admin_addr, &resolve, r#"{"outcome":"completed"}"#).await;
+    let bad = format!(r#"{{"token":{token},"outcome":"completed"}}"#);
+    let bad = admin("POST", admin_addr, &resolve, &bad).await;
     assert_eq!(bad.status, 400, "{bad:?}");
     assert_eq!(
         bad.problem().as_deref(),
@@ -203,7 +210,17 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
             .contains("field `reason`")
     );
 
-    let body = r#"{"outcome":"completed","status":201,"headers":[["content-type","application/json"]],"body":"{\"payout\":\"manual-1\"}","reason":"provider ledger shows payout manual-1"}"#;
+    let body = r#""outcome":"completed","status":201,"headers":[["content-type","application/json"]],"body":"{\"payout\":\"manual-1\"}","reason":"provider ledger shows payout manual-1"}"#;
+    // A verdict about another attempt of the key is refused.
+    let stale = format!(r#"{{"token":{},{body}"#, token + 1);
+    let stale = admin("POST", admin_addr, &resolve, &stale).await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    assert_eq!(
+        stale.problem().as_deref(),
+        Some("urn:idem:problem:other-attempt")
+    );
+    let body = format!(r#"{{"token":{token},{body}"#);
+    let body = body.as_str();
     let resolved = admin("POST", admin_addr, &resolve, body).await;
     assert_eq!(resolved.status, 200, "{resolved:?}");
     let resolved = json(&resolved);
@@ -264,9 +281,12 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
 async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
     let (up, site) = (Upstream::start().await, Site::new());
     // A 503 declared an unknown outcome: the record becomes ambiguous,
-    // though this upstream really did nothing the first time.
+    // though this upstream really did nothing the first time. A short lease
+    // (and a response timeout within it), so that "not executed" is
+    // accepted within the test.
     let config = site.config(
-        "[[route]]\npath = \"/busy-once\"\ncompletion = { unknown = [503] }\n\n[[route]]\n",
+        "response_timeout_ms = 500\n\n[[route]]\npath = \"/busy-once\"\nlease_ms = 1000\n\
+         completion = { unknown = [503] }\n\n[[route]]\n",
     );
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     let url = gw.url("/busy-once");
@@ -285,11 +305,14 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
     let store = store_url(&site);
     let listed = ambiguous_records(&store);
     let scope = listed[0]["scope"].as_str().unwrap().to_owned();
+    let token = listed[0]["token"].as_u64().unwrap().to_string();
+    let lease_until = listed[0]["lease_until"].as_str().unwrap().to_owned();
 
     // The CLI shares the SQLite file with the running gateway.
     let resolve = |key: &str, scope: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["records", "resolve", scope, key, "--not-executed"])
+            .args(["--token", &token])
             .args([
                 "--reason",
                 "provider has no payout for b-1",
@@ -300,6 +323,19 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
             .output()
             .unwrap()
     };
+    // While the attempt's lease runs, "not executed" proves nothing yet.
+    let early = resolve("b-1", &scope);
+    assert!(
+        !early.status.success(),
+        "accepted before the lease ended at {lease_until}"
+    );
+    let said = text(&early.stderr);
+    assert!(said.contains("may still commit"), "{said}");
+    let leased = eventually(Duration::from_secs(5), || {
+        use idem_core::Clock as _;
+        idem_gateway::rfc3339(idem_core::SystemClock.now()) > lease_until
+    });
+    assert!(leased.await, "the lease ends");
     let out = resolve("b-1", &scope);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
@@ -340,12 +376,13 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
         .collect();
     assert_eq!(paid.len(), 1, "the retry executed once");
 
-    // A record that is not ambiguous, or not there, is refused: exit 1.
+    // A verdict about the first attempt cannot touch the retry's record,
+    // and a record that is not there is refused: exit 1.
     let out = resolve("b-1", &scope);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr)
-            .contains("is completed, not ambiguous; only an ambiguous record can be resolved"),
+        text(&out.stderr).contains(&format!("token {token} no longer owns"))
+            && text(&out.stderr).contains("(the record is completed with token"),
         "{}",
         text(&out.stderr)
     );
@@ -361,11 +398,16 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
     let dir = site.dir.path();
     std::fs::write(dir.join("body.json"), "{\"payout\":\"manual\"}").unwrap();
     assert_eq!(post(&url, &[key("b-2")], PAYOUT).await.status, 503);
+    let listed = ambiguous_records(&store);
+    let token = listed[0]["token"].as_u64().unwrap().to_string();
+    assert_eq!(listed[0]["key"], "b-2");
     let out = idem(&[
         "records",
         "resolve",
         &scope,
         "b-2",
+        "--token",
+        &token,
         "--completed",
         "--status",
         "201",

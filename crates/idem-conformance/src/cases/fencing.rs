@@ -68,7 +68,8 @@ pub async fn tokens_increase_across_release<S: Store + 'static>(store: Arc<S>, c
     let resolution =
         idem_core::Resolution::new(idem_core::Outcome::NotExecuted, "reconciler", "not found")
             .unwrap();
-    store.resolve(&id, resolution).await.unwrap();
+    clock.set(marked.lease_until);
+    store.resolve(&id, marked.token, resolution).await.unwrap();
     tokens.push(marked.token);
     let latest = acquire(&*store, &clock, &request(&id, fp(1))).await;
     assert!(latest > marked.token, "after a not-executed resolution");
@@ -94,7 +95,10 @@ pub async fn release_removes_record<S: Store + 'static>(store: Arc<S>, clock: Ma
     let before = in_progress(&*store, &clock, &id, fp(1)).await;
     assert_eq!(store.release(&id, before.token).await, Ok(()));
     assert_eq!(store.get(&id).await.unwrap(), None);
-    assert_eq!(store.list(&ListQuery::default()).await.unwrap(), Vec::new());
+    assert_eq!(
+        store.list(&ListQuery::default()).await.unwrap().records,
+        Vec::new()
+    );
     let again = acquire(&*store, &clock, &request(&id, fp(2))).await;
     assert!(again > before.token);
     assert_eq!(stored(&*store, &id).await.fingerprint, fp(2));

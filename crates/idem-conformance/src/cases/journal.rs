@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use idem_core::{
     Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ManualClock, Outcome, RESOLUTION_TEXT_BYTES_MAX,
-    Record, RecordId, Resolution, Resolved, Store,
+    Record, RecordId, Resolution, Resolved, Store, Token,
 };
 
 use super::support::{
@@ -29,8 +29,15 @@ async fn resolve<S: Store>(
         Outcome::Completed { result } => (Resolved::Completed, Some(result.status())),
         Outcome::NotExecuted => (Resolved::NotExecuted, None),
     };
+    if resolved == Resolved::NotExecuted {
+        // "Not executed" is accepted only once the attempt's lease is over.
+        clock.set(clock.now().max(record.lease_until));
+    }
     let resolution = Resolution::new(outcome, by, reason).unwrap();
-    store.resolve(&record.id, resolution).await.unwrap();
+    store
+        .resolve(&record.id, record.token, resolution)
+        .await
+        .unwrap();
     JournalEntry {
         id: record.id.clone(),
         token: record.token,
@@ -135,16 +142,30 @@ pub async fn refused_resolve_journals_nothing<S: Store + 'static>(
     in_progress(&*store, &clock, &running, fp(1)).await;
     completed(&*store, &clock, &done, fp(1), 1).await;
     ambiguous(&*store, &clock, &too_long, fp(1)).await;
+    let token = |id: &RecordId| {
+        let store = Arc::clone(&store);
+        let id = id.clone();
+        async move { store.get(&id).await.unwrap().map_or(Token(1), |r| r.token) }
+    };
     for id in [&missing, &running, &done] {
         let resolution = Resolution::new(Outcome::NotExecuted, "op", "no").unwrap();
         assert!(
-            store.resolve(id, resolution).await.is_err(),
+            store
+                .resolve(id, token(id).await, resolution)
+                .await
+                .is_err(),
             "{id} resolved"
         );
     }
     let mut long = Resolution::new(Outcome::NotExecuted, "op", "").unwrap();
     long.reason = "x".repeat(RESOLUTION_TEXT_BYTES_MAX + 1);
-    assert!(store.resolve(&too_long, long).await.is_err());
+    let too_long_token = token(&too_long).await;
+    assert!(
+        store
+            .resolve(&too_long, too_long_token, long)
+            .await
+            .is_err()
+    );
     for id in [&missing, &running, &done, &too_long] {
         assert_eq!(journal(&*store, id).await, [], "{id} journaled a refusal");
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{ListQuery, ManualClock, RecordId, State, Store};
+use idem_core::{ListCursor, ListQuery, ManualClock, RecordId, State, Store};
 
 use super::support::{RETENTION_MS, ambiguous, completed, fp, id, in_progress, key};
 
@@ -28,17 +28,17 @@ pub async fn list_orders_by_scope_then_key<S: Store + 'static>(store: Arc<S>, cl
         ("everything", ListQuery::default(), &sorted),
         (
             "after an existing record",
-            query(None, Some(id("a|t", "k10")), 0),
+            query(None, Some(id("a|t", "k10").into()), 0),
             &sorted[9..],
         ),
         (
             "after a gap between two records",
-            query(None, Some(id("a|t", "k1+")), 0),
+            query(None, Some(id("a|t", "k1+").into()), 0),
             &sorted[7..],
         ),
         (
             "after the last record",
-            query(None, Some(id("b|t", "k2")), 0),
+            query(None, Some(id("b|t", "k2").into()), 0),
             &[],
         ),
     ];
@@ -86,11 +86,11 @@ pub async fn list_filters_by_state_at_store_clock<S: Store + 'static>(
         ),
         (query(Some(State::Tombstone), None, 1), &["expired"]),
         (
-            query(Some(State::Tombstone), Some(key("expired")), 0),
+            query(Some(State::Tombstone), Some(key("expired").into()), 0),
             &["tombstone"],
         ),
         (
-            query(Some(State::InProgress), Some(key("b")), 1),
+            query(Some(State::InProgress), Some(key("b").into()), 1),
             &["in-progress"],
         ),
     ];
@@ -120,19 +120,28 @@ pub async fn list_pages_with_after_cursor<S: Store + 'static>(store: Arc<S>, clo
     let mut cursor = None;
     // Bounded, so that a store ignoring the cursor fails instead of looping.
     for _ in 0..=expect.len() {
-        let page = ids(&*store, &query(None, cursor.clone(), 5)).await;
-        if page.is_empty() {
+        let page = store.list(&query(None, cursor.clone(), 5)).await.unwrap();
+        page_lens.push(page.records.len());
+        let full = page.records.len() == 5;
+        assert_eq!(
+            page.next,
+            page.records
+                .last()
+                .filter(|_| full)
+                .map(|r| ListCursor::from(&r.id)),
+            "a full page points past its last row; a short one ends the scan"
+        );
+        seen.extend(page.records.into_iter().map(|r| r.id));
+        cursor = page.next;
+        if cursor.is_none() {
             break;
         }
-        page_lens.push(page.len());
-        cursor = page.last().cloned();
-        seen.extend(page);
     }
     assert_eq!(page_lens, [5, 5, 5, 5, 4], "page sizes");
     assert_eq!(seen, expect, "every record once, in order");
 }
 
-fn query(state: Option<State>, after: Option<RecordId>, limit: usize) -> ListQuery {
+fn query(state: Option<State>, after: Option<ListCursor>, limit: usize) -> ListQuery {
     ListQuery {
         state,
         after,
@@ -141,6 +150,7 @@ fn query(state: Option<State>, after: Option<RecordId>, limit: usize) -> ListQue
 }
 
 async fn ids<S: Store>(store: &S, q: &ListQuery) -> Vec<RecordId> {
-    let records = store.list(q).await.unwrap();
-    records.into_iter().map(|r| r.id).collect()
+    let listing = store.list(q).await.unwrap();
+    assert_eq!(listing.damaged, Vec::new(), "no row is damaged");
+    listing.records.into_iter().map(|r| r.id).collect()
 }

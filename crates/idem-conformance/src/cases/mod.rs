@@ -20,6 +20,7 @@ mod journal;
 mod list;
 mod purge;
 mod resolve;
+mod roundtrip;
 mod support;
 
 pub use claim::*;
@@ -29,3 +30,4 @@ pub use journal::*;
 pub use list::*;
 pub use purge::*;
 pub use resolve::*;
+pub use roundtrip::*;

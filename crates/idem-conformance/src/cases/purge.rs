@@ -53,7 +53,7 @@ pub async fn purge_tombstones_after_retention<S: Store + 'static>(
         assert_eq!(claim, Ok(expired.clone()), "fingerprint {fingerprint}");
     }
     assert_eq!(store.purge(100).await, Ok(report(0, 0)), "purged twice");
-    let listed = store.list(&ListQuery::default()).await.unwrap();
+    let listed = store.list(&ListQuery::default()).await.unwrap().records;
     assert_eq!(listed, [tombstone]);
 }
 
@@ -130,18 +130,22 @@ pub async fn purge_honours_limit<S: Store + 'static>(store: Arc<S>, clock: Manua
         state: Some(State::Tombstone),
         ..ListQuery::default()
     };
-    assert_eq!(store.list(&tombstones).await.unwrap().len(), 5);
+    assert_eq!(store.list(&tombstones).await.unwrap().records.len(), 5);
     clock.set(after(start, TOMBSTONE_MS));
     let deleting = [report(0, 3), report(0, 2), report(0, 0)];
     for (call, expect) in deleting.into_iter().enumerate() {
         assert_eq!(store.purge(3).await, Ok(expect), "deleting call {call}");
     }
-    assert_eq!(store.list(&ListQuery::default()).await.unwrap(), Vec::new());
+    assert_eq!(
+        store.list(&ListQuery::default()).await.unwrap().records,
+        Vec::new()
+    );
 }
 
 fn report(tombstoned: u64, deleted: u64) -> PurgeReport {
     PurgeReport {
         tombstoned,
         deleted,
+        damaged: 0,
     }
 }

@@ -193,3 +193,19 @@ pub(crate) fn fresh_record(
         resolution: None,
     }
 }
+
+/// Releases the ambiguous `record` as not executed (after its lease), claims
+/// the key again and marks that second attempt ambiguous too: two ambiguity
+/// episodes of one key. Returns the second attempt's record.
+pub(crate) async fn release_reclaim_and_mark<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    record: &Record,
+) -> Record {
+    clock.set(record.lease_until);
+    let released =
+        idem_core::Resolution::new(idem_core::Outcome::NotExecuted, "operator", "no").unwrap();
+    let got = store.resolve(&record.id, record.token, released).await;
+    assert_eq!(got, Ok(None), "releasing {}", record.id);
+    ambiguous(store, clock, &record.id, record.fingerprint).await
+}

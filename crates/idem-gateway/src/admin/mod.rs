@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    Clock, IdempotencyKey, LIST_LIMIT_MAX, ListQuery, RecordId, Scope, Store, StoreError,
-    SystemClock,
+    Clock, IdempotencyKey, LIST_LIMIT_MAX, ListCursor, ListQuery, RecordId, Scope, Store,
+    StoreError, SystemClock,
 };
 use idem_http::{METRICS_CONTENT_TYPE, Metrics, PROBLEM_TYPE_PREFIX, Resolver};
 
@@ -107,6 +107,8 @@ enum AdminProblemKind {
     BodyTooLarge,
     RecordNotFound,
     NotAmbiguous,
+    OtherAttempt,
+    MayStillCommit,
     StoreUnavailable,
     StoreFailed,
 }
@@ -167,14 +169,26 @@ impl Admin {
     /// `GET /records?state=…&limit=…&after_scope=…&after_key=…`.
     async fn list(&self, query: Option<&str>) -> Result<Response, AdminProblem> {
         let query = list_query(query)?;
-        let records = self
+        let page = self
             .store
             .list(&query)
             .await
             .map_err(|e| self.store_problem(e))?;
         let now = SystemClock.now();
-        let views: Vec<RecordView> = records.iter().map(|r| RecordView::new(r, now)).collect();
-        Ok(json(StatusCode::OK, &views))
+        let views: Vec<RecordView> = page
+            .records
+            .iter()
+            .map(|r| RecordView::new(r, now))
+            .collect();
+        let next = page
+            .next
+            .map(|at| serde_json::json!({ "after_scope": at.scope, "after_key": at.key }));
+        let answer = serde_json::json!({
+            "records": views,
+            "damaged": page.damaged,
+            "next": next,
+        });
+        Ok(json(StatusCode::OK, &answer))
     }
 
     /// `GET /records/{scope}/{key}`.
@@ -194,13 +208,13 @@ impl Admin {
     async fn resolve(&self, scope: &str, key: &str, body: Body) -> Result<Response, AdminProblem> {
         let id = record_id(scope, key)?;
         let body = read_body(body).await?;
-        let resolution = resolve::parse_resolution(&body)
+        let (token, resolution) = resolve::parse_resolution(&body)
             .map_err(|e| AdminProblem::new(AdminProblemKind::InvalidRequest, e))?;
         let outcome = resolution.outcome.clone();
         let (by, reason) = (resolution.by.clone(), resolution.reason.clone());
         let record = self
             .store
-            .resolve(&id, resolution)
+            .resolve(&id, token, resolution)
             .await
             .map_err(|e| self.store_problem(e))?;
         self.metrics.resolution(Resolver::Operator, &outcome);
@@ -223,6 +237,8 @@ impl Admin {
         let kind = match &e {
             StoreError::NotFound { .. } => RecordNotFound,
             StoreError::WrongState { .. } => NotAmbiguous,
+            StoreError::Fenced { .. } => OtherAttempt,
+            StoreError::MayStillCommit { .. } => MayStillCommit,
             StoreError::Limit(_) => InvalidRequest,
             StoreError::Unavailable { .. } => StoreUnavailable,
             _ => StoreFailed,
@@ -286,7 +302,7 @@ fn record_id(scope: &str, key: &str) -> Result<RecordId, AdminProblem> {
     Ok(RecordId {
         scope: Scope::new(scope.clone())
             .map_err(|e| invalid(format!("path segment scope {scope:?}: {e}")))?,
-        key: IdempotencyKey::parse(&key)
+        key: IdempotencyKey::new(key.clone())
             .map_err(|e| invalid(format!("path segment key {key:?}: {e}")))?,
     })
 }
@@ -332,15 +348,11 @@ fn list_query(raw: Option<&str>) -> Result<ListQuery, AdminProblem> {
     }
     query.after = match (after_scope, after_key) {
         (None, None) => None,
-        (Some(scope), Some(key)) => Some(RecordId {
-            scope: Scope::new(scope)
-                .map_err(|e| invalid(format!("query parameter `after_scope`: {e}")))?,
-            key: IdempotencyKey::parse(&key)
-                .map_err(|e| invalid(format!("query parameter `after_key`: {e}")))?,
-        }),
+        // A position, not a record: it may name a row that cannot be read.
+        (Some(scope), Some(key)) => Some(ListCursor { scope, key }),
         _ => {
             return Err(invalid(
-                "query parameters `after_scope` and `after_key` go together: the last record of the previous page".into(),
+                "query parameters `after_scope` and `after_key` go together: the `next` of the previous page".into(),
             ));
         }
     };
@@ -457,6 +469,16 @@ impl AdminProblemKind {
                 StatusCode::CONFLICT,
                 "not-ambiguous",
                 "The record is not ambiguous",
+            ),
+            OtherAttempt => (
+                StatusCode::CONFLICT,
+                "other-attempt",
+                "The record belongs to another attempt than the token names",
+            ),
+            MayStillCommit => (
+                StatusCode::CONFLICT,
+                "may-still-commit",
+                "The attempt may still commit",
             ),
             StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,

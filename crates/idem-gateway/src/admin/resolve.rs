@@ -1,21 +1,25 @@
 //! The body of `POST /records/{scope}/{key}/resolve`, checked field by field
 //! so that every refusal names the field and says what it should be.
 
-use idem_core::{LimitError, Outcome, Resolution, StoredResult};
+use idem_core::{LimitError, Outcome, Resolution, StoredResult, Token};
 use serde_json::{Map, Value};
 
 /// The `by` of every resolution made through the admin API.
 pub const ADMIN_API_ACTOR: &str = "operator:admin-api";
 
 /// The fields a resolve body may have.
-const FIELDS: [&str; 5] = ["outcome", "reason", "status", "headers", "body"];
+const FIELDS: [&str; 6] = ["token", "outcome", "reason", "status", "headers", "body"];
 /// The fields that only apply to `"outcome": "completed"`.
 const RESULT_FIELDS: [&str; 3] = ["status", "headers", "body"];
 
-/// Parses a resolve body into a resolution by [`ADMIN_API_ACTOR`]:
-/// `{"outcome":"completed","status":200,"headers":[["content-type","application/json"]],"body":"…","reason":"…"}`
-/// or `{"outcome":"not_executed","reason":"…"}`. The error names the field.
-pub(crate) fn parse_resolution(body: &[u8]) -> Result<Resolution, String> {
+/// Parses a resolve body into the attempt it is about and a resolution by
+/// [`ADMIN_API_ACTOR`]:
+/// `{"token":7,"outcome":"completed","status":200,"headers":[["content-type","application/json"]],"body":"…","reason":"…"}`
+/// or `{"token":7,"outcome":"not_executed","reason":"…"}`. The token is the
+/// record's as the operator saw it (`GET /records/{scope}/{key}`): the
+/// verdict is refused if the record has moved on to another attempt since.
+/// The error names the field.
+pub(crate) fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
     let doc: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let Value::Object(fields) = doc else {
@@ -30,6 +34,23 @@ pub(crate) fn parse_resolution(body: &[u8]) -> Result<Resolution, String> {
             FIELDS.join(", ")
         ));
     }
+    let token = match fields.get("token") {
+        Some(Value::Number(n)) => n.as_u64().map(Token).ok_or_else(|| {
+            format!("field `token` is {n}; expected the record's token, a whole number")
+        })?,
+        Some(other) => {
+            return Err(format!(
+                "field `token` is {other}; expected the record's token, a whole number"
+            ));
+        }
+        None => {
+            return Err(
+                "field `token` is required: the token of the attempt you resolve, \
+                        as GET /records/{scope}/{key} shows it"
+                    .into(),
+            );
+        }
+    };
     let reason = match fields.get("reason") {
         Some(Value::String(r)) if !r.trim().is_empty() => r.as_str(),
         Some(Value::String(_)) => return Err("field `reason` must not be empty".into()),
@@ -59,7 +80,9 @@ pub(crate) fn parse_resolution(body: &[u8]) -> Result<Resolution, String> {
             return Err("field `outcome` is required: \"completed\" or \"not_executed\"".into());
         }
     };
-    Resolution::new(outcome, ADMIN_API_ACTOR, reason).map_err(|e| format!("field `reason`: {e}"))
+    let resolution = Resolution::new(outcome, ADMIN_API_ACTOR, reason)
+        .map_err(|e| format!("field `reason`: {e}"))?;
+    Ok((token, resolution))
 }
 
 /// One stored header as an operator gives it: a valid header name
@@ -135,7 +158,8 @@ mod tests {
     fn check(body: &str, expect: Expect) {
         let got = parse_resolution(body.as_bytes());
         match (got, expect) {
-            (Ok(r), Ok((reason, result))) => {
+            (Ok((token, r)), Ok((reason, result))) => {
+                assert_eq!(token, Token(7), "{body}");
                 assert_eq!(
                     (r.by.as_str(), r.reason.as_str()),
                     (ADMIN_API_ACTOR, reason)
@@ -157,15 +181,15 @@ mod tests {
     #[test]
     fn accepts_both_outcomes() {
         check(
-            r#"{"outcome":"completed","status":201,"headers":[["Content-Type","application/json"]],"body":"{\"payout\":1}","reason":"paid per provider"}"#,
+            r#"{"token":7,"outcome":"completed","status":201,"headers":[["Content-Type","application/json"]],"body":"{\"payout\":1}","reason":"paid per provider"}"#,
             Ok(("paid per provider", Some((201, "{\"payout\":1}")))),
         );
         check(
-            r#"{"outcome":"completed","reason":"r"}"#,
+            r#"{"token":7,"outcome":"completed","reason":"r"}"#,
             Ok(("r", Some((200, "")))),
         );
         check(
-            r#"{"outcome":"not_executed","reason":"not in the ledger"}"#,
+            r#"{"token":7,"outcome":"not_executed","reason":"not in the ledger"}"#,
             Ok(("not in the ledger", None)),
         );
     }
@@ -175,50 +199,69 @@ mod tests {
         let cases = [
             ("{", "the body is not valid JSON"),
             ("[]", "must be a JSON object"),
-            (r#"{"outcome":"completed"}"#, "field `reason` is required"),
             (
-                r#"{"outcome":"completed","reason":"  "}"#,
+                r#"{"outcome":"not_executed","reason":"r"}"#,
+                "field `token` is required",
+            ),
+            (
+                r#"{"token":"7","outcome":"not_executed","reason":"r"}"#,
+                "field `token` is \"7\"",
+            ),
+            (
+                r#"{"token":-1,"outcome":"not_executed","reason":"r"}"#,
+                "field `token` is -1",
+            ),
+            (
+                r#"{"token":1.5,"outcome":"not_executed","reason":"r"}"#,
+                "field `token` is 1.5",
+            ),
+            (
+                r#"{"token":7,"outcome":"completed"}"#,
+                "field `reason` is required",
+            ),
+            (
+                r#"{"token":7,"outcome":"completed","reason":"  "}"#,
                 "field `reason` must not be empty",
             ),
             (
-                r#"{"outcome":"completed","reason":7}"#,
+                r#"{"token":7,"outcome":"completed","reason":7}"#,
                 "field `reason` must be a string",
             ),
-            (r#"{"reason":"r"}"#, "field `outcome` is required"),
+            (r#"{"token":7,"reason":"r"}"#, "field `outcome` is required"),
             (
-                r#"{"outcome":"done","reason":"r"}"#,
+                r#"{"token":7,"outcome":"done","reason":"r"}"#,
                 "field `outcome` is \"done\"",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","statuss":1}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","statuss":1}"#,
                 "field `statuss` is unknown",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","status":"200"}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","status":"200"}"#,
                 "field `status` is \"200\"",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","status":700}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","status":700}"#,
                 "field `status` is 700",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","headers":{"a":"b"}}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","headers":{"a":"b"}}"#,
                 "field `headers` must be a list",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","headers":[["a"]]}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","headers":[["a"]]}"#,
                 "field `headers[0]` is [\"a\"]",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","headers":[["a b","c"]]}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","headers":[["a b","c"]]}"#,
                 "field `headers[0]`: \"a b\" is not a valid header name",
             ),
             (
-                r#"{"outcome":"completed","reason":"r","body":{}}"#,
+                r#"{"token":7,"outcome":"completed","reason":"r","body":{}}"#,
                 "field `body` must be a string",
             ),
             (
-                r#"{"outcome":"not_executed","reason":"r","status":200}"#,
+                r#"{"token":7,"outcome":"not_executed","reason":"r","status":200}"#,
                 "field `status` applies only to",
             ),
         ];
@@ -226,12 +269,12 @@ mod tests {
             check(body, Err(part));
         }
         let long = format!(
-            r#"{{"outcome":"not_executed","reason":"{}"}}"#,
+            r#"{{"token":7,"outcome":"not_executed","reason":"{}"}}"#,
             "x".repeat(5000)
         );
         check(&long, Err("field `reason`: reason is 5000 bytes"));
         let big = format!(
-            r#"{{"outcome":"completed","reason":"r","body":"{}"}}"#,
+            r#"{{"token":7,"outcome":"completed","reason":"r","body":"{}"}}"#,
             "x".repeat(idem_core::RESULT_BODY_BYTES_MAX + 1)
         );
         check(&big, Err("field `body`: result body is"));

@@ -7,8 +7,8 @@ use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
 use idem_core::{
-    Claim, ClaimRequest, Fingerprint, IdempotencyKey, MemoryStore, Policy, RecordId, Scope, Store,
-    SystemClock,
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, ManualClock, MemoryStore, Policy, RecordId,
+    Scope, Store, Token,
 };
 use idem_http::Metrics;
 use tower::ServiceExt;
@@ -18,17 +18,21 @@ use super::*;
 const TOKEN: &str = "0123456789abcdef-admin";
 
 struct Fixture {
+    clock: ManualClock,
     store: Arc<MemoryStore>,
     metrics: Arc<Metrics>,
     app: axum::Router,
 }
 
 fn fixture() -> Fixture {
-    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+    // The views are judged at the wall clock's now: start there.
+    let clock = ManualClock::new(idem_core::SystemClock.now());
+    let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
     let metrics = Arc::new(Metrics::new());
     let token = AdminToken::new(TOKEN).unwrap();
     let app = router(store.clone(), metrics.clone(), token);
     Fixture {
+        clock,
         store,
         metrics,
         app,
@@ -42,8 +46,8 @@ fn id(scope: &str, key: &str) -> RecordId {
     }
 }
 
-/// An ambiguous record: acquired, then its outcome unknown.
-async fn ambiguous(store: &MemoryStore, id: &RecordId) {
+/// An ambiguous record: acquired, then its outcome unknown. Returns its token.
+async fn ambiguous(store: &MemoryStore, id: &RecordId) -> Token {
     let req = ClaimRequest {
         id: id.clone(),
         fingerprint: Fingerprint::from_bytes([3; 32]),
@@ -54,6 +58,7 @@ async fn ambiguous(store: &MemoryStore, id: &RecordId) {
         panic!("fresh key");
     };
     store.mark_ambiguous(id, token).await.unwrap();
+    token
 }
 
 /// (status, content-type, body)
@@ -124,17 +129,20 @@ async fn lists_shows_and_resolves_records() {
     let f = fixture();
     let (scope, key) = ("POST /payouts|anonymous", "p/1 x");
     let rid = id(scope, "p/1x");
-    ambiguous(&f.store, &rid).await;
+    let token = ambiguous(&f.store, &rid).await;
     let auth = bearer();
     let auth = Some(auth.as_str());
 
     let (status, _, body) =
         send(&f.app, "GET", "/records?state=ambiguous&limit=10", auth, "").await;
     assert_eq!(status, 200, "{body}");
-    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let list = &page["records"];
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["key"], "p/1x");
     assert_eq!(list[0]["state"], "ambiguous");
+    assert_eq!(page["damaged"], serde_json::json!([]));
+    assert_eq!(page["next"], serde_json::Value::Null);
 
     let path = "/records/POST%20%2Fpayouts%7Canonymous/p%2F1x";
     let (status, _, body) = send(&f.app, "GET", path, auth, "").await;
@@ -148,6 +156,12 @@ async fn lists_shows_and_resolves_records() {
 
     let resolve = format!("{path}/resolve");
     let body = r#"{"outcome":"completed","status":201,"headers":[["content-type","application/json"]],"body":"{\"payout\":7}","reason":"provider shows payout 7"}"#;
+    let stale = format!("{{\"token\":{},{}", token.0 + 1, &body[1..]);
+    let (status, _, answer) = send(&f.app, "POST", &resolve, auth, &stale).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(problem_type(&answer), "urn:idem:problem:other-attempt");
+    let body = format!("{{\"token\":{},{}", token.0, &body[1..]);
+    let body = body.as_str();
     let (status, _, answer) = send(&f.app, "POST", &resolve, auth, body).await;
     assert_eq!(status, 200, "{answer}");
     let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
@@ -171,16 +185,17 @@ async fn lists_shows_and_resolves_records() {
     assert!(again.contains("this one is completed"), "{again}");
 
     let other = id(scope, "p-2");
-    ambiguous(&f.store, &other).await;
-    let not_executed = r#"{"outcome":"not_executed","reason":"not in the provider's ledger"}"#;
-    let (status, _, answer) = send(
-        &f.app,
-        "POST",
-        "/records/POST%20%2Fpayouts%7Canonymous/p-2/resolve",
-        auth,
-        not_executed,
-    )
-    .await;
+    let token = ambiguous(&f.store, &other).await;
+    let not_executed = format!(
+        r#"{{"token":{},"outcome":"not_executed","reason":"not in the provider's ledger"}}"#,
+        token.0
+    );
+    let path = "/records/POST%20%2Fpayouts%7Canonymous/p-2/resolve";
+    let (status, _, answer) = send(&f.app, "POST", path, auth, &not_executed).await;
+    assert_eq!(status, 409, "while the lease runs: {answer}");
+    assert_eq!(problem_type(&answer), "urn:idem:problem:may-still-commit");
+    f.clock.advance_millis(Policy::DEFAULT.lease_ms());
+    let (status, _, answer) = send(&f.app, "POST", path, auth, &not_executed).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("\"record\":null"), "{answer}");
     assert_eq!(f.store.get(&other).await.unwrap(), None, "released");
@@ -252,7 +267,7 @@ async fn refusals_are_problems_that_say_what_to_fix() {
         (
             "POST",
             "/records/s/nope/resolve",
-            r#"{"outcome":"not_executed","reason":"r"}"#,
+            r#"{"token":1,"outcome":"not_executed","reason":"r"}"#,
             404,
             "record-not-found",
             "no record",
@@ -268,7 +283,7 @@ async fn refusals_are_problems_that_say_what_to_fix() {
         (
             "POST",
             "/records/s/k/resolve",
-            r#"{"outcome":"completed","reason":"r","status":42}"#,
+            r#"{"token":1,"outcome":"completed","reason":"r","status":42}"#,
             400,
             "invalid-request",
             "field `status`",
