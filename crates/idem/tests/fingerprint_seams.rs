@@ -210,3 +210,95 @@ async fn numbers_of_any_size_are_accepted_and_respellings_replay() {
     assert!(huge.body.contains("exponent"), "{huge:?}");
     assert_eq!(up.effects().len(), cases.len());
 }
+
+/// Where the records of a gateway live, and how to rewrite the fingerprint
+/// every record holds, as a release with the previous canonical form would
+/// have written it.
+enum Backend {
+    Sqlite(Site),
+    Postgres(support::PgSchema),
+}
+
+impl Backend {
+    fn start(&self, upstream: &str, site: &Site) -> Gateway {
+        let config = Some(site.config(CONFIG));
+        match self {
+            Backend::Sqlite(store) => Gateway::start(upstream, &store.store(), config.as_deref()),
+            Backend::Postgres(schema) => {
+                Gateway::start_url(upstream, &schema.store_url(), config.as_deref())
+            }
+        }
+    }
+
+    fn set_every_fingerprint(&self, fingerprint: &idem_core::Fingerprint) {
+        match self {
+            Backend::Sqlite(store) => {
+                let db = rusqlite::Connection::open(store.store()).unwrap();
+                let bytes = &fingerprint.as_bytes()[..];
+                let changed = db
+                    .execute("UPDATE records SET fingerprint = ?1", [bytes])
+                    .unwrap();
+                assert_eq!(changed, 1);
+            }
+            Backend::Postgres(schema) => schema
+                .execute(&format!(
+                    "UPDATE {}.records SET fingerprint = '\\x{}'",
+                    schema.name,
+                    fingerprint.to_hex()
+                ))
+                .unwrap(),
+        }
+    }
+}
+
+/// A record written before the upgrade holds the version 1 fingerprint: the
+/// same request still replays it, on every store, and a request that
+/// version 1 could not tell apart from it is refused, not replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_holding_a_version_1_fingerprint_replays_for_the_same_request() {
+    let body = r#"{"seller":847,"amount":12.50}"#;
+    let sent = Sent {
+        query: "?to=a&note=caf%C3%A9+au+lait",
+        content_type: "application/json",
+        headers: &[("x-account", b"acme")],
+        body,
+    };
+    let v1 = idem_core::Fingerprint::of_request_v1(&idem_core::RequestParts {
+        method: "POST",
+        route: "/payouts",
+        path: "/payouts",
+        query: &sent.query[1..],
+        content_types: &[b"application/json"],
+        headers: &[("x-account", b"acme")],
+        body: body.as_bytes(),
+        exclude: &[],
+    })
+    .expect("version 1 reads this request exactly");
+    for backend in [
+        Backend::Sqlite(Site::new()),
+        Backend::Postgres(support::PgSchema::new("fp_legacy")),
+    ] {
+        let (up, site) = (Upstream::start().await, Site::new());
+        let gw = backend.start(&up.url(), &site);
+        let first = send(&gw, "legacy-1", &sent).await;
+        assert_eq!(first.status, 201, "{first:?}");
+        backend.set_every_fingerprint(&v1);
+
+        let respelt = Sent {
+            query: "?note=caf%c3%a9%20au%20lait&to=a",
+            body: r#"{ "amount": 12.5, "seller": 847 }"#,
+            ..sent
+        };
+        send(&gw, "legacy-1", &respelt)
+            .await
+            .assert_replay_of(&first);
+        // Version 1 read numbers as doubles; version 2 refuses to confuse them.
+        let other = Sent {
+            body: r#"{"seller":847,"amount":12.500000000000000001}"#,
+            ..sent
+        };
+        let reused = send(&gw, "legacy-1", &other).await;
+        assert_eq!(reused.status, 422, "{reused:?}");
+        assert_eq!(up.effects().len(), 1);
+    }
+}
