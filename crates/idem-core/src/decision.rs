@@ -495,7 +495,6 @@ mod tests {
                 id: record(State::InProgress).id,
                 fingerprint: fp(fingerprint),
                 legacy_fingerprint: None,
-                legacy_fingerprint: None,
                 owner: "node-b".into(),
                 policy,
             };
@@ -509,7 +508,6 @@ mod tests {
         let req = ClaimRequest {
             id: record(State::InProgress).id,
             fingerprint: fp(1),
-            legacy_fingerprint: None,
             legacy_fingerprint: None,
             owner: "node-b".into(),
             policy: Policy::DEFAULT,
@@ -774,7 +772,6 @@ mod tests {
                 let req = ClaimRequest {
                     id: stored.id.clone(),
                     fingerprint: current,
-                    legacy_fingerprint: None,
                     legacy_fingerprint,
                     owner: "node-b".into(),
                     policy: reconcile,
@@ -789,7 +786,6 @@ mod tests {
         let req = ClaimRequest {
             id: expired.id.clone(),
             fingerprint: current,
-            legacy_fingerprint: None,
             legacy_fingerprint: Some(legacy),
             owner: "node-b".into(),
             policy: Policy::new(1_000, 60, 60, LeaseExpiry::Takeover).unwrap(),
