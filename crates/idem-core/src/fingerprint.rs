@@ -517,15 +517,7 @@ mod v1 {
                 Some((decode(name)?, decode(value)?))
             })
             .collect::<Option<Vec<(String, String)>>>()?;
-        query.sort_unstable();
-        if query.windows(2).any(|w| w[0].0 == w[1].0) {
-            return None;
-        }
-        sink.put_len(query.len());
-        for (name, value) in &query {
-            sink.put_field(name.as_bytes());
-            sink.put_field(value.as_bytes());
-        }
+        put_unique_pairs(sink, &mut query)?;
 
         let mut headers = req
             .headers
@@ -537,17 +529,27 @@ mod v1 {
                 ))
             })
             .collect::<Option<Vec<(String, &str)>>>()?;
-        headers.sort_unstable();
-        if headers.windows(2).any(|w| w[0].0 == w[1].0) {
-            return None;
-        }
-        sink.put_len(headers.len());
-        for (name, value) in &headers {
-            sink.put_field(name.as_bytes());
-            sink.put_field(value.as_bytes());
-        }
+        put_unique_pairs(sink, &mut headers)?;
 
         put_body(sink, body.as_ref().map(|(kind, bytes)| (*kind, &**bytes)));
+        Some(())
+    }
+
+    /// Pairs sorted by (name, value) as version 1 wrote them; `None` if a
+    /// name repeats, since that sort lost the order of its values.
+    fn put_unique_pairs<V: AsRef<str> + Ord>(
+        sink: &mut impl Sink,
+        pairs: &mut [(String, V)],
+    ) -> Option<()> {
+        pairs.sort_unstable();
+        if pairs.windows(2).any(|w| w[0].0 == w[1].0) {
+            return None;
+        }
+        sink.put_len(pairs.len());
+        for (name, value) in pairs.iter() {
+            sink.put_field(name.as_bytes());
+            sink.put_field(value.as_ref().as_bytes());
+        }
         Some(())
     }
 

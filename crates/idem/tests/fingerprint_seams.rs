@@ -8,8 +8,7 @@
 mod support;
 
 use axum::body::Body;
-use http_body_util::BodyExt;
-use support::{Gateway, Reply, Site, Upstream, client};
+use support::{Gateway, Reply, Site, Upstream, exchange};
 
 /// One request as sent: query (after `/payouts`), content type, extra
 /// headers (raw bytes, repeated names allowed) and body.
@@ -64,22 +63,7 @@ async fn send(gw: &Gateway, key: &str, sent: &Sent<'_>) -> Reply {
     for (name, value) in sent.headers {
         req = req.header(*name, axum::http::HeaderValue::from_bytes(value).unwrap());
     }
-    let response = client()
-        .request(req.body(Body::from(sent.body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
-        .collect();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    exchange(req.body(Body::from(sent.body.to_owned())).unwrap()).await
 }
 
 const CONFIG: &str = r#"
