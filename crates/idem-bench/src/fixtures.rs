@@ -21,6 +21,7 @@ pub fn request(scope: &Scope, key: &str, fingerprint: u8) -> anyhow::Result<Clai
             key: IdempotencyKey::parse(key)?,
         },
         fingerprint: Fingerprint::from_bytes([fingerprint; 32]),
+        legacy_fingerprint: None,
         owner: OWNER.to_owned(),
         policy: Policy::default(),
     })

@@ -12,12 +12,29 @@ use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 pub struct ClaimRequest {
     /// Scope and key.
     pub id: RecordId,
-    /// Fingerprint of the request this attempt would execute.
+    /// Fingerprint of the request this attempt would execute; an acquired
+    /// record keeps it.
     pub fingerprint: Fingerprint,
+    /// The same request's fingerprint in the previous canonical form
+    /// ([`Fingerprint::of_request_v1`]), where that form reads it exactly. A
+    /// record written before the current form matches this request if it
+    /// holds either fingerprint, so retries in flight across an upgrade
+    /// replay instead of being refused as a reused key. It matters only until
+    /// the records written before the upgrade have expired; `None` for
+    /// requests that were never fingerprinted in that form.
+    pub legacy_fingerprint: Option<Fingerprint>,
     /// Label of the claimer (node, worker), kept on the record.
     pub owner: String,
     /// The route's policy.
     pub policy: Policy,
+}
+
+impl ClaimRequest {
+    /// Whether a record holding `stored` was acquired by this same request:
+    /// its fingerprint, or its legacy fingerprint where it has one.
+    pub fn matches(&self, stored: &Fingerprint) -> bool {
+        *stored == self.fingerprint || Some(*stored) == self.legacy_fingerprint
+    }
 }
 
 /// A row of DESIGN.md's claim table: what to do given the existing record.
@@ -102,12 +119,7 @@ pub enum Write {
 }
 
 /// DESIGN.md's claim table as one function.
-pub fn decide(
-    existing: Option<&Record>,
-    fingerprint: &Fingerprint,
-    policy: &Policy,
-    now: Timestamp,
-) -> Decision {
+pub fn decide(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> Decision {
     let Some(record) = existing else {
         return Decision::Acquire;
     };
@@ -117,13 +129,13 @@ pub fn decide(
             _ => Decision::LateReplay,
         };
     }
-    if record.fingerprint != *fingerprint {
+    if !req.matches(&record.fingerprint) {
         return Decision::Mismatch;
     }
     match record.state {
         State::Completed => Decision::Replay,
         State::InProgress if now < record.lease_until => Decision::InFlight,
-        State::InProgress => match policy.on_lease_expiry() {
+        State::InProgress => match req.policy.on_lease_expiry() {
             LeaseExpiry::Reconcile => Decision::MarkAmbiguous,
             LeaseExpiry::Takeover => Decision::TakeOver,
         },
@@ -145,7 +157,7 @@ pub fn claim(
     let Some(record) = existing else {
         return acquire(req, now, next_token(), None);
     };
-    let answer = match decide(Some(record), &req.fingerprint, &req.policy, now) {
+    let answer = match decide(Some(record), req, now) {
         Decision::Acquire => return acquire(req, now, next_token(), None),
         Decision::TakeOver => return acquire(req, now, next_token(), Some(record.token)),
         Decision::MarkAmbiguous => {
@@ -502,7 +514,14 @@ mod tests {
             ),
         ];
         for (name, existing, fingerprint, policy, expect) in cases {
-            let got = decide(existing.as_ref(), &fp(fingerprint), &policy, NOW);
+            let req = ClaimRequest {
+                id: record(State::InProgress).id,
+                fingerprint: fp(fingerprint),
+                legacy_fingerprint: None,
+                owner: "node-b".into(),
+                policy,
+            };
+            let got = decide(existing.as_ref(), &req, NOW);
             assert_eq!(got, expect, "{name}");
         }
     }
@@ -512,6 +531,7 @@ mod tests {
         let req = ClaimRequest {
             id: record(State::InProgress).id,
             fingerprint: fp(1),
+            legacy_fingerprint: None,
             owner: "node-b".into(),
             policy: Policy::DEFAULT,
         };
@@ -782,5 +802,66 @@ mod tests {
             purge(&record(State::InProgress), NOW.plus_millis(1_000_000)),
             Write::None
         );
+    }
+
+    /// A record written before the current fingerprint form holds the legacy
+    /// fingerprint: the same request, which carries it, matches every row of
+    /// the table as if its fingerprint were the stored one; another request
+    /// does not.
+    #[test]
+    fn a_legacy_fingerprint_matches_like_the_stored_one() {
+        use Decision::*;
+        use State::*;
+        let (legacy, current) = (fp(1), fp(2));
+        let reconcile = Policy::DEFAULT;
+        for (state, same) in [
+            (Completed, Replay),
+            (InProgress, InFlight),
+            (Ambiguous, OutcomeUnknown),
+        ] {
+            let stored = record(state);
+            assert_eq!(stored.fingerprint, legacy);
+            for (legacy_fingerprint, expect) in [
+                (Some(legacy), same),
+                (None, Mismatch),
+                (Some(fp(3)), Mismatch),
+                (Some(current), Mismatch),
+            ] {
+                let req = ClaimRequest {
+                    id: stored.id.clone(),
+                    fingerprint: current,
+                    legacy_fingerprint,
+                    owner: "node-b".into(),
+                    policy: reconcile,
+                };
+                let got = decide(Some(&stored), &req, NOW);
+                assert_eq!(got, expect, "{state:?} with {legacy_fingerprint:?}");
+            }
+        }
+        // Taking over a legacy record moves it to the current fingerprint.
+        let mut expired = record(InProgress);
+        expired.lease_until = NOW;
+        let req = ClaimRequest {
+            id: expired.id.clone(),
+            fingerprint: current,
+            legacy_fingerprint: Some(legacy),
+            owner: "node-b".into(),
+            policy: Policy::new(1_000, 60, 60, LeaseExpiry::Takeover).unwrap(),
+        };
+        let (answer, write) = claim(Some(&expired), &req, NOW, || Token(8));
+        assert!(
+            matches!(
+                answer,
+                Claim::Acquired {
+                    took_over: Some(Token(7)),
+                    ..
+                }
+            ),
+            "{answer:?}"
+        );
+        let Write::Put(taken) = write else {
+            panic!("a takeover writes, got {write:?}")
+        };
+        assert_eq!(taken.fingerprint, current);
     }
 }

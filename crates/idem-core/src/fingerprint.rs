@@ -1,44 +1,88 @@
 //! Request fingerprints: a SHA-256 over a canonical, unambiguous encoding of
 //! the parts of a request that decide its business meaning, so that a retry
 //! with the same idempotency key can be told apart from a different request
-//! that reuses the key.
+//! that reuses the key. Two requests share a fingerprint only if every part
+//! below is the same.
 //!
-//! The canonical form (version 1) is, in order:
+//! The canonical form (version 2) is, in order:
 //!
-//! 1. the domain tag `idem-fingerprint-v1\0`;
-//! 2. the method, ASCII-uppercased;
+//! 1. the domain tag `idem-fingerprint-v2\0`;
+//! 2. the method, exactly as sent (methods are case-sensitive);
 //! 3. the route (the pattern the request matched, e.g. `/orders/{id}`);
 //! 4. the path, with percent-encoded RFC 3986 unreserved characters decoded
 //!    and the hex digits of other percent-encodings uppercased, nothing else
 //!    changed (`/a/` and `/a` stay different);
-//! 5. the query pairs, sorted by (name, value): a count, then each name and
-//!    value;
-//! 6. the declared headers, names ASCII-lowercased and values trimmed of
-//!    surrounding ASCII whitespace, sorted by (name, value): a count, then
-//!    each name and value;
-//! 7. the body: a kind byte (0 empty, 1 JSON, 2 raw), then for JSON the
-//!    RFC 8785 canonical bytes (see [`crate::jcs`]) and for raw the bytes as
-//!    they are.
+//! 5. the query: a count of pairs, then each pair. The query is split at `&`
+//!    (empty pieces are skipped) and each pair at its first `=`. A name or
+//!    value is split at every literal `+` and each piece is percent-decoded
+//!    to bytes, written as a count of pieces and each piece: so `%ff` and
+//!    `%25ff` differ, and `+` equals neither `%20` (as form decoding would
+//!    say) nor `%2B` (as RFC 3986 would), since an upstream may read it
+//!    either way. After the name, a byte 0 if the pair has no `=` (`?x`),
+//!    else 1 and the value (`?x=`). Pairs are sorted by name with a stable
+//!    sort, so repeated parameters keep their order;
+//! 6. the media type: a count of `Content-Type` values, then each value.
+//!    A value that parses as a media type is a byte 0, its `type/subtype`
+//!    lowercased, then for a JSON body no parameters (JSON is UTF-8, its
+//!    parameters do not change its meaning) and for any other body every
+//!    parameter, sorted by name with a stable sort: a count, then each name
+//!    (lowercased) and value (unquoted; a `charset` value lowercased). A value
+//!    that does not parse is a byte 1 and its bytes, surrounding whitespace
+//!    removed;
+//! 7. the declared headers, names ASCII-lowercased and values as bytes
+//!    trimmed of surrounding ASCII whitespace, sorted by name with a stable
+//!    sort so that repeated headers keep their order: a count, then each name
+//!    and value;
+//! 8. the body: a kind byte (0 empty, 1 JSON, 2 raw), then for JSON the
+//!    RFC 8785 canonical bytes with numbers as exact decimals of any size
+//!    ([`crate::jcs::Numbers::Exact`]) and for raw the bytes as they are. The
+//!    body is JSON when exactly one `Content-Type` is sent and it is
+//!    `application/json` or `application/*+json`.
 //!
 //! Every string or byte field is written as a u64 big-endian length followed
 //! by its bytes, and every count as a u64 big-endian, so two different
 //! requests can never share a canonical form by shifting bytes between
 //! neighbouring fields.
+//!
+//! Version 1 is still computed, as [`Fingerprint::of_request_v1`], so that
+//! records written before version 2 keep matching their retries (see
+//! [`crate::decision::ClaimRequest::legacy_fingerprint`]). It differs from
+//! version 2 in that it ignores the media type, uppercases the method, reads
+//! the query with form decoding (`+` is a space) into text, sorts query pairs
+//! and headers by (name, value) and reads JSON numbers as doubles. Because
+//! of this it cannot tell some requests apart, so it is computed only for
+//! requests it reads exactly: every query name and value is UTF-8 once
+//! decoded, no query name or declared header is repeated, at most one
+//! `Content-Type` is sent, declared header values are UTF-8, and every JSON
+//! number's ECMAScript spelling has the literal's value. What it still cannot
+//! see is the media type: until the records written before version 2 expire,
+//! a request that differs from one of them only in its `Content-Type` (or
+//! only in `+` against `%20` in its query) replays it.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
+use percent_encoding::percent_decode_str;
 use sha2::{Digest, Sha256};
 
-use crate::jcs::{self, JcsError, JsonPointer};
+use crate::jcs::{self, JcsError, JsonPointer, Numbers};
 
 /// Domain-separation and version tag at the start of every canonical form.
-const DOMAIN_TAG: &[u8] = b"idem-fingerprint-v1\0";
+const DOMAIN_TAG: &[u8] = b"idem-fingerprint-v2\0";
 
-/// Body kind bytes in the canonical form.
+/// Body kind bytes in the canonical form (both versions).
 const BODY_EMPTY: u8 = 0;
 const BODY_JSON: u8 = 1;
 const BODY_RAW: u8 = 2;
+
+/// Media type kind bytes in the canonical form.
+const MEDIA_PARSED: u8 = 0;
+const MEDIA_UNPARSED: u8 = 1;
+
+/// Whether a query pair has a `=`.
+const QUERY_NO_VALUE: u8 = 0;
+const QUERY_VALUE: u8 = 1;
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
@@ -98,13 +142,22 @@ impl Fingerprint {
         Ok(Fingerprint(out))
     }
 
-    /// Fingerprints a request: SHA-256 over its canonical form (see the
-    /// module documentation). Fails only if a JSON body cannot be
+    /// Fingerprints a request: SHA-256 over its canonical form, version 2
+    /// (see the module documentation). Fails only if a JSON body cannot be
     /// canonicalised.
     pub fn of_request(req: &RequestParts<'_>) -> Result<Fingerprint, FingerprintError> {
         let mut hasher = Sha256::new();
         write_canonical(req, &mut hasher)?;
         Ok(Fingerprint(hasher.finalize().into()))
+    }
+
+    /// The version 1 fingerprint of a request, to recognise records written
+    /// before version 2; `None` where version 1 cannot tell this request
+    /// apart from another (see the module documentation) or cannot read it.
+    pub fn of_request_v1(req: &RequestParts<'_>) -> Option<Fingerprint> {
+        let mut hasher = Sha256::new();
+        v1::write_canonical(req, &mut hasher)?;
+        Some(Fingerprint(hasher.finalize().into()))
     }
 }
 
@@ -154,40 +207,28 @@ impl<'de> serde::Deserialize<'de> for Fingerprint {
     }
 }
 
-/// The parts of a request that take part in its fingerprint.
+/// The parts of a request that take part in its fingerprint, as received.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestParts<'a> {
-    /// The HTTP method; compared case-insensitively (ASCII).
+    /// The HTTP method.
     pub method: &'a str,
     /// The route the request matched, e.g. `/orders/{id}`.
     pub route: &'a str,
     /// The request path as received (still percent-encoded), without query.
     pub path: &'a str,
-    /// Query parameters as already-decoded name/value pairs, in any order.
-    pub query: &'a [(String, String)],
-    /// Only the headers the route declares as part of the fingerprint, in any
-    /// order; names are compared case-insensitively (ASCII).
-    pub headers: &'a [(String, String)],
+    /// The query as received, after the `?` and still percent-encoded; empty
+    /// when there is none.
+    pub query: &'a str,
+    /// Every `Content-Type` value, in the order received.
+    pub content_types: &'a [&'a [u8]],
+    /// Only the headers the route declares as part of the fingerprint, in the
+    /// order received; names are compared case-insensitively (ASCII).
+    pub headers: &'a [(&'a str, &'a [u8])],
     /// The request body.
-    pub body: Body<'a>,
-}
-
-/// A request body, as the route declares it should be fingerprinted.
-#[derive(Debug, Clone, Copy)]
-pub enum Body<'a> {
-    /// No body. Fingerprints the same as a zero-byte [`Body::Raw`] or
-    /// [`Body::Json`].
-    Empty,
-    /// A JSON body, fingerprinted by its RFC 8785 canonical form after
-    /// removing the locations in `exclude`.
-    Json {
-        /// The body bytes (UTF-8 JSON).
-        bytes: &'a [u8],
-        /// Locations removed before canonicalisation (e.g. a client nonce).
-        exclude: &'a [JsonPointer],
-    },
-    /// Any other body, fingerprinted byte for byte.
-    Raw(&'a [u8]),
+    pub body: &'a [u8],
+    /// Locations removed from a JSON body before canonicalisation (e.g. a
+    /// client nonce).
+    pub exclude: &'a [JsonPointer],
 }
 
 /// Why a fingerprint could not be computed or parsed.
@@ -261,57 +302,143 @@ impl Sink for Vec<u8> {
     }
 }
 
-/// Writes the canonical form of `req` (see the module documentation).
+/// Writes the canonical form of `req`, version 2 (see the module
+/// documentation).
 fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Result<(), FingerprintError> {
+    let json = is_json(req.content_types);
     // The body is the only fallible part: canonicalise it first so nothing is
     // written for a request that cannot be fingerprinted.
-    let body: Option<(u8, std::borrow::Cow<'_, [u8]>)> = match req.body {
-        Body::Empty => None,
-        Body::Json { bytes, .. } | Body::Raw(bytes) if bytes.is_empty() => None,
-        Body::Json { bytes, exclude } => Some((
+    let body = match req.body {
+        [] => None,
+        bytes if json => Some((
             BODY_JSON,
-            std::borrow::Cow::Owned(jcs::canonicalize(bytes, exclude)?),
+            Cow::Owned(jcs::canonicalize(bytes, req.exclude, Numbers::Exact)?),
         )),
-        Body::Raw(bytes) => Some((BODY_RAW, std::borrow::Cow::Borrowed(bytes))),
+        bytes => Some((BODY_RAW, Cow::Borrowed(bytes))),
     };
 
     sink.put(DOMAIN_TAG);
-    sink.put_field(req.method.to_ascii_uppercase().as_bytes());
+    sink.put_field(req.method.as_bytes());
     sink.put_field(req.route.as_bytes());
     sink.put_field(normalize_path(req.path).as_bytes());
 
-    let mut query: Vec<(&str, &str)> = req
-        .query
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    query.sort_unstable();
+    let mut query: Vec<QueryPair<'_>> = query_pairs(req.query).collect();
+    query.sort_by(|a, b| a.name.cmp(&b.name));
     sink.put_len(query.len());
-    for (name, value) in query {
-        sink.put_field(name.as_bytes());
-        sink.put_field(value.as_bytes());
+    for pair in &query {
+        put_pieces(sink, &pair.name);
+        match &pair.value {
+            None => sink.put(&[QUERY_NO_VALUE]),
+            Some(value) => {
+                sink.put(&[QUERY_VALUE]);
+                put_pieces(sink, value);
+            }
+        }
     }
 
-    let mut headers: Vec<(String, &str)> = req
+    sink.put_len(req.content_types.len());
+    for value in req.content_types {
+        put_media_type(sink, value, json);
+    }
+
+    let mut headers: Vec<(String, &[u8])> = req
         .headers
         .iter()
         .map(|(n, v)| (n.to_ascii_lowercase(), v.trim_ascii()))
         .collect();
-    headers.sort_unstable();
+    headers.sort_by(|a, b| a.0.cmp(&b.0));
     sink.put_len(headers.len());
     for (name, value) in &headers {
         sink.put_field(name.as_bytes());
-        sink.put_field(value.as_bytes());
+        sink.put_field(value);
     }
 
+    put_body(sink, body.as_ref().map(|(kind, bytes)| (*kind, &**bytes)));
+    Ok(())
+}
+
+fn put_body(sink: &mut impl Sink, body: Option<(u8, &[u8])>) {
     match body {
         None => sink.put(&[BODY_EMPTY]),
         Some((kind, bytes)) => {
             sink.put(&[kind]);
-            sink.put_field(&bytes);
+            sink.put_field(bytes);
         }
     }
-    Ok(())
+}
+
+/// One query pair: name and value split at literal `+` into
+/// percent-decoded pieces; `None` for a pair without `=`.
+struct QueryPair<'a> {
+    name: Vec<Cow<'a, [u8]>>,
+    value: Option<Vec<Cow<'a, [u8]>>>,
+}
+
+fn query_pairs(query: &str) -> impl Iterator<Item = QueryPair<'_>> {
+    fn pieces(part: &str) -> Vec<Cow<'_, [u8]>> {
+        part.split('+')
+            .map(|piece| Cow::from(percent_decode_str(piece)))
+            .collect()
+    }
+    query.split('&').filter(|p| !p.is_empty()).map(move |pair| {
+        let (name, value) = match pair.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (pair, None),
+        };
+        QueryPair {
+            name: pieces(name),
+            value: value.map(pieces),
+        }
+    })
+}
+
+fn put_pieces(sink: &mut impl Sink, pieces: &[Cow<'_, [u8]>]) {
+    sink.put_len(pieces.len());
+    for piece in pieces {
+        sink.put_field(piece);
+    }
+}
+
+/// Whether the body is JSON: exactly one `Content-Type`, and it names JSON.
+fn is_json(content_types: &[&[u8]]) -> bool {
+    match content_types {
+        [one] => media_type(one).is_some_and(|m| {
+            m.type_() == mime::APPLICATION
+                && (m.subtype() == mime::JSON || m.suffix() == Some(mime::JSON))
+        }),
+        _ => false,
+    }
+}
+
+fn media_type(value: &[u8]) -> Option<mime::Mime> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// One `Content-Type` value in canonical form (see the module documentation).
+fn put_media_type(sink: &mut impl Sink, value: &[u8], json: bool) {
+    let Some(media) = media_type(value) else {
+        sink.put(&[MEDIA_UNPARSED]);
+        sink.put_field(value.trim_ascii());
+        return;
+    };
+    sink.put(&[MEDIA_PARSED]);
+    sink.put_field(media.essence_str().as_bytes());
+    if json {
+        sink.put_len(0);
+        return;
+    }
+    // `mime` lowercases parameter names and the charset value and unquotes
+    // values.
+    let mut params: Vec<(&str, &str)> = media
+        .params()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    params.sort_by(|a, b| a.0.cmp(b.0));
+    sink.put_len(params.len());
+    for (name, value) in params {
+        sink.put_field(name.as_bytes());
+        sink.put_field(value.as_bytes());
+    }
 }
 
 /// Normalises a request path: percent-encodings of RFC 3986 unreserved
@@ -350,24 +477,129 @@ fn normalize_path(path: &str) -> String {
     out
 }
 
+/// Version 1 of the canonical form, kept to recognise records written
+/// before version 2. It refuses (returns `None` for) every request it cannot
+/// tell apart from another by more than its media type.
+mod v1 {
+    use std::borrow::Cow;
+
+    use percent_encoding::percent_decode_str;
+
+    use super::{BODY_JSON, BODY_RAW, RequestParts, Sink, normalize_path, put_body};
+    use crate::jcs::{self, Numbers};
+
+    const DOMAIN_TAG: &[u8] = b"idem-fingerprint-v1\0";
+
+    pub(super) fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Option<()> {
+        let body = match (req.body, req.content_types) {
+            ([], _) => None,
+            (_, [_, _, ..]) => return None,
+            (bytes, [one]) if is_json(one) => Some((
+                BODY_JSON,
+                Cow::Owned(
+                    jcs::canonicalize(bytes, req.exclude, Numbers::EcmascriptExactOnly).ok()?,
+                ),
+            )),
+            (bytes, _) => Some((BODY_RAW, Cow::Borrowed(bytes))),
+        };
+
+        sink.put(DOMAIN_TAG);
+        sink.put_field(req.method.to_ascii_uppercase().as_bytes());
+        sink.put_field(req.route.as_bytes());
+        sink.put_field(normalize_path(req.path).as_bytes());
+
+        let mut query = req
+            .query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|pair| {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                Some((decode(name)?, decode(value)?))
+            })
+            .collect::<Option<Vec<(String, String)>>>()?;
+        put_unique_pairs(sink, &mut query)?;
+
+        let mut headers = req
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                Some((
+                    n.to_ascii_lowercase(),
+                    std::str::from_utf8(v).ok()?.trim_ascii(),
+                ))
+            })
+            .collect::<Option<Vec<(String, &str)>>>()?;
+        put_unique_pairs(sink, &mut headers)?;
+
+        put_body(sink, body.as_ref().map(|(kind, bytes)| (*kind, &**bytes)));
+        Some(())
+    }
+
+    /// Pairs sorted by (name, value) as version 1 wrote them; `None` if a
+    /// name repeats, since that sort lost the order of its values.
+    fn put_unique_pairs<V: AsRef<str> + Ord>(
+        sink: &mut impl Sink,
+        pairs: &mut [(String, V)],
+    ) -> Option<()> {
+        pairs.sort_unstable();
+        if pairs.windows(2).any(|w| w[0].0 == w[1].0) {
+            return None;
+        }
+        sink.put_len(pairs.len());
+        for (name, value) in pairs.iter() {
+            sink.put_field(name.as_bytes());
+            sink.put_field(value.as_ref().as_bytes());
+        }
+        Some(())
+    }
+
+    /// Form decoding (`+` is a space, then percent-decoding) to text; `None`
+    /// when the bytes are not UTF-8, where version 1 kept the raw text and so
+    /// could not tell `%ff` from `%25ff`.
+    fn decode(raw: &str) -> Option<String> {
+        let spaced = raw.replace('+', " ");
+        String::from_utf8(percent_decode_str(&spaced).collect()).ok()
+    }
+
+    /// Version 1's test: the media type before any `;`, lowercased, is
+    /// `application/json` or `application/…+json`.
+    fn is_json(value: &[u8]) -> bool {
+        let Ok(text) = std::str::from_utf8(value) else {
+            return false;
+        };
+        // The header's text form is visible ASCII or tab; anything else was
+        // not read as text by version 1.
+        if !text
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+        {
+            return false;
+        }
+        let media = text
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        media == "application/json"
+            || (media.starts_with("application/") && media.ends_with("+json"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     fn base<'a>() -> RequestParts<'a> {
         RequestParts {
             method: "POST",
             route: "/orders",
             path: "/orders",
-            query: &[],
+            query: "",
+            content_types: &[],
             headers: &[],
-            body: Body::Empty,
+            body: b"",
+            exclude: &[],
         }
     }
 
@@ -386,32 +618,50 @@ mod tests {
         out.extend_from_slice(bytes);
     }
 
+    fn count(out: &mut Vec<u8>, n: u64) {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+
     #[test]
     fn canonical_form_layout() {
-        let query = pairs(&[("b", "2"), ("a", "1")]);
-        let headers = pairs(&[("X-Tenant", "  acme \t")]);
         let exclude = [JsonPointer::parse("/nonce").unwrap()];
         let req = RequestParts {
             method: "post",
             route: "/orders/{id}",
             path: "/orders/%7e%2f",
-            query: &query,
-            headers: &headers,
-            body: Body::Json {
-                bytes: br#"{ "b": 1, "a": 2.0, "nonce": "x" }"#,
-                exclude: &exclude,
-            },
+            query: "b=2&a=x+%2B&a&b=1",
+            content_types: &[b"Application/JSON; charset=utf-8"],
+            headers: &[("X-Tenant", b"  acme \t")],
+            body: br#"{ "b": 1, "a": 2.0, "nonce": "x" }"#,
+            exclude: &exclude,
         };
-        let mut expected = b"idem-fingerprint-v1\0".to_vec();
-        field(&mut expected, b"POST");
+        let mut expected = b"idem-fingerprint-v2\0".to_vec();
+        field(&mut expected, b"post");
         field(&mut expected, b"/orders/{id}");
         field(&mut expected, b"/orders/~%2F");
-        expected.extend_from_slice(&2u64.to_be_bytes());
-        field(&mut expected, b"a");
-        field(&mut expected, b"1");
-        field(&mut expected, b"b");
-        field(&mut expected, b"2");
-        expected.extend_from_slice(&1u64.to_be_bytes());
+        count(&mut expected, 4);
+        for (name, value) in [
+            (&[&b"a"[..]][..], Some(&[&b"x"[..], b"+"][..])),
+            (&[b"a"], None),
+            (&[b"b"], Some(&[b"2"])),
+            (&[b"b"], Some(&[b"1"])),
+        ] {
+            count(&mut expected, name.len() as u64);
+            name.iter().for_each(|p| field(&mut expected, p));
+            match value {
+                None => expected.push(0),
+                Some(value) => {
+                    expected.push(1);
+                    count(&mut expected, value.len() as u64);
+                    value.iter().for_each(|p| field(&mut expected, p));
+                }
+            }
+        }
+        count(&mut expected, 1);
+        expected.push(0);
+        field(&mut expected, b"application/json");
+        count(&mut expected, 0);
+        count(&mut expected, 1);
         field(&mut expected, b"x-tenant");
         field(&mut expected, b"acme");
         expected.push(1);
@@ -419,15 +669,26 @@ mod tests {
         assert_eq!(canonical(&req), expected);
 
         let raw = RequestParts {
-            body: Body::Raw(b"\x00\x01"),
+            content_types: &[b"Text/Plain; Charset=\"UTF-8\"; q=A", b"no media type "],
+            body: b"\x00\x01",
             ..base()
         };
-        let mut expected = b"idem-fingerprint-v1\0".to_vec();
+        let mut expected = b"idem-fingerprint-v2\0".to_vec();
         field(&mut expected, b"POST");
         field(&mut expected, b"/orders");
         field(&mut expected, b"/orders");
-        expected.extend_from_slice(&0u64.to_be_bytes());
-        expected.extend_from_slice(&0u64.to_be_bytes());
+        count(&mut expected, 0);
+        count(&mut expected, 2);
+        expected.push(0);
+        field(&mut expected, b"text/plain");
+        count(&mut expected, 2);
+        field(&mut expected, b"charset");
+        field(&mut expected, b"utf-8");
+        field(&mut expected, b"q");
+        field(&mut expected, b"A");
+        expected.push(1);
+        field(&mut expected, b"no media type");
+        count(&mut expected, 0);
         expected.push(2);
         field(&mut expected, b"\x00\x01");
         assert_eq!(canonical(&raw), expected);
@@ -440,176 +701,143 @@ mod tests {
         assert_eq!(fp(&req), Fingerprint::from_bytes(digest));
     }
 
-    /// Pins version 1 of the canonical form: if this changes, stored
-    /// fingerprints stop matching retries and the domain tag must be bumped.
+    /// Pins both versions of the canonical form. Version 1's answer is the
+    /// one the previous release computed for this request, so records it
+    /// wrote keep matching; if version 2's changes, stored fingerprints stop
+    /// matching retries and the domain tag must be bumped.
     #[test]
-    fn known_answer() {
-        let query = pairs(&[("currency", "EUR")]);
-        let headers = pairs(&[("Idempotency-Tenant", "acme")]);
+    fn known_answers() {
         let req = RequestParts {
             method: "POST",
             route: "/payments",
             path: "/payments",
-            query: &query,
-            headers: &headers,
-            body: Body::Json {
-                bytes: br#"{"amount":100,"to":"bob"}"#,
-                exclude: &[],
-            },
+            query: "currency=EUR",
+            content_types: &[b"application/json"],
+            headers: &[("Idempotency-Tenant", b"acme")],
+            body: br#"{"amount":100,"to":"bob"}"#,
+            exclude: &[],
         };
         assert_eq!(
+            Fingerprint::of_request_v1(&req)
+                .map(|f| f.to_hex())
+                .as_deref(),
+            Some("d8a8e2525ff159209b1338bc7ece8fed3aa7d4865cf0a82d531f65b7d32c353b")
+        );
+        assert_eq!(
             fp(&req).to_hex(),
-            "d8a8e2525ff159209b1338bc7ece8fed3aa7d4865cf0a82d531f65b7d32c353b"
+            "8611624115860305b3b13c8ae643be473c1d795786319e55ecdd04f79b6afc43"
         );
     }
 
     #[test]
     fn equivalent_requests_fingerprint_the_same() {
-        let q1 = pairs(&[("a", "1"), ("b", "2"), ("a", "0")]);
-        let q2 = pairs(&[("b", "2"), ("a", "0"), ("a", "1")]);
-        let h1 = pairs(&[("X-Tenant", " acme "), ("Accept-Language", "en")]);
-        let h2 = pairs(&[("accept-language", "en\t"), ("x-tenant", "acme")]);
         let exclude = [JsonPointer::parse("/sent_at").unwrap()];
         let a = RequestParts {
-            method: "post",
             path: "/orders/%41%62%2d%2e%5f%7e%2f%3a",
-            query: &q1,
-            headers: &h1,
-            body: Body::Json {
-                bytes: br#"{"amount": 1.50, "sent_at": "2024-01-01T00:00:00Z", "to": "bob"}"#,
-                exclude: &exclude,
-            },
+            query: "a=1&b=%41&&a=0&c=%e9",
+            content_types: &[b"application/json"],
+            headers: &[("X-Tenant", b" acme "), ("Accept-Language", b"en")],
+            body: br#"{"amount": 1.50, "sent_at": "2024-01-01T00:00:00Z", "to": "bob"}"#,
+            exclude: &exclude,
             ..base()
         };
         let b = RequestParts {
-            method: "POST",
             path: "/orders/Ab-._~%2f%3A",
-            query: &q2,
-            headers: &h2,
-            body: Body::Json {
-                bytes: br#"{"to":"bob","amount":15e-1,"sent_at":"2025-06-30T12:34:56Z"}"#,
-                exclude: &exclude,
-            },
+            query: "b=A&a=1&c=%E9&a=0",
+            content_types: &[b"APPLICATION/json; charset=UTF-8"],
+            headers: &[("accept-language", b"en\t"), ("x-tenant", b"acme")],
+            body: br#"{"to":"bob","amount":15e-1,"sent_at":"2025-06-30T12:34:56Z"}"#,
+            exclude: &exclude,
             ..base()
         };
         assert_eq!(fp(&a), fp(&b));
     }
 
     #[test]
-    fn empty_bodies_fingerprint_the_same() {
+    fn empty_bodies_fingerprint_the_same_whatever_their_media_type_kind() {
         let empty = fp(&base());
-        for body in [
-            Body::Raw(b""),
-            Body::Json {
-                bytes: b"",
-                exclude: &[],
-            },
-        ] {
-            assert_eq!(fp(&RequestParts { body, ..base() }), empty, "{body:?}");
-        }
         assert_ne!(
             fp(&RequestParts {
-                body: Body::Raw(b" "),
+                body: b" ",
                 ..base()
             }),
             empty
         );
+        let json = RequestParts {
+            content_types: &[b"application/json"],
+            ..base()
+        };
+        let text = RequestParts {
+            content_types: &[b"text/plain"],
+            ..base()
+        };
+        assert_ne!(
+            fp(&json),
+            fp(&text),
+            "the media type counts even without a body"
+        );
     }
 
+    /// Each variant differs from the others in one component; no two may
+    /// share a fingerprint.
     #[test]
     fn different_requests_fingerprint_differently() {
-        let q_abc = pairs(&[("a", "bc")]);
-        let q_ab_c = pairs(&[("ab", "c")]);
-        let q_two = pairs(&[("a", ""), ("b", "")]);
-        let q_one = pairs(&[("a", "b")]);
-        let q_empty_pair = pairs(&[("", "")]);
-        let h_abc = pairs(&[("a", "bc")]);
-        let h_ab_c = pairs(&[("ab", "c")]);
-        let h_case = pairs(&[("a", "BC")]);
-        let variants: Vec<RequestParts<'_>> = vec![
+        let with = |f: &dyn Fn(&mut RequestParts<'static>)| {
+            let mut req = base();
+            f(&mut req);
+            req
+        };
+        let variants: Vec<RequestParts<'static>> = vec![
             base(),
-            RequestParts {
-                method: "PUT",
-                ..base()
-            },
-            RequestParts {
-                route: "/orders/{id}",
-                ..base()
-            },
-            RequestParts {
-                path: "/orders/",
-                ..base()
-            },
-            RequestParts {
-                path: "/Orders",
-                ..base()
-            },
-            RequestParts {
-                path: "/orders%2F",
-                ..base()
-            },
-            RequestParts {
-                query: &q_abc,
-                ..base()
-            },
-            RequestParts {
-                query: &q_ab_c,
-                ..base()
-            },
-            RequestParts {
-                query: &q_two,
-                ..base()
-            },
-            RequestParts {
-                query: &q_one,
-                ..base()
-            },
-            RequestParts {
-                query: &q_empty_pair,
-                ..base()
-            },
-            RequestParts {
-                headers: &h_abc,
-                ..base()
-            },
-            RequestParts {
-                headers: &h_ab_c,
-                ..base()
-            },
-            RequestParts {
-                headers: &h_case,
-                ..base()
-            },
-            // The same bytes as JSON and as raw differ by the kind byte.
-            RequestParts {
-                body: Body::Json {
-                    bytes: b"{}",
-                    exclude: &[],
-                },
-                ..base()
-            },
-            RequestParts {
-                body: Body::Raw(b"{}"),
-                ..base()
-            },
-            RequestParts {
-                body: Body::Raw(b"{ }"),
-                ..base()
-            },
-            RequestParts {
-                body: Body::Json {
-                    bytes: br#"{"amount":1}"#,
-                    exclude: &[],
-                },
-                ..base()
-            },
-            RequestParts {
-                body: Body::Json {
-                    bytes: br#"{"amount":2}"#,
-                    exclude: &[],
-                },
-                ..base()
-            },
+            with(&|r| r.method = "PUT"),
+            with(&|r| r.method = "post"),
+            with(&|r| r.route = "/orders/{id}"),
+            with(&|r| r.path = "/orders/"),
+            with(&|r| r.path = "/Orders"),
+            with(&|r| r.path = "/orders%2F"),
+            with(&|r| r.query = "a=bc"),
+            with(&|r| r.query = "ab=c"),
+            with(&|r| r.query = "a&b"),
+            with(&|r| r.query = "a=b"),
+            with(&|r| r.query = "a"),
+            with(&|r| r.query = "a="),
+            with(&|r| r.query = "="),
+            with(&|r| r.query = "a=%ff"),
+            with(&|r| r.query = "a=%25ff"),
+            with(&|r| r.query = "a=+"),
+            with(&|r| r.query = "a=%20"),
+            with(&|r| r.query = "a=%2B"),
+            with(&|r| r.query = "a=1&a=2"),
+            with(&|r| r.query = "a=2&a=1"),
+            with(&|r| r.headers = &[("a", b"bc")]),
+            with(&|r| r.headers = &[("ab", b"c")]),
+            with(&|r| r.headers = &[("a", b"BC")]),
+            with(&|r| r.headers = &[("a", b"\xff")]),
+            with(&|r| r.headers = &[("a", b"\xfe")]),
+            with(&|r| r.headers = &[("a", b"1"), ("a", b"2")]),
+            with(&|r| r.headers = &[("a", b"2"), ("a", b"1")]),
+            with(&|r| r.content_types = &[b"text/plain"]),
+            with(&|r| r.content_types = &[b"text/plain; charset=utf-8"]),
+            with(&|r| r.content_types = &[b"text/plain", b"text/plain"]),
+            with(&|r| r.content_types = &[b"text/plain; charset"]),
+            with(&|r| r.body = b"{}"),
+            with(&|r| r.body = b"{ }"),
+            with(&|r| {
+                r.content_types = &[b"application/json"];
+                r.body = b"{}";
+            }),
+            with(&|r| {
+                r.content_types = &[b"application/merge-patch+json"];
+                r.body = b"{}";
+            }),
+            with(&|r| {
+                r.content_types = &[b"application/json"];
+                r.body = br#"{"amount":10}"#;
+            }),
+            with(&|r| {
+                r.content_types = &[b"application/json"];
+                r.body = br#"{"amount":10.0000000000000001}"#;
+            }),
         ];
         let prints: Vec<Fingerprint> = variants.iter().map(fp).collect();
         for i in 0..prints.len() {
@@ -621,9 +849,8 @@ mod tests {
                 );
             }
         }
-        // The case from the module docs, spelled out: without length
-        // prefixes both queries would concatenate to "abc".
-        assert_ne!(canonical(&variants[6]), canonical(&variants[7]));
+        // Without length prefixes both queries would concatenate to "abc".
+        assert_ne!(canonical(&variants[7]), canonical(&variants[8]));
     }
 
     #[test]
@@ -639,14 +866,12 @@ mod tests {
             ..base()
         };
         assert_ne!(fp(&a), fp(&b));
-        let h = pairs(&[("x", "1")]);
-        let q = pairs(&[("x", "1")]);
         let as_header = RequestParts {
-            headers: &h,
+            headers: &[("x", b"1")],
             ..base()
         };
         let as_query = RequestParts {
-            query: &q,
+            query: "x=1",
             ..base()
         };
         assert_ne!(fp(&as_header), fp(&as_query));
@@ -654,14 +879,12 @@ mod tests {
 
     #[test]
     fn json_errors_propagate() {
-        let req = RequestParts {
-            body: Body::Json {
-                bytes: br#"{"a":1,"a":2}"#,
-                exclude: &[],
-            },
+        let json = |body: &'static [u8]| RequestParts {
+            content_types: &[b"application/json"],
+            body,
             ..base()
         };
-        let err = Fingerprint::of_request(&req).unwrap_err();
+        let err = Fingerprint::of_request(&json(br#"{"a":1,"a":2}"#)).unwrap_err();
         assert_eq!(
             err,
             FingerprintError::Json(JcsError::DuplicateMember {
@@ -675,17 +898,79 @@ mod tests {
             source.to_string(),
             "duplicate object member name \"a\" at byte 7 (I-JSON forbids duplicate names)"
         );
-        let whitespace_only = RequestParts {
-            body: Body::Json {
-                bytes: b"  ",
-                exclude: &[],
-            },
-            ..base()
-        };
         assert!(matches!(
-            Fingerprint::of_request(&whitespace_only),
+            Fingerprint::of_request(&json(b"  ")),
             Err(FingerprintError::Json(JcsError::UnexpectedEnd { .. }))
         ));
+        assert!(matches!(
+            Fingerprint::of_request(&json(b"[1e9223372036854775808]")),
+            Err(FingerprintError::Json(JcsError::ExponentOutOfRange { .. }))
+        ));
+    }
+
+    /// Version 1 is computed only where it tells the request apart exactly.
+    #[test]
+    fn version_1_only_where_it_is_exact() {
+        let json = |body: &'static [u8]| RequestParts {
+            content_types: &[b"application/json"],
+            body,
+            ..base()
+        };
+        let with = |f: &dyn Fn(&mut RequestParts<'static>)| {
+            let mut req = base();
+            f(&mut req);
+            req
+        };
+        for (name, req, computed) in [
+            ("plain", base(), true),
+            ("UTF-8 query", with(&|r| r.query = "a=%C3%A9+b&b=1"), true),
+            ("not UTF-8 query", with(&|r| r.query = "a=%ff"), false),
+            ("repeated query name", with(&|r| r.query = "a=1&a=2"), false),
+            ("one header", with(&|r| r.headers = &[("a", b"1")]), true),
+            (
+                "repeated header",
+                with(&|r| r.headers = &[("a", b"1"), ("A", b"2")]),
+                false,
+            ),
+            (
+                "header not UTF-8",
+                with(&|r| r.headers = &[("a", b"\xff")]),
+                false,
+            ),
+            (
+                "exact numbers",
+                json(br#"[1.5, 0.1, 1e21, 9007199254740992]"#),
+                true,
+            ),
+            (
+                "a rounded decimal",
+                json(br#"[10.0000000000000001]"#),
+                false,
+            ),
+            ("a rounded integer", json(br#"[9007199254740993]"#), false),
+            ("beyond a double", json(br#"[1e400]"#), false),
+            ("underflow", json(br#"[1e-400]"#), false),
+            ("broken JSON", json(b"[1,"), false),
+            (
+                "two content types",
+                with(&|r| {
+                    r.content_types = &[b"text/plain", b"text/plain"];
+                    r.body = b"x";
+                }),
+                false,
+            ),
+            (
+                "two content types, no body",
+                with(&|r| r.content_types = &[b"text/plain", b"text/plain"]),
+                true,
+            ),
+        ] {
+            let v1 = Fingerprint::of_request_v1(&req);
+            assert_eq!(v1.is_some(), computed, "{name}");
+            if let Some(v1) = v1 {
+                assert_ne!(Some(v1), Fingerprint::of_request(&req).ok(), "{name}");
+            }
+        }
     }
 
     #[test]

@@ -10,11 +10,24 @@
 //!   duplicate wins" differs between consumers;
 //! * lone surrogates in `\u` escapes are rejected, since they cannot be
 //!   represented in UTF-8 output;
-//! * integer literals whose magnitude exceeds 2^53 are rejected, since they
-//!   would be silently rounded to a neighbouring double and two different
-//!   amounts could canonicalise to the same bytes;
+//! * numbers are never read into a double unless [`Numbers`] asks for
+//!   RFC 8785's ECMAScript form; the default form for fingerprints,
+//!   [`Numbers::Exact`], compares them as exact decimals of any size;
 //! * nesting depth is bounded ([`MAX_DEPTH`]), so hostile input cannot
 //!   overflow the stack.
+//!
+//! Numbers in [`Numbers::Exact`] form are written as `[-]DIGITS[eEXP]`: the
+//! significant digits with leading and trailing zeros removed, and the
+//! power of ten they are multiplied by, omitted when it is zero. So `10`,
+//! `10.0`, `1e1` and `0.1e2` are all `1e1`, `1.50` and `15e-1` are `15e-1`,
+//! `10.0000000000000001` is `100000000000000001e-16`, and every zero
+//! (`0`, `-0`, `0.0e5`) is `0`: minus zero and zero are the same number. The
+//! only limit is the exponent: one beyond ±9223372036854775807 (an i64) is
+//! refused with [`JcsError::ExponentOutOfRange`]; no body needs it, and
+//! computing with it exactly would cost time a hostile client chooses.
+//! No decimal or big-number crate is used for this: the form only strips
+//! zeros and adds two small integers, and a general decimal type would parse
+//! what it does not need to and bound the exponent anyway.
 //!
 //! Before canonicalising, members or array elements addressed by
 //! [`JsonPointer`]s (RFC 6901) can be removed, for fields such as client
@@ -39,6 +52,26 @@ pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
 /// The decimal spelling of [`MAX_EXACT_INTEGER`], used to compare literals
 /// without converting them.
 const MAX_EXACT_INTEGER_DIGITS: &str = "9007199254740992";
+
+/// How [`canonicalize`] writes numbers. Each form is a different canonical
+/// form: fingerprints computed with one never match those of another.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numbers {
+    /// Exact decimals of any size (see the module documentation); used by
+    /// fingerprint version 2. No number is ever rounded.
+    Exact,
+    /// RFC 8785 as published: each number read as an IEEE-754 double and
+    /// written as ECMAScript does. Integers above 2^53 and numbers outside a
+    /// double's range are refused; other numbers may be rounded, so two
+    /// different numbers can be written alike. Used by fingerprint version 1.
+    Ecmascript,
+    /// [`Numbers::Ecmascript`], but a number whose ECMAScript spelling has
+    /// another value than its literal is refused with
+    /// [`JcsError::RoundedNumber`]: the documents this form accepts are told
+    /// apart exactly. Used to recognise version 1 fingerprints safely.
+    EcmascriptExactOnly,
+}
 
 /// Longest literal or member name quoted verbatim in an error message.
 const MAX_QUOTED_CHARS: usize = 64;
@@ -213,6 +246,21 @@ pub enum JcsError {
         /// Offset of the literal.
         offset: usize,
     },
+    /// A number's exponent (after normalisation) is beyond an i64.
+    ExponentOutOfRange {
+        /// The literal (abbreviated if very long).
+        literal: String,
+        /// Offset of the literal.
+        offset: usize,
+    },
+    /// In [`Numbers::EcmascriptExactOnly`] form: the number's ECMAScript
+    /// spelling has another value than its literal.
+    RoundedNumber {
+        /// The literal (abbreviated if very long).
+        literal: String,
+        /// Offset of the literal.
+        offset: usize,
+    },
     /// Arrays and objects are nested deeper than the limit.
     TooDeep {
         /// The nesting limit, [`MAX_DEPTH`].
@@ -287,6 +335,16 @@ impl fmt::Display for JcsError {
                  magnitude: as an IEEE-754 double it would be silently rounded, so \
                  different values could canonicalise the same; send it as a string"
             ),
+            JcsError::ExponentOutOfRange { literal, offset } => write!(
+                f,
+                "number {literal} at byte {offset} has an exponent beyond \
+                 ±9223372036854775807, which is not supported"
+            ),
+            JcsError::RoundedNumber { literal, offset } => write!(
+                f,
+                "number {literal} at byte {offset} is not exactly a double in \
+                 ECMAScript form"
+            ),
             JcsError::TooDeep { limit, offset } => write!(
                 f,
                 "arrays and objects nested deeper than {limit} levels at byte {offset}"
@@ -310,9 +368,13 @@ impl std::error::Error for JcsError {}
 /// is ignored.
 ///
 /// The output has no whitespace, members sorted by their names as UTF-16 code
-/// unit sequences, numbers in ECMAScript form and strings with the minimal
-/// escaping of RFC 8785 §3.2.2.2.
-pub fn canonicalize(input: &[u8], exclude: &[JsonPointer]) -> Result<Vec<u8>, JcsError> {
+/// unit sequences, numbers in the form `numbers` names and strings with the
+/// minimal escaping of RFC 8785 §3.2.2.2.
+pub fn canonicalize(
+    input: &[u8],
+    exclude: &[JsonPointer],
+    numbers: Numbers,
+) -> Result<Vec<u8>, JcsError> {
     let text = std::str::from_utf8(input).map_err(|e| JcsError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
@@ -320,6 +382,7 @@ pub fn canonicalize(input: &[u8], exclude: &[JsonPointer]) -> Result<Vec<u8>, Jc
         text,
         bytes: input,
         pos: 0,
+        numbers,
     };
     let mut value = parser.parse_value(0)?;
     parser.skip_whitespace();
@@ -342,7 +405,7 @@ enum Value {
     Null,
     True,
     False,
-    /// Already in its canonical (ECMAScript) spelling.
+    /// Already in its canonical spelling.
     Number(String),
     String(String),
     Array(Vec<Value>),
@@ -355,6 +418,7 @@ struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
+    numbers: Numbers,
 }
 
 impl Parser<'_> {
@@ -653,35 +717,86 @@ impl Parser<'_> {
             self.consume_digits();
         }
         let literal = &self.text[start..self.pos];
-        if integer {
-            let digits = literal.trim_start_matches('-');
-            let too_long = digits.len() > MAX_EXACT_INTEGER_DIGITS.len();
-            let same_length = digits.len() == MAX_EXACT_INTEGER_DIGITS.len();
-            // Without leading zeros, equal-length decimal strings compare like
-            // the numbers they spell.
-            if too_long || (same_length && digits > MAX_EXACT_INTEGER_DIGITS) {
-                return Err(JcsError::ImpreciseInteger {
-                    literal: abbreviate(literal),
-                    offset: start,
-                });
-            }
-        }
-        // The literal follows the JSON grammar, which Rust's float syntax
-        // accepts; the result is correctly rounded.
-        let Ok(x) = literal.parse::<f64>() else {
-            return Err(JcsError::InvalidNumber {
-                reason: "not a valid number",
-                offset: start,
-            });
-        };
-        // `None` only for the infinities that out-of-range literals round to.
-        format_number(x)
-            .map(Value::Number)
-            .ok_or_else(|| JcsError::NumberOutOfRange {
-                literal: abbreviate(literal),
-                offset: start,
+        let refused = |make: fn(String, usize) -> JcsError| make(abbreviate(literal), start);
+        let exact = || {
+            exact_decimal(literal).ok_or_else(|| {
+                refused(|literal, offset| JcsError::ExponentOutOfRange { literal, offset })
             })
+        };
+        let ecmascript = match self.numbers {
+            Numbers::Exact => return exact().map(Value::Number),
+            Numbers::Ecmascript | Numbers::EcmascriptExactOnly => {
+                ecmascript_number(literal, integer).map_err(refused)?
+            }
+        };
+        if self.numbers == Numbers::EcmascriptExactOnly
+            && exact_decimal(&ecmascript) != Some(exact()?)
+        {
+            return Err(refused(|literal, offset| JcsError::RoundedNumber {
+                literal,
+                offset,
+            }));
+        }
+        Ok(Value::Number(ecmascript))
     }
+}
+
+/// A JSON number literal (already checked against the grammar) in ECMAScript
+/// form via a double; on refusal, which error to build from the literal and
+/// its offset.
+fn ecmascript_number(
+    literal: &str,
+    integer: bool,
+) -> Result<String, fn(String, usize) -> JcsError> {
+    if integer {
+        let digits = literal.trim_start_matches('-');
+        let too_long = digits.len() > MAX_EXACT_INTEGER_DIGITS.len();
+        let same_length = digits.len() == MAX_EXACT_INTEGER_DIGITS.len();
+        // Without leading zeros, equal-length decimal strings compare like
+        // the numbers they spell.
+        if too_long || (same_length && digits > MAX_EXACT_INTEGER_DIGITS) {
+            return Err(|literal, offset| JcsError::ImpreciseInteger { literal, offset });
+        }
+    }
+    // The literal follows the JSON grammar, which Rust's float syntax accepts;
+    // the result is correctly rounded. `None` only for the infinities that
+    // out-of-range literals round to.
+    literal
+        .parse::<f64>()
+        .ok()
+        .and_then(format_number)
+        .ok_or(|literal, offset| JcsError::NumberOutOfRange { literal, offset })
+}
+
+/// The exact canonical decimal of a JSON number literal (already checked
+/// against the grammar): `[-]DIGITS[eEXP]`, see the module documentation.
+/// `None` if the exponent does not fit an i64.
+fn exact_decimal(literal: &str) -> Option<String> {
+    let (negative, unsigned) = match literal.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, literal),
+    };
+    let (mantissa, exponent) = unsigned.split_once(['e', 'E']).unwrap_or((unsigned, "0"));
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let exponent = exponent.strip_prefix('+').unwrap_or(exponent);
+    // Rust's integer parsing takes leading zeros and a '-' and fails on
+    // overflow, never wraps.
+    let exponent: i64 = exponent.parse().ok()?;
+    let digits = format!("{int_part}{frac_part}");
+    let significant = digits.trim_start_matches('0');
+    let kept = significant.trim_end_matches('0');
+    if kept.is_empty() {
+        return Some("0".to_owned());
+    }
+    // Both lengths are below the body size, so the i128 sum cannot overflow.
+    let trailing = significant.len() - kept.len();
+    let power = i128::from(exponent) - frac_part.len() as i128 + trailing as i128;
+    let power = i64::try_from(power).ok()?;
+    let sign = if negative { "-" } else { "" };
+    Some(match power {
+        0 => format!("{sign}{kept}"),
+        _ => format!("{sign}{kept}e{power}"),
+    })
 }
 
 /// Shortens `s` for quoting in an error message.
@@ -933,7 +1048,8 @@ mod tests {
     use super::*;
 
     fn canon(input: &str) -> Result<String, JcsError> {
-        canonicalize(input.as_bytes(), &[]).map(|b| String::from_utf8(b).unwrap())
+        canonicalize(input.as_bytes(), &[], Numbers::Ecmascript)
+            .map(|b| String::from_utf8(b).unwrap())
     }
 
     #[track_caller]
@@ -954,7 +1070,7 @@ mod tests {
 
     #[track_caller]
     fn check_excluding(input: &str, exclude: &[&str], expected: &str) {
-        let out = canonicalize(input.as_bytes(), &pointers(exclude)).unwrap();
+        let out = canonicalize(input.as_bytes(), &pointers(exclude), Numbers::Ecmascript).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             expected,
@@ -1002,7 +1118,10 @@ mod tests {
             .split_whitespace()
             .map(|h| u8::from_str_radix(h, 16).unwrap())
             .collect();
-        assert_eq!(canonicalize(input.as_bytes(), &[]).unwrap(), bytes);
+        assert_eq!(
+            canonicalize(input.as_bytes(), &[], Numbers::Ecmascript).unwrap(),
+            bytes
+        );
     }
 
     /// RFC 8785 §3.2.3: names sort as UTF-16 code unit sequences, so the
@@ -1312,7 +1431,7 @@ mod tests {
             // TooDeep: see depth_limit; InvalidPointer: see pointer_errors.
         ];
         for (input, expected) in cases {
-            let got = canonicalize(input, &[]);
+            let got = canonicalize(input, &[], Numbers::Ecmascript);
             let input = String::from_utf8_lossy(input);
             assert_eq!(got, Err(expected), "input: {input:?}");
         }
@@ -1363,7 +1482,7 @@ mod tests {
             ),
             (b"[\xff]", "input is not valid UTF-8 at byte 1"),
         ] {
-            let err = canonicalize(input, &[]).unwrap_err();
+            let err = canonicalize(input, &[], Numbers::Ecmascript).unwrap_err();
             assert_eq!(err.to_string(), message);
         }
     }

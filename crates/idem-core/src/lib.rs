@@ -26,6 +26,7 @@
 //!         key: IdempotencyKey::parse("payout-847-2026-W36")?,
 //!     },
 //!     fingerprint: Fingerprint::from_bytes([7; 32]), // Fingerprint::of_request in real use
+//!     legacy_fingerprint: None,
 //!     owner: "worker-1".into(),
 //!     policy: Policy::DEFAULT,
 //! };
@@ -64,7 +65,7 @@ mod store;
 mod time;
 
 pub use decision::{Claim, ClaimRequest, Decision};
-pub use fingerprint::{Body, Fingerprint, FingerprintError, RequestParts, to_hex};
+pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
 pub use memory::MemoryStore;

@@ -101,6 +101,7 @@ mod tests {
                     key: IdempotencyKey::parse(&format!("k-{i:05}")).unwrap(),
                 },
                 fingerprint: Fingerprint::from_bytes([1; 32]),
+                legacy_fingerprint: None,
                 owner: "test".into(),
                 policy,
             };

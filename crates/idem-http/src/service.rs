@@ -187,13 +187,14 @@ where
     };
     let prepared = request::scope(&parts, route)
         .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)));
-    let (scope, fingerprint) = match prepared {
+    let (scope, (fingerprint, legacy_fingerprint)) = match prepared {
         Ok(found) => found,
         Err(p) => return problem(p),
     };
     let claim_request = ClaimRequest {
         id: RecordId { scope, key },
         fingerprint,
+        legacy_fingerprint,
         owner: shared.owner.clone(),
         policy: *route.policy(),
     };

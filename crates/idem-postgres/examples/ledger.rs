@@ -105,6 +105,7 @@ async fn pay(store: &PgStore, payout: &str, fail: bool) -> Result<Paid> {
             key: IdempotencyKey::parse(payout)?,
         },
         fingerprint: Fingerprint::from_bytes([7; 32]),
+        legacy_fingerprint: None,
         owner: "payout-service".to_owned(),
         policy: Policy::default(),
     };

@@ -156,6 +156,7 @@ fn claim_request(operation: &str, key: &str) -> ClaimRequest {
             key: IdempotencyKey::parse(key).unwrap(),
         },
         fingerprint: Fingerprint::from_bytes(FINGERPRINT),
+        legacy_fingerprint: None,
         owner: "gateway-1".into(),
         policy: Policy::DEFAULT,
     }

@@ -354,6 +354,7 @@ impl<'a> World<'a> {
         let req = ClaimRequest {
             id,
             fingerprint: fp,
+            legacy_fingerprint: None,
             owner: format!("r{r}/a{a}"),
             policy: self.topo.policy,
         };

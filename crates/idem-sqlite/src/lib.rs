@@ -21,6 +21,7 @@
 //!         key: IdempotencyKey::parse("payout-847-2026-W36")?,
 //!     },
 //!     fingerprint: Fingerprint::from_bytes([7; 32]),
+//!     legacy_fingerprint: None,
 //!     owner: "node-1".to_owned(),
 //!     policy: Policy::default(),
 //! };

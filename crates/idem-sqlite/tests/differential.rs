@@ -76,6 +76,7 @@ async fn run(seed: u64, options: SqliteOptions) {
                 let req = ClaimRequest {
                     id: id.clone(),
                     fingerprint: Fingerprint::from_bytes([rng.below(2) as u8; 32]),
+                    legacy_fingerprint: None,
                     owner: format!("node-{}", rng.below(3)),
                     policy: policies[rng.below(2) as usize],
                 };

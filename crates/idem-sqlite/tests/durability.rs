@@ -29,6 +29,7 @@ fn request(key: &str) -> ClaimRequest {
     ClaimRequest {
         id: id(key),
         fingerprint: Fingerprint::from_bytes([9; 32]),
+        legacy_fingerprint: None,
         owner: "node-1".to_owned(),
         policy: Policy::new(1_000, 60, 3_600, idem_core::LeaseExpiry::Reconcile).unwrap(),
     }

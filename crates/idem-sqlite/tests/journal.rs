@@ -26,6 +26,7 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
             key: IdempotencyKey::parse(key).unwrap(),
         },
         fingerprint: Fingerprint::from_bytes([1; 32]),
+        legacy_fingerprint: None,
         owner: "node-1".to_owned(),
         policy: Policy::default(),
     };

@@ -137,6 +137,7 @@ fn check_store(path: &Path, committed: &[Committed], kill_after: usize) {
                 key: IdempotencyKey::parse("after-the-crash").unwrap(),
             },
             fingerprint: Fingerprint::from_bytes([2; 32]),
+            legacy_fingerprint: None,
             owner: "crash-test".to_owned(),
             policy: Policy::default(),
         };

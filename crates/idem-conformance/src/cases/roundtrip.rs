@@ -112,6 +112,7 @@ async fn round_trip<S: Store>(store: &S, intent: &Intent) -> Result<(), TestCase
     let request = ClaimRequest {
         id: id.clone(),
         fingerprint,
+        legacy_fingerprint: None,
         owner: intent.owner.clone(),
         policy: policy(LeaseExpiry::Reconcile),
     };

@@ -61,6 +61,7 @@ pub(crate) fn request_with(
     ClaimRequest {
         id: id.clone(),
         fingerprint,
+        legacy_fingerprint: None,
         owner: owner.to_owned(),
         policy: policy(on_lease_expiry),
     }

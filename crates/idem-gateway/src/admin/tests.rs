@@ -51,6 +51,7 @@ async fn ambiguous(store: &MemoryStore, id: &RecordId) -> Token {
     let req = ClaimRequest {
         id: id.clone(),
         fingerprint: Fingerprint::from_bytes([3; 32]),
+        legacy_fingerprint: None,
         owner: "gw-1".into(),
         policy: Policy::DEFAULT,
     };

@@ -180,6 +180,7 @@ pub fn request(key: &str, n: u8, lease_ms: u64) -> ClaimRequest {
     ClaimRequest {
         id: id(key),
         fingerprint: Fingerprint::from_bytes([n; 32]),
+        legacy_fingerprint: None,
         owner: "node-1".to_owned(),
         policy: Policy::new(lease_ms, 60, 3_600, LeaseExpiry::Reconcile).unwrap(),
     }

@@ -56,6 +56,7 @@ async fn write_forever(store: Arc<SqliteStore>, worker: usize) -> Result<(), Err
                 key: IdempotencyKey::parse(&key)?,
             },
             fingerprint: Fingerprint::from_bytes([1; 32]),
+            legacy_fingerprint: None,
             owner: format!("crash-writer-{worker}"),
             policy: Policy::default(),
         };

@@ -412,7 +412,7 @@ pub fn client() -> Client<HttpConnector, Body> {
 }
 
 /// Sends one request and reads the whole answer (minus `Date`).
-async fn exchange(req: axum::http::Request<Body>) -> Reply {
+pub async fn exchange(req: axum::http::Request<Body>) -> Reply {
     let response = client().request(req).await.unwrap();
     let status = response.status().as_u16();
     let headers = response

@@ -1,0 +1,331 @@
+//! Property tests of the fingerprint through the real canonical form: two
+//! requests share a fingerprint only if they are the same request, and
+//! requests that are the same (JSON equal as values, numbers respelt) share
+//! one. JSON numbers are judged against an independent oracle, `bigdecimal`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+use std::str::FromStr;
+
+use bigdecimal::BigDecimal;
+use idem_core::jcs::{Numbers, canonicalize};
+use idem_core::{Fingerprint, RequestParts};
+use percent_encoding::NON_ALPHANUMERIC;
+use proptest::prelude::*;
+
+/// A decimal as `digits × 10^exponent`, digits possibly with leading or
+/// trailing zeros.
+#[derive(Debug, Clone)]
+struct Decimal {
+    negative: bool,
+    digits: String,
+    exponent: i64,
+}
+
+fn decimal() -> impl Strategy<Value = Decimal> {
+    (any::<bool>(), "[0-9]{1,40}", -60i64..60).prop_map(|(negative, digits, exponent)| Decimal {
+        negative,
+        digits,
+        exponent,
+    })
+}
+
+/// How to spell a decimal: zeros added on either side, where the point
+/// goes, and how the exponent is written.
+#[derive(Debug, Clone)]
+struct Spelling {
+    leading_zeros: usize,
+    trailing_zeros: usize,
+    point: usize,
+    upper_e: bool,
+    plus: bool,
+}
+
+fn spelling() -> impl Strategy<Value = Spelling> {
+    (
+        0usize..3,
+        0usize..4,
+        any::<usize>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(leading_zeros, trailing_zeros, point, upper_e, plus)| Spelling {
+                leading_zeros,
+                trailing_zeros,
+                point,
+                upper_e,
+                plus,
+            },
+        )
+}
+
+/// A JSON number literal for `d`, spelt as `s` says.
+fn spell(d: &Decimal, s: &Spelling) -> String {
+    let digits = format!(
+        "{}{}{}",
+        "0".repeat(s.leading_zeros),
+        d.digits,
+        "0".repeat(s.trailing_zeros)
+    );
+    let exponent = d.exponent - s.trailing_zeros as i64;
+    let point = s.point % (digits.len() + 1);
+    let (int, frac) = digits.split_at(point);
+    let int = int.trim_start_matches('0');
+    let int = if int.is_empty() { "0" } else { int };
+    let power = exponent + frac.len() as i64;
+    let mut out = String::new();
+    if d.negative {
+        out.push('-');
+    }
+    out.push_str(int);
+    if !frac.is_empty() {
+        out.push('.');
+        out.push_str(frac);
+    }
+    if power != 0 || s.plus {
+        out.push(if s.upper_e { 'E' } else { 'e' });
+        if power >= 0 && s.plus {
+            out.push('+');
+        }
+        out.push_str(&power.to_string());
+    }
+    out
+}
+
+fn exact(json: &str) -> Vec<u8> {
+    canonicalize(json.as_bytes(), &[], Numbers::Exact).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Two literals canonicalise alike exactly when `bigdecimal` says they
+    /// are the same number, whatever their size.
+    #[test]
+    fn numbers_compare_exactly(
+        a in decimal(),
+        b in decimal(),
+        sa in spelling(),
+        sb in spelling(),
+        relation in 0u8..3,
+    ) {
+        let b = match relation {
+            // The same value, spelt another way.
+            0 => a.clone(),
+            // A neighbour: the last digit changed.
+            1 => {
+                let mut digits = a.digits.clone();
+                let last = digits.pop().unwrap();
+                digits.push(if last == '9' { '0' } else { char::from(last as u8 + 1) });
+                Decimal { digits, ..a.clone() }
+            }
+            _ => b,
+        };
+        let (la, lb) = (spell(&a, &sa), spell(&b, &sb));
+        let oracle = BigDecimal::from_str(&la).unwrap() == BigDecimal::from_str(&lb).unwrap();
+        let ours = exact(&format!("[{la}]")) == exact(&format!("[{lb}]"));
+        prop_assert_eq!(ours, oracle, "{} against {}", la, lb);
+    }
+
+    /// Objects equal as values (members reordered, whitespace, numbers
+    /// respelt) canonicalise alike; changing one number's value does not.
+    #[test]
+    fn equal_json_values_canonicalise_alike(
+        members in proptest::collection::btree_map("[a-z]{1,6}", (decimal(), spelling(), spelling()), 1..8),
+        rotate in any::<usize>(),
+        spaced in any::<bool>(),
+    ) {
+        let render = |entries: &[(&String, String)]| {
+            let sep = if spaced { " , " } else { "," };
+            let body: Vec<String> = entries
+                .iter()
+                .map(|(name, value)| format!("\"{name}\":{value}"))
+                .collect();
+            format!("{{{}}}", body.join(sep))
+        };
+        let first: Vec<(&String, String)> =
+            members.iter().map(|(n, (d, s, _))| (n, spell(d, s))).collect();
+        let mut second: Vec<(&String, String)> =
+            members.iter().map(|(n, (d, _, s))| (n, spell(d, s))).collect();
+        let len = second.len();
+        second.rotate_left(rotate % len);
+        prop_assert_eq!(exact(&render(&first)), exact(&render(&second)));
+
+        let (name, (d, s, _)) = members.iter().next().unwrap();
+        let mut changed = d.clone();
+        changed.digits.push('1');
+        let mut third = first.clone();
+        third[0] = (name, spell(&changed, s));
+        prop_assert_ne!(exact(&render(&first)), exact(&render(&third)));
+    }
+}
+
+/// A request as owned parts, so strategies can build and mutate it.
+#[derive(Debug, Clone)]
+struct Request {
+    method: String,
+    path: String,
+    query: Vec<(Vec<u8>, Vec<u8>)>,
+    content_type: Option<String>,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn fingerprint(&self) -> Fingerprint {
+        let encode =
+            |bytes: &[u8]| percent_encoding::percent_encode(bytes, NON_ALPHANUMERIC).to_string();
+        let query: Vec<String> = self
+            .query
+            .iter()
+            .map(|(n, v)| format!("{}={}", encode(n), encode(v)))
+            .collect();
+        let query = query.join("&");
+        let content_types: Vec<&[u8]> = self.content_type.iter().map(|c| c.as_bytes()).collect();
+        let headers: Vec<(&str, &[u8])> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_slice()))
+            .collect();
+        Fingerprint::of_request(&RequestParts {
+            method: &self.method,
+            route: "/r",
+            path: &self.path,
+            query: &query,
+            content_types: &content_types,
+            headers: &headers,
+            body: &self.body,
+            exclude: &[],
+        })
+        .unwrap()
+    }
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    (
+        prop::sample::select(vec!["POST", "PUT", "PATCH"]),
+        "/[a-z]{1,8}",
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(any::<u8>(), 1..6),
+                proptest::collection::vec(any::<u8>(), 0..6),
+            ),
+            0..5,
+        ),
+        proptest::option::of(prop::sample::select(vec![
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "application/x-www-form-urlencoded",
+            "application/octet-stream",
+        ])),
+        proptest::collection::vec(
+            ("x-[a-c]", proptest::collection::vec(b'!'..=b'~', 1..6)),
+            0..4,
+        ),
+        proptest::collection::vec(any::<u8>(), 1..32),
+    )
+        .prop_map(
+            |(method, path, query, content_type, headers, body)| Request {
+                method: method.to_owned(),
+                path,
+                query,
+                content_type: content_type.map(str::to_owned),
+                headers,
+                body,
+            },
+        )
+}
+
+/// Changes exactly one component of `r`; `None` when `r` has no such part.
+fn mutate(r: &Request, which: u8, index: usize, byte: u8) -> Option<Request> {
+    let mut m = r.clone();
+    let flip = |bytes: &mut Vec<u8>| {
+        let i = index % bytes.len();
+        bytes[i] = bytes[i].wrapping_add(byte.max(1));
+    };
+    match which {
+        0 => {
+            m.method = if r.method == "POST" {
+                "PUT".into()
+            } else {
+                "POST".into()
+            }
+        }
+        1 => m.path.push('x'),
+        2 if !m.query.is_empty() => {
+            let i = index % m.query.len();
+            flip(&mut m.query[i].0);
+        }
+        3 if m.query.iter().any(|q| !q.1.is_empty()) => {
+            let i = index % m.query.len();
+            let value = &mut m.query[i].1;
+            if value.is_empty() {
+                return None;
+            }
+            flip(value);
+        }
+        4 if !m.query.is_empty() => {
+            // A repeated parameter with another value, just before the
+            // first with its name; the test swaps the two.
+            let name = m.query[index % m.query.len()].0.clone();
+            let first = m.query.iter().position(|q| q.0 == name).unwrap();
+            let mut value = m.query[first].1.clone();
+            value.push(byte);
+            m.query.insert(first, (name, value));
+        }
+        5 => {
+            m.content_type = match &r.content_type {
+                Some(c) if c == "text/plain" => Some("text/plain; charset=iso-8859-1".into()),
+                Some(_) => Some("text/plain".into()),
+                None => Some("text/plain".into()),
+            }
+        }
+        6 if !m.headers.is_empty() => {
+            let i = index % m.headers.len();
+            flip(&mut m.headers[i].1);
+            if m.headers[i].1.iter().any(|b| b.is_ascii_whitespace()) {
+                return None;
+            }
+        }
+        7 => flip(&mut m.body),
+        _ => return None,
+    }
+    Some(m)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Requests that differ in exactly one component never share a
+    /// fingerprint.
+    #[test]
+    fn one_difference_is_a_different_fingerprint(
+        r in request(),
+        which in 0u8..8,
+        index in any::<usize>(),
+        byte in any::<u8>(),
+    ) {
+        if let Some(m) = mutate(&r, which, index, byte) {
+            if which == 4 {
+                // Both orders of a repeated parameter, against each other.
+                let mut other = m.clone();
+                let name = &m.query[index % r.query.len()].0;
+                let first = m.query.iter().position(|q| &q.0 == name).unwrap();
+                other.query.swap(first, first + 1);
+                prop_assert_ne!(m.fingerprint(), other.fingerprint());
+            } else {
+                prop_assert_ne!(r.fingerprint(), m.fingerprint(), "{:?} against {:?}", r, m);
+            }
+        }
+    }
+
+    /// The same request with its query pairs reordered across names (a
+    /// stable sort by name keeps repeated names in order) keeps its
+    /// fingerprint.
+    #[test]
+    fn reordering_across_names_keeps_the_fingerprint(r in request()) {
+        let mut reordered = r.clone();
+        reordered.query.sort_by(|a, b| b.0.cmp(&a.0));
+        prop_assert_eq!(r.fingerprint(), reordered.fingerprint());
+    }
+}
