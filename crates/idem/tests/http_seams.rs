@@ -1,0 +1,209 @@
+//! The seams where a request can slip past the contract on its way through
+//! `idem serve`: how a path is spelled, which headers a client declares
+//! hop-by-hop, and what an upstream's error status says about the effect.
+//! Requests are written byte for byte on a raw socket, so that no client
+//! library tidies the spelling under test.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use support::{Gateway, Reply, Site};
+
+const PAYOUT: &str = r#"{"seller":847,"amount":1200}"#;
+
+/// What the upstream received, one entry per request that reached it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An upstream that pays on every request it receives and records it.
+/// A path ending in `/pays-then-503` pays, then answers 503, as a mesh or
+/// an overloaded proxy in front of a committed application can.
+struct Recorder {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let app = axum::Router::new()
+            .fallback(record)
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Recorder { addr, seen, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn record(
+    State(seen): State<Arc<Mutex<Vec<Seen>>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> Response {
+    let target = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let n = {
+        let mut seen = seen.lock().unwrap();
+        seen.push(Seen {
+            method: method.to_string(),
+            target: target.clone(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| {
+                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (n.as_str().to_owned(), value)
+                })
+                .collect(),
+        });
+        seen.len()
+    };
+    if uri.path().ends_with("/pays-then-503") {
+        return (StatusCode::SERVICE_UNAVAILABLE, "upstream connect error").into_response();
+    }
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!("{{\"payout\":{n}}}"),
+    )
+        .into_response()
+}
+
+/// Sends one HTTP/1.1 request exactly as written (`target` and `headers`
+/// unchanged) and reads the answer by its `Content-Length`.
+async fn raw(addr: SocketAddr, method: &str, target: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = format!(
+        "{method} {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        PAYOUT.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(PAYOUT);
+    tokio::task::spawn_blocking(move || exchange(addr, &request))
+        .await
+        .unwrap()
+}
+
+fn exchange(addr: SocketAddr, request: &str) -> Reply {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let Some((name, value)) = line.trim_end().split_once(':') else {
+            break;
+        };
+        headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+fn start(up: &Recorder, site: &Site, config: &str) -> Gateway {
+    let config = site.config(config);
+    Gateway::start(&up.url(), &site.store(), Some(&config))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_after_the_effect_is_an_unknown_outcome_never_a_second_payment() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let first = raw(
+        gw.addr,
+        "POST",
+        "/pays-then-503",
+        &[("idempotency-key", "u-1")],
+    )
+    .await;
+    assert_eq!(first.status, 503, "{first:?}");
+    for _ in 0..3 {
+        let retry = raw(
+            gw.addr,
+            "POST",
+            "/pays-then-503",
+            &[("idempotency-key", "u-1")],
+        )
+        .await;
+        assert_eq!(retry.status, 409, "{retry:?}");
+        assert_eq!(
+            retry.problem().as_deref(),
+            Some("urn:idem:problem:outcome-unknown")
+        );
+    }
+    assert_eq!(up.seen().len(), 1, "the retries never reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_opts_in_releases_a_503() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = start(&up, &site, "[[route]]\ncompletion = { release = [503] }\n");
+    let key = [("idempotency-key", "u-2")];
+    assert_eq!(
+        raw(gw.addr, "POST", "/pays-then-503", &key).await.status,
+        503
+    );
+    assert_eq!(
+        raw(gw.addr, "POST", "/pays-then-503", &key).await.status,
+        503
+    );
+    assert_eq!(up.seen().len(), 2, "released: the retry ran, as declared");
+}
