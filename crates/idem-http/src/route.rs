@@ -256,6 +256,16 @@ impl Route {
     pub fn upstream_dedups(&self) -> bool {
         self.upstream_dedups
     }
+
+    /// The request headers the contract reads or sets on this route: the
+    /// key header, the forwarded key header, the principal and the
+    /// fingerprint headers. A proxy must never drop them as hop-by-hop.
+    pub fn contract_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        [&self.key_header, &self.forward_header]
+            .into_iter()
+            .chain(&self.principal_headers)
+            .chain(&self.fingerprint_headers)
+    }
 }
 
 impl PathPattern {

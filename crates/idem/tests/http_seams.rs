@@ -207,3 +207,105 @@ async fn a_route_that_opts_in_releases_a_503() {
     );
     assert_eq!(up.seen().len(), 2, "released: the retry ran, as declared");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_option_cannot_strip_what_the_contract_is_built_on() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = start(
+        &up,
+        &site,
+        "[[route]]\npath = \"/renamed/**\"\nupstream_dedups = true\n\
+         forward_key = { header = \"x-upstream-key\" }\n\n\
+         [[route]]\nupstream_dedups = true\nprincipal_headers = [\"authorization\", \"x-tenant\"]\n",
+    );
+    // (path, Connection value, the header the upstream must get the key in)
+    let cases = [
+        ("/payouts", "idempotency-key", "idempotency-key"),
+        ("/payouts", "Idempotency-Key", "idempotency-key"),
+        ("/payouts", "close, IDEMPOTENCY-KEY", "idempotency-key"),
+        (
+            "/payouts",
+            "keep-alive,idempotency-key ,te",
+            "idempotency-key",
+        ),
+        ("/renamed/1", "x-upstream-key", "x-upstream-key"),
+        (
+            "/renamed/2",
+            "idempotency-key, X-Upstream-Key",
+            "x-upstream-key",
+        ),
+        (
+            "/payouts",
+            "content-type, content-length, host",
+            "idempotency-key",
+        ),
+        ("/payouts", "authorization, x-tenant", "idempotency-key"),
+    ];
+    for (i, (path, connection, forwarded)) in cases.into_iter().enumerate() {
+        let key = format!("h-{i}");
+        let headers = [
+            ("idempotency-key", key.as_str()),
+            ("connection", connection),
+            ("authorization", "Bearer tenant-a"),
+            ("x-tenant", "a"),
+        ];
+        let reply = raw(gw.addr, "POST", path, &headers).await;
+        assert_eq!(reply.status, 201, "{connection}: {reply:?}");
+        let seen = up.seen().pop().unwrap();
+        assert_eq!(seen.header(forwarded), Some(key.as_str()), "{connection}");
+        assert_eq!(seen.header("connection"), None, "{connection}");
+        for end_to_end in ["content-type", "authorization", "x-tenant"] {
+            assert!(
+                seen.header(end_to_end).is_some(),
+                "{connection}: {end_to_end}"
+            );
+        }
+        assert_eq!(seen.header("content-type"), Some("application/json"));
+        assert_eq!(seen.header("authorization"), Some("Bearer tenant-a"));
+    }
+    assert_eq!(up.seen().len(), cases.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_named_in_connection_still_separates_tenants() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    for tenant in ["Bearer tenant-a", "Bearer tenant-b"] {
+        let headers = [
+            ("idempotency-key", "same-key"),
+            ("connection", "authorization"),
+            ("authorization", tenant),
+        ];
+        let reply = raw(gw.addr, "POST", "/payouts", &headers).await;
+        assert_eq!(reply.status, 201, "{tenant}: {reply:?}");
+        assert_eq!(reply.header("idempotent-replayed"), None, "{tenant}");
+        let seen = up.seen().pop().unwrap();
+        assert_eq!(seen.header("authorization"), Some(tenant));
+    }
+    assert_eq!(up.seen().len(), 2, "one payout per tenant");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_never_reach_the_upstream() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let headers = [
+        ("idempotency-key", "hop-1"),
+        ("connection", "x-trace-hop, Keep-Alive"),
+        ("x-trace-hop", "1"),
+        ("keep-alive", "timeout=5"),
+        ("te", "trailers"),
+        ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
+        ("proxy-connection", "keep-alive"),
+    ];
+    for method in ["POST", "GET"] {
+        let reply = raw(gw.addr, method, "/payouts", &headers).await;
+        assert_eq!(reply.status, 201, "{method}: {reply:?}");
+        let seen = up.seen().pop().unwrap();
+        assert_eq!(seen.method, method);
+        for (hop, _) in headers.iter().skip(1) {
+            assert_eq!(seen.header(hop), None, "{method}: {hop} was forwarded");
+        }
+        assert_eq!(seen.header("idempotency-key"), Some("hop-1"));
+    }
+}
