@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route};
+use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route, normalize_path};
 
 /// Forwards requests to one upstream base URL.
 #[derive(Clone)]
@@ -49,13 +49,7 @@ impl Proxy {
         let (mut parts, body) = req.into_parts();
         let uri = match self.target(&parts.uri) {
             Ok(uri) => uri,
-            Err(reason) => {
-                return failure(
-                    ProblemKind::UpstreamUnreachable,
-                    reason,
-                    AttemptOutcome::NotSent,
-                );
-            }
+            Err((kind, reason)) => return failure(kind, reason, AttemptOutcome::NotSent),
         };
         // `Connection` and what it names were handled at the edge, before
         // the layer read the request (see `HopByHop`): removing named
@@ -116,19 +110,41 @@ impl Proxy {
         }
     }
 
-    fn target(&self, incoming: &Uri) -> Result<Uri, String> {
-        let base = self.upstream.path().trim_end_matches('/');
-        let path_and_query = incoming.path_and_query().map_or("/", |pq| pq.as_str());
-        let mut builder = Uri::builder().path_and_query(format!("{base}{path_and_query}"));
+    /// The upstream URL for `incoming`: the base path joined with the
+    /// incoming path, normalised, and refused unless it stays under the
+    /// base path (the layer has normalised the path already; this holds
+    /// whatever reaches the proxy).
+    fn target(&self, incoming: &Uri) -> Result<Uri, (ProblemKind, String)> {
+        let invalid = |detail: String| (ProblemKind::InvalidPath, detail);
+        let base = normalize_path(self.upstream.path())
+            .map_err(|e| invalid(format!("the upstream's base path has {e}")))?;
+        let base = base.trim_end_matches('/');
+        let joined = format!("{base}{}", incoming.path());
+        let path = normalize_path(&joined).map_err(|e| invalid(format!("not forwarded: {e}")))?;
+        if !path
+            .strip_prefix(base)
+            .is_some_and(|under| under.starts_with('/'))
+        {
+            return Err(invalid(format!(
+                "not forwarded: {:?} is not under the upstream's base path {base:?}",
+                incoming.path()
+            )));
+        }
+        let path_and_query = match incoming.query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        let mut builder = Uri::builder().path_and_query(path_and_query);
         if let Some(scheme) = self.upstream.scheme() {
             builder = builder.scheme(scheme.clone());
         }
         if let Some(authority) = self.upstream.authority() {
             builder = builder.authority(authority.clone());
         }
-        builder
-            .build()
-            .map_err(|e| format!("cannot build the upstream URL: {e}"))
+        builder.build().map_err(|e| {
+            let reason = format!("cannot build the upstream URL: {e}");
+            (ProblemKind::UpstreamUnreachable, reason)
+        })
     }
 }
 
@@ -318,6 +334,29 @@ mod tests {
     }
 
     #[test]
+    fn a_target_never_leaves_the_upstream_base_path() {
+        let cases = [
+            ("http://h:1/api", "/../admin"),
+            ("http://h:1/api", "/x/../../admin"),
+            ("http://h:1/api", "/%2E%2E/admin"),
+            ("http://h:1/api", "/..%2Fadmin"),
+            ("http://h:1/api", "/..;/admin"),
+            ("http://h:1/api/v1/", "/../v2/x"),
+            ("http://h:1", "/../x"),
+            ("http://h:1/api", "*"),
+        ];
+        for (base, incoming) in cases {
+            let p = Proxy::new(
+                base.parse().unwrap(),
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            );
+            let target = p.target(&incoming.parse().unwrap());
+            assert!(target.is_err(), "{base} + {incoming}: {target:?}");
+        }
+    }
+
+    #[test]
     fn targets_join_base_path_and_query() {
         let cases = [
             (
@@ -331,6 +370,12 @@ mod tests {
                 "http://127.0.0.1:9000/api/payouts",
             ),
             ("http://h:1/api", "/", "http://h:1/api/"),
+            (
+                "http://h:1/api",
+                "/a//b/./c?q=/../x",
+                "http://h:1/api/a/b/c?q=/../x",
+            ),
+            ("http://h:1/a%70i/", "/x", "http://h:1/api/x"),
         ];
         for (base, incoming, want) in cases {
             let p = Proxy::new(

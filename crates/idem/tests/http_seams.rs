@@ -309,3 +309,136 @@ async fn hop_by_hop_headers_never_reach_the_upstream() {
         assert_eq!(seen.header("idempotency-key"), Some("hop-1"));
     }
 }
+
+/// What the gateway must do with one spelling of a request target.
+#[derive(Clone, Copy, Debug)]
+enum Spelled {
+    /// The route protects it (no key: 400 `missing-key`); with a key, the
+    /// upstream receives exactly this target.
+    Protected(&'static str),
+    /// 400 `invalid-path`: upstreams disagree on what it means.
+    Refused,
+    /// Not protected; the upstream receives exactly this target.
+    Passed(&'static str),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_protected_path_is_protected_or_refused() {
+    use Spelled::{Passed, Protected, Refused};
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = start(
+        &up,
+        &site,
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts/**\"\n",
+    );
+    let cases = [
+        ("/payouts/x", Protected("/payouts/x")),
+        ("//payouts/x", Protected("/payouts/x")),
+        ("/payouts//x", Protected("/payouts/x")),
+        ("/%70ayouts/x", Protected("/payouts/x")),
+        ("/pay%6Fu%74s/%7e", Protected("/payouts/~")),
+        ("/%70AYOUTS/x", Protected("/pAYOUTS/x")),
+        ("/Payouts/x", Protected("/Payouts/x")),
+        ("/PAYOUTS", Protected("/PAYOUTS")),
+        ("/payouts/./x", Protected("/payouts/x")),
+        ("/x/../payouts/y", Protected("/payouts/y")),
+        ("/./payouts", Protected("/payouts")),
+        ("/payouts/x/", Protected("/payouts/x/")),
+        ("/payouts;x", Protected("/payouts;x")),
+        (
+            "/payouts;jsessionid=1/x",
+            Protected("/payouts;jsessionid=1/x"),
+        ),
+        ("/payouts%3Bx/y", Protected("/payouts%3Bx/y")),
+        ("/payouts/%c3%a9", Protected("/payouts/%C3%A9")),
+        ("/payouts/x?a=%2F&b=..", Protected("/payouts/x?a=%2F&b=..")),
+        ("http://example.com/payouts/x", Protected("/payouts/x")),
+        ("http://example.com//payouts/./x", Protected("/payouts/x")),
+        ("/payouts%2Fx", Refused),
+        ("/payouts%2fx", Refused),
+        ("/refunds/%2F", Refused),
+        ("/payouts%5Cx", Refused),
+        ("/payouts\\x", Refused),
+        ("/payouts%00", Refused),
+        ("/payouts/%2E%2E/refunds", Refused),
+        ("/payouts/.%2e", Refused),
+        ("/payouts/%2e", Refused),
+        ("/x/..;/payouts/y", Refused),
+        ("/x/..%3B/payouts/y", Refused),
+        ("/..", Refused),
+        ("/../payouts", Refused),
+        ("/payouts/../../x", Refused),
+        ("/pay%zzouts", Refused),
+        ("/payouts/%", Refused),
+        ("/payouts/%C0%AE%C0%AE/x", Refused),
+        ("/refunds/x", Passed("/refunds/x")),
+        ("/refunds//x/./y", Passed("/refunds/x/y")),
+        ("/payoutsx", Passed("/payoutsx")),
+        ("/payouts/../refunds", Passed("/refunds")),
+        ("/refunds/%7Ex?b=%2F&a=1", Passed("/refunds/~x?b=%2F&a=1")),
+    ];
+    for (i, (target, expect)) in cases.into_iter().enumerate() {
+        let before = up.seen().len();
+        let bare = raw(gw.addr, "POST", target, &[]).await;
+        let key = format!("s-{i}");
+        let keyed = raw(gw.addr, "POST", target, &[("idempotency-key", &key)]).await;
+        let seen = up.seen();
+        let forwarded: Vec<&str> = seen[before..].iter().map(|s| s.target.as_str()).collect();
+        match expect {
+            Protected(path) => {
+                assert_eq!(
+                    (bare.status, bare.problem().as_deref()),
+                    (400, Some("urn:idem:problem:missing-key")),
+                    "{target}: {bare:?}"
+                );
+                assert_eq!(keyed.status, 201, "{target}: {keyed:?}");
+                assert_eq!(forwarded, [path], "{target}");
+            }
+            Refused => {
+                for reply in [&bare, &keyed] {
+                    assert_eq!(reply.status, 400, "{target}: {reply:?}");
+                }
+                assert_eq!(
+                    keyed.problem().as_deref(),
+                    Some("urn:idem:problem:invalid-path"),
+                    "{target}: {keyed:?}"
+                );
+                assert!(forwarded.is_empty(), "{target}: {forwarded:?}");
+            }
+            Passed(path) => {
+                assert_eq!((bare.status, keyed.status), (201, 201), "{target}");
+                assert_eq!(forwarded, [path, path], "{target}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_on_many_spellings_of_one_endpoint_pays_once() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    // The zero-config catch-all route: the operation is the request's path.
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let key = [("idempotency-key", "one")];
+    let first = raw(gw.addr, "POST", "/payouts/x", &key).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    for replayed in ["//payouts/x", "/%70ayouts/./x", "/y/../payouts//x"] {
+        let reply = raw(gw.addr, "POST", replayed, &key).await;
+        reply.assert_replay_of(&first);
+    }
+    // Upstreams that ignore case, a trailing slash or matrix parameters
+    // serve these as /payouts/x too: same scope, another request → 422.
+    for reused in [
+        "/Payouts/x",
+        "/payouts/x/",
+        "/payouts;v=1/x",
+        "/PAYOUTS/X;a",
+    ] {
+        let reply = raw(gw.addr, "POST", reused, &key).await;
+        assert_eq!(
+            reply.problem().as_deref(),
+            Some("urn:idem:problem:key-reused"),
+            "{reused}: {reply:?}"
+        );
+    }
+    assert_eq!(up.seen().len(), 1);
+}
