@@ -167,22 +167,11 @@ fn start(up: &Recorder, site: &Site, config: &str) -> Gateway {
 async fn a_503_after_the_effect_is_an_unknown_outcome_never_a_second_payment() {
     let (up, site) = (Recorder::start().await, Site::new());
     let gw = Gateway::start(&up.url(), &site.store(), None);
-    let first = raw(
-        gw.addr,
-        "POST",
-        "/pays-then-503",
-        &[("idempotency-key", "u-1")],
-    )
-    .await;
+    let key = [("idempotency-key", "u-1")];
+    let first = raw(gw.addr, "POST", "/pays-then-503", &key).await;
     assert_eq!(first.status, 503, "{first:?}");
     for _ in 0..3 {
-        let retry = raw(
-            gw.addr,
-            "POST",
-            "/pays-then-503",
-            &[("idempotency-key", "u-1")],
-        )
-        .await;
+        let retry = raw(gw.addr, "POST", "/pays-then-503", &key).await;
         assert_eq!(retry.status, 409, "{retry:?}");
         assert_eq!(
             retry.problem().as_deref(),
