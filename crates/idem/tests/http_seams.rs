@@ -360,6 +360,11 @@ async fn every_spelling_of_a_protected_path_is_protected_or_refused() {
         ("/pay%zzouts", Refused),
         ("/payouts/%", Refused),
         ("/payouts/%C0%AE%C0%AE/x", Refused),
+        (
+            "http://example.com/PAYOUTS;x/../payouts/y",
+            Protected("/payouts/y"),
+        ),
+        ("http://example.com", Passed("/")),
         ("/refunds/x", Passed("/refunds/x")),
         ("/refunds//x/./y", Passed("/refunds/x/y")),
         ("/payoutsx", Passed("/payoutsx")),
