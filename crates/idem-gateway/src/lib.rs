@@ -19,7 +19,7 @@ pub use config::{
     ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LookupEntry, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX,
 };
-pub use proxy::Proxy;
+pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX};
+use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route, normalize_path};
 
 /// Forwards requests to one upstream base URL.
 #[derive(Clone)]
@@ -49,15 +49,12 @@ impl Proxy {
         let (mut parts, body) = req.into_parts();
         let uri = match self.target(&parts.uri) {
             Ok(uri) => uri,
-            Err(reason) => {
-                return failure(
-                    ProblemKind::UpstreamUnreachable,
-                    reason,
-                    AttemptOutcome::NotSent,
-                );
-            }
+            Err((kind, reason)) => return failure(kind, reason, AttemptOutcome::NotSent),
         };
-        strip_hop_by_hop(&mut parts.headers);
+        // `Connection` and what it names were handled at the edge, before
+        // the layer read the request (see `HopByHop`): removing named
+        // headers here could drop the key the layer has just set.
+        remove_fixed_hop_by_hop(&mut parts.headers);
         if let Some(authority) = self.upstream.authority() {
             if let Ok(host) = authority.as_str().parse() {
                 parts.headers.insert(header::HOST, host);
@@ -113,19 +110,41 @@ impl Proxy {
         }
     }
 
-    fn target(&self, incoming: &Uri) -> Result<Uri, String> {
-        let base = self.upstream.path().trim_end_matches('/');
-        let path_and_query = incoming.path_and_query().map_or("/", |pq| pq.as_str());
-        let mut builder = Uri::builder().path_and_query(format!("{base}{path_and_query}"));
+    /// The upstream URL for `incoming`: the base path joined with the
+    /// incoming path, normalised, and refused unless it stays under the
+    /// base path (the layer has normalised the path already; this holds
+    /// whatever reaches the proxy).
+    fn target(&self, incoming: &Uri) -> Result<Uri, (ProblemKind, String)> {
+        let invalid = |detail: String| (ProblemKind::InvalidPath, detail);
+        let base = normalize_path(self.upstream.path())
+            .map_err(|e| invalid(format!("the upstream's base path has {e}")))?;
+        let base = base.trim_end_matches('/');
+        let joined = format!("{base}{}", incoming.path());
+        let path = normalize_path(&joined).map_err(|e| invalid(format!("not forwarded: {e}")))?;
+        if !path
+            .strip_prefix(base)
+            .is_some_and(|under| under.starts_with('/'))
+        {
+            return Err(invalid(format!(
+                "not forwarded: {:?} is not under the upstream's base path {base:?}",
+                incoming.path()
+            )));
+        }
+        let path_and_query = match incoming.query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        let mut builder = Uri::builder().path_and_query(path_and_query);
         if let Some(scheme) = self.upstream.scheme() {
             builder = builder.scheme(scheme.clone());
         }
         if let Some(authority) = self.upstream.authority() {
             builder = builder.authority(authority.clone());
         }
-        builder
-            .build()
-            .map_err(|e| format!("cannot build the upstream URL: {e}"))
+        builder.build().map_err(|e| {
+            let reason = format!("cannot build the upstream URL: {e}");
+            (ProblemKind::UpstreamUnreachable, reason)
+        })
     }
 }
 
@@ -150,30 +169,84 @@ fn failure(kind: ProblemKind, reason: String, outcome: AttemptOutcome) -> Respon
     response
 }
 
+/// The client's hop-by-hop headers, removed at the gateway's edge before
+/// the layer reads the request, so that the layer and the upstream see the
+/// same headers. A `Connection` option naming a header meant for every
+/// recipient (RFC 9110 §7.6.1: a sender MUST NOT list one) is ignored:
+/// the key, principal and fingerprint headers of every route, and the
+/// content and authority headers, keep their end-to-end meaning.
+#[derive(Clone, Debug)]
+pub struct HopByHop {
+    end_to_end: Vec<HeaderName>,
+}
+
+/// Headers that are end-to-end whatever the routes say.
+const END_TO_END: [HeaderName; 5] = [
+    header::AUTHORIZATION,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::HOST,
+];
+
+/// The hop-by-hop headers of RFC 9110 §7.6.1 and their common relatives.
+const FIXED_HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+impl HopByHop {
+    /// The edge for `routes`: their contract headers are never removed.
+    pub fn for_routes(routes: &[Route]) -> HopByHop {
+        let mut end_to_end: Vec<HeaderName> = END_TO_END.to_vec();
+        end_to_end.extend(routes.iter().flat_map(Route::contract_headers).cloned());
+        end_to_end.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        end_to_end.dedup();
+        HopByHop { end_to_end }
+    }
+
+    /// Removes the fixed hop-by-hop headers and those the client's
+    /// `Connection` names, except the end-to-end ones.
+    pub fn strip_request(&self, headers: &mut HeaderMap) {
+        for name in connection_options(headers) {
+            if !self.end_to_end.contains(&name) {
+                headers.remove(name);
+            }
+        }
+        remove_fixed_hop_by_hop(headers);
+    }
+}
+
 /// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including those named
-/// in `Connection`.
+/// in `Connection`: for an upstream's answer, which the layer does not read
+/// for its contract.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+    for name in connection_options(headers) {
+        headers.remove(name);
+    }
+    remove_fixed_hop_by_hop(headers);
+}
+
+/// The header names listed in every `Connection` field, case-folded.
+fn connection_options(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
+        .collect()
+}
+
+fn remove_fixed_hop_by_hop(headers: &mut HeaderMap) {
+    for name in FIXED_HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -210,6 +283,80 @@ mod tests {
     }
 
     #[test]
+    fn the_edge_keeps_what_the_contract_reads_whatever_connection_names() {
+        let route = Route::new(&idem_http::RouteSpec {
+            principal_headers: Some(vec!["X-Tenant".into()]),
+            fingerprint_headers: Some(vec!["x-amount-currency".into()]),
+            forward_key: Some(idem_http::ForwardKeySpec {
+                header: Some("X-Upstream-Key".into()),
+                template: None,
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        let edge = HopByHop::for_routes(&[route]);
+        let kept = [
+            "idempotency-key",
+            "x-upstream-key",
+            "x-tenant",
+            "x-amount-currency",
+            "authorization",
+            "content-type",
+            "content-length",
+            "host",
+        ];
+        let connections: [&[&str]; 4] = [
+            &["IDEMPOTENCY-KEY, x-upstream-key,x-tenant , X-Amount-Currency"],
+            &["authorization", "content-type,content-length", "host"],
+            &["\"idempotency-key\", x-hop"],
+            &["close", "x-hop, keep-alive"],
+        ];
+        for connection in connections {
+            let mut h = HeaderMap::new();
+            for name in kept.iter().chain(&["x-hop", "keep-alive", "te"]) {
+                h.insert(*name, "v".parse().unwrap());
+            }
+            for value in connection {
+                h.append(header::CONNECTION, value.parse().unwrap());
+            }
+            edge.strip_request(&mut h);
+            let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+            left.sort_unstable();
+            let mut want = kept.to_vec();
+            want.sort_unstable();
+            let x_hop_kept = !connection.iter().any(|v| v.contains("x-hop"));
+            if x_hop_kept {
+                want.push("x-hop");
+                want.sort_unstable();
+            }
+            assert_eq!(left, want, "{connection:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_never_leaves_the_upstream_base_path() {
+        let cases = [
+            ("http://h:1/api", "/../admin"),
+            ("http://h:1/api", "/x/../../admin"),
+            ("http://h:1/api", "/%2E%2E/admin"),
+            ("http://h:1/api", "/..%2Fadmin"),
+            ("http://h:1/api", "/..;/admin"),
+            ("http://h:1/api/v1/", "/../v2/x"),
+            ("http://h:1", "/../x"),
+            ("http://h:1/api", "*"),
+        ];
+        for (base, incoming) in cases {
+            let p = Proxy::new(
+                base.parse().unwrap(),
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            );
+            let target = p.target(&incoming.parse().unwrap());
+            assert!(target.is_err(), "{base} + {incoming}: {target:?}");
+        }
+    }
+
+    #[test]
     fn targets_join_base_path_and_query() {
         let cases = [
             (
@@ -223,6 +370,12 @@ mod tests {
                 "http://127.0.0.1:9000/api/payouts",
             ),
             ("http://h:1/api", "/", "http://h:1/api/"),
+            (
+                "http://h:1/api",
+                "/a//b/./c?q=/../x",
+                "http://h:1/api/a/b/c?q=/../x",
+            ),
+            ("http://h:1/a%70i/", "/x", "http://h:1/api/x"),
         ];
         for (base, incoming, want) in cases {
             let p = Proxy::new(

@@ -5,15 +5,16 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use http::Request;
 use idem_core::{Store, SystemClock};
 use idem_http::{IdempotencyLayer, Metrics, Resolver};
 use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::Layer;
+use tower::ServiceBuilder;
 
 use crate::admin::{self, AdminToken};
-use crate::{GatewayConfig, Proxy, purge};
+use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
 /// What runs next to the proxy: shared metrics and the admin API.
 #[derive(Debug, Default)]
@@ -82,7 +83,17 @@ pub async fn serve_with(
     let layer = IdempotencyLayer::new(store, config.routes.clone())
         .with_owner(config.owner.clone())
         .with_metrics(metrics);
-    let app = axum::Router::new().fallback_service(layer.layer(proxy));
+    // Hop-by-hop headers go before the layer reads the request: removed
+    // after it, they could take the key the layer forwards with them.
+    let edge = HopByHop::for_routes(&config.routes);
+    let service = ServiceBuilder::new()
+        .map_request(move |mut req: Request<axum::body::Body>| {
+            edge.strip_request(req.headers_mut());
+            req
+        })
+        .layer(layer)
+        .service(proxy);
+    let app = axum::Router::new().fallback_service(service);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

@@ -86,13 +86,7 @@ impl CompletionPolicy {
             .iter()
             .find(|(s, _)| *s == code)
             .map(|(_, c)| *c);
-        let completion = declared.unwrap_or(match code {
-            408 | 425 | 429 | 503 => Completion::Release,
-            // The upstream's own "request in progress": this attempt did nothing.
-            409 => Completion::Release,
-            100..=499 => Completion::Final,
-            _ => Completion::Unknown,
-        });
+        let completion = declared.unwrap_or_else(|| default_for(code));
         self.dedup_adjusted(completion)
     }
 
@@ -112,6 +106,35 @@ impl CompletionPolicy {
     }
 }
 
+/// The default meaning of a status. Only a status that by definition says
+/// the request was not processed releases; a status that is usually but not
+/// provably harmless is unknown, because releasing it lets a retry run the
+/// effect a second time. Routes opt in to more with `completion`.
+fn default_for(code: u16) -> Completion {
+    match code {
+        // 421 Misdirected Request (RFC 9110 §15.5.20) and 425 Too Early
+        // (RFC 8470 §5.2): the server declined before processing, and both
+        // RFCs let a client retry even a non-idempotent request.
+        421 | 425 => Completion::Release,
+        // 408 Request Timeout: by definition the request was incomplete, but
+        // meshes, load balancers and frameworks also answer it when their
+        // own deadline passes while the application is working.
+        408 => Completion::Unknown,
+        // 409 Conflict: an upstream that dedups answers it for "already
+        // done" or "in progress" (the effect happened or may happen); a
+        // stored 409 would hide the real result, a release would repeat it.
+        409 => Completion::Unknown,
+        // 429 Too Many Requests: a rate limiter usually refuses before any
+        // work, but nothing in the status proves that it did.
+        429 => Completion::Unknown,
+        // Every other 1xx-4xx is the upstream's final word on this request.
+        100..=499 => Completion::Final,
+        // 5xx, 503 included: a mesh or proxy may answer it after the
+        // application committed.
+        _ => Completion::Unknown,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,11 +150,13 @@ mod tests {
             (400, Completion::Final, Completion::Final),
             (404, Completion::Final, Completion::Final),
             (422, Completion::Final, Completion::Final),
-            (408, Completion::Release, Completion::Release),
-            (409, Completion::Release, Completion::Release),
+            (401, Completion::Final, Completion::Final),
+            (421, Completion::Release, Completion::Release),
             (425, Completion::Release, Completion::Release),
-            (429, Completion::Release, Completion::Release),
-            (503, Completion::Release, Completion::Release),
+            (408, Completion::Unknown, Completion::Release),
+            (409, Completion::Unknown, Completion::Release),
+            (429, Completion::Unknown, Completion::Release),
+            (503, Completion::Unknown, Completion::Release),
             (500, Completion::Unknown, Completion::Release),
             (502, Completion::Unknown, Completion::Release),
             (504, Completion::Unknown, Completion::Release),

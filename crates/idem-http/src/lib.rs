@@ -42,6 +42,7 @@
 
 mod completion;
 mod metrics;
+mod path;
 mod problem;
 mod request;
 mod route;
@@ -51,6 +52,7 @@ pub use completion::{AttemptOutcome, Completion, CompletionPolicy, CompletionSpe
 pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
 };
+pub use path::{PathRefusal, normalize_path};
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind};
 pub use request::ANONYMOUS;
 pub use route::{

@@ -17,6 +17,9 @@ pub enum ProblemKind {
     InvalidKey,
     /// 400: the body is declared JSON but is not valid JSON (or not exact).
     InvalidBody,
+    /// 400: the path is spelled in a way upstreams disagree on; nothing
+    /// was claimed or forwarded.
+    InvalidPath,
     /// 413: the body is over the route's limit; nothing was claimed.
     BodyTooLarge,
     /// 422: the key was used with a different request.
@@ -46,6 +49,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "missing-key",
             ProblemKind::InvalidKey => "invalid-key",
             ProblemKind::InvalidBody => "invalid-body",
+            ProblemKind::InvalidPath => "invalid-path",
             ProblemKind::BodyTooLarge => "body-too-large",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::RequestInProgress => "request-in-progress",
@@ -65,6 +69,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key is missing",
             ProblemKind::InvalidKey => "Idempotency-Key is malformed",
             ProblemKind::InvalidBody => "Request body cannot be fingerprinted",
+            ProblemKind::InvalidPath => "Request path is ambiguous",
             ProblemKind::BodyTooLarge => "Request body is too large",
             ProblemKind::KeyReused => "Idempotency-Key is already used",
             ProblemKind::RequestInProgress => "A request is outstanding for this Idempotency-Key",
@@ -83,9 +88,10 @@ impl ProblemKind {
     /// The HTTP status.
     pub fn status(self) -> StatusCode {
         match self {
-            ProblemKind::MissingKey | ProblemKind::InvalidKey | ProblemKind::InvalidBody => {
-                StatusCode::BAD_REQUEST
-            }
+            ProblemKind::MissingKey
+            | ProblemKind::InvalidKey
+            | ProblemKind::InvalidBody
+            | ProblemKind::InvalidPath => StatusCode::BAD_REQUEST,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
@@ -103,10 +109,11 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 13] = [
+    pub const ALL: [ProblemKind; 14] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
+        ProblemKind::InvalidPath,
         ProblemKind::BodyTooLarge,
         ProblemKind::KeyReused,
         ProblemKind::RequestInProgress,

@@ -46,13 +46,10 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
     let operation = match &route.operation {
         Operation::Named(name) => name.clone(),
         Operation::MethodAndPath => {
-            let op = format!("{} {}", parts.method, parts.uri.path().replace('|', "%7C"));
+            let path = crate::path::operation_path(parts.uri.path());
+            let op = format!("{} {}", parts.method, path.replace('|', "%7C"));
             if op.len() > OPERATION_BYTES_MAX {
-                format!(
-                    "{} sha256:{}",
-                    parts.method,
-                    to_hex(&Sha256::digest(parts.uri.path()))
-                )
+                format!("{} sha256:{}", parts.method, to_hex(&Sha256::digest(path)))
             } else {
                 op
             }

@@ -9,6 +9,7 @@ use idem_core::{JsonPointer, LeaseExpiry, Policy};
 use serde::Deserialize;
 
 use crate::completion::{CompletionPolicy, CompletionSpec};
+use crate::path;
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
@@ -102,7 +103,11 @@ pub(crate) enum Operation {
 }
 
 /// A path pattern: literal segments, `{name}` for one segment, a final `**`
-/// for any rest (including nothing).
+/// for any rest (including nothing). It matches leniently, as the most
+/// lenient upstream reads a path: literals compare with decoded segments,
+/// ASCII case-insensitively, matrix parameters (`;…`) ignored, and a
+/// trailing `/` is ignored; protecting a spelling too many costs a key,
+/// protecting one too few costs a duplicate effect.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PathPattern {
     text: String,
@@ -256,6 +261,16 @@ impl Route {
     pub fn upstream_dedups(&self) -> bool {
         self.upstream_dedups
     }
+
+    /// The request headers the contract reads or sets on this route: the
+    /// key header, the forwarded key header, the principal and the
+    /// fingerprint headers. A proxy must never drop them as hop-by-hop.
+    pub fn contract_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        [&self.key_header, &self.forward_header]
+            .into_iter()
+            .chain(&self.principal_headers)
+            .chain(&self.fingerprint_headers)
+    }
 }
 
 impl PathPattern {
@@ -283,7 +298,7 @@ impl PathPattern {
                         "{text:?}: segment {p:?} is neither literal, {{name}} nor **"
                     ));
                 }
-                p => segments.push(Segment::Literal(p.to_owned())),
+                p => segments.push(Segment::Literal(path::lenient(p))),
             }
         }
         Ok(PathPattern {
@@ -293,15 +308,11 @@ impl PathPattern {
         })
     }
 
-    /// True when `path` (without query) matches.
+    /// True when `path` (without query, in the form of
+    /// [`crate::normalize_path`]) matches.
     pub fn matches(&self, path: &str) -> bool {
-        let Some(body) = path.strip_prefix('/') else {
+        let Some(parts) = path::lenient_segments(path) else {
             return false;
-        };
-        let parts: Vec<&str> = if body.is_empty() {
-            vec![]
-        } else {
-            body.split('/').collect()
         };
         if parts.len() < self.segments.len() || (!self.rest && parts.len() != self.segments.len()) {
             return false;
@@ -309,9 +320,9 @@ impl PathPattern {
         self.segments
             .iter()
             .zip(&parts)
-            .all(|(seg, part)| match seg {
-                Segment::Literal(lit) => lit == part,
-                Segment::Param => !part.is_empty(),
+            .all(|(seg, (raw, lenient))| match seg {
+                Segment::Literal(lit) => lit == lenient,
+                Segment::Param => !raw.is_empty(),
             })
     }
 
@@ -463,6 +474,16 @@ mod tests {
             ("/payouts/**", "/refunds/1", false),
             ("/", "/", true),
             ("/", "/a", false),
+            ("/payouts/{id}", "/payouts/1/", true),
+            ("/payouts/{id}", "/payouts/;x", true),
+            ("/payouts", "/payouts/", true),
+            ("/payouts", "/Payouts", true),
+            ("/payouts", "/PAYOUTS;jsessionid=1", true),
+            ("/payouts", "/payouts%3Bx", true),
+            ("/payouts/**", "/pay%6Futs/x", true),
+            ("/Payouts/**", "/payouts/x", true),
+            ("/payouts", "/payoutsx", false),
+            ("/payouts", "//payouts", false),
         ];
         for (pattern, path, expect) in cases {
             let p = PathPattern::parse(pattern).unwrap();

@@ -9,7 +9,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response, header};
+use http::uri::PathAndQuery;
+use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{Claim, ClaimRequest, Record, RecordId, Store, StoreError, StoredResult, Token};
@@ -17,6 +18,7 @@ use tower::{Layer, Service};
 
 use crate::completion::{AttemptOutcome, Completion};
 use crate::metrics::{Metrics, StoreOp};
+use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
@@ -122,12 +124,18 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         // The ready service goes into the future; a clone stays for the next call.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         Box::pin(async move {
+            // Every request, protected or not, so that no spelling of a
+            // protected path reaches the inner service unprotected.
+            if let Err(refusal) = normalize_uri(req.uri_mut()) {
+                shared.metrics.problem(ProblemKind::InvalidPath);
+                return Ok(problem(refusal));
+            }
             let route = shared
                 .routes
                 .iter()
@@ -148,6 +156,33 @@ where
             }
         })
     }
+}
+
+/// Rewrites `uri` to its normal path (see [`normalize_path`]), the query
+/// untouched; scheme and authority (absolute form, HTTP/2) are kept.
+fn normalize_uri(uri: &mut Uri) -> Result<(), Problem> {
+    let refused = |detail: String| {
+        Problem::new(
+            ProblemKind::InvalidPath,
+            format!("{detail}; nothing was claimed or forwarded"),
+        )
+    };
+    let normal = normalize_path(uri.path()).map_err(|e| refused(e.to_string()))?;
+    if normal == uri.path() {
+        return Ok(());
+    }
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(path_and_query)
+            .map_err(|e| refused(format!("the normal form of the path is not a URI: {e}")))?,
+    );
+    *uri = Uri::from_parts(parts)
+        .map_err(|e| refused(format!("the normal form of the path is not a URI: {e}")))?;
+    Ok(())
 }
 
 /// One protected request, start to end. Always answers: problems and

@@ -223,9 +223,14 @@ async fn an_upstream_500_is_never_re_executed_blindly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_503_before_any_effect_releases_the_key() {
+async fn a_503_releases_the_key_only_where_the_route_opts_in() {
     let (up, site) = (Upstream::start().await, Site::new());
-    let gw = Gateway::start(&up.url(), &site.store(), None);
+    // This upstream answers 503 only before any effect; by default a 503 is
+    // an unknown outcome, so the route says so knowingly.
+    let config = site.config(
+        "[[route]]\npath = \"/busy-once\"\ncompletion = { release = [503] }\n\n[[route]]\n",
+    );
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     let first = post(&gw.url("/busy-once"), &[key("b-1")], PAYOUT).await;
     assert_eq!((first.status, up.effects().len()), (503, 0));
     let retry = post(&gw.url("/busy-once"), &[key("b-1")], PAYOUT).await;

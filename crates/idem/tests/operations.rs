@@ -440,7 +440,11 @@ async fn an_ambiguous_record_resolved_as_not_executed_with_the_cli_runs_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_every_decision_exercised() {
     let (up, site) = (Upstream::start().await, Site::new());
-    let (gw, admin_addr) = Gateway::start_admin(&up.url(), &site.store(), None, TOKEN);
+    // `/busy-once` answers 503 before any effect: released where declared.
+    let config = site.config(
+        "[[route]]\npath = \"/busy-once\"\ncompletion = { release = [503] }\n\n[[route]]\n",
+    );
+    let (gw, admin_addr) = Gateway::start_admin(&up.url(), &site.store(), Some(&config), TOKEN);
     let payouts = gw.url("/payouts");
     assert_eq!(post(&payouts, &[key("m-1")], PAYOUT).await.status, 201);
     assert_eq!(post(&payouts, &[key("m-1")], PAYOUT).await.status, 201);
