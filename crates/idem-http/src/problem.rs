@@ -17,6 +17,12 @@ pub enum ProblemKind {
     InvalidKey,
     /// 400: the body is declared JSON but is not valid JSON (or not exact).
     InvalidBody,
+    /// 400: the trusted header naming the tenant is missing, repeated or
+    /// malformed; nothing was claimed.
+    InvalidPrincipal,
+    /// 401: the bearer token is missing or cannot be verified; nothing was
+    /// claimed.
+    Unauthenticated,
     /// 413: the body is over the route's limit; nothing was claimed.
     BodyTooLarge,
     /// 422: the key was used with a different request.
@@ -46,6 +52,8 @@ impl ProblemKind {
             ProblemKind::MissingKey => "missing-key",
             ProblemKind::InvalidKey => "invalid-key",
             ProblemKind::InvalidBody => "invalid-body",
+            ProblemKind::InvalidPrincipal => "invalid-principal",
+            ProblemKind::Unauthenticated => "unauthenticated",
             ProblemKind::BodyTooLarge => "body-too-large",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::RequestInProgress => "request-in-progress",
@@ -65,6 +73,8 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key is missing",
             ProblemKind::InvalidKey => "Idempotency-Key is malformed",
             ProblemKind::InvalidBody => "Request body cannot be fingerprinted",
+            ProblemKind::InvalidPrincipal => "The principal of the request cannot be read",
+            ProblemKind::Unauthenticated => "The request's credential cannot be verified",
             ProblemKind::BodyTooLarge => "Request body is too large",
             ProblemKind::KeyReused => "Idempotency-Key is already used",
             ProblemKind::RequestInProgress => "A request is outstanding for this Idempotency-Key",
@@ -83,9 +93,11 @@ impl ProblemKind {
     /// The HTTP status.
     pub fn status(self) -> StatusCode {
         match self {
-            ProblemKind::MissingKey | ProblemKind::InvalidKey | ProblemKind::InvalidBody => {
-                StatusCode::BAD_REQUEST
-            }
+            ProblemKind::MissingKey
+            | ProblemKind::InvalidKey
+            | ProblemKind::InvalidBody
+            | ProblemKind::InvalidPrincipal => StatusCode::BAD_REQUEST,
+            ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
@@ -103,10 +115,12 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 13] = [
+    pub const ALL: [ProblemKind; 15] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
+        ProblemKind::InvalidPrincipal,
+        ProblemKind::Unauthenticated,
         ProblemKind::BodyTooLarge,
         ProblemKind::KeyReused,
         ProblemKind::RequestInProgress,
@@ -167,6 +181,10 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.kind == ProblemKind::Unauthenticated {
+            // RFC 9110 §11.6.1: a 401 carries a challenge.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(seconds) = self.retry_after_s {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
