@@ -55,7 +55,9 @@ pub enum PrincipalSpec {
 pub struct JwtSpec {
     /// The claim naming the tenant; default `sub`.
     pub claim: Option<String>,
-    /// A JWKS (JSON) or PEM public key file, relative to the config file.
+    /// A JWKS (JSON) or PEM public key file, read once by [`crate::Route::new`]
+    /// as given; the gateway first resolves it against the config file's
+    /// directory ([`PrincipalSpec::relative_to`]).
     pub keys: String,
     /// The only `iss` accepted.
     pub issuer: String,
@@ -637,242 +639,63 @@ mod tests {
         headers(&[("authorization", format!("{scheme} {token}").as_bytes())])
     }
 
+    #[derive(Debug)]
+    enum Want {
+        Same,
+        Other,
+        Refused,
+    }
+
+    fn judge(what: &str, got: Result<String, Problem>, base: &str, want: &Want) {
+        match (want, got) {
+            (Want::Same, Ok(p)) => assert_eq!(p, base, "{what}"),
+            (Want::Other, Ok(p)) => assert_ne!(p, base, "{what}"),
+            (Want::Refused, Err(problem)) => {
+                assert_eq!(problem.kind, ProblemKind::Unauthenticated, "{what}")
+            }
+            (_, got) => panic!("{what}: want {want:?}, got {got:?}"),
+        }
+    }
+
     #[test]
     fn a_jwt_principal_is_the_verified_claim_and_nothing_else() {
         let (jwks, _d1) = verifier(JWKS_CD, None);
         let (pem, _d2) = verifier(PUB_C, None);
-        let base = jwks
-            .of(&with_token(
-                "Bearer",
-                &sign(KEY_C, Some("c"), &claims(|_| {})),
-            ))
-            .unwrap();
+        let bearer =
+            |key: &str, kid: Option<&str>| with_token("Bearer", &sign(key, kid, &claims(|_| {})));
+        let base = jwks.of(&bearer(KEY_C, Some("c"))).unwrap();
         assert_eq!(base.len(), PRINCIPAL_DIGEST_BYTES);
         assert!(!base.contains("tenant"));
-        enum Want {
-            Same,
-            Other,
-            Refused,
-        }
-        let expired = claims(|c| c["exp"] = json!(now() - 3600));
+        // Which key signs, which key set verifies, how the header reads.
+        let lower = with_token("bearer", &sign(KEY_C, Some("c"), &claims(|_| {})));
         let cases: Vec<(&str, &Principal, HeaderMap, Want)> = vec![
-            (
-                "refreshed",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| {
-                            c["iat"] = json!(now() + 30);
-                            c["exp"] = json!(now() + 3600);
-                        }),
-                    ),
-                ),
-                Want::Same,
-            ),
-            (
-                "lower-case scheme",
-                &jwks,
-                with_token("bearer", &sign(KEY_C, Some("c"), &claims(|_| {}))),
-                Want::Same,
-            ),
+            ("lower-case scheme", &jwks, lower, Want::Same),
             (
                 "other key of the set",
                 &jwks,
-                with_token("Bearer", &sign(KEY_D, Some("d"), &claims(|_| {}))),
+                bearer(KEY_D, Some("d")),
                 Want::Same,
             ),
-            (
-                "pem key, no kid",
-                &pem,
-                with_token("Bearer", &sign(KEY_C, None, &claims(|_| {}))),
-                Want::Same,
-            ),
-            (
-                "other tenant",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(KEY_C, Some("c"), &claims(|c| c["sub"] = json!("tenant-b"))),
-                ),
-                Want::Other,
-            ),
-            (
-                "numeric sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["sub"] = json!(9_007_199_254_740_993_u64)),
-                    ),
-                ),
-                Want::Other,
-            ),
+            ("pem key, no kid", &pem, bearer(KEY_C, None), Want::Same),
             (
                 "key d named c",
                 &jwks,
-                with_token("Bearer", &sign(KEY_D, Some("c"), &claims(|_| {}))),
+                bearer(KEY_D, Some("c")),
                 Want::Refused,
             ),
             (
                 "unknown kid",
                 &jwks,
-                with_token("Bearer", &sign(KEY_C, Some("x"), &claims(|_| {}))),
+                bearer(KEY_C, Some("x")),
                 Want::Refused,
             ),
             (
                 "no kid, two keys",
                 &jwks,
-                with_token("Bearer", &sign(KEY_C, None, &claims(|_| {}))),
+                bearer(KEY_C, None),
                 Want::Refused,
             ),
-            (
-                "pem, other key",
-                &pem,
-                with_token("Bearer", &sign(KEY_D, None, &claims(|_| {}))),
-                Want::Refused,
-            ),
-            (
-                "expired",
-                &jwks,
-                with_token("Bearer", &sign(KEY_C, Some("c"), &expired)),
-                Want::Refused,
-            ),
-            (
-                "not yet valid",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["nbf"] = json!(now() + 3600)),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "no exp",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| {
-                            c.as_object_mut().unwrap().remove("exp");
-                        }),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "wrong issuer",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["iss"] = json!("https://evil.example")),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "no issuer",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| {
-                            c.as_object_mut().unwrap().remove("iss");
-                        }),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "wrong audience",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(KEY_C, Some("c"), &claims(|c| c["aud"] = json!("refunds"))),
-                ),
-                Want::Refused,
-            ),
-            (
-                "object sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["sub"] = json!({"id": "tenant-a"})),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "array sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["sub"] = json!(["tenant-a"])),
-                    ),
-                ),
-                Want::Refused,
-            ),
-            (
-                "float sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(KEY_C, Some("c"), &claims(|c| c["sub"] = json!(1e20))),
-                ),
-                Want::Refused,
-            ),
-            (
-                "bool sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(KEY_C, Some("c"), &claims(|c| c["sub"] = json!(true))),
-                ),
-                Want::Refused,
-            ),
-            (
-                "empty sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(KEY_C, Some("c"), &claims(|c| c["sub"] = json!(""))),
-                ),
-                Want::Refused,
-            ),
-            (
-                "long sub",
-                &jwks,
-                with_token(
-                    "Bearer",
-                    &sign(
-                        KEY_C,
-                        Some("c"),
-                        &claims(|c| c["sub"] = json!("t".repeat(256))),
-                    ),
-                ),
-                Want::Refused,
-            ),
+            ("pem, other key", &pem, bearer(KEY_D, None), Want::Refused),
             (
                 "basic scheme",
                 &jwks,
@@ -900,24 +723,56 @@ mod tests {
             ),
         ];
         for (what, principal, headers, want) in cases {
-            let got = principal.of(&headers);
-            match (want, got) {
-                (Want::Same, Ok(p)) => assert_eq!(p, base, "{what}"),
-                (Want::Other, Ok(p)) => assert_ne!(p, base, "{what}"),
-                (Want::Refused, Err(problem)) => {
-                    assert_eq!(problem.kind, ProblemKind::Unauthenticated, "{what}")
-                }
-                (_, got) => panic!("{what}: {got:?}"),
-            }
+            judge(what, principal.of(&headers), &base, &want);
+        }
+        // What the token says: one claim set, null removes the claim.
+        let edits: Vec<(&str, &str, Value, Want)> = vec![
+            ("refreshed", "exp", json!(now() + 3600), Want::Same),
+            ("reissued", "iat", json!(now() + 30), Want::Same),
+            ("other tenant", "sub", json!("tenant-b"), Want::Other),
+            (
+                "numeric sub",
+                "sub",
+                json!(9_007_199_254_740_993_u64),
+                Want::Other,
+            ),
+            ("expired", "exp", json!(now() - 3600), Want::Refused),
+            ("not yet valid", "nbf", json!(now() + 3600), Want::Refused),
+            ("no exp", "exp", Value::Null, Want::Refused),
+            (
+                "wrong issuer",
+                "iss",
+                json!("https://evil.example"),
+                Want::Refused,
+            ),
+            ("no issuer", "iss", Value::Null, Want::Refused),
+            ("wrong audience", "aud", json!("refunds"), Want::Refused),
+            ("no sub", "sub", Value::Null, Want::Refused),
+            (
+                "object sub",
+                "sub",
+                json!({"id": "tenant-a"}),
+                Want::Refused,
+            ),
+            ("array sub", "sub", json!(["tenant-a"]), Want::Refused),
+            ("float sub", "sub", json!(1e20), Want::Refused),
+            ("bool sub", "sub", json!(true), Want::Refused),
+            ("empty sub", "sub", json!(""), Want::Refused),
+            ("long sub", "sub", json!("t".repeat(256)), Want::Refused),
+        ];
+        for (what, field, value, want) in edits {
+            let edited = claims(|c| match value {
+                Value::Null => drop(c.as_object_mut().unwrap().remove(field)),
+                value => c[field] = value,
+            });
+            let token = with_token("Bearer", &sign(KEY_C, Some("c"), &edited));
+            judge(what, jwks.of(&token), &base, &want);
         }
         // Two integers a float would merge stay two tenants; a string and a
         // number with the same digits are kept apart.
         let of_sub = |sub: Value| {
-            jwks.of(&with_token(
-                "Bearer",
-                &sign(KEY_C, Some("c"), &claims(|c| c["sub"] = sub)),
-            ))
-            .unwrap()
+            let token = sign(KEY_C, Some("c"), &claims(|c| c["sub"] = sub));
+            jwks.of(&with_token("Bearer", &token)).unwrap()
         };
         assert_ne!(
             of_sub(json!(9_007_199_254_740_993_u64)),
@@ -950,7 +805,8 @@ mod tests {
             Principal::new(Some(&PrincipalSpec::Header("x-tenant-id".into())), None).unwrap();
         let acme = principal.of(&headers(&[("x-tenant-id", b"acme")])).unwrap();
         assert_eq!(acme.len(), PRINCIPAL_DIGEST_BYTES);
-        let cases: Vec<(Vec<(&str, &[u8])>, Result<bool, ProblemKind>)> = vec![
+        type Pairs<'a> = Vec<(&'a str, &'a [u8])>;
+        let cases: Vec<(Pairs, Result<bool, ProblemKind>)> = vec![
             (
                 vec![("x-tenant-id", b"acme"), ("authorization", b"Bearer a")],
                 Ok(true),
@@ -1032,11 +888,12 @@ mod tests {
             })
         };
         let jwks = file("jwks.json", JWKS_CD);
-        let cases: Vec<(
+        type Case<'a> = (
             Option<PrincipalSpec>,
             Option<Vec<String>>,
-            Result<PrincipalKind, &str>,
-        )> = vec![
+            Result<PrincipalKind, &'a str>,
+        );
+        let cases: Vec<Case> = vec![
             (None, None, Ok(PrincipalKind::DefaultCredentialDigest)),
             (
                 None,

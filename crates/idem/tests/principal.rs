@@ -207,7 +207,7 @@ async fn a_token_that_cannot_be_verified_is_refused_and_nothing_is_forwarded() {
     ];
     for (what, headers) in cases {
         let mut all = headers;
-        all.push(("idempotency-key".into(), "\"k-refused\"".into()));
+        all.push(("idempotency-key", "\"k-refused\"".into()));
         let reply = send(&url, &all).await;
         assert_eq!(reply.status, 401, "{what}: {reply:?}");
         assert_eq!(
@@ -291,7 +291,8 @@ async fn a_trusted_header_names_the_tenant_whatever_the_credential_says() {
     assert_eq!(up.effects().len(), 2);
 
     // A tenant that cannot be read is refused, never guessed or joined.
-    let refused: Vec<(&str, Vec<(&str, &[u8])>)> = vec![
+    type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+    let refused: Vec<(&str, Headers)> = vec![
         ("absent", vec![]),
         ("empty", vec![("x-tenant-id", b"")]),
         (
