@@ -26,6 +26,50 @@ pub struct GatewayFacts {
     pub has_lookup: bool,
 }
 
+/// Where a gateway route takes its principal (tenant) from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PrincipalSource {
+    /// A header the auth layer in front sets.
+    TrustedHeader,
+    /// A claim of a JWT the gateway verifies.
+    VerifiedClaim,
+    /// A digest of raw credential headers, declared knowingly.
+    CredentialDigest,
+    /// A digest of the raw `Authorization` header, because the route
+    /// declares no principal.
+    DefaultCredentialDigest,
+}
+
+/// The `gateway.principal` finding for one route, judged with or without a
+/// contract: the scope must name a stable tenant, or the route must say
+/// that it knowingly digests the credential.
+pub fn principal_finding(source: PrincipalSource) -> Finding {
+    let t = "gateway.principal";
+    match source {
+        PrincipalSource::TrustedHeader => Finding::pass(
+            t,
+            "the principal is a header the auth layer sets; safe only if that layer overwrites              a client's copy",
+        ),
+        PrincipalSource::VerifiedClaim => Finding::pass(
+            t,
+            "the principal is a claim of a verified token: a refreshed token is the same tenant",
+        ),
+        PrincipalSource::CredentialDigest => Finding::pass(
+            t,
+            "the principal is a digest of raw credential headers, declared knowingly: a \
+             refreshed or re-signed credential is a new scope and executes again",
+        ),
+        PrincipalSource::DefaultCredentialDigest => Finding::unanswered(
+            t,
+            "the route declares no principal, so it is a digest of the raw Authorization \
+             header: a refreshed token, or bearer for Bearer, executes the same intent again",
+            "declare principal = { header = \"...\" } or principal = { jwt = { ... } }; or keep \
+             the digest knowingly with principal = { credential_headers = [\"authorization\"] }",
+        ),
+    }
+}
+
 /// One finding per cross-check, topics `gateway.retention`, `gateway.tombstone`,
 /// `gateway.lease`, `gateway.takeover`, `gateway.lookup`. All must pass.
 pub fn cross_check(contract: &Contract, facts: &GatewayFacts) -> Vec<Finding> {

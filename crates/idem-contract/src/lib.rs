@@ -25,7 +25,7 @@ mod validate;
 use std::path::Path;
 
 pub use error::{ContractError, ErrorKind};
-pub use gateway::{GatewayFacts, cross_check};
+pub use gateway::{GatewayFacts, PrincipalSource, cross_check, principal_finding};
 pub use horizon::{Horizon, format_duration, replay_horizon};
 pub use questions::check;
 pub use report::{Finding, Question, Report, Verdict, render_findings};

@@ -219,10 +219,15 @@ impl GatewayConfig {
             .owner
             .clone()
             .unwrap_or_else(|| format!("idem-{}", std::process::id()));
-        if owner.is_empty() || owner.len() > idem_core::OWNER_BYTES_MAX {
+        // The store refuses what check_owner refuses, on every claim: refuse
+        // it here, once, instead.
+        if owner.is_empty() || idem_core::check_owner(&owner).is_err() {
             return Err(err(
                 "owner",
-                format!("must be 1-{} bytes", idem_core::OWNER_BYTES_MAX),
+                format!(
+                    "{owner:?} must be 1-{} bytes without control characters",
+                    idem_core::OWNER_BYTES_MAX
+                ),
                 true,
             ));
         }
@@ -273,6 +278,10 @@ impl GatewayConfig {
                 ));
             }
         };
+        let base_dir = path
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let routes = if file.routes.is_empty() {
             vec![Route::default_catch_all()]
         } else {
@@ -280,7 +289,7 @@ impl GatewayConfig {
                 .iter()
                 .enumerate()
                 .map(|(i, spec)| {
-                    Route::new(spec).map_err(|e| {
+                    Route::new(&relative_to(spec, &base_dir)).map_err(|e| {
                         let name = spec
                             .name
                             .as_deref()
@@ -321,10 +330,7 @@ impl GatewayConfig {
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         Ok(GatewayConfig {
-            base_dir: path
-                .and_then(Path::parent)
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
+            base_dir,
             lookups,
             reconcile,
             listen,
@@ -374,6 +380,15 @@ impl GatewayConfig {
             )));
         };
         AdminToken::new(&value).map_err(|why| err(format!("environment variable {name}: {why}")))
+    }
+}
+
+/// The route with the files it names resolved against the config file's
+/// directory (the contract is resolved later, by [`crate::contracts`]).
+fn relative_to(spec: &RouteSpec, dir: &Path) -> RouteSpec {
+    RouteSpec {
+        principal: spec.principal.as_ref().map(|p| p.relative_to(dir)),
+        ..spec.clone()
     }
 }
 

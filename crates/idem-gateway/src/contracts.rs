@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use idem_contract::{ContractError, Finding, GatewayFacts, Report};
-use idem_http::Route;
+use idem_contract::{ContractError, Finding, GatewayFacts, PrincipalSource, Report};
+use idem_http::{PrincipalKind, Route};
 
 use crate::GatewayConfig;
 
@@ -60,15 +60,28 @@ pub fn evaluate(config: &GatewayConfig) -> Vec<RouteContract> {
                 (report, cross)
             });
             Some(RouteContract {
-                route: route
-                    .operation_name()
-                    .unwrap_or(route.pattern().as_str())
-                    .to_owned(),
+                route: route_name(route).to_owned(),
                 path,
                 outcome,
             })
         })
         .collect()
+}
+
+/// The route's principal, judged: `gateway.principal`.
+pub fn principal(route: &Route) -> Finding {
+    let source = match route.principal_kind() {
+        PrincipalKind::TrustedHeader => PrincipalSource::TrustedHeader,
+        PrincipalKind::VerifiedClaim => PrincipalSource::VerifiedClaim,
+        PrincipalKind::CredentialDigest => PrincipalSource::CredentialDigest,
+        _ => PrincipalSource::DefaultCredentialDigest,
+    };
+    idem_contract::principal_finding(source)
+}
+
+/// The name a route is shown by: its operation name, or its pattern.
+pub fn route_name(route: &Route) -> &str {
+    route.operation_name().unwrap_or(route.pattern().as_str())
 }
 
 /// What the route enforces, in the contract crate's terms.

@@ -43,6 +43,7 @@
 mod completion;
 mod metrics;
 mod path;
+mod principal;
 mod problem;
 mod request;
 mod route;
@@ -53,10 +54,13 @@ pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
 };
 pub use path::{PathRefusal, normalize_path};
+pub use principal::{
+    ANONYMOUS, JwtSpec, KEYS_FILE_BYTES_MAX, PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES,
+    PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX, TOKEN_LEEWAY_S,
+};
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind};
-pub use request::ANONYMOUS;
 pub use route::{
-    BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, ForwardKeySpec, PathPattern, Route, RouteError,
-    RouteSpec,
+    BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
+    OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
 };
 pub use service::{Idempotency, IdempotencyLayer, REPLAYED_HEADER, RESPONSE_BYTES_MAX};

@@ -20,6 +20,12 @@ pub enum ProblemKind {
     /// 400: the path is spelled in a way upstreams disagree on; nothing
     /// was claimed or forwarded.
     InvalidPath,
+    /// 400: the trusted header naming the tenant is missing, repeated or
+    /// malformed; nothing was claimed.
+    InvalidPrincipal,
+    /// 401: the bearer token is missing or cannot be verified; nothing was
+    /// claimed.
+    Unauthenticated,
     /// 413: the body is over the route's limit; nothing was claimed.
     BodyTooLarge,
     /// 422: the key was used with a different request.
@@ -50,6 +56,8 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "invalid-key",
             ProblemKind::InvalidBody => "invalid-body",
             ProblemKind::InvalidPath => "invalid-path",
+            ProblemKind::InvalidPrincipal => "invalid-principal",
+            ProblemKind::Unauthenticated => "unauthenticated",
             ProblemKind::BodyTooLarge => "body-too-large",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::RequestInProgress => "request-in-progress",
@@ -70,6 +78,8 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "Idempotency-Key is malformed",
             ProblemKind::InvalidBody => "Request body cannot be fingerprinted",
             ProblemKind::InvalidPath => "Request path is ambiguous",
+            ProblemKind::InvalidPrincipal => "The principal of the request cannot be read",
+            ProblemKind::Unauthenticated => "The request's credential cannot be verified",
             ProblemKind::BodyTooLarge => "Request body is too large",
             ProblemKind::KeyReused => "Idempotency-Key is already used",
             ProblemKind::RequestInProgress => "A request is outstanding for this Idempotency-Key",
@@ -91,7 +101,9 @@ impl ProblemKind {
             ProblemKind::MissingKey
             | ProblemKind::InvalidKey
             | ProblemKind::InvalidBody
-            | ProblemKind::InvalidPath => StatusCode::BAD_REQUEST,
+            | ProblemKind::InvalidPath
+            | ProblemKind::InvalidPrincipal => StatusCode::BAD_REQUEST,
+            ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
@@ -109,11 +121,13 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 14] = [
+    pub const ALL: [ProblemKind; 16] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
         ProblemKind::InvalidPath,
+        ProblemKind::InvalidPrincipal,
+        ProblemKind::Unauthenticated,
         ProblemKind::BodyTooLarge,
         ProblemKind::KeyReused,
         ProblemKind::RequestInProgress,
@@ -174,6 +188,10 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.kind == ProblemKind::Unauthenticated {
+            // RFC 9110 §11.6.1: a 401 carries a challenge.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(seconds) = self.retry_after_s {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

@@ -2,16 +2,13 @@
 //! the scope, the fingerprint. Each returns a problem instead of guessing.
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName};
 use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope, to_hex};
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemKind};
 use crate::route::{Operation, Route};
-
-/// The principal used when none of the principal headers is present.
-pub const ANONYMOUS: &str = "anonymous";
 
 /// Operations longer than this are replaced by their digest in the scope.
 const OPERATION_BYTES_MAX: usize = 512;
@@ -40,8 +37,8 @@ pub(crate) fn key(headers: &HeaderMap, route: &Route) -> Result<Option<Idempoten
         .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("{name}: {e}")))
 }
 
-/// The scope: operation plus a digest of the principal headers. Raw
-/// credentials never reach the store.
+/// The scope: operation plus the route's principal (always a digest, so
+/// raw credentials and tenant names never reach the store).
 pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
     let operation = match &route.operation {
         Operation::Named(name) => name.clone(),
@@ -55,28 +52,9 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
             }
         }
     };
-    let principal = principal(&parts.headers, &route.principal_headers);
+    let principal = route.principal.of(&parts.headers)?;
     Scope::from_parts(&operation, &principal, None)
         .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("cannot form a scope: {e}")))
-}
-
-fn principal(headers: &HeaderMap, names: &[HeaderName]) -> String {
-    let mut hasher = Sha256::new();
-    let mut any = false;
-    for name in names {
-        for value in headers.get_all(name) {
-            any = true;
-            hasher.update(name.as_str().as_bytes());
-            hasher.update(b"\0");
-            hasher.update((value.len() as u64).to_be_bytes());
-            hasher.update(value.as_bytes());
-        }
-    }
-    if any {
-        to_hex(&hasher.finalize()[..16])
-    } else {
-        ANONYMOUS.to_owned()
-    }
 }
 
 /// A short digest of the scope, for key templates that prefix it.
@@ -126,22 +104,4 @@ pub(crate) fn fingerprint(
         )
     })?;
     Ok((current, Fingerprint::of_request_v1(&request)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn principal_is_a_digest_never_the_credential() {
-        let names = vec![HeaderName::from_static("authorization")];
-        let mut headers = HeaderMap::new();
-        assert_eq!(principal(&headers, &names), ANONYMOUS);
-        headers.insert("authorization", "Bearer secret-1".parse().unwrap());
-        let one = principal(&headers, &names);
-        assert!(!one.contains("secret"));
-        assert_eq!(one.len(), 32);
-        headers.insert("authorization", "Bearer secret-2".parse().unwrap());
-        assert_ne!(principal(&headers, &names), one);
-    }
 }

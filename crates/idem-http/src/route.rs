@@ -5,16 +5,22 @@
 use std::fmt;
 
 use http::{HeaderName, Method};
-use idem_core::{JsonPointer, LeaseExpiry, Policy};
+use idem_core::{JsonPointer, LeaseExpiry, Policy, SCOPE_BYTES_MAX, Scope};
 use serde::Deserialize;
 
 use crate::completion::{CompletionPolicy, CompletionSpec};
 use crate::path;
+use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 /// The largest request body limit a route may declare, in bytes (64 MiB).
 pub const BODY_BYTES_MAX_LIMIT: usize = 64 * 1024 * 1024;
+/// The longest operation name, in bytes: what is left of a scope
+/// (`operation|principal`) once the principal digest is in.
+pub const OPERATION_NAME_BYTES_MAX: usize = SCOPE_BYTES_MAX - 1 - PRINCIPAL_DIGEST_BYTES;
+/// The most literal text a forward-key template may add, in bytes.
+pub const FORWARD_TEXT_BYTES_MAX: usize = 256;
 
 /// A route as declared: every field optional, defaults applied by [`Route::new`].
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -31,8 +37,11 @@ pub struct RouteSpec {
     /// Whether a request without a key is refused (400) or passed through
     /// unprotected; default true.
     pub key_required: Option<bool>,
-    /// Headers naming the principal; their values are hashed, never stored;
-    /// default `["authorization"]`.
+    /// Where the principal (tenant) comes from: a trusted header, a claim of
+    /// a verified JWT, or a digest of raw credential headers. Without it, a
+    /// digest of `Authorization` — fragile: a refreshed token is a new scope.
+    pub principal: Option<PrincipalSpec>,
+    /// The older spelling of `principal = { credential_headers = [...] }`.
     pub principal_headers: Option<Vec<String>>,
     /// Request headers that are part of the fingerprint; default none.
     pub fingerprint_headers: Option<Vec<String>>,
@@ -79,7 +88,7 @@ pub struct Route {
     pub(crate) pattern: PathPattern,
     pub(crate) key_header: HeaderName,
     pub(crate) key_required: bool,
-    pub(crate) principal_headers: Vec<HeaderName>,
+    pub(crate) principal: Principal,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_exclude: Vec<JsonPointer>,
     pub(crate) body_bytes_max: usize,
@@ -148,15 +157,13 @@ impl Route {
         let pattern = PathPattern::parse(spec.path.as_deref().unwrap_or("/**"))
             .map_err(|reason| err("path", reason))?;
         let operation = match &spec.name {
-            Some(name) if name.trim().is_empty() || name.contains('|') => {
-                return Err(err(
-                    "name",
-                    "must be non-empty and must not contain '|'".into(),
-                ));
-            }
-            Some(name) => Operation::Named(name.clone()),
+            Some(name) => Operation::Named(operation_name(name).map_err(|r| err("name", r))?),
             None if pattern.is_catch_all() => Operation::MethodAndPath,
-            None => Operation::Named(format!("{} {}", method_list(&methods), pattern.as_str())),
+            None => {
+                let derived = format!("{} {}", method_list(&methods), pattern.as_str());
+                let reason = |r| format!("{r} (derived from methods and path; set name)");
+                Operation::Named(operation_name(&derived).map_err(|r| err("name", reason(r)))?)
+            }
         };
         let key_header = header_name(
             "key_header",
@@ -185,12 +192,7 @@ impl Route {
                 .map_err(|reason| err("forward_key.template", reason))?,
             key_header,
             key_required: spec.key_required.unwrap_or(true),
-            principal_headers: header_names(
-                "principal_headers",
-                spec.principal_headers
-                    .as_deref()
-                    .unwrap_or(&["authorization".to_owned()]),
-            )?,
+            principal: Principal::new(spec.principal.as_ref(), spec.principal_headers.as_deref())?,
             fingerprint_headers: header_names(
                 "fingerprint_headers",
                 spec.fingerprint_headers.as_deref().unwrap_or(&[]),
@@ -263,13 +265,18 @@ impl Route {
     }
 
     /// The request headers the contract reads or sets on this route: the
-    /// key header, the forwarded key header, the principal and the
+    /// key header, the forwarded key header, the principal's and the
     /// fingerprint headers. A proxy must never drop them as hop-by-hop.
     pub fn contract_headers(&self) -> impl Iterator<Item = &HeaderName> {
         [&self.key_header, &self.forward_header]
             .into_iter()
-            .chain(&self.principal_headers)
+            .chain(self.principal.headers())
             .chain(&self.fingerprint_headers)
+    }
+
+    /// Where the route's principal comes from.
+    pub fn principal_kind(&self) -> PrincipalKind {
+        self.principal.kind()
     }
 }
 
@@ -364,6 +371,7 @@ impl KeyTemplate {
         if !parts.contains(&TemplatePart::Key) {
             return Err(format!("{text:?} must contain {{key}}"));
         }
+        check_forward_text(text, &parts)?;
         Ok(KeyTemplate(parts))
     }
 
@@ -381,6 +389,58 @@ impl KeyTemplate {
 
 fn err(field: &'static str, reason: String) -> RouteError {
     RouteError { field, reason }
+}
+
+/// An operation name that forms a scope with any principal: checked by
+/// forming one with the longest principal, so that what is accepted here
+/// is what the store accepts.
+fn operation_name(name: &str) -> Result<String, String> {
+    if name.trim().is_empty() {
+        return Err(format!("{name:?} is blank"));
+    }
+    if name.len() > OPERATION_NAME_BYTES_MAX {
+        return Err(format!(
+            "is {} bytes; at most {OPERATION_NAME_BYTES_MAX}",
+            name.len()
+        ));
+    }
+    Scope::from_parts(name, &"0".repeat(PRINCIPAL_DIGEST_BYTES), None)
+        .map(|_| name.to_owned())
+        .map_err(|e| match e {
+            idem_core::ScopeError::SeparatorInPart { .. } => {
+                format!("{name:?} must not contain '|'")
+            }
+            other => format!("{name:?} cannot name a scope: {other}"),
+        })
+}
+
+/// The template's own text goes into a header value next to the key: it
+/// must be visible ASCII (spaces only inside), so the rendered value is
+/// always a header value the upstream reads as written.
+fn check_forward_text(text: &str, parts: &[TemplatePart]) -> Result<(), String> {
+    let literal: usize = parts
+        .iter()
+        .map(|p| match p {
+            TemplatePart::Text(t) => t.len(),
+            _ => 0,
+        })
+        .sum();
+    if literal > FORWARD_TEXT_BYTES_MAX {
+        return Err(format!(
+            "{text:?} adds {literal} bytes of text; at most {FORWARD_TEXT_BYTES_MAX}"
+        ));
+    }
+    if let Some(c) = text.chars().find(|c| !(c.is_ascii_graphic() || *c == ' ')) {
+        return Err(format!(
+            "{text:?} holds {c:?}: a forwarded key is visible ASCII"
+        ));
+    }
+    if text.starts_with(' ') || text.ends_with(' ') {
+        return Err(format!(
+            "{text:?} starts or ends with a space, which a header value loses"
+        ));
+    }
+    Ok(())
 }
 
 fn policy(spec: &RouteSpec) -> Result<Policy, RouteError> {
@@ -584,6 +644,38 @@ mod tests {
                     ..Default::default()
                 },
                 "name",
+            ),
+            (
+                RouteSpec {
+                    name: Some("pay\u{7}outs".into()),
+                    ..Default::default()
+                },
+                "name",
+            ),
+            (
+                RouteSpec {
+                    name: Some("n".repeat(OPERATION_NAME_BYTES_MAX + 1)),
+                    ..Default::default()
+                },
+                "name",
+            ),
+            (
+                RouteSpec {
+                    methods: Some(vec!["A|B".into()]),
+                    path: Some("/payouts".into()),
+                    ..Default::default()
+                },
+                "name",
+            ),
+            (
+                RouteSpec {
+                    forward_key: Some(ForwardKeySpec {
+                        header: None,
+                        template: Some("{key}\r\nx: y".into()),
+                    }),
+                    ..Default::default()
+                },
+                "forward_key.template",
             ),
         ];
         for (spec, field) in cases {

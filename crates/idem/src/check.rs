@@ -17,8 +17,9 @@ use crate::records::Format;
 pub struct CheckArgs {
     /// Contract files to judge.
     files: Vec<PathBuf>,
-    /// A gateway config: judge the contract every route names, and
-    /// cross-check it against the route's retention, lease and policies.
+    /// A gateway config: judge every route's principal, and the contract
+    /// each route names, cross-checked against the route's retention, lease
+    /// and policies.
     #[arg(long)]
     gateway: Option<PathBuf>,
     /// Output format.
@@ -78,8 +79,9 @@ pub fn run(args: CheckArgs) -> ExitCode {
     }
 }
 
-/// The contracts of a gateway config's routes; `Ok(false)` when one fails,
-/// `Err` when the config or a contract file is unreadable or invalid.
+/// The contracts of a gateway config's routes, and every route's principal;
+/// `Ok(false)` when one fails, `Err` when the config or a contract file is
+/// unreadable or invalid.
 fn gateway(
     config: &std::path::Path,
     format: Format,
@@ -87,25 +89,42 @@ fn gateway(
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<bool> {
     let config = GatewayConfig::load_offline(config, &Overrides::default())?;
-    let contracts = idem_gateway::contracts::evaluate(&config);
-    if contracts.is_empty() {
-        eprintln!("note: no route in the config names a contract file (route field `contract`)");
-    }
+    let mut contracts = idem_gateway::contracts::evaluate(&config).into_iter();
     let mut passed = true;
-    for rc in contracts {
-        let (report, cross) = rc.outcome.map_err(anyhow::Error::from)?;
-        let ok = report.passed() && cross.iter().all(|f| f.verdict.passed());
+    for route in &config.routes {
+        let principal = idem_gateway::contracts::principal(route);
+        // evaluate() keeps the routes that name a contract, in order.
+        let contract = match route.contract() {
+            Some(_) => contracts.next(),
+            None => None,
+        };
+        let (report, mut cross, file) = match contract {
+            Some(rc) => {
+                let (report, cross) = rc.outcome.map_err(anyhow::Error::from)?;
+                (Some(report), cross, Some(rc.path))
+            }
+            None => (None, Vec::new(), None),
+        };
+        cross.push(principal);
+        let ok =
+            report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
         passed &= ok;
+        let name = idem_gateway::contracts::route_name(route);
         match format {
             Format::Table => {
-                println!("route {:?} ({})", rc.route, rc.path.display());
-                print!("{}", report.render_text(colour));
+                match &file {
+                    Some(path) => println!("route {name:?} ({})", path.display()),
+                    None => println!("route {name:?} (no contract: route field `contract`)"),
+                }
+                if let Some(report) = &report {
+                    print!("{}", report.render_text(colour));
+                }
                 print!("{}", idem_contract::render_findings(&cross, colour));
             }
             Format::Json => json.push(serde_json::json!({
-                "route": rc.route,
-                "file": rc.path.display().to_string(),
-                "report": report.to_json(),
+                "route": name,
+                "file": file.map(|p| p.display().to_string()),
+                "report": report.map(|r| r.to_json()),
                 "gateway": cross.iter().map(|f| f.to_json()).collect::<Vec<_>>(),
                 "passed": ok,
             })),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
+use idem_http::PrincipalKind;
 
 use crate::store_url::StoreUrl;
 
@@ -53,6 +54,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     judge_contracts(&config, args.allow_unsafe_contract)?;
+    warn_fragile_principals(&config);
     let url = StoreUrl::parse(&config.store)?;
     let store = url.open()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -100,6 +102,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("the gateway stopped with an error")?;
     tracing::info!("stopped; every in-flight request finished");
     Ok(())
+}
+
+/// One warning per route whose principal is a digest of raw credentials:
+/// there a refreshed token executes the same intent again.
+fn warn_fragile_principals(config: &GatewayConfig) {
+    for route in &config.routes {
+        let fragile = matches!(
+            route.principal_kind(),
+            PrincipalKind::CredentialDigest | PrincipalKind::DefaultCredentialDigest
+        );
+        if fragile {
+            tracing::warn!(
+                route = idem_gateway::contracts::route_name(route),
+                "principal is a digest of raw credential headers (fragile: a refreshed token \
+                 is a new scope and executes again); declare principal = {{ header = ... }} \
+                 or {{ jwt = ... }}"
+            );
+        }
+    }
 }
 
 /// Refuses to start when a route's contract fails, unless told otherwise;

@@ -95,6 +95,7 @@ fn unreadable_and_invalid_files_exit_2_naming_file_line_and_field() {
 fn gateway_config(site: &Site, contract: &str, retention_s: u64) -> PathBuf {
     let text = format!(
         "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\nretention_s = {retention_s}\n\
+         principal = {{ header = \"x-tenant-id\" }}\n\
          tombstone_s = 31536000\ncontract = {:?}\n\
          [[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9/payouts/by-key/{{key}}\"\n",
         example(contract)

@@ -1,0 +1,184 @@
+//! A config value that would reach a record, a scope or a header and cannot
+//! live there stops `idem serve` at start, naming the file and the field,
+//! instead of starting and then refusing every request.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use support::Site;
+
+/// How `idem serve` ended: `Ok(stderr)` when it exited on its own (with its
+/// status), `Err(stderr)` when it started listening.
+fn serve_outcome(site: &Site, config: &str) -> Result<(std::process::ExitStatus, String), String> {
+    let path = site.config(config);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--upstream", "http://127.0.0.1:9"])
+        .arg("--store")
+        .arg(format!("sqlite://{}", site.store().display()))
+        .arg("--config")
+        .arg(&path)
+        .env("IDEM_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    // Reading stops at EOF (the process exited) or at the line that says it
+    // listens: no timer decides the outcome.
+    for line in BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        let started = line.contains("local_addr=");
+        lines.push(line);
+        if started {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(lines.join("\n"));
+        }
+    }
+    Ok((child.wait().unwrap(), lines.join("\n")))
+}
+
+#[test]
+fn a_value_that_cannot_reach_the_store_or_a_header_stops_the_start() {
+    let long_name = "n".repeat(1000);
+    let route =
+        |field: &str| format!("[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n{field}\n");
+    let cases: Vec<(String, &str)> = vec![
+        ("owner = \"node\\u0007one\"".into(), "idem.toml: owner:"),
+        (
+            format!("owner = \"{}\"", "o".repeat(256)),
+            "idem.toml: owner:",
+        ),
+        ("owner = \"\"".into(), "idem.toml: owner:"),
+        (
+            "[[route]]\nname = \"pay\\u0000outs\"".into(),
+            "idem.toml: route[0].name:",
+        ),
+        (
+            "[[route]]\nname = \"pay\\nouts\"".into(),
+            "idem.toml: route[0].name:",
+        ),
+        (
+            format!("[[route]]\nname = \"{long_name}\""),
+            "idem.toml: route[0].name:",
+        ),
+        (
+            "[[route]]\nname = \"a|b\"".into(),
+            "idem.toml: route[0].name:",
+        ),
+        (
+            // No name: the operation is "METHODS path", and this one holds the separator.
+            "[[route]]\nmethods = [\"A|B\"]\npath = \"/payouts\"".into(),
+            "idem.toml: route[0].name:",
+        ),
+        (
+            route("forward_key = { template = \"{key}\\u0001\" }"),
+            "idem.toml: route[0].forward_key.template:",
+        ),
+        (
+            route("forward_key = { template = \"{key}\\r\\nx-evil: 1\" }"),
+            "idem.toml: route[0].forward_key.template:",
+        ),
+        (
+            route("forward_key = { template = \"é-{key}\" }"),
+            "idem.toml: route[0].forward_key.template:",
+        ),
+        (
+            route("forward_key = { template = \" {key}\" }"),
+            "idem.toml: route[0].forward_key.template:",
+        ),
+        (
+            route("forward_key = { header = \"x key\" }"),
+            "idem.toml: route[0].forward_key.header:",
+        ),
+        (
+            route("key_header = \"idempotency-key:\""),
+            "idem.toml: route[0].key_header:",
+        ),
+        (
+            route("principal = { header = \"x tenant\" }"),
+            "idem.toml: route[0].principal.header:",
+        ),
+        (
+            route("principal = { header = \"Authorization\" }"),
+            "idem.toml: route[0].principal.header:",
+        ),
+        (
+            route("principal = { credential_headers = [] }"),
+            "idem.toml: route[0].principal.credential_headers:",
+        ),
+        (
+            route(
+                "principal_headers = [\"authorization\"]\nprincipal = { header = \"x-tenant-id\" }",
+            ),
+            "idem.toml: route[0].principal_headers:",
+        ),
+        (
+            route(
+                "principal = { jwt = { keys = \"missing.json\", issuer = \"i\", audience = \"a\", algorithms = [\"EdDSA\"] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.keys:",
+        ),
+        (
+            route(
+                "principal = { jwt = { keys = \"keys.json\", issuer = \"i\", audience = \"a\", algorithms = [\"none\"] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.algorithms:",
+        ),
+        (
+            route(
+                "principal = { jwt = { keys = \"keys.json\", issuer = \"i\", audience = \"a\", algorithms = [\"HS256\"] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.algorithms:",
+        ),
+        (
+            route(
+                "principal = { jwt = { keys = \"keys.json\", issuer = \"i\", audience = \"a\", algorithms = [] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.algorithms:",
+        ),
+        (
+            route(
+                "principal = { jwt = { claim = \"\", keys = \"keys.json\", issuer = \"i\", audience = \"a\", algorithms = [\"EdDSA\"] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.claim:",
+        ),
+        (
+            route(
+                "principal = { jwt = { keys = \"not-keys.json\", issuer = \"i\", audience = \"a\", algorithms = [\"EdDSA\"] } }",
+            ),
+            "idem.toml: route[0].principal.jwt.keys:",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (config, expect) in cases {
+        let site = Site::new();
+        // A key set that is valid, and a file that is no key set at all.
+        std::fs::write(
+            site.dir.path().join("keys.json"),
+            r#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"gszAgTtGafU_QmHJCCuCgBJ-BaF3O7QfzwQHqZCiFtI"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(site.dir.path().join("not-keys.json"), "{\"keys\": 7}").unwrap();
+        match serve_outcome(&site, &config) {
+            Err(_) => wrong.push(format!("{config:?} started")),
+            Ok((status, stderr)) if status.success() || !stderr.contains(expect) => {
+                wrong.push(format!("{config:?}: want {expect:?} in {stderr}"));
+            }
+            Ok(_) if site.store().exists() => wrong.push(format!("{config:?} opened the store")),
+            Ok(_) => {}
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
