@@ -1,16 +1,21 @@
 //! Runs the gateway: binds, serves the layered proxy, the admin API (when
 //! configured) and the retention purge, and on SIGTERM or SIGINT stops
-//! accepting and lets in-flight requests finish and be recorded.
+//! accepting and lets in-flight requests finish and be recorded. Requests
+//! beyond `requests_in_flight_max` are shed at once, before anything is
+//! read, claimed or forwarded, so a burst of large bodies cannot exhaust
+//! memory.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::error_handling::HandleErrorLayer;
+use axum::response::Response;
 use idem_core::{Store, SystemClock};
-use idem_http::{IdempotencyLayer, Metrics, Resolver};
+use idem_http::{IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver};
 use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::Layer;
+use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
 use crate::{GatewayConfig, Proxy, purge};
@@ -81,8 +86,18 @@ pub async fn serve_with(
     );
     let layer = IdempotencyLayer::new(store, config.routes.clone())
         .with_owner(config.owner.clone())
-        .with_metrics(metrics);
-    let app = axum::Router::new().fallback_service(layer.layer(proxy));
+        .with_metrics(metrics.clone());
+    // `load_shed` answers at once when `concurrency_limit` has no permit
+    // left, instead of queueing the request (and its body) behind it.
+    let limited = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |e: BoxError| {
+            let metrics = metrics.clone();
+            async move { shed(&metrics, &e) }
+        }))
+        .load_shed()
+        .concurrency_limit(config.requests_in_flight_max)
+        .service(layer.layer(proxy));
+    let app = axum::Router::new().fallback_service(limited);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
@@ -103,6 +118,20 @@ pub async fn serve_with(
         None => Ok(()),
     };
     served.and(admin_served)
+}
+
+/// The answer to a request refused by the in-flight limit (the only error
+/// the limiting layers produce; the proxy and the idempotency layer answer
+/// their own failures).
+fn shed(metrics: &Metrics, e: &BoxError) -> Response {
+    let kind = ProblemKind::Overloaded;
+    metrics.problem(kind);
+    Problem::new(
+        kind,
+        format!("{e}: too many requests in flight (requests_in_flight_max); nothing was forwarded"),
+    )
+    .retry_after(1)
+    .into_response()
 }
 
 /// Starts the reconciler when any route has a lookup; it resolves ambiguous
