@@ -3,7 +3,9 @@
 //! accepting and lets in-flight requests finish and be recorded. Requests
 //! beyond `requests_in_flight_max` are shed at once, before anything is
 //! read, claimed or forwarded, so a burst of large bodies cannot exhaust
-//! memory.
+//! memory. A store that stopped for good (`StoreError::Stopped`) stops the
+//! gateway the same way, with an error, so that its process exits and a
+//! supervisor restarts it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
+use crate::watched::{self, Watched};
 use crate::{GatewayConfig, Proxy, purge};
 
 /// What runs next to the proxy: shared metrics and the admin API.
@@ -52,6 +55,10 @@ pub async fn serve(
 /// [`serve`], plus the admin API and shared metrics of `options`. On
 /// `shutdown` the proxy drains its in-flight requests, the admin API
 /// finishes its own, and the purge stops between two batches.
+///
+/// The same happens when the store answers any operation with
+/// [`idem_core::StoreError::Stopped`] (it cannot work again in this
+/// process); the error is logged at once and returned after the drain.
 pub async fn serve_with(
     config: &GatewayConfig,
     store: Arc<dyn Store>,
@@ -60,6 +67,8 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = options.metrics.unwrap_or_default();
+    let (store, store_seen) = Watched::new(store);
+    let store: Arc<dyn Store> = Arc::new(store);
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -98,9 +107,17 @@ pub async fn serve_with(
         .concurrency_limit(config.requests_in_flight_max)
         .service(layer.layer(proxy));
     let app = axum::Router::new().fallback_service(limited);
+    let store_stopped = watched::stopped(store_seen.clone());
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                e = store_stopped => tracing::error!(
+                    error = %e,
+                    "the store stopped for good: finishing in-flight requests, then exiting \
+                     so that a supervisor restarts the gateway"
+                ),
+            }
             let _ = stop_tx.send(true);
         })
         .await;
@@ -117,6 +134,9 @@ pub async fn serve_with(
         Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
         None => Ok(()),
     };
+    if let Some(e) = store_seen.borrow().clone() {
+        return Err(std::io::Error::other(e));
+    }
     served.and(admin_served)
 }
 

@@ -2,13 +2,20 @@
 //! a burst over `requests_in_flight_max` is shed at once with 503
 //! `overloaded` and nothing forwarded; a PostgreSQL primary that stops
 //! answering turns into 503 `store-unavailable` within
-//! `operation_timeout_ms`, nothing forwarded.
+//! `operation_timeout_ms`, nothing forwarded; an SQLite store whose writer
+//! thread panicked stops the gateway with an error naming the panic,
+//! instead of leaving it answering 503 forever.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use idem_core::{Clock, SystemClock, Timestamp};
+use idem_gateway::{GatewayConfig, Overrides};
+use idem_sqlite::{SqliteOptions, SqliteStore};
 use idem_testkit::relay::Relay;
 use support::{Gateway, PgSchema, Site, Upstream, key, post};
 
@@ -129,4 +136,55 @@ async fn a_frozen_postgres_primary_answers_503_quickly_and_forwards_nothing() {
         .await
         .assert_replay_of(&first);
     assert_eq!(up.effects().len(), 2);
+}
+
+/// A clock that panics once armed: the SQLite writer reads it inside its
+/// batch, so arming it kills the writer thread for real.
+#[derive(Default)]
+struct TrapClock {
+    armed: AtomicBool,
+}
+
+impl Clock for TrapClock {
+    fn now(&self) -> Timestamp {
+        assert!(!self.armed.load(Ordering::SeqCst), "the clock trap fired");
+        SystemClock.now()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_sqlite_writer_stops_the_gateway_with_an_error() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let clock = Arc::new(TrapClock::default());
+    let store = SqliteStore::open_with_clock(site.store(), SqliteOptions::default(), clock.clone())
+        .unwrap();
+    let overrides = Overrides {
+        upstream: Some(up.url()),
+        ..Overrides::default()
+    };
+    let config = GatewayConfig::load(None, &overrides).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/payouts", listener.local_addr().unwrap());
+    let gateway = tokio::spawn(async move {
+        idem_gateway::serve(&config, Arc::new(store), listener, std::future::pending()).await
+    });
+    let first = post(&url, &[key("before-death")], PAYOUT).await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    clock.armed.store(true, Ordering::SeqCst);
+    let refused = post(&url, &[key("at-death")], PAYOUT).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(
+        refused.problem().as_deref(),
+        Some("urn:idem:problem:store-unavailable")
+    );
+    let stopped = tokio::time::timeout(Duration::from_secs(30), gateway)
+        .await
+        .expect("the gateway kept running on a dead store")
+        .unwrap();
+    let e = stopped.expect_err("the gateway must stop with an error");
+    assert!(e.to_string().contains("the clock trap fired"), "{e}");
+    assert!(e.to_string().contains("stopped for good"), "{e}");
+    assert_eq!(up.hits(), 1, "a request was forwarded without a claim");
 }
