@@ -89,7 +89,10 @@ pub struct PgOptions {
     /// [`StoreError::Unavailable`] and its connection is closed, whether or
     /// not the server still answers, so a server that stopped answering
     /// cannot hang a caller. A claim cut off this way may have committed;
-    /// it is never reported as acquired. Clamped to
+    /// it is never reported as acquired. It bounds the operations of
+    /// [`idem_core::Store`]; `claim_in` and `complete_in` run in the
+    /// caller's transaction, bounded by the server's `statement_timeout`
+    /// when it is on a connection of this store. Clamped to
     /// 1..=[`OPERATION_TIMEOUT_MS_MAX`]. Default
     /// [`OPERATION_TIMEOUT_MS_DEFAULT`].
     pub operation_timeout_ms: u64,

@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, Fingerprint, IdempotencyKey, LeaseExpiry, Policy, RecordId, Scope,
-    State, Store, StoreError, StoredResult, SystemClock, Timestamp, Token,
+    Claim, Clock, State, Store, StoreError, StoredResult, SystemClock, Timestamp, Token,
 };
 use idem_sqlite::{SqliteOptions, SqliteStore};
+use support::{id, request};
+
+mod support;
 
 /// The system's time until armed; then reading it panics.
 #[derive(Default)]
@@ -28,22 +30,6 @@ impl Clock for TrapClock {
     fn now(&self) -> Timestamp {
         assert!(!self.armed.load(Ordering::SeqCst), "the clock trap fired");
         self.time.now()
-    }
-}
-
-fn id(key: &str) -> RecordId {
-    RecordId {
-        scope: Scope::new("POST /payouts|tenant-a").unwrap(),
-        key: IdempotencyKey::parse(key).unwrap(),
-    }
-}
-
-fn request(key: &str) -> ClaimRequest {
-    ClaimRequest {
-        id: id(key),
-        fingerprint: Fingerprint::from_bytes([1; 32]),
-        owner: "node-1".to_owned(),
-        policy: Policy::new(30_000, 60, 3_600, LeaseExpiry::Reconcile).unwrap(),
     }
 }
 
