@@ -539,6 +539,49 @@ mod tests {
         }
     }
 
+    /// Any value of a numeric parameter, however it is spelt: accepted
+    /// exactly when it is a whole number in range, and then it is the value
+    /// the store uses; percent-encoding any of its bytes changes nothing.
+    #[test]
+    fn numeric_parameters_take_exactly_the_values_in_range() {
+        use proptest::prelude::*;
+        let value = prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            (0u64..700_000).prop_map(|n| n.to_string()),
+            "[ +\\-0-9a-z\"'%&=.]{0,12}",
+        ];
+        let runner = proptest::test_runner::Config::with_cases(512);
+        proptest!(runner, |(which in 0usize..3, value in value, encode in any::<bool>())| {
+            let (name, max) = [
+                ("connect_timeout_ms", CONNECT_TIMEOUT_MS_MAX),
+                ("statement_timeout_ms", STATEMENT_TIMEOUT_MS_MAX),
+                ("operation_timeout_ms", OPERATION_TIMEOUT_MS_MAX),
+            ][which];
+            let spelt = if encode {
+                value.bytes().map(|b| format!("%{b:02X}")).collect()
+            } else {
+                value.replace('%', "%25").replace('&', "%26")
+            };
+            let url = format!("postgres://app@db/x?{name}={spelt}");
+            let want = value.parse::<u64>().ok().filter(|n| (1..=max).contains(n));
+            match (target(&url, &PgOptions::default()), want) {
+                (Ok(t), Some(n)) => {
+                    let got = match name {
+                        "connect_timeout_ms" => t.options.connect_timeout_ms,
+                        "statement_timeout_ms" => t.options.statement_timeout_ms,
+                        _ => t.options.operation_timeout_ms,
+                    };
+                    prop_assert_eq!(got, n, "{}", url);
+                }
+                (Err(StoreError::Incompatible { reason, .. }), None) => {
+                    prop_assert!(reason.contains(name), "{}: {}", url, reason);
+                }
+                (Ok(_), None) => prop_assert!(false, "{} accepted", url),
+                (Err(e), _) => prop_assert!(false, "{}: {}", url, e),
+            }
+        });
+    }
+
     #[test]
     fn keeps_the_drivers_own_session_settings() {
         let url = "postgres://app@db/x?options=-c%20search_path%3Dfoo&keepalives_idle=30";
