@@ -253,6 +253,17 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The store stopped working for good in this process (a worker thread
+    /// it cannot do without died): every later operation fails the same
+    /// way. As with `Unavailable`, the operation may or may not have been
+    /// applied. Retrying is useless; reopen the store, or let the process
+    /// exit so that a supervisor restarts it (`idem serve` does).
+    Stopped {
+        /// What stopped (a path).
+        store: String,
+        /// Why, as far as is known.
+        reason: String,
+    },
     /// The store holds data this version cannot read (a newer schema, a
     /// foreign file, a damaged row). Needs a person.
     Incompatible {
@@ -337,6 +348,9 @@ impl fmt::Display for StoreError {
             StoreError::Limit(e) => e.fmt(f),
             StoreError::Unavailable { store, reason } => {
                 write!(f, "store {store} is unavailable: {reason}")
+            }
+            StoreError::Stopped { store, reason } => {
+                write!(f, "store {store} stopped for good: {reason}")
             }
             StoreError::Incompatible { store, reason } => {
                 write!(f, "store {store} cannot be used: {reason}")

@@ -32,6 +32,12 @@ pub const ADMIN_TOKEN_ENV_DEFAULT: &str = "IDEM_ADMIN_TOKEN";
 pub const PURGE_INTERVAL_S_DEFAULT: u64 = 60;
 /// The longest time between two purges, in seconds (one day).
 pub const PURGE_INTERVAL_S_MAX: u64 = 86_400;
+/// Default bound on requests the proxy serves at once. With the default
+/// limits (1 MiB request body, 1 MiB stored response) the requests in
+/// flight buffer at most about 512 MiB.
+pub const REQUESTS_IN_FLIGHT_MAX_DEFAULT: usize = 256;
+/// The largest accepted `requests_in_flight_max`.
+pub const REQUESTS_IN_FLIGHT_MAX_LIMIT: usize = 65_536;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -55,6 +61,8 @@ pub struct FileConfig {
     pub admin_token_env: Option<String>,
     /// Seconds between two runs of the retention purge.
     pub purge_interval_s: Option<u64>,
+    /// Requests the proxy serves at once; more are refused with 503.
+    pub requests_in_flight_max: Option<u64>,
     /// Protected routes; none means POST and PATCH on every path.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSpec>,
@@ -137,6 +145,11 @@ pub struct GatewayConfig {
     pub admin_token_env: String,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// Requests the proxy serves at once (each buffers up to its route's
+    /// body limit and its response); a request over it is refused at once
+    /// with 503 `overloaded` and `Retry-After`, nothing claimed or
+    /// forwarded. Between 1 and [`REQUESTS_IN_FLIGHT_MAX_LIMIT`].
+    pub requests_in_flight_max: usize,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
     /// The directory of the config file: routes' contract paths are
@@ -282,6 +295,19 @@ impl GatewayConfig {
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .unwrap_or_default();
+        let requests_in_flight_max = match file.requests_in_flight_max {
+            None => REQUESTS_IN_FLIGHT_MAX_DEFAULT,
+            Some(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=REQUESTS_IN_FLIGHT_MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    err(
+                        "requests_in_flight_max",
+                        format!("{n} is out of range (1..={REQUESTS_IN_FLIGHT_MAX_LIMIT})"),
+                        true,
+                    )
+                })?,
+        };
         let routes = if file.routes.is_empty() {
             vec![Route::default_catch_all()]
         } else {
@@ -343,6 +369,7 @@ impl GatewayConfig {
             admin_listen,
             admin_token_env,
             purge_interval,
+            requests_in_flight_max,
         })
     }
 
@@ -555,6 +582,18 @@ mod tests {
                 "idem.toml: purge_interval_s: 86401 is out of range",
             ),
             (
+                "requests_in_flight_max = 0",
+                "idem.toml: requests_in_flight_max: 0 is out of range (1..=65536)",
+            ),
+            (
+                "requests_in_flight_max = 65537",
+                "idem.toml: requests_in_flight_max: 65537 is out of range (1..=65536)",
+            ),
+            (
+                "requests_in_flight_max = 18446744073709551615",
+                "idem.toml: requests_in_flight_max: 18446744073709551615 is out of range",
+            ),
+            (
                 "admin_listen = \"localhost\"",
                 "idem.toml: admin_listen: \"localhost\" is not an address",
             ),
@@ -628,6 +667,7 @@ mod tests {
             c.purge_interval,
             Duration::from_secs(PURGE_INTERVAL_S_DEFAULT)
         );
+        assert_eq!(c.requests_in_flight_max, REQUESTS_IN_FLIGHT_MAX_DEFAULT);
     }
 
     #[test]

@@ -13,11 +13,13 @@ mod proxy;
 mod purge;
 mod server;
 mod view;
+mod watched;
 
 pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_header};
 pub use config::{
     ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LookupEntry, Overrides,
-    PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX,
+    PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
+    REQUESTS_IN_FLIGHT_MAX_LIMIT,
 };
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX};

@@ -1,19 +1,27 @@
 //! Runs the gateway: binds, serves the layered proxy, the admin API (when
 //! configured) and the retention purge, and on SIGTERM or SIGINT stops
-//! accepting and lets in-flight requests finish and be recorded.
+//! accepting and lets in-flight requests finish and be recorded. Requests
+//! beyond `requests_in_flight_max` are shed at once, before anything is
+//! read, claimed or forwarded, so a burst of large bodies cannot exhaust
+//! memory. A store that stopped for good (`StoreError::Stopped`) stops the
+//! gateway the same way, with an error, so that its process exits and a
+//! supervisor restarts it.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::error_handling::HandleErrorLayer;
+use axum::response::Response;
 use http::Request;
 use idem_core::{Store, SystemClock};
-use idem_http::{IdempotencyLayer, Metrics, Resolver};
+use idem_http::{IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver};
 use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::ServiceBuilder;
+use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
+use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
 /// What runs next to the proxy: shared metrics and the admin API.
@@ -48,6 +56,10 @@ pub async fn serve(
 /// [`serve`], plus the admin API and shared metrics of `options`. On
 /// `shutdown` the proxy drains its in-flight requests, the admin API
 /// finishes its own, and the purge stops between two batches.
+///
+/// The same happens when the store answers any operation with
+/// [`idem_core::StoreError::Stopped`] (it cannot work again in this
+/// process); the error is logged at once and returned after the drain.
 pub async fn serve_with(
     config: &GatewayConfig,
     store: Arc<dyn Store>,
@@ -56,6 +68,8 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = options.metrics.unwrap_or_default();
+    let (store, store_seen) = Watched::new(store);
+    let store: Arc<dyn Store> = Arc::new(store);
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -82,21 +96,36 @@ pub async fn serve_with(
     );
     let layer = IdempotencyLayer::new(store, config.routes.clone())
         .with_owner(config.owner.clone())
-        .with_metrics(metrics);
+        .with_metrics(metrics.clone());
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
     let edge = HopByHop::for_routes(&config.routes);
-    let service = ServiceBuilder::new()
+    // `load_shed` answers at once when `concurrency_limit` has no permit
+    // left, instead of queueing the request (and its body) behind it.
+    let limited = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |e: BoxError| {
+            let metrics = metrics.clone();
+            async move { shed(&metrics, &e) }
+        }))
+        .load_shed()
+        .concurrency_limit(config.requests_in_flight_max)
         .map_request(move |mut req: Request<axum::body::Body>| {
             edge.strip_request(req.headers_mut());
             req
         })
-        .layer(layer)
-        .service(proxy);
-    let app = axum::Router::new().fallback_service(service);
+        .service(layer.layer(proxy));
+    let app = axum::Router::new().fallback_service(limited);
+    let store_stopped = watched::stopped(store_seen.clone());
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                e = store_stopped => tracing::error!(
+                    error = %e,
+                    "the store stopped for good: finishing in-flight requests, then exiting \
+                     so that a supervisor restarts the gateway"
+                ),
+            }
             let _ = stop_tx.send(true);
         })
         .await;
@@ -113,7 +142,24 @@ pub async fn serve_with(
         Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
         None => Ok(()),
     };
+    if let Some(e) = store_seen.borrow().clone() {
+        return Err(std::io::Error::other(e));
+    }
     served.and(admin_served)
+}
+
+/// The answer to a request refused by the in-flight limit (the only error
+/// the limiting layers produce; the proxy and the idempotency layer answer
+/// their own failures).
+fn shed(metrics: &Metrics, e: &BoxError) -> Response {
+    let kind = ProblemKind::Overloaded;
+    metrics.problem(kind);
+    Problem::new(
+        kind,
+        format!("{e}: too many requests in flight (requests_in_flight_max); nothing was forwarded"),
+    )
+    .retry_after(1)
+    .into_response()
 }
 
 /// Starts the reconciler when any route has a lookup; it resolves ambiguous

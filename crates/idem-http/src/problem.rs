@@ -46,6 +46,9 @@ pub enum ProblemKind {
     UpstreamFailed,
     /// 502 (replayed): the effect happened but its response was too large to store.
     ResultNotStored,
+    /// 503: the gateway is at its limit of requests in flight; nothing was
+    /// claimed or forwarded.
+    Overloaded,
 }
 
 impl ProblemKind {
@@ -68,6 +71,7 @@ impl ProblemKind {
             ProblemKind::UpstreamTimeout => "upstream-timeout",
             ProblemKind::UpstreamFailed => "upstream-failed",
             ProblemKind::ResultNotStored => "result-not-stored",
+            ProblemKind::Overloaded => "overloaded",
         }
     }
 
@@ -92,6 +96,7 @@ impl ProblemKind {
             ProblemKind::UpstreamTimeout => "Upstream did not answer in time",
             ProblemKind::UpstreamFailed => "Upstream failed",
             ProblemKind::ResultNotStored => "The result was too large to store",
+            ProblemKind::Overloaded => "The gateway is serving as many requests as it may",
         }
     }
 
@@ -107,7 +112,9 @@ impl ProblemKind {
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
-            ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::StoreUnavailable | ProblemKind::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamFailed
             | ProblemKind::ResultNotStored => StatusCode::BAD_GATEWAY,
@@ -121,7 +128,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 17] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -138,6 +145,7 @@ impl ProblemKind {
         ProblemKind::UpstreamTimeout,
         ProblemKind::UpstreamFailed,
         ProblemKind::ResultNotStored,
+        ProblemKind::Overloaded,
     ];
 }
 

@@ -21,6 +21,13 @@
 //!   commit together, or neither does.
 //! - A pool of connections ([`deadpool_postgres`]) that discards broken
 //!   ones on checkout, so the store heals after a server restart.
+//! - **A bound on every operation.** The server cancels a statement past
+//!   [`PgOptions::statement_timeout_ms`]; the client gives up on a whole
+//!   operation (pool wait, connect, every round trip) past
+//!   [`PgOptions::operation_timeout_ms`] and closes its connection, so a
+//!   primary that stops answering (frozen, or behind a network black hole)
+//!   fails operations with [`StoreError::Unavailable`] instead of hanging
+//!   them. TCP keepalives find a vanished peer of an idle connection.
 //!
 //! ```no_run
 //! use idem_core::{Claim, ClaimRequest, Fingerprint, IdempotencyKey, Policy, RecordId};
@@ -75,7 +82,7 @@ mod schema;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::{
     Claim, ClaimRequest, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
     Resolution, Store, StoreError, StoreFuture, StoredResult, Token, check_owner,
@@ -87,7 +94,9 @@ use crate::schema::Found;
 
 pub use config::{
     APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, CONNECT_TIMEOUT_MS_MAX,
-    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, PgOptions, SCHEMA_BYTES_MAX, SCHEMA_DEFAULT, redact_url,
+    OPERATION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_MAX, POOL_SIZE_DEFAULT, POOL_SIZE_MAX,
+    PgOptions, SCHEMA_BYTES_MAX, SCHEMA_DEFAULT, STATEMENT_TIMEOUT_MS_DEFAULT,
+    STATEMENT_TIMEOUT_MS_MAX, URL_PARAMETERS, redact_url,
 };
 /// The pool, re-exported so callers of [`PgStore::client`] name the same
 /// version.
@@ -102,11 +111,15 @@ pub struct PgStore {
     pool: Pool,
     ctx: Ctx,
     timeout: Duration,
+    operation_timeout: Duration,
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`),
-    /// creating the schema or migrating it to [`SCHEMA_VERSION`].
+    /// creating the schema or migrating it to [`SCHEMA_VERSION`]. idem's
+    /// own query parameters ([`URL_PARAMETERS`], e.g.
+    /// `?schema=gw_a&operation_timeout_ms=2000`) override the fields of
+    /// `options` with the same names.
     ///
     /// Opens one connection for the migration and checks nothing more: the
     /// pool opens its connections as operations need them.
@@ -190,12 +203,13 @@ impl PgStore {
     ) -> Result<(PgStore, Found), StoreError> {
         let target = config::target(url, &options)?;
         let store = target.store;
+        let options = target.options;
         let ctx = Ctx {
             schema: schema::Schema::new(&options.schema),
             store: store.clone(),
             clock: options.clock,
         };
-        let found = migrate(&target.pg, &ctx, create).await?;
+        let found = migrate(&target.pg, &ctx, create, target.operation_timeout).await?;
         let manager = Manager::from_config(
             target.pg,
             NoTls,
@@ -217,8 +231,44 @@ impl PgStore {
             pool,
             ctx,
             timeout: target.timeout,
+            operation_timeout: target.operation_timeout,
         };
         Ok((pg, found))
+    }
+
+    /// Runs `op` on a pooled connection within the operation deadline,
+    /// which covers the pool wait and connecting too. Past it, the
+    /// connection is taken out of the pool and closed: it is mid-statement
+    /// and may answer late or never, and the next operation must not queue
+    /// behind it. Whatever `op` had sent may still commit; the caller only
+    /// hears `Unavailable`.
+    async fn bounded<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.operation_timeout;
+        let mut client = tokio::time::timeout_at(deadline, self.client())
+            .await
+            .map_err(|_| self.late())??;
+        match tokio::time::timeout_at(deadline, op(&mut client)).await {
+            Ok(out) => out,
+            Err(_) => {
+                drop(Object::take(client));
+                Err(self.late())
+            }
+        }
+    }
+
+    /// An operation that did not finish within the deadline.
+    fn late(&self) -> StoreError {
+        error::unavailable(
+            &self.ctx.store,
+            format!(
+                "the operation did not finish within {} ms (operation_timeout_ms): the server \
+                 is not answering; it may or may not have applied it",
+                self.operation_timeout.as_millis()
+            ),
+        )
     }
 
     /// Runs `transition` as a locked read-decide-write in its own
@@ -228,11 +278,13 @@ impl PgStore {
         id: &RecordId,
         transition: impl FnOnce(Option<&Record>, idem_core::Timestamp) -> Result<Decided<T>, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-        let out = ops::modify(&Exec::PooledTx(&tx), &self.ctx, id, transition).await?;
-        tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-        Ok(out)
+        self.bounded(async |client| {
+            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let out = ops::modify(&Exec::PooledTx(&tx), &self.ctx, id, transition).await?;
+            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            Ok(out)
+        })
+        .await
     }
 
     /// The fast path on the pooled connection in autocommit (one round
@@ -240,30 +292,34 @@ impl PgStore {
     /// vanished in between.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         check_owner(&req.owner)?;
-        let mut client = self.client().await?;
-        for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
-            if let Some(claim) = ops::insert_new(&Exec::Pooled(&client), &self.ctx, req).await? {
-                return Ok(claim);
+        self.bounded(async |client| {
+            for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
+                if let Some(claim) = ops::insert_new(&Exec::Pooled(client), &self.ctx, req).await? {
+                    return Ok(claim);
+                }
+                let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+                let claim = ops::claim_locked(&Exec::PooledTx(&tx), &self.ctx, req).await?;
+                tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+                if let Some(claim) = claim {
+                    return Ok(claim);
+                }
             }
-            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-            let claim = ops::claim_locked(&Exec::PooledTx(&tx), &self.ctx, req).await?;
-            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-            if let Some(claim) = claim {
-                return Ok(claim);
-            }
-        }
-        Err(ops::vanishing(&self.ctx, &req.id))
+            Err(ops::vanishing(&self.ctx, &req.id))
+        })
+        .await
     }
 
     async fn purge_pooled(&self, limit: usize) -> Result<PurgeReport, StoreError> {
         if limit == 0 {
             return Ok(PurgeReport::default());
         }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-        let report = ops::purge(&Exec::PooledTx(&tx), &self.ctx, limit).await?;
-        tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-        Ok(report)
+        self.bounded(async |client| {
+            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let report = ops::purge(&Exec::PooledTx(&tx), &self.ctx, limit).await?;
+            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            Ok(report)
+        })
+        .await
     }
 }
 
@@ -299,24 +355,21 @@ impl Store for PgStore {
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            ops::resolutions(&Exec::Pooled(&client), &self.ctx, id).await
-        })
+        Box::pin(
+            self.bounded(async |client| {
+                ops::resolutions(&Exec::Pooled(client), &self.ctx, id).await
+            }),
+        )
     }
 
     fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            ops::get(&Exec::Pooled(&client), &self.ctx, id).await
-        })
+        Box::pin(self.bounded(async |client| ops::get(&Exec::Pooled(client), &self.ctx, id).await))
     }
 
     fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            ops::list(&Exec::Pooled(&client), &self.ctx, query).await
-        })
+        Box::pin(
+            self.bounded(async |client| ops::list(&Exec::Pooled(client), &self.ctx, query).await),
+        )
     }
 
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
@@ -331,6 +384,7 @@ async fn migrate(
     pg: &tokio_postgres::Config,
     ctx: &Ctx,
     create: bool,
+    operation_timeout: Duration,
 ) -> Result<Found, StoreError> {
     // `connect_timeout` bounds the TCP connect only; a server that accepts
     // and then says nothing must not hang the start either.
@@ -348,8 +402,26 @@ async fn migrate(
         })?
         .map_err(|e| error::from_pg(&ctx.store, &e))?;
     let driver = tokio::spawn(connection);
-    let found = schema::migrate(&mut client, &ctx.schema, &ctx.store, create).await;
+    let found = tokio::time::timeout(
+        operation_timeout,
+        schema::migrate(&mut client, &ctx.schema, &ctx.store, create),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(error::unavailable(
+            &ctx.store,
+            format!(
+                "creating or checking the schema did not finish within {} ms \
+                 (operation_timeout_ms): the server is not answering",
+                operation_timeout.as_millis()
+            ),
+        ))
+    });
     drop(client);
+    if found.is_err() {
+        // A server that stopped answering would keep the driver waiting.
+        driver.abort();
+    }
     // The connection ends once the client is gone; wait for it so that it
     // closes cleanly even if the caller's runtime stops right after.
     let _ = driver.await;

@@ -46,6 +46,10 @@
 //! [`SqliteOptions::batch_max`], commits once (one fsync with
 //! `synchronous=FULL`), and only then answers each caller. If the commit
 //! fails, every caller in the batch gets [`StoreError::Unavailable`].
+//! If the writer thread panics, the store has stopped for good: that
+//! caller and every later one get [`StoreError::Stopped`], naming the
+//! panic; reopen the store (`idem serve` exits so that a supervisor
+//! restarts it).
 //! `get` and `list` run on reader threads with their own connections.
 //!
 //! ## Schema
@@ -76,7 +80,7 @@ use idem_core::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::reader::ReadOp;
-use crate::writer::{Counters, Op, Reply, Writer};
+use crate::writer::{Counters, Death, Op, Reply, Writer};
 
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
@@ -136,6 +140,7 @@ pub struct SqliteStore {
     path: PathBuf,
     store: String,
     counters: Arc<Counters>,
+    death: Death,
     _threads: Threads,
 }
 
@@ -180,8 +185,10 @@ impl SqliteStore {
         let (reads, read_queue) = mpsc::channel(READ_QUEUE_MAX);
         let read_queue = Arc::new(Mutex::new(read_queue));
 
+        let death = Death::default();
+        let writer_death = Arc::clone(&death);
         threads.spawn(&store, "idem-sqlite-writer".to_owned(), move || {
-            writer.run(write_queue)
+            writer.run(write_queue, &writer_death)
         })?;
         for (n, conn) in readers.into_iter().enumerate() {
             let (clock, queue, name) = (Arc::clone(&clock), Arc::clone(&read_queue), store.clone());
@@ -195,6 +202,7 @@ impl SqliteStore {
             path,
             store,
             counters,
+            death,
             _threads: threads,
         })
     }
@@ -218,7 +226,15 @@ impl SqliteStore {
         let op = op(reply);
         Box::pin(async move {
             self.writes.send(op).await.map_err(|_| self.stopped())?;
-            answer.await.map_err(|_| self.stopped())?
+            match answer.await {
+                Ok(out) => out,
+                Err(_) => {
+                    // The writer dropped the reply while unwinding; it
+                    // records the cause before it drops the queue.
+                    self.writes.closed().await;
+                    Err(self.stopped())
+                }
+            }
         })
     }
 
@@ -231,11 +247,16 @@ impl SqliteStore {
         })
     }
 
-    /// A thread dropped an operation: it panicked (a bug, or SQLite aborted).
+    /// A thread dropped an operation: it panicked (a bug, or SQLite
+    /// aborted), and the store cannot work without it.
     fn stopped(&self) -> StoreError {
-        StoreError::Unavailable {
+        let cause = self
+            .death
+            .get()
+            .map_or("a worker thread panicked; its message is in the log", |c| c);
+        StoreError::Stopped {
             store: self.store.clone(),
-            reason: "the store's worker thread stopped; reopen the store".to_owned(),
+            reason: format!("{cause}; reopen the store (restart the process)"),
         }
     }
 }

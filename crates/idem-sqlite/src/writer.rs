@@ -1,10 +1,14 @@
 //! The one writer thread: group commit. Concurrent operations queue up while
 //! a batch is being made durable; the next batch takes them all, applies each
 //! in its own savepoint and pays one fsync for the lot. A caller hears back
-//! only after the batch committed.
+//! only after the batch committed. If the thread panics it stops for good
+//! and leaves the cause behind, so that every later caller hears
+//! `StoreError::Stopped` with it instead of a `503` that never ends.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use idem_core::decision::{self, Write};
 use idem_core::{
@@ -61,6 +65,10 @@ pub(crate) struct Counters {
     pub(crate) ops: AtomicU64,
 }
 
+/// Why the writer stopped, set once by the writer thread when it panicked;
+/// callers read it when their operation went unanswered.
+pub(crate) type Death = Arc<OnceLock<String>>;
+
 /// The writer thread's state: its connection and the fencing counter.
 pub(crate) struct Writer {
     conn: Connection,
@@ -94,13 +102,25 @@ impl Writer {
         }
     }
 
-    /// Runs until every sender is gone and the queue is drained.
-    pub(crate) fn run(mut self, mut queue: mpsc::Receiver<Op>) {
+    /// Runs until every sender is gone and the queue is drained, or until
+    /// a panic: then the cause goes into `death` before the queue and the
+    /// waiting callers' replies are dropped, so that they read it. The
+    /// connection is dropped too (SQLite rolls back the open transaction);
+    /// nothing is retried on a thread whose state a panic interrupted.
+    pub(crate) fn run(mut self, mut queue: mpsc::Receiver<Op>, death: &Death) {
         let mut batch = Vec::with_capacity(self.batch_max);
         let mut done = Vec::with_capacity(self.batch_max);
-        while let Some(first) = queue.blocking_recv() {
-            batch.push(first);
-            self.run_batch(&mut queue, &mut batch, &mut done);
+        let served = panic::catch_unwind(AssertUnwindSafe(|| {
+            while let Some(first) = queue.blocking_recv() {
+                batch.push(first);
+                self.run_batch(&mut queue, &mut batch, &mut done);
+            }
+        }));
+        if let Err(payload) = served {
+            let _ = death.set(format!(
+                "the writer thread panicked ({}); nothing it had not committed was stored",
+                panic_message(payload.as_ref())
+            ));
         }
     }
 
@@ -444,6 +464,17 @@ impl Done {
             Done::MaybeRecord(reply, out) => answer(reply, out, failed),
             Done::Purge(reply, out) => answer(reply, out, failed),
         }
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        text
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text
+    } else {
+        "no message"
     }
 }
 

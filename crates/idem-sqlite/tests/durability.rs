@@ -10,30 +10,16 @@ use std::sync::Arc;
 
 use idem_conformance::checks;
 use idem_core::{
-    Claim, ClaimRequest, Fingerprint, IdempotencyKey, ListQuery, ManualClock, Outcome, Policy,
-    Record, RecordId, Resolution, Scope, State, Store, StoreError, StoredResult, Timestamp, Token,
+    Claim, ListQuery, ManualClock, Outcome, Record, Resolution, State, Store, StoreError,
+    StoredResult, Timestamp, Token,
 };
 use idem_sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore, WriterStats};
+use support::{id, request};
 use tokio::task::JoinSet;
 
+mod support;
+
 const START_MS: u64 = 1_700_000_000_000;
-
-fn id(key: &str) -> RecordId {
-    RecordId {
-        scope: Scope::new("POST /payouts|tenant-a").unwrap(),
-        key: IdempotencyKey::parse(key).unwrap(),
-    }
-}
-
-fn request(key: &str) -> ClaimRequest {
-    ClaimRequest {
-        id: id(key),
-        fingerprint: Fingerprint::from_bytes([9; 32]),
-        legacy_fingerprint: None,
-        owner: "node-1".to_owned(),
-        policy: Policy::new(1_000, 60, 3_600, idem_core::LeaseExpiry::Reconcile).unwrap(),
-    }
-}
 
 /// Headers with repeats and an empty value, a body with every byte value.
 fn result() -> StoredResult {

@@ -4,6 +4,10 @@
 //! - `crash-writer` (`src/bin/crash-writer.rs`): claims and completes fresh
 //!   keys in a SQLite store as fast as it can and reports each commit on
 //!   stdout, so a test can kill it at any instant and check the file.
+//! - [`relay::Relay`]: a loopback TCP relay that can stop forwarding, to
+//!   freeze one client's server (PostgreSQL) without freezing it for all.
+
+pub mod relay;
 
 use idem_core::Token;
 

@@ -20,7 +20,10 @@ pub struct ServeArgs {
     /// Base URL of the upstream API, e.g. http://127.0.0.1:9000.
     #[arg(long)]
     upstream: Option<String>,
-    /// Store URL [default: sqlite://idem.db].
+    /// Store URL [default: sqlite://idem.db], or
+    /// postgres://USER@HOST:PORT/DB?schema=NAME&operation_timeout_ms=N&…
+    /// (idem's PostgreSQL parameters: schema, pool_size, connect_timeout_ms,
+    /// statement_timeout_ms, operation_timeout_ms).
     #[arg(long)]
     store: Option<String>,
     /// TOML file declaring routes and settings; command-line values win.

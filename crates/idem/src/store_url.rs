@@ -20,34 +20,9 @@ pub enum StoreUrl {
     Sqlite(PathBuf),
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…]` (or `postgresql://`),
     /// as given. It may hold a password, so `Display` and `Debug` mask it.
-    /// idem's own query parameter `schema=NAME` (default `idem`) is kept
-    /// apart: it chooses the schema, not a connection setting.
+    /// idem's own query parameters (`schema`, `operation_timeout_ms`, …,
+    /// see [`idem_postgres::URL_PARAMETERS`]) are read by the store.
     Postgres(String),
-}
-
-/// Splits idem's `schema=NAME` parameter off a PostgreSQL URL: the URL to
-/// connect with, and the schema.
-fn split_schema(url: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut schema = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("schema=") {
-            Some(name) => {
-                schema = Some(name.to_owned());
-                false
-            }
-            None => !pair.is_empty(),
-        })
-        .collect();
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, schema)
 }
 
 impl StoreUrl {
@@ -116,12 +91,7 @@ impl StoreUrl {
 /// caller's runtime; the pool opens its connections later, on the runtime
 /// of the operations that use them.
 fn connect_postgres(url: &str, create: bool) -> anyhow::Result<Option<PgStore>> {
-    let (url, schema) = split_schema(url);
-    let url = url.as_str();
-    let options = PgOptions {
-        schema: schema.unwrap_or_else(|| PgOptions::default().schema),
-        ..PgOptions::default()
-    };
+    let options = PgOptions::default();
     let connect = || -> anyhow::Result<Result<Option<PgStore>, StoreError>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -189,31 +159,6 @@ mod tests {
                 }
                 (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
             }
-        }
-    }
-
-    #[test]
-    fn schema_is_idems_own_parameter() {
-        let cases = [
-            ("postgres://h/db", ("postgres://h/db", None)),
-            (
-                "postgres://h/db?schema=gw_a",
-                ("postgres://h/db", Some("gw_a")),
-            ),
-            (
-                "postgres://h/db?sslmode=disable&schema=gw_a&application_name=x",
-                (
-                    "postgres://h/db?sslmode=disable&application_name=x",
-                    Some("gw_a"),
-                ),
-            ),
-        ];
-        for (raw, (url, schema)) in cases {
-            assert_eq!(
-                split_schema(raw),
-                (url.to_owned(), schema.map(str::to_owned)),
-                "{raw}"
-            );
         }
     }
 

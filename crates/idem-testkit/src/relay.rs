@@ -1,0 +1,104 @@
+//! A loopback TCP relay that can be told to stop forwarding, in both
+//! directions and for new connections too: a peer that froze (SIGSTOP) or
+//! sits behind a network black hole, without touching the real server
+//! other tests share.
+
+use std::io;
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Bytes read from one side before they are written to the other.
+const CHUNK_BYTES_MAX: usize = 16 * 1024;
+
+/// A relay from a loopback port to `target`; it stops with the value.
+pub struct Relay {
+    addr: SocketAddr,
+    frozen: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Listens on an ephemeral loopback port and forwards every connection
+    /// to `target`.
+    pub async fn start(target: SocketAddr) -> io::Result<Relay> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (frozen, watching) = watch::channel(false);
+        let task = tokio::spawn(accept(listener, target, watching));
+        Ok(Relay { addr, frozen, task })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// From now on nothing is forwarded: bytes in flight are held, never
+    /// delivered, and new connections are accepted and then ignored. The
+    /// sockets stay open, so neither side sees an error.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// New connections are forwarded again; connections that saw the
+    /// freeze stay silent, as a connection whose bytes were lost would.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept(listener: TcpListener, target: SocketAddr, frozen: watch::Receiver<bool>) {
+    while let Ok((client, _)) = listener.accept().await {
+        let frozen = frozen.clone();
+        tokio::spawn(async move {
+            if *frozen.borrow() {
+                hold(client).await;
+                return;
+            }
+            let Ok(server) = TcpStream::connect(target).await else {
+                return;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::join!(
+                pipe(client_read, server_write, frozen.clone()),
+                pipe(server_read, client_write, frozen),
+            );
+        });
+    }
+}
+
+/// Copies `from` to `to` until either ends or the relay freezes; after a
+/// freeze both halves are held open forever.
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, frozen: watch::Receiver<bool>) {
+    let mut buf = vec![0; CHUNK_BYTES_MAX];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if *frozen.borrow() {
+            hold((from, to)).await;
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps `sockets` open and silent until the relay is dropped.
+async fn hold<T>(sockets: T) {
+    let _held = sockets;
+    std::future::pending::<()>().await
+}
