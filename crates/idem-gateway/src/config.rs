@@ -20,8 +20,9 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 pub const STORE_DEFAULT: &str = "sqlite://idem.db";
 /// Default connect timeout, in milliseconds.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
-/// Default response timeout, in milliseconds.
-pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default response timeout, in milliseconds: shorter than the default
+/// lease (30 s), which must outlast it (see [`check_lease_outlasts`]).
+pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 25_000;
 /// The longest timeout accepted, in milliseconds (one hour).
 pub const TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The most routes a config may declare.
@@ -330,6 +331,8 @@ impl GatewayConfig {
                 })
                 .collect::<Result<_, _>>()?
         };
+        check_lease_outlasts(&routes, &file.routes, response_timeout)
+            .map_err(|(field, reason)| err(&field, reason, true))?;
         let lookups = file
             .lookups
             .iter()
@@ -507,6 +510,43 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+
+/// Every route's lease must be longer than the response timeout. While the
+/// gateway still waits for the upstream, the attempt may commit; a lease that
+/// ends first lets a retry mark it ambiguous and a reconciler release it on a
+/// "not found" (a verdict trusted once the lease is over), and the retry then
+/// runs the effect a second time. The lease must also cover however long the
+/// upstream itself may keep processing; only the operator knows that, and
+/// docs/http.md says so.
+fn check_lease_outlasts(
+    routes: &[Route],
+    specs: &[RouteSpec],
+    response_timeout: Duration,
+) -> Result<(), (String, String)> {
+    let timeout_ms = u64::try_from(response_timeout.as_millis()).unwrap_or(u64::MAX);
+    for (i, route) in routes.iter().enumerate() {
+        let lease_ms = route.policy().lease_ms();
+        if lease_ms > timeout_ms {
+            continue;
+        }
+        let (field, whose) = match specs.get(i).and_then(|s| s.lease_ms) {
+            Some(_) => (format!("route[{i}].lease_ms"), "lease_ms"),
+            None if specs.is_empty() => ("response_timeout_ms".to_owned(), "the default lease"),
+            None => (format!("route[{i}].lease_ms"), "the default lease_ms"),
+        };
+        return Err((
+            field,
+            format!(
+                "{whose} ({lease_ms} ms) must be longer than response_timeout_ms ({timeout_ms} ms): \
+                 an attempt may still commit while the gateway waits for the upstream, and \
+                 its lease must not end before that; raise lease_ms to cover the upstream's \
+                 longest processing time, or lower response_timeout_ms"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,6 +620,20 @@ mod tests {
             (
                 "purge_interval_s = 86401",
                 "idem.toml: purge_interval_s: 86401 is out of range",
+            ),
+            (
+                "response_timeout_ms = 30000",
+                "idem.toml: response_timeout_ms: the default lease (30000 ms) must be longer than \
+                 response_timeout_ms (30000 ms)",
+            ),
+            (
+                "response_timeout_ms = 1000\n[[route]]\nlease_ms = 1000",
+                "idem.toml: route[0].lease_ms: lease_ms (1000 ms) must be longer than \
+                 response_timeout_ms (1000 ms)",
+            ),
+            (
+                "response_timeout_ms = 40000\n[[route]]\nlease_ms = 60000\n[[route]]\npath = \"/x\"",
+                "idem.toml: route[1].lease_ms: the default lease_ms (30000 ms) must be longer",
             ),
             (
                 "requests_in_flight_max = 0",

@@ -18,7 +18,8 @@ const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 fn config(site: &Site, up: &Upstream) -> PathBuf {
     let lookup = format!("{}/payouts/by-key/{{key}}", up.url());
     let mut text = String::from(
-        "[reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\nmax_tries = 100\n",
+        "response_timeout_ms = 900\n\
+         [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\nmax_tries = 100\n",
     );
     for (name, path) in [
         ("payouts", "/slow"),
@@ -138,7 +139,8 @@ async fn a_gateway_frozen_past_its_lease_cannot_complete_late() {
     let (up, site) = (Upstream::start().await, Site::new());
     // No lookups here: the record must stay ambiguous for an operator.
     let config = site.config(
-        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow\"\nlease_ms = 1000\n",
+        "response_timeout_ms = 900\n\
+         [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow\"\nlease_ms = 1000\n",
     );
     let frozen = Gateway::start(&up.url(), &site.store(), Some(&config));
     let other = Gateway::start(&up.url(), &site.store(), Some(&config));

@@ -1,0 +1,189 @@
+//! Through the real `idem serve`: a key is its own text in every store (a
+//! key that is another key with quotes around it is another intent, and odd
+//! keys never make a row unreadable), and a "not found" from the provider
+//! never releases an attempt that may still commit.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use support::{Gateway, PgSchema, Site, Upstream, post, text};
+
+const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+
+/// Keys as a client sends them (header values) and the key text each names.
+/// `"a"` sent as the draft's sf-string is the key whose text is `"a"`,
+/// another intent than `a`.
+const KEYS: [(&str, &str); 6] = [
+    ("a", "a"),
+    (r#""\"a\"""#, r#""a""#),
+    (r#""\"x""#, r#""x"#),
+    (r#"x""#, r#"x""#),
+    (r#""a\\b""#, r#"a\b"#),
+    ("'%27,;", "'%27,;"),
+];
+
+/// Every key is its own intent, replays only its own answer, and lists
+/// back byte for byte, on one store.
+async fn keys_round_trip(gw: &Gateway, up: &Upstream, store: &str) {
+    let url = gw.url("/payouts");
+    let mut firsts = Vec::new();
+    for (i, (header, _)) in KEYS.iter().enumerate() {
+        let body = format!(r#"{{"seller":{i},"amount":1200}}"#);
+        let first = post(&url, &[("idempotency-key", header)], &body).await;
+        assert_eq!(first.status, 201, "{header}: {first:?}");
+        firsts.push((header, body, first));
+    }
+    assert_eq!(up.effects().len(), KEYS.len(), "one effect per key");
+    for (header, body, first) in &firsts {
+        let again = post(&url, &[("idempotency-key", header)], body).await;
+        again.assert_replay_of(first);
+    }
+    assert_eq!(up.effects().len(), KEYS.len(), "no effect on a retry");
+    let out = support::idem(&["records", "list", "--format", "json", "--store", store]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("cannot be read"), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    keys.sort_unstable();
+    let mut want: Vec<&str> = KEYS.iter().map(|(_, k)| *k).collect();
+    want.sort_unstable();
+    assert_eq!(keys, want, "every key lists as its own text");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_quotes_are_their_own_intents_on_sqlite() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let store = format!("sqlite://{}", site.store().display());
+    keys_round_trip(&gw, &up, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_quotes_are_their_own_intents_on_postgres() {
+    let up = Upstream::start().await;
+    let schema = PgSchema::new("quoted_keys");
+    let gw = Gateway::start_url(&up.url(), &schema.store_url(), None);
+    keys_round_trip(&gw, &up, &schema.store_url()).await;
+}
+
+/// A provider that commits a payout `ms` after the request arrives whether
+/// or not the caller is still waiting (the request is queued inside it), and
+/// answers lookups by the key it was sent.
+#[derive(Clone, Default)]
+struct Provider {
+    paid: Arc<Mutex<Vec<String>>>,
+}
+
+impl Provider {
+    async fn start(self) -> String {
+        let app = axum::Router::new()
+            .route("/commit-late", axum::routing::post(commit_late))
+            .route("/by-key/{key}", axum::routing::get(by_key))
+            .with_state(self);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    fn payouts(&self) -> usize {
+        self.paid.lock().unwrap().len()
+    }
+}
+
+async fn commit_late(State(p): State<Provider>, headers: HeaderMap, _body: Bytes) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let paid = Arc::clone(&p.paid);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        paid.lock().unwrap().push(key);
+    });
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    (StatusCode::CREATED, "{\"payout\":\"late\"}").into_response()
+}
+
+async fn by_key(State(p): State<Provider>, Path(key): Path<String>) -> Response {
+    if p.paid.lock().unwrap().contains(&key) {
+        (StatusCode::OK, "{\"payout\":\"found\"}").into_response()
+    } else {
+        StatusCode::NOT_FOUND.into_response()
+    }
+}
+
+/// The incident the lease rule closes: the gateway gives up after 1 s, the
+/// provider commits at 2.5 s, the reconciler asks every second. Its early
+/// "not found" must not release the key (a retry would pay again); the
+/// attempt's lease (declared to cover the provider's processing) runs out
+/// first, by then the provider has the payout, and the retry replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_not_found_never_releases_an_attempt_that_may_still_commit() {
+    let provider = Provider::default();
+    let base = provider.clone().start().await;
+    let site = Site::new();
+    let config = site.config(&format!(
+        "response_timeout_ms = 1000\n\
+         [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\n\
+         [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/commit-late\"\n\
+         lease_ms = 3500\n\
+         [[lookup]]\nroute = \"payouts\"\nurl = \"{base}/by-key/{{key}}\"\ntimeout_ms = 500\n"
+    ));
+    let gw = Gateway::start(&base, &site.store(), Some(&config));
+    let url = gw.url("/commit-late");
+    let first = post(&url, &[("idempotency-key", "late-1")], PAYOUT).await;
+    assert_eq!(first.status, 504, "{first:?}");
+    let mut last = first;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = post(&url, &[("idempotency-key", "late-1")], PAYOUT).await;
+        if last.status != 409 {
+            break;
+        }
+    }
+    assert_eq!(
+        (last.status, last.header("idempotent-replayed")),
+        (200, Some("true")),
+        "{last:?}\n{}",
+        gw.logs()
+    );
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert_eq!(provider.payouts(), 1, "paid once\n{}", gw.logs());
+}
+
+/// The lease must outlast the response timeout: a config where it does not
+/// is refused at start, naming the file and the field.
+#[test]
+fn a_lease_shorter_than_the_response_timeout_is_refused() {
+    let site = Site::new();
+    let config = site.config("response_timeout_ms = 2000\n[[route]]\nlease_ms = 1000\n");
+    let out = support::idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        &format!("sqlite://{}", site.store().display()),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("route[0].lease_ms: lease_ms (1000 ms) must be longer than response_timeout_ms (2000 ms)"),
+        "{err}"
+    );
+    assert!(!site.store().exists(), "nothing was opened");
+}
