@@ -510,7 +510,6 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-
 /// Every route's lease must be longer than the response timeout. While the
 /// gateway still waits for the upstream, the attempt may commit; a lease that
 /// ends first lets a retry mark it ambiguous and a reconciler release it on a

@@ -48,7 +48,11 @@ async fn keys_round_trip(gw: &Gateway, up: &Upstream, store: &str) {
     assert_eq!(up.effects().len(), KEYS.len(), "no effect on a retry");
     let out = support::idem(&["records", "list", "--format", "json", "--store", store]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(!text(&out.stderr).contains("cannot be read"), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("cannot be read"),
+        "{}",
+        text(&out.stderr)
+    );
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut keys: Vec<&str> = listed
         .as_array()

@@ -244,8 +244,8 @@ async fn a_503_releases_the_key_only_where_the_route_opts_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_after_the_effect_never_repeats_it() {
     let (up, site) = (Upstream::start().await, Site::new());
-    let config =
-        site.config("response_timeout_ms = 900\n[[route]]\nmethods = [\"POST\"]\nlease_ms = 1000\n");
+    let config = site
+        .config("response_timeout_ms = 900\n[[route]]\nmethods = [\"POST\"]\nlease_ms = 1000\n");
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     let url = gw.url("/slow?ms=3000");
     let lost = tokio::spawn(async move { post(&url, &[key("k-1")], PAYOUT).await });

@@ -359,38 +359,34 @@ fn list_query(raw: Option<&str>) -> Result<ListQuery, AdminProblem> {
     Ok(query)
 }
 
-/// Decodes `%XX` escapes (and `+` as a space in a query); the result must
-/// be UTF-8. The error completes a sentence naming the input.
+/// Decodes `%XX` escapes (and `+` as a space in a query) with the
+/// `percent-encoding` crate; unlike the crate, a `%` without two hex digits
+/// is refused rather than kept, and the result must be UTF-8. The error
+/// completes a sentence naming the input.
 fn percent_decode(raw: &str, plus_is_space: bool) -> Result<String, String> {
     let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit));
-                let Some(hex) = hex else {
-                    return Err(format!(
-                        "{raw:?} has a % that is not followed by two hex digits"
-                    ));
-                };
-                let text = std::str::from_utf8(hex).unwrap_or("00");
-                out.push(u8::from_str_radix(text, 16).unwrap_or(0));
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let malformed = bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return Err(format!(
+            "{raw:?} has a % that is not followed by two hex digits"
+        ));
     }
-    String::from_utf8(out).map_err(|_| format!("{raw:?} is not UTF-8 once percent-decoded"))
+    let spaced;
+    let text = if plus_is_space {
+        spaced = raw.replace('+', " ");
+        spaced.as_str()
+    } else {
+        raw
+    };
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(|decoded| decoded.into_owned())
+        .map_err(|_| format!("{raw:?} is not UTF-8 once percent-decoded"))
 }
 
 impl AdminProblem {
