@@ -372,19 +372,30 @@ impl GatewayConfig {
             .iter()
             .enumerate()
             .map(|(i, entry)| {
-                let Some((r, route)) = routes
+                let mut named = routes
                     .iter()
                     .enumerate()
-                    .find(|(_, r)| r.operation_name() == Some(entry.route.as_str()))
-                else {
-                    return Err(err(
-                        &format!("lookup[{i}].route"),
-                        format!(
+                    .filter(|(_, r)| r.operation_name() == Some(entry.route.as_str()));
+                let field = format!("lookup[{i}].route");
+                let (r, route) = match (named.next(), named.next()) {
+                    (Some(only), None) => only,
+                    (None, _) => {
+                        let reason = format!(
                             "no [[route]] has name = {:?}; a lookup serves a named route",
                             entry.route
-                        ),
-                        true,
-                    ));
+                        );
+                        return Err(err(&field, reason, true));
+                    }
+                    // One scope, two forward templates: a lookup renders one.
+                    (Some((a, _)), Some((b, _))) => {
+                        let reason = format!(
+                            "route[{a}] and route[{b}] are both named {:?}; they share their \
+                             records, and a lookup asks by one forwarded reference per record, \
+                             so it serves a route whose name no other route has",
+                            entry.route
+                        );
+                        return Err(err(&field, reason, true));
+                    }
                 };
                 let tenancy = crate::contracts::lookup_tenancy(route);
                 if unsafe_lookup == UnsafeLookup::Refuse && !tenancy.verdict.passed() {
@@ -665,6 +676,48 @@ mod tests {
                 let offline = GatewayConfig::load_offline(&path, &Overrides::default());
                 assert_eq!(offline.is_ok(), safe, "{text}");
             }
+        }
+    }
+
+    #[test]
+    fn a_lookup_serves_one_route_whose_name_no_other_route_shares() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        // Routes of one name share their records' scopes, but a lookup
+        // renders one forwarded reference per record: with two templates
+        // it would ask by the wrong one, whichever route it was paired with.
+        let route = |path: &str, template: &str| {
+            format!(
+                "[[route]]\nname = \"payouts\"\npath = \"{path}\"\n\
+                 forward_key = {{ template = {template:?} }}\n"
+            )
+        };
+        let lookup = "[[lookup]]\nroute = \"payouts\"\nurl = \"http://h/{forwarded_key}\"\n";
+        let cases = [
+            (
+                route("/a", "{scope_digest}:{key}") + &route("/b", "{key}"),
+                "route[0]",
+            ),
+            (
+                route("/a", "{key}") + &route("/b", "{scope_digest}:{key}"),
+                "route[0]",
+            ),
+            (
+                route("/a", "{scope_digest}:{key}") + &route("/b", "{scope_digest}:{key}"),
+                "route[0]",
+            ),
+        ];
+        for (routes, first) in cases {
+            let text = format!("{routes}{lookup}");
+            let e = load(&text, &up).map(|_| ()).unwrap_err();
+            assert!(
+                e.starts_with("idem.toml: lookup[0].route:")
+                    && e.contains(first)
+                    && e.contains("route[1]"),
+                "{text}: {e}"
+            );
         }
     }
 

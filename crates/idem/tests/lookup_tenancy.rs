@@ -126,13 +126,8 @@ async fn two_tenants_with_one_key_each_get_their_own_outcome() {
 
 /// The finding `idem check --gateway` reports for the route, and its exit code.
 fn check_lookup_tenancy(config: &Path) -> (Option<i32>, serde_json::Value) {
-    let out = idem(&[
-        "check",
-        "--gateway",
-        config.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
+    let path = config.to_str().unwrap();
+    let out = idem(&["check", "--gateway", path, "--format", "json"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
     let finding = doc[0]["gateway"]
