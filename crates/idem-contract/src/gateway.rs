@@ -49,7 +49,8 @@ pub fn principal_finding(source: PrincipalSource) -> Finding {
     match source {
         PrincipalSource::TrustedHeader => Finding::pass(
             t,
-            "the principal is a header the auth layer sets; safe only if that layer overwrites              a client's copy",
+            "the principal is a header the auth layer sets; safe only if that layer overwrites \
+             a client's copy",
         ),
         PrincipalSource::VerifiedClaim => Finding::pass(
             t,
@@ -66,6 +67,54 @@ pub fn principal_finding(source: PrincipalSource) -> Finding {
              header: a refreshed token, or bearer for Bearer, executes the same intent again",
             "declare principal = { header = \"...\" } or principal = { jwt = { ... } }; or keep \
              the digest knowingly with principal = { credential_headers = [\"authorization\"] }",
+        ),
+    }
+}
+
+/// What the reference a route forwards upstream holds, for
+/// `gateway.lookup_tenancy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForwardedReference {
+    /// The scope digest and the key (`forward_key.template` holds
+    /// `{scope_digest}`): a reference of its own per principal.
+    PerScope,
+    /// The key and fixed text only: the same reference for every principal.
+    SharedAcrossPrincipals,
+}
+
+/// The `gateway.lookup_tenancy` finding for a route a `[[lookup]]` serves,
+/// judged with or without a contract: the lookup asks the provider by the
+/// reference the route forwarded, so that reference must differ between
+/// two principals who chose the same key, or one principal's record is
+/// completed with another's effect.
+///
+/// Every principal source can yield several principals (a credential
+/// digest gives each credential its own, and `anonymous`), so every route
+/// with a lookup needs a forwarded reference per scope.
+pub fn lookup_tenancy_finding(source: PrincipalSource, forwarded: ForwardedReference) -> Finding {
+    let t = "gateway.lookup_tenancy";
+    let principals = match source {
+        PrincipalSource::TrustedHeader => "two values of the trusted header",
+        PrincipalSource::VerifiedClaim => "two values of the verified claim",
+        PrincipalSource::CredentialDigest | PrincipalSource::DefaultCredentialDigest => {
+            "two credentials"
+        }
+    };
+    match forwarded {
+        ForwardedReference::PerScope => Finding::pass(
+            t,
+            "the lookup asks by the forwarded reference, which holds the scope digest: \
+             two tenants' same key are two references",
+        ),
+        ForwardedReference::SharedAcrossPrincipals => Finding::fail(
+            t,
+            format!(
+                "the route forwards the same reference for {principals} with the same key, so \
+                 its lookup would complete one tenant's record with another tenant's effect"
+            ),
+            "set the route's forward_key = { template = \"{scope_digest}:{key}\" } and look up \
+             by {forwarded_key}",
         ),
     }
 }
@@ -206,9 +255,41 @@ fn lookup(c: &Contract, g: &GatewayFacts) -> Finding {
         (true, false) => Finding::fail(
             t,
             "the contract reconciles by provider lookup but the route has no [[lookup]]",
-            "add a [[lookup]] for the route, built from the key",
+            "add a [[lookup]] for the route, asking by {forwarded_key}",
         ),
         (true, true) => Finding::pass(t, "the route's [[lookup]] reconciles unknown outcomes"),
         (false, _) => Finding::pass(t, "the contract does not reconcile by provider lookup"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Verdict;
+
+    #[test]
+    fn a_lookup_passes_only_when_the_forwarded_reference_is_per_scope() {
+        let sources = [
+            PrincipalSource::TrustedHeader,
+            PrincipalSource::VerifiedClaim,
+            PrincipalSource::CredentialDigest,
+            PrincipalSource::DefaultCredentialDigest,
+        ];
+        for source in sources {
+            let cases = [
+                (ForwardedReference::PerScope, Verdict::Pass),
+                (ForwardedReference::SharedAcrossPrincipals, Verdict::Fail),
+            ];
+            for (forwarded, want) in cases {
+                let f = lookup_tenancy_finding(source, forwarded);
+                assert_eq!(f.topic, "gateway.lookup_tenancy");
+                assert_eq!(f.verdict, want, "{source:?} {forwarded:?}: {}", f.why);
+                if want == Verdict::Fail {
+                    let change = f.change.unwrap_or_default();
+                    assert!(change.contains("{scope_digest}:{key}"), "{change}");
+                    assert!(change.contains("{forwarded_key}"), "{change}");
+                }
+            }
+        }
     }
 }

@@ -25,7 +25,10 @@ mod validate;
 use std::path::Path;
 
 pub use error::{ContractError, ErrorKind};
-pub use gateway::{GatewayFacts, PrincipalSource, cross_check, principal_finding};
+pub use gateway::{
+    ForwardedReference, GatewayFacts, PrincipalSource, cross_check, lookup_tenancy_finding,
+    principal_finding,
+};
 pub use horizon::{Horizon, format_duration, replay_horizon};
 pub use questions::check;
 pub use report::{Finding, Question, Report, Verdict, render_findings};

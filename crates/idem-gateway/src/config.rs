@@ -5,11 +5,12 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
 use idem_http::{Route, RouteSpec};
-use idem_reconcile::{Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
+use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
@@ -160,6 +161,17 @@ pub struct GatewayConfig {
     pub reconcile: ReconcileSettings,
 }
 
+/// What loading does with a `[[lookup]]` whose route forwards the same
+/// reference for every tenant (`gateway.lookup_tenancy` fails).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnsafeLookup {
+    /// Refuse the config, naming the route's template and the lookup: what
+    /// runs (`serve`, `reconcile`) never asks the provider by such a lookup.
+    Refuse,
+    /// Load it, for `idem check --gateway` to report the finding.
+    Keep,
+}
+
 /// A configuration error: where (file, field) and what.
 #[derive(Debug)]
 pub struct ConfigError {
@@ -185,13 +197,15 @@ impl GatewayConfig {
     /// upstream (`idem check --gateway`, `idem reconcile`): an upstream the
     /// file declares is still validated, but none is required.
     pub fn load_offline(path: &Path, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
-        let file = read_file(path)?;
-        let mut overrides = overrides.clone();
-        if overrides.upstream.is_none() && file.upstream.is_none() {
-            // Never dialled: it only satisfies the validation of `upstream`.
-            overrides.upstream = Some("http://127.0.0.1:9".into());
-        }
-        GatewayConfig::from_parts(file, Some(path), &overrides)
+        GatewayConfig::offline(path, overrides, UnsafeLookup::Refuse)
+    }
+
+    /// [`GatewayConfig::load_offline`] for a review (`idem check
+    /// --gateway`): a `[[lookup]]` whose route cannot tell tenants apart is
+    /// kept, for [`crate::contracts::lookup_tenancy`] to report, instead of
+    /// refused. Never serve or reconcile with the result.
+    pub fn load_for_review(path: &Path) -> Result<GatewayConfig, ConfigError> {
+        GatewayConfig::offline(path, &Overrides::default(), UnsafeLookup::Keep)
     }
 
     /// Validates a parsed file (named `path` in errors) with `overrides`.
@@ -199,6 +213,29 @@ impl GatewayConfig {
         file: FileConfig,
         path: Option<&Path>,
         overrides: &Overrides,
+    ) -> Result<GatewayConfig, ConfigError> {
+        GatewayConfig::validate(file, path, overrides, UnsafeLookup::Refuse)
+    }
+
+    fn offline(
+        path: &Path,
+        overrides: &Overrides,
+        unsafe_lookup: UnsafeLookup,
+    ) -> Result<GatewayConfig, ConfigError> {
+        let file = read_file(path)?;
+        let mut overrides = overrides.clone();
+        if overrides.upstream.is_none() && file.upstream.is_none() {
+            // Never dialled: it only satisfies the validation of `upstream`.
+            overrides.upstream = Some("http://127.0.0.1:9".into());
+        }
+        GatewayConfig::validate(file, Some(path), &overrides, unsafe_lookup)
+    }
+
+    fn validate(
+        file: FileConfig,
+        path: Option<&Path>,
+        overrides: &Overrides,
+        unsafe_lookup: UnsafeLookup,
     ) -> Result<GatewayConfig, ConfigError> {
         let err = |field: &str, reason: String, from_file: bool| ConfigError {
             file: if from_file {
@@ -338,20 +375,47 @@ impl GatewayConfig {
             .iter()
             .enumerate()
             .map(|(i, entry)| {
-                let known = routes
+                let mut named = routes
                     .iter()
-                    .any(|r| r.operation_name() == Some(entry.route.as_str()));
-                if !known {
-                    return Err(err(
-                        &format!("lookup[{i}].route"),
-                        format!(
+                    .enumerate()
+                    .filter(|(_, r)| r.operation_name() == Some(entry.route.as_str()));
+                let field = format!("lookup[{i}].route");
+                let (r, route) = match (named.next(), named.next()) {
+                    (Some(only), None) => only,
+                    (None, _) => {
+                        let reason = format!(
                             "no [[route]] has name = {:?}; a lookup serves a named route",
                             entry.route
+                        );
+                        return Err(err(&field, reason, true));
+                    }
+                    // One scope, two forward templates: a lookup renders one.
+                    (Some((a, _)), Some((b, _))) => {
+                        let reason = format!(
+                            "route[{a}] and route[{b}] are both named {:?}; they share their \
+                             records, and a lookup asks by one forwarded reference per record, \
+                             so it serves a route whose name no other route has",
+                            entry.route
+                        );
+                        return Err(err(&field, reason, true));
+                    }
+                };
+                let tenancy = crate::contracts::lookup_tenancy(route);
+                if unsafe_lookup == UnsafeLookup::Refuse && !tenancy.verdict.passed() {
+                    return Err(err(
+                        &format!("route[{r}].forward_key.template"),
+                        format!(
+                            "lookup[{i}] serves route {:?}, but {}; {}",
+                            entry.route,
+                            tenancy.why,
+                            tenancy.change.unwrap_or_default()
                         ),
                         true,
                     ));
                 }
-                Lookup::new(&entry.spec())
+                let route = route.clone();
+                let forwarded: ForwardedKey = Arc::new(move |id| route.forwarded_key(id));
+                Lookup::new(&entry.spec(), forwarded)
                     .map(|lookup| (entry.route.clone(), lookup))
                     .map_err(|e| err(&format!("lookup[{i}].{}", e.field), e.reason, true))
             })
@@ -562,16 +626,19 @@ mod tests {
             upstream: Some("http://127.0.0.1:9000".into()),
             ..Default::default()
         };
-        let route = "[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n";
+        let route = "[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n\
+                     forward_key = { template = \"{scope_digest}:{key}\" }\n";
         let good = format!(
-            "{route}[[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9000/by-key/{{key}}\"\n[reconcile]\nmax_tries = 3\n"
+            "{route}[[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9000/by-ref/{{forwarded_key}}\"\n[reconcile]\nmax_tries = 3\n"
         );
         let c = load(&good, &up).unwrap();
         assert_eq!(c.lookups.len(), 1);
         assert_eq!(c.reconcile.max_tries(), 3);
         let cases = [
             (
-                format!("{route}[[lookup]]\nroute = \"refunds\"\nurl = \"http://h/{{key}}\""),
+                format!(
+                    "{route}[[lookup]]\nroute = \"refunds\"\nurl = \"http://h/{{forwarded_key}}\""
+                ),
                 "idem.toml: lookup[0].route: no [[route]] has name = \"refunds\"",
             ),
             (
@@ -579,17 +646,117 @@ mod tests {
                 "idem.toml: lookup[0].url",
             ),
             (
+                format!("{route}[[lookup]]\nroute = \"payouts\"\nurl = \"http://h/{{key}}\""),
+                "idem.toml: lookup[0].url: \"http://h/{key}\" asks by {key}",
+            ),
+            (
                 format!("{route}[reconcile]\nmax_tries = 0"),
                 "idem.toml: reconcile.max_tries",
             ),
             (
-                format!("{route}[[lookup]]\nroute = \"payouts\"\nurll = \"http://h/{{key}}\""),
+                format!(
+                    "{route}[[lookup]]\nroute = \"payouts\"\nurll = \"http://h/{{forwarded_key}}\""
+                ),
                 "unknown field `urll`",
             ),
         ];
         for (text, expect) in cases {
             let got = load(&text, &up).map(|_| ()).unwrap_err();
             assert!(got.contains(expect), "{text:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn a_lookup_whose_route_cannot_tell_tenants_apart_is_refused() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        let lookup = "[[lookup]]\nroute = \"payouts\"\nurl = \"http://h/{forwarded_key}\"\n";
+        let route = |principal: &str, template: &str| {
+            format!(
+                "[[route]]\nname = \"other\"\npath = \"/other\"\n\
+                 [[route]]\nname = \"payouts\"\npath = \"/payouts\"\n{principal}\n\
+                 forward_key = {{ template = {template:?} }}\n{lookup}"
+            )
+        };
+        let principals = [
+            "",
+            "principal = { header = \"x-tenant-id\" }",
+            "principal = { credential_headers = [\"x-api-key\"] }",
+        ];
+        let cases = [
+            ("{key}", false),
+            ("pay-{key}", false),
+            ("{scope_digest}:{key}", true),
+            ("{key}/{scope_digest}", true),
+        ];
+        for principal in principals {
+            for (template, safe) in cases {
+                let text = route(principal, template);
+                match load(&text, &up) {
+                    Ok(_) => assert!(safe, "{text}: accepted"),
+                    Err(e) => {
+                        assert!(!safe, "{text}: {e}");
+                        assert!(
+                            e.starts_with("idem.toml: route[1].forward_key.template: lookup[0]")
+                                && e.contains("{scope_digest}:{key}"),
+                            "{e}"
+                        );
+                    }
+                }
+                // A review keeps the config, for the finding to say why.
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("idem.toml");
+                std::fs::write(&path, &text).unwrap();
+                let reviewed = GatewayConfig::load_for_review(&path).unwrap();
+                let finding = crate::contracts::lookup_tenancy(&reviewed.routes[1]);
+                assert_eq!(finding.verdict.passed(), safe, "{text}: {}", finding.why);
+                let offline = GatewayConfig::load_offline(&path, &Overrides::default());
+                assert_eq!(offline.is_ok(), safe, "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lookup_serves_one_route_whose_name_no_other_route_shares() {
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        // Routes of one name share their records' scopes, but a lookup
+        // renders one forwarded reference per record: with two templates
+        // it would ask by the wrong one, whichever route it was paired with.
+        let route = |path: &str, template: &str| {
+            format!(
+                "[[route]]\nname = \"payouts\"\npath = \"{path}\"\n\
+                 forward_key = {{ template = {template:?} }}\n"
+            )
+        };
+        let lookup = "[[lookup]]\nroute = \"payouts\"\nurl = \"http://h/{forwarded_key}\"\n";
+        let cases = [
+            (
+                route("/a", "{scope_digest}:{key}") + &route("/b", "{key}"),
+                "route[0]",
+            ),
+            (
+                route("/a", "{key}") + &route("/b", "{scope_digest}:{key}"),
+                "route[0]",
+            ),
+            (
+                route("/a", "{scope_digest}:{key}") + &route("/b", "{scope_digest}:{key}"),
+                "route[0]",
+            ),
+        ];
+        for (routes, first) in cases {
+            let text = format!("{routes}{lookup}");
+            let e = load(&text, &up).map(|_| ()).unwrap_err();
+            assert!(
+                e.starts_with("idem.toml: lookup[0].route:")
+                    && e.contains(first)
+                    && e.contains("route[1]"),
+                "{text}: {e}"
+            );
         }
     }
 

@@ -4,8 +4,10 @@
 
 use std::path::PathBuf;
 
-use idem_contract::{ContractError, Finding, GatewayFacts, PrincipalSource, Report};
-use idem_http::{PrincipalKind, Route};
+use idem_contract::{
+    ContractError, Finding, ForwardedReference, GatewayFacts, PrincipalSource, Report,
+};
+use idem_http::{ForwardedScope, PrincipalKind, Route};
 
 use crate::GatewayConfig;
 
@@ -70,18 +72,39 @@ pub fn evaluate(config: &GatewayConfig) -> Vec<RouteContract> {
 
 /// The route's principal, judged: `gateway.principal`.
 pub fn principal(route: &Route) -> Finding {
-    let source = match route.principal_kind() {
-        PrincipalKind::TrustedHeader => PrincipalSource::TrustedHeader,
-        PrincipalKind::VerifiedClaim => PrincipalSource::VerifiedClaim,
-        PrincipalKind::CredentialDigest => PrincipalSource::CredentialDigest,
-        _ => PrincipalSource::DefaultCredentialDigest,
+    idem_contract::principal_finding(principal_source(route))
+}
+
+/// The lookup of a route that a `[[lookup]]` serves, judged:
+/// `gateway.lookup_tenancy`. `idem serve` and `idem reconcile` refuse a
+/// config where it fails; `idem check --gateway` reports it.
+pub fn lookup_tenancy(route: &Route) -> Finding {
+    let forwarded = match route.forwarded_scope() {
+        ForwardedScope::PerScope => ForwardedReference::PerScope,
+        _ => ForwardedReference::SharedAcrossPrincipals,
     };
-    idem_contract::principal_finding(source)
+    idem_contract::lookup_tenancy_finding(principal_source(route), forwarded)
 }
 
 /// The name a route is shown by: its operation name, or its pattern.
 pub fn route_name(route: &Route) -> &str {
     route.operation_name().unwrap_or(route.pattern().as_str())
+}
+
+/// True when a `[[lookup]]` serves the route.
+pub fn has_lookup(config: &GatewayConfig, route: &Route) -> bool {
+    route
+        .operation_name()
+        .is_some_and(|name| config.lookups.iter().any(|(op, _)| op == name))
+}
+
+fn principal_source(route: &Route) -> PrincipalSource {
+    match route.principal_kind() {
+        PrincipalKind::TrustedHeader => PrincipalSource::TrustedHeader,
+        PrincipalKind::VerifiedClaim => PrincipalSource::VerifiedClaim,
+        PrincipalKind::CredentialDigest => PrincipalSource::CredentialDigest,
+        _ => PrincipalSource::DefaultCredentialDigest,
+    }
 }
 
 /// What the route enforces, in the contract crate's terms.
@@ -93,8 +116,6 @@ fn facts(config: &GatewayConfig, route: &Route) -> GatewayFacts {
         lease_ms: policy.lease_ms(),
         on_lease_expiry_takeover: policy.on_lease_expiry() == idem_core::LeaseExpiry::Takeover,
         upstream_dedups: route.upstream_dedups(),
-        has_lookup: route
-            .operation_name()
-            .is_some_and(|name| config.lookups.iter().any(|(op, _)| op == name)),
+        has_lookup: has_lookup(config, route),
     }
 }

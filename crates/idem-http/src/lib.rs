@@ -61,6 +61,6 @@ pub use principal::{
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
-    OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
+    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
 };
 pub use service::{Idempotency, IdempotencyLayer, REPLAYED_HEADER, RESPONSE_BYTES_MAX};

@@ -5,12 +5,13 @@
 use std::fmt;
 
 use http::{HeaderName, Method};
-use idem_core::{JsonPointer, LeaseExpiry, Policy, SCOPE_BYTES_MAX, Scope};
+use idem_core::{JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope};
 use serde::Deserialize;
 
 use crate::completion::{CompletionPolicy, CompletionSpec};
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
+use crate::request;
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
@@ -128,6 +129,19 @@ pub struct PathPattern {
 enum Segment {
     Literal(String),
     Param,
+}
+
+/// Whether the reference a route forwards tells its scopes apart: what a
+/// lookup by that reference can rely on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForwardedScope {
+    /// The template holds `{scope_digest}`: two principals' records with
+    /// the same key are forwarded as two references.
+    PerScope,
+    /// The template holds no `{scope_digest}`: every principal's record with
+    /// the same key is forwarded as the same reference.
+    SharedAcrossScopes,
 }
 
 /// A key template: literal text around `{key}` and `{scope_digest}`.
@@ -278,6 +292,24 @@ impl Route {
     pub fn principal_kind(&self) -> PrincipalKind {
         self.principal.kind()
     }
+
+    /// The reference the upstream receives for `id` (the value of the
+    /// forwarded key header): what the provider knows the effect by, and so
+    /// what a lookup must ask for.
+    pub fn forwarded_key(&self, id: &RecordId) -> String {
+        self.forward_template
+            .render(id.key.as_str(), &request::scope_digest(&id.scope))
+    }
+
+    /// Whether [`Route::forwarded_key`] differs between two scopes with the
+    /// same key.
+    pub fn forwarded_scope(&self) -> ForwardedScope {
+        if self.forward_template.0.contains(&TemplatePart::ScopeDigest) {
+            ForwardedScope::PerScope
+        } else {
+            ForwardedScope::SharedAcrossScopes
+        }
+    }
 }
 
 impl PathPattern {
@@ -375,7 +407,7 @@ impl KeyTemplate {
         Ok(KeyTemplate(parts))
     }
 
-    pub(crate) fn render(&self, key: &str, scope_digest: &str) -> String {
+    fn render(&self, key: &str, scope_digest: &str) -> String {
         self.0
             .iter()
             .map(|p| match p {
@@ -712,5 +744,44 @@ mod tests {
         assert_eq!(KeyTemplate::parse("{key}").unwrap().render("k", "d"), "k");
         assert!(KeyTemplate::parse("{nope}").is_err());
         assert!(KeyTemplate::parse("{key").is_err());
+    }
+
+    #[test]
+    fn the_forwarded_key_tells_scopes_apart_only_with_the_scope_digest() {
+        let id = |principal: &str| RecordId {
+            scope: Scope::from_parts("payouts", principal, None).unwrap(),
+            key: idem_core::IdempotencyKey::parse("k").unwrap(),
+        };
+        let (a, b) = (id("tenant-a"), id("tenant-b"));
+        let cases = [
+            (None, ForwardedScope::SharedAcrossScopes),
+            (Some("{key}"), ForwardedScope::SharedAcrossScopes),
+            (Some("pay-{key}-x"), ForwardedScope::SharedAcrossScopes),
+            (Some("{scope_digest}:{key}"), ForwardedScope::PerScope),
+            (Some("{key}.{scope_digest}"), ForwardedScope::PerScope),
+        ];
+        for (template, want) in cases {
+            let route = Route::new(&RouteSpec {
+                forward_key: Some(ForwardKeySpec {
+                    header: None,
+                    template: template.map(str::to_owned),
+                }),
+                ..Default::default()
+            })
+            .unwrap();
+            assert_eq!(route.forwarded_scope(), want, "{template:?}");
+            let (fa, fb) = (route.forwarded_key(&a), route.forwarded_key(&b));
+            assert_eq!(
+                fa == fb,
+                want == ForwardedScope::SharedAcrossScopes,
+                "{template:?}"
+            );
+            assert!(fa.contains('k'), "{fa}");
+            assert_eq!(
+                fa,
+                route.forwarded_key(&a),
+                "the same record, the same reference"
+            );
+        }
     }
 }

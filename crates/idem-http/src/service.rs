@@ -316,9 +316,7 @@ where
 }
 
 fn forward_key(headers: &mut http::HeaderMap, route: &Route, id: &RecordId) {
-    let value = route
-        .forward_template
-        .render(id.key.as_str(), &request::scope_digest(&id.scope));
+    let value = route.forwarded_key(id);
     // The key is visible ASCII and so is the digest; a template's own text
     // was checked at load time, so this only fails on a template bug.
     let Ok(value) = HeaderValue::from_str(&value) else {

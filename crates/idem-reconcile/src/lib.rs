@@ -1,9 +1,11 @@
 //! The reconciler for ambiguous records: an attempt whose outcome is unknown
-//! is resolved by asking the provider by the stable business reference (the
-//! key), never by re-executing the request (DESIGN.md "Reconciliation").
+//! is resolved by asking the provider by the exact reference the gateway
+//! forwarded for it (so two tenants who chose the same key are never
+//! confused), never by re-executing the request (DESIGN.md "Reconciliation").
 //!
-//! - [`LookupSpec`] → [`Lookup`]: per route, how to ask the provider
-//!   (`[route.lookup]` in the gateway config).
+//! - [`LookupSpec`] + [`ForwardedKey`] → [`Lookup`]: per route, how to ask
+//!   the provider (`[[lookup]]` in the gateway config), and how the route
+//!   renders the reference it forwarded (its `forward_key` template).
 //! - [`ReconcileSpec`] → [`ReconcileSettings`]: tries, backoff, concurrency,
 //!   rate, interval and batch, each bounded.
 //! - [`Reconciler`]: [`Reconciler::run_once`] is one bounded scan and returns
@@ -28,10 +30,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let lookup = Lookup::new(&LookupSpec {
-//!     url: Some("http://127.0.0.1:9000/payouts/by-key/{key}".into()),
-//!     ..Default::default()
-//! })?;
+//! // The gateway passes its route's renderer (`idem_http::Route::forwarded_key`).
+//! let forwarded: ForwardedKey = Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
+//! let lookup = Lookup::new(
+//!     &LookupSpec {
+//!         url: Some("http://127.0.0.1:9000/payouts/by-ref/{forwarded_key}".into()),
+//!         ..Default::default()
+//!     },
+//!     forwarded,
+//! )?;
 //! let settings = ReconcileSettings::new(&ReconcileSpec {
 //!     max_tries: Some(3),
 //!     ..Default::default()
@@ -54,7 +61,7 @@ mod reconciler;
 mod settings;
 
 pub use lookup::{
-    CONNECT_TIMEOUT_MS_DEFAULT, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,
+    CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,
     TIMEOUT_MS_MAX, Verdict, scope_parts,
 };
 pub use reconciler::{RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, TRACKED_MAX};

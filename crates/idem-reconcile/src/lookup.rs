@@ -1,14 +1,16 @@
-//! The lookup request of one route: how to ask the provider, by the stable
-//! business reference (the key), whether an effect happened. Declared as
-//! plain data ([`LookupSpec`], a route's `[route.lookup]` table) and
-//! validated once into [`Lookup`].
+//! The lookup request of one route: how to ask the provider, by the exact
+//! reference the gateway forwarded (never the client's key alone, which two
+//! tenants may share), whether an effect happened. Declared as plain data
+//! ([`LookupSpec`], a `[[lookup]]` table) and validated once into [`Lookup`].
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
 use idem_core::RecordId;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 
 use crate::settings::{ConfigError, check_range};
@@ -22,12 +24,26 @@ pub const TIMEOUT_MS_MAX: u64 = 300_000;
 /// The most static headers a lookup may declare.
 pub const HEADERS_MAX: usize = 32;
 
+/// How the gateway renders the reference it forwarded for a record (its
+/// route's `forward_key` template, `idem_http::Route::forwarded_key`): what
+/// the provider knows the effect by. Given by whoever pairs a lookup with
+/// its route, so this crate needs no HTTP route of its own.
+pub type ForwardedKey = Arc<dyn Fn(&RecordId) -> String + Send + Sync>;
+
+/// Every byte outside RFC 3986's unreserved set is percent-encoded in a value.
+const VALUE_ENCODED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// A lookup as declared: every field optional, defaults applied by [`Lookup::new`].
 ///
 /// ```toml
-/// [route.lookup]
+/// [[lookup]]
+/// route = "payouts"
 /// method = "GET"
-/// url = "http://127.0.0.1:9000/payouts/by-key/{key}"
+/// url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
 /// found = [200]
 /// not_found = [404]
 /// headers = [["authorization", "Bearer secret"]]
@@ -38,9 +54,10 @@ pub const HEADERS_MAX: usize = 32;
 pub struct LookupSpec {
     /// Request method; default `GET`. The request has no body.
     pub method: Option<String>,
-    /// `http://host[:port]/path[?query]` with `{key}` (required), and
-    /// optionally `{operation}` and `{principal}`, in the path or query.
-    /// Every value is percent-encoded.
+    /// `http://host[:port]/path[?query]` with `{forwarded_key}` (required:
+    /// the value the upstream received in the forwarded key header), and
+    /// optionally `{key}`, `{operation}` and `{principal}`, in the path or
+    /// query. Every value is percent-encoded.
     pub url: Option<String>,
     /// Statuses meaning "the effect happened": the answer is stored as the
     /// record's result; default `[200]`.
@@ -56,11 +73,12 @@ pub struct LookupSpec {
     pub connect_timeout_ms: Option<u64>,
 }
 
-/// A validated lookup.
+/// A validated lookup, paired with its route's forwarded key.
 #[derive(Clone)]
 pub struct Lookup {
     method: Method,
     url: UrlTemplate,
+    forwarded_key: ForwardedKey,
     found: Vec<u16>,
     not_found: Vec<u16>,
     headers: HeaderMap,
@@ -86,17 +104,27 @@ struct UrlTemplate {
     parts: Vec<Part>,
 }
 
+/// What the placeholders of one render stand for.
+struct Values<'a> {
+    forwarded_key: &'a str,
+    key: &'a str,
+    operation: &'a str,
+    principal: &'a str,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Part {
     Text(String),
+    ForwardedKey,
     Key,
     Operation,
     Principal,
 }
 
 impl Lookup {
-    /// Validates a declared lookup, applying defaults. Errors name the field.
-    pub fn new(spec: &LookupSpec) -> Result<Lookup, ConfigError> {
+    /// Validates a declared lookup, applying defaults; `forwarded_key`
+    /// renders `{forwarded_key}` for a record. Errors name the field.
+    pub fn new(spec: &LookupSpec, forwarded_key: ForwardedKey) -> Result<Lookup, ConfigError> {
         let method = parse_method(spec.method.as_deref().unwrap_or("GET"))?;
         let url = match &spec.url {
             Some(url) => {
@@ -121,6 +149,7 @@ impl Lookup {
         Ok(Lookup {
             method,
             url,
+            forwarded_key,
             found,
             not_found,
             headers: headers(spec.headers.as_deref().unwrap_or(&[]))?,
@@ -129,11 +158,18 @@ impl Lookup {
         })
     }
 
-    /// The URL asked for a record: the template with the record's operation,
-    /// principal and key, each percent-encoded.
+    /// The URL asked for a record: the template with the reference
+    /// forwarded for it, its operation, principal and key, each
+    /// percent-encoded.
     pub fn url_for(&self, id: &RecordId) -> String {
         let (operation, principal) = scope_parts(id);
-        self.url.render(operation, principal, id.key.as_str())
+        let values = Values {
+            forwarded_key: &(self.forwarded_key)(id),
+            key: id.key.as_str(),
+            operation,
+            principal,
+        };
+        self.url.render(&values)
     }
 
     /// What `status` says about the effect.
@@ -237,15 +273,28 @@ impl UrlTemplate {
             return Err(format!("{text:?} must not have a fragment"));
         }
         let parts = split_placeholders(text)?;
-        if !parts.contains(&Part::Key) {
-            return Err(format!("{text:?} must contain {{key}}"));
+        if !parts.contains(&Part::ForwardedKey) {
+            return Err(if parts.contains(&Part::Key) {
+                format!(
+                    "{text:?} asks by {{key}}, the client's key, which two tenants may share; \
+                     the provider knows the effect by the reference the gateway forwarded: \
+                     write {{forwarded_key}} instead"
+                )
+            } else {
+                format!("{text:?} must contain {{forwarded_key}}")
+            });
         }
         let template = UrlTemplate {
             text: text.to_owned(),
             parts,
         };
         // Values are percent-encoded, so one sample render proves every render parses.
-        let sample = template.render("operation", "principal", "key");
+        let sample = template.render(&Values {
+            forwarded_key: "forwarded",
+            key: "key",
+            operation: "operation",
+            principal: "principal",
+        });
         match sample.parse::<Uri>() {
             Ok(uri) if uri.host().is_some_and(|h| !h.is_empty()) => Ok(template),
             Ok(_) => Err(format!("{text:?} has no host")),
@@ -253,15 +302,20 @@ impl UrlTemplate {
         }
     }
 
-    fn render(&self, operation: &str, principal: &str, key: &str) -> String {
-        let mut out = String::with_capacity(self.text.len() + key.len() * 3);
+    fn render(&self, values: &Values<'_>) -> String {
+        let mut out = String::with_capacity(self.text.len() + values.forwarded_key.len() * 3);
         for part in &self.parts {
-            match part {
-                Part::Text(t) => out.push_str(t),
-                Part::Key => percent_encode(key, &mut out),
-                Part::Operation => percent_encode(operation, &mut out),
-                Part::Principal => percent_encode(principal, &mut out),
-            }
+            let value = match part {
+                Part::Text(t) => {
+                    out.push_str(t);
+                    continue;
+                }
+                Part::ForwardedKey => values.forwarded_key,
+                Part::Key => values.key,
+                Part::Operation => values.operation,
+                Part::Principal => values.principal,
+            };
+            out.extend(utf8_percent_encode(value, VALUE_ENCODED));
         }
         out
     }
@@ -285,32 +339,20 @@ fn split_placeholders(text: &str) -> Result<Vec<Part>, String> {
             return Err(format!("{text:?}: unclosed '{{'"));
         };
         parts.push(match name {
+            "forwarded_key" => Part::ForwardedKey,
             "key" => Part::Key,
             "operation" => Part::Operation,
             "principal" => Part::Principal,
             other => {
                 return Err(format!(
-                    "{text:?}: unknown placeholder {{{other}}}; use {{key}}, {{operation}} or {{principal}}"
+                    "{text:?}: unknown placeholder {{{other}}}; use {{forwarded_key}}, {{key}}, \
+                     {{operation}} or {{principal}}"
                 ));
             }
         });
         literal(tail, &mut parts)?;
     }
     Ok(parts)
-}
-
-/// Appends `value` with every byte outside RFC 3986's unreserved set as `%XX`.
-fn percent_encode(value: &str, out: &mut String) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in value.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        }
-    }
 }
 
 fn parse_method(name: &str) -> Result<Method, ConfigError> {
@@ -399,6 +441,16 @@ mod tests {
         }
     }
 
+    /// A route whose template is `{scope_digest}:{forwarded_key}`, with the scope
+    /// itself standing in for its digest.
+    fn forwarded() -> ForwardedKey {
+        Arc::new(|id: &RecordId| format!("{}:{}", id.scope.as_str(), id.key.as_str()))
+    }
+
+    fn lookup(spec: &LookupSpec) -> Result<Lookup, ConfigError> {
+        Lookup::new(spec, forwarded())
+    }
+
     fn id(scope: &str, key: &str) -> RecordId {
         RecordId {
             scope: Scope::new(scope).unwrap(),
@@ -412,21 +464,32 @@ mod tests {
             "headers = [{}]",
             vec![r#"["x-a", "v"]"#; HEADERS_MAX + 1].join(",")
         );
-        let url = r#"url = "http://127.0.0.1:9000/p/{key}""#;
+        let url = r#"url = "http://127.0.0.1:9000/p/{forwarded_key}""#;
         let with_url = |rest: &str| format!("{url}\n{rest}");
         let cases: Vec<(String, &str)> = vec![
             (String::new(), "url"),
-            (r#"url = "https://h/{key}""#.into(), "url"),
-            (r#"url = "ftp://h/{key}""#.into(), "url"),
-            (r#"url = "http:///{key}""#.into(), "url"),
-            (r#"url = "http://{key}/x""#.into(), "url"),
-            (r#"url = "http://user:pw@h/{key}""#.into(), "url"),
+            (r#"url = "https://h/{forwarded_key}""#.into(), "url"),
+            (r#"url = "ftp://h/{forwarded_key}""#.into(), "url"),
+            (r#"url = "http:///{forwarded_key}""#.into(), "url"),
+            (r#"url = "http://{forwarded_key}/x""#.into(), "url"),
+            (r#"url = "http://user:pw@h/{forwarded_key}""#.into(), "url"),
             (r#"url = "http://h/p""#.into(), "url"),
-            (r#"url = "http://h/{nope}/{key}""#.into(), "url"),
+            (r#"url = "http://h/{nope}/{forwarded_key}""#.into(), "url"),
             (r#"url = "http://h/{key""#.into(), "url"),
-            (r#"url = "http://h/}{key}""#.into(), "url"),
-            (r#"url = "http://h/{key}#frag""#.into(), "url"),
-            (r#"url = "http://h/a b/{key}""#.into(), "url"),
+            (r#"url = "http://h/}{forwarded_key}""#.into(), "url"),
+            (r#"url = "http://h/{forwarded_key}#frag""#.into(), "url"),
+            // The client's key alone, however spelt, is not what was forwarded.
+            (r#"url = "http://h/{key}""#.into(), "url"),
+            (r#"url = "http://h/{Forwarded_Key}""#.into(), "url"),
+            (r#"url = "http://h/{ forwarded_key }""#.into(), "url"),
+            (r#"url = "http://h/{forwarded-key}/{key}""#.into(), "url"),
+            (
+                r#"url = "http://h/%7Bforwarded_key%7D/{key}""#.into(),
+                "url",
+            ),
+            (r#"url = "http://h/{{forwarded_key}}""#.into(), "url"),
+            (r#"url = "http://{forwarded_key}/x""#.into(), "url"),
+            (r#"url = "http://h/a b/{forwarded_key}""#.into(), "url"),
             (with_url(r#"method = "G ET""#), "method"),
             (with_url(r#"method = "connect""#), "method"),
             (with_url("found = []"), "found"),
@@ -447,21 +510,39 @@ mod tests {
             (with_url(&headers), "headers"),
         ];
         let cases: Vec<(&str, &str)> = cases.iter().map(|(t, f)| (t.as_str(), *f)).collect();
-        check_field_errors(&cases, |spec: &LookupSpec| Lookup::new(spec));
+        check_field_errors(&cases, lookup);
+    }
+
+    #[test]
+    fn a_lookup_by_the_clients_key_says_what_to_write_instead() {
+        let cases = [
+            ("http://h/by-key/{key}", "write {forwarded_key} instead"),
+            ("http://h/by-key/x", "must contain {forwarded_key}"),
+        ];
+        for (url, want) in cases {
+            let Err(e) = lookup(&spec(url)) else {
+                panic!("{url} was accepted");
+            };
+            assert_eq!(e.field, "url");
+            assert!(e.reason.contains(want), "{e}");
+        }
     }
 
     #[test]
     fn defaults_apply() {
-        let lookup = Lookup::new(&spec("http://h:1/p/{key}")).unwrap();
-        assert_eq!(lookup.method(), Method::GET);
-        assert_eq!(lookup.verdict(200), Verdict::Found);
-        assert_eq!(lookup.verdict(404), Verdict::NotFound);
-        assert_eq!(lookup.verdict(500), Verdict::Unknown);
-        assert_eq!(lookup.timeout(), Duration::from_millis(TIMEOUT_MS_DEFAULT));
-        assert_eq!(lookup.connect_timeout(), Duration::from_millis(1_000));
-        let short = Lookup::new(&LookupSpec {
+        let declared = lookup(&spec("http://h:1/p/{forwarded_key}")).unwrap();
+        assert_eq!(declared.method(), Method::GET);
+        assert_eq!(declared.verdict(200), Verdict::Found);
+        assert_eq!(declared.verdict(404), Verdict::NotFound);
+        assert_eq!(declared.verdict(500), Verdict::Unknown);
+        assert_eq!(
+            declared.timeout(),
+            Duration::from_millis(TIMEOUT_MS_DEFAULT)
+        );
+        assert_eq!(declared.connect_timeout(), Duration::from_millis(1_000));
+        let short = lookup(&LookupSpec {
             timeout_ms: Some(300),
-            ..spec("http://h/{key}")
+            ..spec("http://h/{forwarded_key}")
         })
         .unwrap();
         assert_eq!(short.connect_timeout(), Duration::from_millis(300));
@@ -471,30 +552,67 @@ mod tests {
     fn renders_percent_encoded_values() {
         let cases = [
             (
-                "http://h:9/by-key/{key}",
-                "POST /payouts|t1",
+                "http://h:9/by-ref/{forwarded_key}",
+                "payouts|t1",
                 "payout-847_2026.W36~",
-                "http://h:9/by-key/payout-847_2026.W36~",
+                "http://h:9/by-ref/payouts%7Ct1%3Apayout-847_2026.W36~",
             ),
             (
-                "http://h/by-key/{key}",
+                "http://h/by-ref/{forwarded_key}?key={key}",
                 "op|t1",
-                "a/b?c=d&e#f%g\"h",
-                "http://h/by-key/a%2Fb%3Fc%3Dd%26e%23f%25g%22h",
+                "a/b?c=d&e#f%g\"h+\\",
+                "http://h/by-ref/op%7Ct1%3Aa%2Fb%3Fc%3Dd%26e%23f%25g%22h%2B%5C\
+                 ?key=a%2Fb%3Fc%3Dd%26e%23f%25g%22h%2B%5C",
             ),
             (
-                "http://h/{operation}/{principal}?k={key}",
+                "http://h/{operation}/{principal}?ref={forwarded_key}",
                 "POST /payouts|tenant 42|eu",
                 "k1",
-                "http://h/POST%20%2Fpayouts/tenant%2042?k=k1",
+                "http://h/POST%20%2Fpayouts/tenant%2042?ref=POST%20%2Fpayouts%7Ctenant%2042%7Ceu%3Ak1",
             ),
-            ("http://h/{principal}/{key}", "bare-op", "k", "http://h//k"),
+            (
+                "http://h/{principal}/{forwarded_key}",
+                "bare-op",
+                "k",
+                "http://h//bare-op%3Ak",
+            ),
         ];
         for (template, scope, key, want) in cases {
-            let lookup = Lookup::new(&spec(template)).unwrap();
-            let url = lookup.url_for(&id(scope, key));
+            let url = lookup(&spec(template)).unwrap().url_for(&id(scope, key));
             assert_eq!(url, want);
             assert!(url.parse::<Uri>().is_ok(), "{url}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the key and the template's text around it, the URL
+        /// parses, and the provider reads back exactly the forwarded
+        /// reference: one path segment, or one query value.
+        #[test]
+        fn the_provider_reads_back_exactly_the_forwarded_reference(
+            key in "[!-~]{1,64}",
+            principal in "[a-z0-9]{1,32}",
+            in_query in proptest::bool::ANY,
+        ) {
+            let template = if in_query {
+                "http://h:9/by-ref?ref={forwarded_key}&x=1"
+            } else {
+                "http://h:9/by-ref/{forwarded_key}/x"
+            };
+            let record = RecordId {
+                scope: Scope::new(format!("payouts|{principal}")).unwrap(),
+                key: IdempotencyKey::new(key.clone()).unwrap(),
+            };
+            let url: Uri = lookup(&spec(template)).unwrap().url_for(&record).parse().unwrap();
+            let encoded = if in_query {
+                url.query().and_then(|q| q.strip_prefix("ref=")?.strip_suffix("&x=1"))
+            } else {
+                url.path().strip_prefix("/by-ref/").and_then(|p| p.strip_suffix("/x"))
+            };
+            let decoded = percent_encoding::percent_decode_str(encoded.unwrap_or_default())
+                .decode_utf8()
+                .unwrap();
+            proptest::prop_assert_eq!(decoded, format!("payouts|{principal}:{key}"));
         }
     }
 
@@ -502,9 +620,9 @@ mod tests {
     fn debug_never_shows_header_values() {
         let declared = LookupSpec {
             headers: Some(vec![("authorization".into(), "Bearer s3cret".into())]),
-            ..spec("http://h/{key}")
+            ..spec("http://h/{forwarded_key}")
         };
-        let lookup = Lookup::new(&declared).unwrap();
+        let lookup = lookup(&declared).unwrap();
         for shown in [format!("{declared:?}"), format!("{lookup:?}")] {
             assert!(shown.contains("authorization"), "{shown}");
             assert!(!shown.contains("s3cret"), "{shown}");
@@ -516,7 +634,7 @@ mod tests {
         let declared: LookupSpec = toml::from_str(
             r#"
             method = "get"
-            url = "http://127.0.0.1:9000/payouts/by-key/{key}"
+            url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
             found = [200, 201]
             not_found = [404, 410]
             headers = [["authorization", "Bearer x"]]
@@ -524,7 +642,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let lookup = Lookup::new(&declared).unwrap();
+        let lookup = lookup(&declared).unwrap();
         assert_eq!(lookup.verdict(201), Verdict::Found);
         assert_eq!(lookup.verdict(410), Verdict::NotFound);
         assert_eq!(lookup.headers().len(), 1);

@@ -1,6 +1,7 @@
 //! One lookup exchange with the provider: build the request from the
-//! record's key, send it once (the client never retries on its own), and
-//! turn the answer into a finding or a failure.
+//! reference the gateway forwarded for the record, send it once (the client
+//! never retries on its own), and turn the answer into a finding or a
+//! failure.
 
 use bytes::Bytes;
 use http::{Request, Uri, header};

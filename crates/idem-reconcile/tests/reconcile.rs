@@ -17,7 +17,8 @@ use idem_core::{
     Resolution, Scope, State, Store, StoredResult, Timestamp,
 };
 use idem_reconcile::{
-    Lookup, LookupSpec, RESOLVED_BY, ReconcileReport, ReconcileSettings, ReconcileSpec, Reconciler,
+    ForwardedKey, Lookup, LookupSpec, RESOLVED_BY, ReconcileReport, ReconcileSettings,
+    ReconcileSpec, Reconciler,
 };
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
@@ -116,17 +117,20 @@ impl Harness {
     }
 
     fn lookup_url(&self) -> String {
-        format!("{}/payouts/by-key/{{key}}", self.base)
+        format!("{}/payouts/by-key/{{forwarded_key}}", self.base)
     }
 
     fn reconciler(&self, settings: ReconcileSpec, url: &str) -> Reconciler {
-        let lookup = Lookup::new(&LookupSpec {
-            url: Some(url.to_owned()),
-            headers: Some(vec![("authorization".into(), "Bearer lookup".into())]),
-            timeout_ms: Some(300),
-            connect_timeout_ms: Some(200),
-            ..Default::default()
-        })
+        let lookup = Lookup::new(
+            &LookupSpec {
+                url: Some(url.to_owned()),
+                headers: Some(vec![("authorization".into(), "Bearer lookup".into())]),
+                timeout_ms: Some(300),
+                connect_timeout_ms: Some(200),
+                ..Default::default()
+            },
+            forwarded_as_is(),
+        )
         .unwrap();
         let settings = ReconcileSettings::new(&ReconcileSpec {
             seed: Some(7),
@@ -147,6 +151,12 @@ impl Harness {
     fn hits(&self) -> usize {
         self.provider.hits.load(Ordering::SeqCst)
     }
+}
+
+/// The key forwarded as it came, as a route with the default template
+/// does; the provider here knows each effect by that key.
+fn forwarded_as_is() -> ForwardedKey {
+    Arc::new(|id: &RecordId| id.key.as_str().to_owned())
 }
 
 fn claim_request(operation: &str, key: &str) -> ClaimRequest {
@@ -320,7 +330,7 @@ async fn provider_down_backs_off_then_leaves_the_record_for_an_operator() {
     let h = Harness::new().await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!(
-        "http://{}/payouts/by-key/{{key}}",
+        "http://{}/payouts/by-key/{{forwarded_key}}",
         closed.local_addr().unwrap()
     );
     drop(closed);
@@ -553,10 +563,13 @@ async fn run_scans_until_shutdown() {
 #[test]
 fn operations_are_checked() {
     let lookup = || {
-        Lookup::new(&LookupSpec {
-            url: Some("http://127.0.0.1:1/{key}".into()),
-            ..Default::default()
-        })
+        Lookup::new(
+            &LookupSpec {
+                url: Some("http://127.0.0.1:1/{forwarded_key}".into()),
+                ..Default::default()
+            },
+            forwarded_as_is(),
+        )
         .unwrap()
     };
     let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new(Arc::new(ManualClock::new(

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use idem_gateway::{GatewayConfig, Overrides};
+use idem_gateway::GatewayConfig;
 
 use crate::records::Format;
 
@@ -17,9 +17,10 @@ use crate::records::Format;
 pub struct CheckArgs {
     /// Contract files to judge.
     files: Vec<PathBuf>,
-    /// A gateway config: judge every route's principal, and the contract
-    /// each route names, cross-checked against the route's retention, lease
-    /// and policies.
+    /// A gateway config: judge every route's principal, whether its
+    /// [[lookup]] can tell tenants apart (gateway.lookup_tenancy), and the
+    /// contract each route names, cross-checked against the route's
+    /// retention, lease and policies.
     #[arg(long)]
     gateway: Option<PathBuf>,
     /// Output format.
@@ -79,16 +80,17 @@ pub fn run(args: CheckArgs) -> ExitCode {
     }
 }
 
-/// The contracts of a gateway config's routes, and every route's principal;
-/// `Ok(false)` when one fails, `Err` when the config or a contract file is
-/// unreadable or invalid.
+/// The contracts of a gateway config's routes, every route's principal, and
+/// every looked-up route's tenancy; `Ok(false)` when one fails, `Err` when
+/// the config or a contract file is unreadable or invalid.
 fn gateway(
     config: &std::path::Path,
     format: Format,
     colour: bool,
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<bool> {
-    let config = GatewayConfig::load_offline(config, &Overrides::default())?;
+    // A lookup that cannot tell tenants apart is a finding here, not an error.
+    let config = GatewayConfig::load_for_review(config)?;
     let mut contracts = idem_gateway::contracts::evaluate(&config).into_iter();
     let mut passed = true;
     for route in &config.routes {
@@ -106,6 +108,9 @@ fn gateway(
             None => (None, Vec::new(), None),
         };
         cross.push(principal);
+        if idem_gateway::contracts::has_lookup(&config, route) {
+            cross.push(idem_gateway::contracts::lookup_tenancy(route));
+        }
         let ok =
             report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
         passed &= ok;

@@ -143,8 +143,8 @@ async fn an_early_not_found_never_releases_an_attempt_that_may_still_commit() {
         "response_timeout_ms = 1000\n\
          [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\n\
          [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/commit-late\"\n\
-         lease_ms = 3500\n\
-         [[lookup]]\nroute = \"payouts\"\nurl = \"{base}/by-key/{{key}}\"\ntimeout_ms = 500\n"
+         lease_ms = 3500\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [[lookup]]\nroute = \"payouts\"\nurl = \"{base}/by-key/{{forwarded_key}}\"\ntimeout_ms = 500\n"
     ));
     let gw = Gateway::start(&base, &site.store(), Some(&config));
     let url = gw.url("/commit-late");

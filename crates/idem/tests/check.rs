@@ -96,8 +96,9 @@ fn gateway_config(site: &Site, contract: &str, retention_s: u64) -> PathBuf {
     let text = format!(
         "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\nretention_s = {retention_s}\n\
          principal = {{ header = \"x-tenant-id\" }}\n\
+         forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
          tombstone_s = 31536000\ncontract = {:?}\n\
-         [[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9/payouts/by-key/{{key}}\"\n",
+         [[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9/payouts/by-key/{{forwarded_key}}\"\n",
         example(contract)
     );
     site.config(&text)

@@ -11,12 +11,14 @@ use std::time::Duration;
 use support::{Gateway, Reply, Site, Upstream, eventually, key, post};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+/// A reference per tenant upstream, so that a lookup by it tells tenants apart.
+const FORWARD: &str = "forward_key = { template = \"{scope_digest}:{key}\" }";
 
 /// Routes `payouts` (`/slow`), `payouts-before` (`/slow-before`) and
 /// `failing` (`/fail`), each with a lookup at the provider; leases of 1 s and
 /// a reconciler scanning every second.
 fn config(site: &Site, up: &Upstream) -> PathBuf {
-    let lookup = format!("{}/payouts/by-key/{{key}}", up.url());
+    let lookup = format!("{}/payouts/by-key/{{forwarded_key}}", up.url());
     let mut text = String::from(
         "response_timeout_ms = 900\n\
          [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\nmax_tries = 100\n",
@@ -27,7 +29,7 @@ fn config(site: &Site, up: &Upstream) -> PathBuf {
         ("failing", "/fail"),
     ] {
         text.push_str(&format!(
-            "[[route]]\nname = \"{name}\"\nmethods = [\"POST\"]\npath = \"{path}\"\nlease_ms = 1000\n\
+            "[[route]]\nname = \"{name}\"\nmethods = [\"POST\"]\npath = \"{path}\"\nlease_ms = 1000\n{FORWARD}\n\
              [[lookup]]\nroute = \"{name}\"\nurl = \"{lookup}\"\ntimeout_ms = 500\nconnect_timeout_ms = 200\n"
         ));
     }
@@ -180,8 +182,9 @@ async fn a_gateway_frozen_past_its_lease_cannot_complete_late() {
 async fn reconcile_once_resolves_from_the_shell() {
     let (up, site) = (Upstream::start().await, Site::new());
     // The gateway runs without lookups; the operator's config has one.
-    let plain =
-        site.config("[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n");
+    let plain = site.config(&format!(
+        "[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n{FORWARD}\n"
+    ));
     let gw = Gateway::start(&up.url(), &site.store(), Some(&plain));
     assert_eq!(
         post(&gw.url("/fail"), &[key("cron-1")], PAYOUT)
@@ -193,8 +196,8 @@ async fn reconcile_once_resolves_from_the_shell() {
     std::fs::write(
         &with_lookup,
         format!(
-            "[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n\
-             [[lookup]]\nroute = \"failing\"\nurl = \"{}/payouts/by-key/{{key}}\"\n",
+            "[[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\n{FORWARD}\n\
+             [[lookup]]\nroute = \"failing\"\nurl = \"{}/payouts/by-key/{{forwarded_key}}\"\n",
             up.url()
         ),
     )
