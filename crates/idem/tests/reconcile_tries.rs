@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use support::{Gateway, Site, Upstream, key, post};
+use support::{Gateway, PgSchema, Site, Upstream, key, post};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 
@@ -62,27 +62,22 @@ fn counts(out: &Output) -> (Option<i32>, [u64; 4]) {
     (out.status.code(), counted)
 }
 
-/// A record whose outcome is unknown, made by a real gateway.
-async fn ambiguous(site: &Site, up: &Upstream, k: &str) {
-    let gw = Gateway::start(&up.url(), &site.store(), Some(&gateway_config(site)));
+/// A record whose outcome is unknown, made by a real gateway on `store`.
+async fn ambiguous(site: &Site, up: &Upstream, store: &str, k: &str) {
+    let gw = Gateway::start_url(&up.url(), store, Some(&gateway_config(site)));
     let lost = post(&gw.url("/fail"), &[key(k)], PAYOUT).await;
     assert_eq!(lost.status, 500, "{}", gw.logs());
 }
 
 /// Lookups answering 503: every run exits 1; the second failure leaves
 /// the record for an operator, and later runs say so without asking the
-/// provider. Once the provider answers and an operator's record is gone,
-/// a run that completes the record exits 0, and so does one with nothing
+/// provider. Once an operator resolved it and the provider answers, a run
+/// that completes another record exits 0, and so does one with nothing
 /// to do.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cron_runs_exit_1_while_a_lookup_fails_and_give_up_after_max_tries() {
-    let (up, site) = (Upstream::start().await, Site::new());
-    ambiguous(&site, &up, "cron-503").await;
+async fn cron_runs(site: &Site, up: &Upstream, store: &str) {
+    ambiguous(site, up, store, "cron-503").await;
     up.set_lookup_down(true);
-    let (config, store) = (
-        cron_config(&site, &up),
-        format!("sqlite://{}", site.store().display()),
-    );
+    let config = cron_config(site, up);
     // (exit code, [completed, retried, gave_up, waiting], lookups so far)
     let runs: [(Option<i32>, [u64; 4], usize); 3] = [
         (Some(1), [0, 1, 0, 0], 1),
@@ -91,30 +86,23 @@ async fn cron_runs_exit_1_while_a_lookup_fails_and_give_up_after_max_tries() {
     ];
     for (run, (code, counted, lookups)) in runs.into_iter().enumerate() {
         std::thread::sleep(std::time::Duration::from_millis(2)); // the 1 ms backoff
-        let out = reconcile(&config, &store);
-        assert_eq!(
-            counts(&out),
-            (code, counted),
-            "run {run}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = reconcile(&config, store);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(counts(&out), (code, counted), "run {run}: {log}");
         assert_eq!(up.lookups(), lookups, "run {run}: lookups asked");
     }
-    let last = reconcile(&config, &store);
-    assert!(
-        String::from_utf8_lossy(&last.stderr).contains("needs an operator"),
-        "a run warns about the record left for an operator: {}",
-        String::from_utf8_lossy(&last.stderr)
-    );
+    let last = reconcile(&config, store);
+    let log = String::from_utf8_lossy(&last.stderr);
+    assert!(log.contains("needs an operator"), "a run warns: {log}");
 
-    ambiguous(&site, &up, "cron-found").await;
+    ambiguous(site, up, store, "cron-found").await;
     up.set_lookup_down(false);
-    let (scope, token) = listed(&store, "cron-503");
+    let (scope, token) = listed(store, "cron-503");
     let out = support::idem(&[
         "records",
         "resolve",
         "--store",
-        &store,
+        store,
         &scope,
         "cron-503",
         "--token",
@@ -128,16 +116,25 @@ async fn cron_runs_exit_1_while_a_lookup_fails_and_give_up_after_max_tries() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = reconcile(&config, &store);
-    assert_eq!(
-        counts(&out),
-        (Some(0), [1, 0, 0, 0]),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = reconcile(&config, &store);
+    let out = reconcile(&config, store);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(counts(&out), (Some(0), [1, 0, 0, 0]), "{log}");
+    let out = reconcile(&config, store);
     assert_eq!(counts(&out), (Some(0), [0, 0, 0, 0]), "nothing left to do");
     assert_eq!(up.effects().len(), 2, "one effect per key, none added");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_runs_on_sqlite_exit_1_while_a_lookup_fails_and_give_up_after_max_tries() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let store = format!("sqlite://{}", site.store().display());
+    cron_runs(&site, &up, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_runs_on_postgres_exit_1_while_a_lookup_fails_and_give_up_after_max_tries() {
+    let (up, site, schema) = (Upstream::start().await, Site::new(), PgSchema::new("cron"));
+    cron_runs(&site, &up, &schema.store_url()).await;
 }
 
 /// The scope and token of the record with key `k`, as `idem records list`
