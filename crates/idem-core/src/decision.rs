@@ -861,6 +861,14 @@ mod tests {
     /// it is refused.
     #[test]
     fn failed_lookups_count_per_attempt() {
+        /// (name, record, kept tries, token presented, expected answer)
+        type Row<'r> = (
+            &'static str,
+            Option<&'r Record>,
+            Option<LookupTries>,
+            u64,
+            Result<LookupTries, StoreError>,
+        );
         let ambiguous = record(State::Ambiguous);
         let id = ambiguous.id.clone();
         let next_at = NOW.plus_millis(500);
@@ -892,13 +900,7 @@ mod tests {
         };
         let in_progress = record(State::InProgress);
         let completed = with(State::Completed, |r| r.expires_at = Some(NOW)).unwrap();
-        let cases: Vec<(
-            &str,
-            Option<&Record>,
-            Option<LookupTries>,
-            u64,
-            Result<LookupTries, StoreError>,
-        )> = vec![
+        let cases: Vec<Row<'_>> = vec![
             ("first failure", Some(&ambiguous), None, 7, counted(1)),
             (
                 "third failure",

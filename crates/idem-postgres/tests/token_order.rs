@@ -4,6 +4,8 @@
 //! an earlier one, because the fast path takes its token from the sequence
 //! before it knows whether the key is free. docs/stores.md says so.
 
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
+
 mod support;
 
 use std::time::Duration;
