@@ -278,23 +278,7 @@ pub fn resolve(
     now: Timestamp,
 ) -> Result<(Write, JournalEntry), StoreError> {
     resolution.check_limits()?;
-    let Some(record) = existing else {
-        return Err(StoreError::NotFound { id: id.clone() });
-    };
-    if record.token != token {
-        return Err(StoreError::Fenced {
-            id: id.clone(),
-            presented: token,
-            current: Some((record.token, record.state_at(now))),
-        });
-    }
-    if record.state != State::Ambiguous {
-        return Err(StoreError::WrongState {
-            id: id.clone(),
-            state: record.state_at(now),
-            operation: "resolve",
-        });
-    }
+    let record = ambiguous_attempt(existing, id, token, now, "resolve")?;
     if resolution.outcome == Outcome::NotExecuted && now < record.lease_until {
         return Err(StoreError::MayStillCommit {
             id: id.clone(),
@@ -347,23 +331,7 @@ pub fn note_failed_lookup(
     next_at: Timestamp,
     now: Timestamp,
 ) -> Result<LookupTries, StoreError> {
-    let Some(record) = existing else {
-        return Err(StoreError::NotFound { id: id.clone() });
-    };
-    if record.token != token {
-        return Err(StoreError::Fenced {
-            id: id.clone(),
-            presented: token,
-            current: Some((record.token, record.state_at(now))),
-        });
-    }
-    if record.state != State::Ambiguous {
-        return Err(StoreError::WrongState {
-            id: id.clone(),
-            state: record.state_at(now),
-            operation: "count a failed lookup of",
-        });
-    }
+    ambiguous_attempt(existing, id, token, now, "count a failed lookup of")?;
     let before = tries_of_attempt(tries, token).map_or(0, |t| t.failures);
     Ok(LookupTries {
         token,
@@ -403,6 +371,36 @@ fn mark_completed(record: &mut Record, result: StoredResult, now: Timestamp) {
     record.expires_at = Some(now.plus_millis(record.retention_s.saturating_mul(1000)));
     record.tombstone_until = Some(now.plus_millis(record.tombstone_s.saturating_mul(1000)));
     record.result = Some(result);
+}
+
+/// The check of every statement about an ambiguous attempt (a verdict, a
+/// failed lookup): the record exists (`NotFound`), holds `token`
+/// (`Fenced`) and is ambiguous (`WrongState`, naming `operation`).
+fn ambiguous_attempt<'r>(
+    existing: Option<&'r Record>,
+    id: &RecordId,
+    token: Token,
+    now: Timestamp,
+    operation: &'static str,
+) -> Result<&'r Record, StoreError> {
+    let Some(record) = existing else {
+        return Err(StoreError::NotFound { id: id.clone() });
+    };
+    if record.token != token {
+        return Err(StoreError::Fenced {
+            id: id.clone(),
+            presented: token,
+            current: Some((record.token, record.state_at(now))),
+        });
+    }
+    if record.state != State::Ambiguous {
+        return Err(StoreError::WrongState {
+            id: id.clone(),
+            state: record.state_at(now),
+            operation,
+        });
+    }
+    Ok(record)
 }
 
 /// The fencing check. The state reported is the state at `now`, so the
