@@ -2,16 +2,17 @@
 //! a real backend could be, must each fail the cases written to catch them,
 //! while the same wrapper without a fault passes those cases.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use idem_conformance::{START, cases};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing, ManualClock,
-    MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved, State,
-    Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing, LookupTries,
+    ManualClock, MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved,
+    State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -126,6 +127,29 @@ async fn every_fault_is_caught() {
                 case!(journal_is_bounded_per_record),
             ],
         ),
+        (
+            Fault::TriesIgnoreToken,
+            vec![case!(failed_lookups_are_fenced_by_token)],
+        ),
+        (
+            Fault::TriesCountPerKey,
+            vec![
+                case!(failed_lookups_are_fenced_by_token),
+                case!(a_resolution_or_new_attempt_starts_tries_afresh),
+            ],
+        ),
+        (
+            Fault::TriesSurviveResolve,
+            vec![case!(a_resolution_or_new_attempt_starts_tries_afresh)],
+        ),
+        (
+            Fault::TriesForgetNextAt,
+            vec![case!(failed_lookups_are_counted_per_attempt)],
+        ),
+        (
+            Fault::TriesNotKept,
+            vec![case!(failed_lookups_are_counted_per_attempt)],
+        ),
     ];
     let quiet = QuietPanics::new();
     let mut escaped = Vec::new();
@@ -187,6 +211,17 @@ enum Fault {
     JournalForgetsReleases,
     /// The journal is read newest first.
     JournalNewestFirst,
+    /// A failed lookup counts for whichever attempt holds the record now,
+    /// whatever token it was about.
+    TriesIgnoreToken,
+    /// Failed lookups are counted per key, across its attempts.
+    TriesCountPerKey,
+    /// A count is kept after the record was resolved.
+    TriesSurviveResolve,
+    /// The time of the next lookup is lost: now is kept instead.
+    TriesForgetNextAt,
+    /// Failed lookups are answered but never kept.
+    TriesNotKept,
 }
 
 /// `MemoryStore`, wrapped, with at most one fault.
@@ -195,6 +230,8 @@ struct Broken {
     clock: Arc<SkewedClock>,
     fault: Fault,
     fake_tokens: AtomicU64,
+    /// The wrapper's own failed-lookup counts, for the faults that keep them.
+    tries: Mutex<HashMap<RecordId, LookupTries>>,
 }
 
 /// The test's clock plus a skew the wrapper may turn on.
@@ -217,6 +254,7 @@ impl Broken {
             clock,
             fault,
             fake_tokens: AtomicU64::new(1_000_000),
+            tries: Mutex::default(),
         }
     }
 
@@ -336,6 +374,51 @@ impl Store for Broken {
             match (self.fault, resolved) {
                 (Fault::ResolveSkipsStateCheck, Err(StoreError::WrongState { .. })) => Ok(None),
                 (_, resolved) => resolved,
+            }
+        })
+    }
+
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries> {
+        Box::pin(async move {
+            let token = match (self.fault, self.inner.get(id).await?) {
+                (Fault::TriesIgnoreToken, Some(current)) => current.token,
+                _ => token,
+            };
+            let next_at = match self.fault {
+                Fault::TriesForgetNextAt => self.clock.now(),
+                _ => next_at,
+            };
+            let mut noted = self.inner.note_failed_lookup(id, token, next_at).await?;
+            let mut kept = self.tries.lock().unwrap_or_else(|p| p.into_inner());
+            if self.fault == Fault::TriesCountPerKey {
+                noted.failures = kept.get(id).map_or(0, |t| t.failures) + 1;
+            }
+            kept.insert(id.clone(), noted);
+            Ok(noted)
+        })
+    }
+
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>> {
+        Box::pin(async move {
+            let kept = self
+                .tries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(id)
+                .copied();
+            match self.fault {
+                Fault::TriesNotKept => Ok(None),
+                Fault::TriesSurviveResolve => Ok(kept.filter(|t| t.token == token)),
+                _ => self.inner.lookup_tries(id, token).await,
             }
         })
     }

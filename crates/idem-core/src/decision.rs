@@ -3,7 +3,8 @@
 //! else; a store's only job is to apply one atomically to one record.
 
 use crate::record::{
-    JournalEntry, Outcome, Record, RecordId, Resolution, Resolved, State, StoredResult, Token,
+    JournalEntry, LookupTries, Outcome, Record, RecordId, Resolution, Resolved, State,
+    StoredResult, Token,
 };
 use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 
@@ -277,23 +278,7 @@ pub fn resolve(
     now: Timestamp,
 ) -> Result<(Write, JournalEntry), StoreError> {
     resolution.check_limits()?;
-    let Some(record) = existing else {
-        return Err(StoreError::NotFound { id: id.clone() });
-    };
-    if record.token != token {
-        return Err(StoreError::Fenced {
-            id: id.clone(),
-            presented: token,
-            current: Some((record.token, record.state_at(now))),
-        });
-    }
-    if record.state != State::Ambiguous {
-        return Err(StoreError::WrongState {
-            id: id.clone(),
-            state: record.state_at(now),
-            operation: "resolve",
-        });
-    }
+    let record = ambiguous_attempt(existing, id, token, now, "resolve")?;
     if resolution.outcome == Outcome::NotExecuted && now < record.lease_until {
         return Err(StoreError::MayStillCommit {
             id: id.clone(),
@@ -327,6 +312,42 @@ pub fn resolve(
     Ok((write, entry))
 }
 
+/// A failed provider lookup of the ambiguous attempt holding `token`: the
+/// tries the store keeps afterwards, `next_at` being when the next lookup
+/// may start. The count goes up by one from the tries kept about this same
+/// attempt (saturating), and starts at 1 when none are kept or they are
+/// about another attempt of the key.
+///
+/// Like a verdict, a failure is about one attempt: refused, nothing
+/// written, when the record is gone ([`StoreError::NotFound`]), belongs to
+/// another attempt ([`StoreError::Fenced`]) or is not ambiguous
+/// ([`StoreError::WrongState`]): it was resolved meanwhile, and its count
+/// must not outlive the ambiguity.
+pub fn note_failed_lookup(
+    existing: Option<&Record>,
+    tries: Option<&LookupTries>,
+    id: &RecordId,
+    token: Token,
+    next_at: Timestamp,
+    now: Timestamp,
+) -> Result<LookupTries, StoreError> {
+    ambiguous_attempt(existing, id, token, now, "count a failed lookup of")?;
+    let before = tries_of_attempt(tries, token).map_or(0, |t| t.failures);
+    Ok(LookupTries {
+        token,
+        failures: before.saturating_add(1),
+        next_at,
+    })
+}
+
+/// The tries that count for the attempt holding `token`, given the tries a
+/// store keeps for its record: none when they are about another attempt.
+/// Every store reads tries through this, so a count never carries over
+/// from one attempt of a key to the next.
+pub fn tries_of_attempt(tries: Option<&LookupTries>, token: Token) -> Option<LookupTries> {
+    tries.filter(|t| t.token == token).copied()
+}
+
 /// What the purge does with one record at `now`.
 pub fn purge(record: &Record, now: Timestamp) -> Write {
     if record.state_at(now) != State::Tombstone {
@@ -350,6 +371,36 @@ fn mark_completed(record: &mut Record, result: StoredResult, now: Timestamp) {
     record.expires_at = Some(now.plus_millis(record.retention_s.saturating_mul(1000)));
     record.tombstone_until = Some(now.plus_millis(record.tombstone_s.saturating_mul(1000)));
     record.result = Some(result);
+}
+
+/// The check of every statement about an ambiguous attempt (a verdict, a
+/// failed lookup): the record exists (`NotFound`), holds `token`
+/// (`Fenced`) and is ambiguous (`WrongState`, naming `operation`).
+fn ambiguous_attempt<'r>(
+    existing: Option<&'r Record>,
+    id: &RecordId,
+    token: Token,
+    now: Timestamp,
+    operation: &'static str,
+) -> Result<&'r Record, StoreError> {
+    let Some(record) = existing else {
+        return Err(StoreError::NotFound { id: id.clone() });
+    };
+    if record.token != token {
+        return Err(StoreError::Fenced {
+            id: id.clone(),
+            presented: token,
+            current: Some((record.token, record.state_at(now))),
+        });
+    }
+    if record.state != State::Ambiguous {
+        return Err(StoreError::WrongState {
+            id: id.clone(),
+            state: record.state_at(now),
+            operation,
+        });
+    }
+    Ok(record)
 }
 
 /// The fencing check. The state reported is the state at `now`, so the
@@ -802,6 +853,127 @@ mod tests {
             purge(&record(State::InProgress), NOW.plus_millis(1_000_000)),
             Write::None
         );
+    }
+
+    /// Every row of the failed-lookup rule: what the count becomes, and when
+    /// it is refused.
+    #[test]
+    fn failed_lookups_count_per_attempt() {
+        /// (name, record, kept tries, token presented, expected answer)
+        type Row<'r> = (
+            &'static str,
+            Option<&'r Record>,
+            Option<LookupTries>,
+            u64,
+            Result<LookupTries, StoreError>,
+        );
+        let ambiguous = record(State::Ambiguous);
+        let id = ambiguous.id.clone();
+        let next_at = NOW.plus_millis(500);
+        let kept = |token: u64, failures: u32| LookupTries {
+            token: Token(token),
+            failures,
+            next_at: NOW,
+        };
+        let counted = |failures: u32| {
+            Ok(LookupTries {
+                token: Token(7),
+                failures,
+                next_at,
+            })
+        };
+        let fenced = |presented: u64, state: State| {
+            Err(StoreError::Fenced {
+                id: id.clone(),
+                presented: Token(presented),
+                current: Some((Token(7), state)),
+            })
+        };
+        let wrong = |state: State| {
+            Err(StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "count a failed lookup of",
+            })
+        };
+        let in_progress = record(State::InProgress);
+        let completed = with(State::Completed, |r| r.expires_at = Some(NOW)).unwrap();
+        let cases: Vec<Row<'_>> = vec![
+            ("first failure", Some(&ambiguous), None, 7, counted(1)),
+            (
+                "third failure",
+                Some(&ambiguous),
+                Some(kept(7, 2)),
+                7,
+                counted(3),
+            ),
+            (
+                "saturates",
+                Some(&ambiguous),
+                Some(kept(7, u32::MAX)),
+                7,
+                counted(u32::MAX),
+            ),
+            (
+                "kept about an earlier attempt",
+                Some(&ambiguous),
+                Some(kept(6, 9)),
+                7,
+                counted(1),
+            ),
+            (
+                "kept about a later attempt",
+                Some(&ambiguous),
+                Some(kept(8, 9)),
+                7,
+                counted(1),
+            ),
+            (
+                "about an earlier attempt",
+                Some(&ambiguous),
+                Some(kept(6, 2)),
+                6,
+                fenced(6, State::Ambiguous),
+            ),
+            (
+                "about a later attempt",
+                Some(&ambiguous),
+                None,
+                8,
+                fenced(8, State::Ambiguous),
+            ),
+            (
+                "in progress",
+                Some(&in_progress),
+                None,
+                7,
+                wrong(State::InProgress),
+            ),
+            (
+                "resolved, past retention",
+                Some(&completed),
+                Some(kept(7, 1)),
+                7,
+                wrong(State::Tombstone),
+            ),
+            (
+                "no record",
+                None,
+                Some(kept(7, 1)),
+                7,
+                Err(StoreError::NotFound { id: id.clone() }),
+            ),
+        ];
+        for (name, existing, tries, token, expect) in cases {
+            let got = note_failed_lookup(existing, tries.as_ref(), &id, Token(token), next_at, NOW);
+            assert_eq!(got, expect, "{name}");
+        }
+        assert_eq!(
+            tries_of_attempt(Some(&kept(7, 2)), Token(7)),
+            Some(kept(7, 2))
+        );
+        assert_eq!(tries_of_attempt(Some(&kept(7, 2)), Token(8)), None);
+        assert_eq!(tries_of_attempt(None, Token(7)), None);
     }
 
     /// A record written before the current fingerprint form holds the legacy

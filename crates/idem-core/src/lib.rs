@@ -71,7 +71,7 @@ pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
 pub use memory::MemoryStore;
 pub use policy::{HORIZON_S_MAX, LEASE_MS_MAX, LEASE_MS_MIN, LeaseExpiry, Policy, PolicyError};
 pub use record::{
-    JOURNAL_PER_RECORD_MAX, JournalEntry, LimitError, OWNER_BYTES_MAX, Outcome,
+    JOURNAL_PER_RECORD_MAX, JournalEntry, LimitError, LookupTries, OWNER_BYTES_MAX, Outcome,
     RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, Record, RecordId, Resolution, Resolved,
     State, StoredResult, Token, check_owner,
 };

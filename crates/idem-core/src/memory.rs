@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::decision::{self, Claim, ClaimRequest, Write};
 use crate::record::{
-    JOURNAL_PER_RECORD_MAX, JournalEntry, Record, RecordId, Resolution, StoredResult, Token,
-    check_owner,
+    JOURNAL_PER_RECORD_MAX, JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult,
+    Token, check_owner,
 };
 use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError, StoreFuture};
 use crate::{Clock, State, Timestamp};
@@ -24,6 +24,8 @@ struct Inner {
     last_token: u64,
     /// The resolution journal per record, oldest first; never purged.
     journal: BTreeMap<RecordId, VecDeque<JournalEntry>>,
+    /// Failed lookups per ambiguous record; removed when it is resolved.
+    tries: BTreeMap<RecordId, LookupTries>,
 }
 
 impl MemoryStore {
@@ -128,7 +130,10 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let now = self.clock.now();
         let Inner {
-            records, journal, ..
+            records,
+            journal,
+            tries,
+            ..
         } = &mut *inner;
         let (write, entry) = match decision::resolve(records.get(id), id, token, resolution, now) {
             Ok(decided) => decided,
@@ -139,12 +144,39 @@ impl Store for MemoryStore {
             _ => None,
         };
         apply(records, id, write);
+        tries.remove(id);
         let entries = journal.entry(id.clone()).or_default();
         entries.push_back(entry);
         while entries.len() > JOURNAL_PER_RECORD_MAX {
             entries.pop_front();
         }
         ready(Ok(out))
+    }
+
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries> {
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let Inner { records, tries, .. } = &mut *inner;
+        let noted =
+            decision::note_failed_lookup(records.get(id), tries.get(id), id, token, next_at, now);
+        if let Ok(noted) = noted {
+            tries.insert(id.clone(), noted);
+        }
+        ready(noted)
+    }
+
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>> {
+        let inner = self.lock();
+        ready(Ok(decision::tries_of_attempt(inner.tries.get(id), token)))
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {

@@ -136,6 +136,23 @@ pub struct JournalEntry {
     pub at: Timestamp,
 }
 
+/// The failed provider lookups of one ambiguous attempt, kept by the store
+/// beside its record so that every reconciler (a restarted gateway, the
+/// next cron run of `idem reconcile --once`, another node) counts the same
+/// tries and waits the same backoff. A store keeps at most one per record
+/// and deletes it when the record is resolved, so there are never more
+/// than there are ambiguous records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LookupTries {
+    /// The attempt the lookups were about: a count never carries over to
+    /// another attempt of the same key.
+    pub token: Token,
+    /// Failed lookups of that attempt, at least 1.
+    pub failures: u32,
+    /// When the next lookup may start (store clock).
+    pub next_at: Timestamp,
+}
+
 /// One record: `(scope, key) → fingerprint, state, token, owner, lease, times, result`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
-    JournalEntry, LimitError, Record, RecordId, Resolution, State, StoredResult, Token,
+    JournalEntry, LimitError, LookupTries, Record, RecordId, Resolution, State, StoredResult, Token,
 };
 
 /// The future every store operation returns. Boxed so that `dyn Store` works
@@ -44,8 +44,8 @@ pub trait Store: Send + Sync {
     /// Resolves an ambiguous record; returns the completed record, or `None`
     /// when it was released as not executed. A resolution that succeeds
     /// appends exactly one [`JournalEntry`] (the one `decision::resolve`
-    /// returns) in the same atomic step as the record's write; one that is
-    /// refused appends nothing.
+    /// returns) and deletes the record's [`LookupTries`] in the same atomic
+    /// step as the record's write; one that is refused changes nothing.
     ///
     /// The verdict is about the attempt holding `token` and is refused
     /// ([`StoreError::Fenced`]) when the record now belongs to another
@@ -57,6 +57,28 @@ pub trait Store: Send + Sync {
         token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>>;
+
+    /// Counts one failed provider lookup of the ambiguous attempt holding
+    /// `token` and keeps `next_at`, the earliest time of its next lookup:
+    /// [`crate::decision::note_failed_lookup`] applied atomically to the
+    /// record and its kept tries. Returns the tries now kept. Refused,
+    /// nothing written, when the record is gone, belongs to another attempt
+    /// or is no longer ambiguous.
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries>;
+
+    /// The failed lookups kept for the attempt holding `token` of `id`
+    /// (through [`crate::decision::tries_of_attempt`]): `None` when none
+    /// failed, or the kept tries are about another attempt.
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>>;
 
     /// The resolution journal of (scope, key), oldest first: every
     /// resolution of every ambiguity episode of the key, whether the record

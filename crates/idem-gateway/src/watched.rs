@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
-    Resolution, Store, StoreError, StoreFuture, StoredResult, Token,
+    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
+    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
 };
 use tokio::sync::watch;
 
@@ -82,6 +82,23 @@ impl Store for Watched {
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         self.watch(self.inner.resolve(id, token, resolution))
+    }
+
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries> {
+        self.watch(self.inner.note_failed_lookup(id, token, next_at))
+    }
+
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>> {
+        self.watch(self.inner.lookup_tries(id, token))
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {

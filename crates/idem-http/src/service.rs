@@ -604,6 +604,21 @@ mod tests {
         ) -> StoreFuture<'a, Option<Record>> {
             self.0.resolve(id, token, resolution)
         }
+        fn note_failed_lookup<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+            next_at: idem_core::Timestamp,
+        ) -> StoreFuture<'a, idem_core::LookupTries> {
+            self.0.note_failed_lookup(id, token, next_at)
+        }
+        fn lookup_tries<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+        ) -> StoreFuture<'a, Option<idem_core::LookupTries>> {
+            self.0.lookup_tries(id, token)
+        }
         fn resolutions<'a>(
             &'a self,
             id: &'a RecordId,

@@ -69,7 +69,9 @@
 //! journal `resolutions` keyed by `(scope, key, seq)` (appended in the
 //! resolve's transaction, never purged, the last
 //! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries
-//! per record), the sequence `tokens`, and `schema_version` (one row,
+//! per record), `lookup_tries` keyed by `(scope, key)` (the failed provider
+//! lookups of each ambiguous attempt, deleted in the resolve's
+//! transaction), the sequence `tokens`, and `schema_version` (one row,
 //! [`SCHEMA_VERSION`]). `connect` creates and migrates them in one
 //! transaction under an advisory lock, so nodes starting together do not
 //! race.
@@ -83,9 +85,11 @@ mod schema;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use idem_core::decision;
 use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
-    Resolution, Store, StoreError, StoreFuture, StoredResult, Token, check_owner,
+    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
+    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    check_owner,
 };
 use tokio_postgres::NoTls;
 
@@ -276,7 +280,7 @@ impl PgStore {
     async fn modify<T>(
         &self,
         id: &RecordId,
-        transition: impl FnOnce(Option<&Record>, idem_core::Timestamp) -> Result<Decided<T>, StoreError>,
+        transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<T>, StoreError>,
     ) -> Result<T, StoreError> {
         self.bounded(async |client| {
             let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
@@ -352,6 +356,32 @@ impl Store for PgStore {
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(self.modify(id, ops::resolve(id, token, resolution)))
+    }
+
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries> {
+        Box::pin(self.bounded(async move |client| {
+            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let exec = Exec::PooledTx(&tx);
+            let noted = ops::note_failed_lookup(&exec, &self.ctx, id, token, next_at).await?;
+            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            Ok(noted)
+        }))
+    }
+
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>> {
+        Box::pin(self.bounded(async move |client| {
+            let kept = ops::tries(&Exec::Pooled(client), &self.ctx, id).await?;
+            Ok(decision::tries_of_attempt(kept.as_ref(), token))
+        }))
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {

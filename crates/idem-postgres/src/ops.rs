@@ -12,8 +12,8 @@ use std::sync::Arc;
 use idem_core::decision::{self, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
-    Listing, PurgeReport, Record, RecordId, Resolution, State, StoreError, StoredResult, Timestamp,
-    Token,
+    Listing, LookupTries, PurgeReport, Record, RecordId, Resolution, State, StoreError,
+    StoredResult, Timestamp, Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -212,8 +212,71 @@ pub(crate) async fn modify<T>(
     apply(exec, ctx, id, write).await?;
     if let Some(entry) = entry {
         append_journal(exec, ctx, &entry).await?;
+        // A resolution ends the ambiguity, and its failed lookups with it.
+        let params: [Param<'_>; 2] = [
+            (&id.scope.as_str(), Type::TEXT),
+            (&id.key.as_str(), Type::TEXT),
+        ];
+        ctx.query(exec, &ctx.schema.tries_delete, &params).await?;
     }
     Ok(out)
+}
+
+/// `decision::note_failed_lookup` under the record's lock: the record and
+/// the tries kept for it read, the new tries written, in the caller's
+/// transaction.
+pub(crate) async fn note_failed_lookup(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+    token: Token,
+    next_at: Timestamp,
+) -> Result<LookupTries, StoreError> {
+    let (now, existing) = lock(exec, ctx, id).await?;
+    let kept = tries(exec, ctx, id).await?;
+    let noted =
+        decision::note_failed_lookup(existing.as_ref(), kept.as_ref(), id, token, next_at, now)?;
+    let (token, failures, next_at) = (
+        int(noted.token.0),
+        i64::from(noted.failures),
+        int(noted.next_at.as_millis()),
+    );
+    let params: [Param<'_>; 5] = [
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+        (&token, Type::INT8),
+        (&failures, Type::INT8),
+        (&next_at, Type::INT8),
+    ];
+    ctx.query(exec, &ctx.schema.tries_put, &params).await?;
+    Ok(noted)
+}
+
+/// The failed lookups kept for `id`, whichever attempt they are about.
+pub(crate) async fn tries(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+) -> Result<Option<LookupTries>, StoreError> {
+    let params: [Param<'_>; 2] = [
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.tries_get, &params).await?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let damaged = |why: String| ctx.damaged(&format!("the failed lookups of {id}"), why);
+    let token = row::unsigned(row, 0, "token").map_err(damaged)?;
+    let failures = row::unsigned(row, 1, "failures").map_err(damaged)?;
+    let failures = u32::try_from(failures)
+        .map_err(|_| damaged(format!("failures is {failures}, more than a u32")))?;
+    let next_at = row::time(row, 2, "next_at_ms").map_err(damaged)?;
+    Ok(Some(LookupTries {
+        token: Token(token),
+        failures,
+        next_at,
+    }))
 }
 
 /// `decision::complete` as a transition for [`modify`]: the completed

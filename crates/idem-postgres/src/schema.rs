@@ -64,6 +64,18 @@ const MIGRATIONS: &[&str] = &[
         at_ms BIGINT NOT NULL,
         PRIMARY KEY (scope, key, seq)
     );",
+    // 3: failed provider lookups of the ambiguous attempt holding `token`,
+    // at most one row per record, written under the record's lock and
+    // deleted in the transaction that resolves it: the table holds no more
+    // rows than there are ambiguous records.
+    "CREATE TABLE {s}.lookup_tries (
+        scope TEXT COLLATE \"C\" NOT NULL,
+        key TEXT COLLATE \"C\" NOT NULL,
+        token BIGINT NOT NULL,
+        failures BIGINT NOT NULL,
+        next_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (scope, key)
+    );",
 ];
 
 /// The schema version this build writes and reads.
@@ -105,6 +117,12 @@ pub(crate) struct Schema {
     pub(crate) journal_append: String,
     /// A record's newest `$3` journal entries, oldest first.
     pub(crate) journal_get: String,
+    /// The failed lookups kept for one record.
+    pub(crate) tries_get: String,
+    /// Keeps the failed lookups of one record, replacing what was kept.
+    pub(crate) tries_put: String,
+    /// Drops the failed lookups of a record that was resolved.
+    pub(crate) tries_delete: String,
     /// `SELECT <columns> FROM records`, the start of a list query.
     pub(crate) select: String,
     /// The same joined with `now` (one row, column `ms`: the store's now as
@@ -185,6 +203,17 @@ impl Schema {
                  SELECT * FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
                  ORDER BY seq DESC LIMIT $3) AS newest ORDER BY seq"
             ),
+            tries_get: format!(
+                "SELECT token, failures, next_at_ms FROM {s}.lookup_tries \
+                 WHERE scope = $1 AND key = $2"
+            ),
+            tries_put: format!(
+                "INSERT INTO {s}.lookup_tries (scope, key, token, failures, next_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO UPDATE SET \
+                 token = EXCLUDED.token, failures = EXCLUDED.failures, \
+                 next_at_ms = EXCLUDED.next_at_ms"
+            ),
+            tries_delete: format!("DELETE FROM {s}.lookup_tries WHERE scope = $1 AND key = $2"),
             select: format!("SELECT {cols} FROM {s}.records"),
             select_at_now: format!(
                 "WITH now AS MATERIALIZED (SELECT {now} AS ms) \

@@ -18,10 +18,13 @@
 //! | --- | --- |
 //! | a `found` status | completed with the answer (status, content-type, location, content-location, body ≤ 1 MiB), resolved by `reconciler` |
 //! | a `not_found` status | released (resolved as not executed), so a retry may run |
-//! | anything else, no answer, a timeout, a body too large | stays ambiguous; tried again after a jittered exponential backoff; after `max_tries` left for an operator |
+//! | anything else, no answer, a timeout, a body too large | stays ambiguous; the failure is counted in the store; tried again after a jittered exponential backoff; after `max_tries` failures left for an operator |
 //!
 //! Records whose operation has no lookup are left for an operator without
-//! any request. Try counts live in memory: a restart resets them.
+//! any request. Failed lookups are counted in the store per attempt
+//! ([`idem_core::Store::note_failed_lookup`]), so restarts, other nodes and
+//! cron runs share one count and one backoff; a resolution or a new
+//! attempt of the key starts afresh.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::{
-    Clock, DamagedRow, ListCursor, ListQuery, Listing, Outcome, RecordId, Resolution, State, Store,
-    StoreError, Timestamp, Token,
+    Clock, DamagedRow, ListCursor, ListQuery, Listing, LookupTries, Outcome, RecordId, Resolution,
+    State, Store, StoreError, Timestamp, Token,
 };
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
@@ -23,7 +23,8 @@ use crate::settings::{ConfigError, ReconcileSettings};
 
 /// Who the reconciler's resolutions are recorded as resolved by.
 pub const RESOLVED_BY: &str = "reconciler";
-/// The most records whose tries are remembered at once (see [`Reconciler`]).
+/// The most records a reconciler remembers hints about at once (see
+/// [`Reconciler`]); past it, records are looked at without them.
 pub const TRACKED_MAX: usize = 100_000;
 
 /// Called after each resolution the reconciler makes, with who resolved it
@@ -33,11 +34,13 @@ pub type ResolutionHook = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 /// Resolves ambiguous records by asking each route's provider.
 ///
-/// Try counts and backoff live in memory, in a map bounded by
-/// [`TRACKED_MAX`]: a restart resets them, so a record left for an operator
-/// is tried again `max_tries` times after a restart. One `run_once` is one
-/// try at most per record, so `idem reconcile --once` never gives up on a
-/// record unless `max_tries` is 1.
+/// Failed lookups are counted in the store, per attempt
+/// ([`Store::note_failed_lookup`]), with the time the next lookup may
+/// start: a restarted gateway, another node and each cron run of `idem
+/// reconcile --once` continue the same count and backoff, and give up on a
+/// record after `max_tries` failures in all. Only hints live in memory,
+/// bounded by [`TRACKED_MAX`]: which warnings were logged, and when an
+/// attempt whose "not executed" was refused ends its lease.
 pub struct Reconciler {
     store: Arc<dyn Store>,
     probers: HashMap<String, Arc<Prober>>,
@@ -62,18 +65,20 @@ pub struct ReconcileReport {
     /// Not found by the provider: released, so a retry may run.
     pub released: u64,
     /// The lookup failed (other status, connect error, timeout, body too
-    /// large); tried again after a backoff.
+    /// large) and was counted; tried again after a backoff.
     pub retried: u64,
-    /// Skipped: the backoff of an earlier failed lookup has not elapsed.
+    /// Skipped: the backoff of an earlier failed lookup has not elapsed, or
+    /// the provider has not seen an attempt whose lease still runs.
     pub waiting: u64,
-    /// Left for an operator: `max_tries` lookups failed.
+    /// Left for an operator: `max_tries` lookups of its attempt failed, in
+    /// this scan or earlier ones (of any reconciler on the store).
     pub gave_up: u64,
     /// Left for an operator: the record's operation has no lookup configured.
     pub no_lookup: u64,
     /// Resolved or released by someone else meanwhile: nothing to do.
     pub resolved_elsewhere: u64,
-    /// The store failed (listing or resolving), or the record could not be
-    /// tracked; tried again on a later scan, no try counted.
+    /// The store failed (listing, reading or counting tries, resolving);
+    /// tried again on a later scan, no try counted.
     pub errors: u64,
     /// Stored rows that cannot be read (listed, skipped, logged).
     pub damaged: u64,
@@ -87,20 +92,23 @@ struct ScanState {
     lease_cursor: Option<ListCursor>,
     /// Number of the current pass over all ambiguous records.
     pass: u64,
+    /// Hints about records seen in this process, bounded by [`TRACKED_MAX`].
     tracked: HashMap<RecordId, Tracked>,
     rng: SplitMix64,
     /// The earliest instant the next lookup may start (the rate limit).
     next_start: Instant,
 }
 
-/// One ambiguous record's history in this process.
+/// What this process remembers about one ambiguous record: hints only,
+/// the try count is in the store.
 struct Tracked {
     /// The token of the attempt it was tracked for: a new ambiguity of the
     /// same key (after a release and a new claim) starts afresh.
     token: Token,
-    failures: u32,
-    next_at: Timestamp,
-    parked: Option<Parked>,
+    /// The provider has not seen the attempt, whose lease runs until then.
+    not_before: Option<Timestamp>,
+    /// Why it was left for an operator, once that warning was logged.
+    warned: Option<Parked>,
     /// The last pass that saw it; records not seen in a whole pass are forgotten.
     pass: u64,
 }
@@ -112,11 +120,13 @@ enum Parked {
     NoLookup,
 }
 
-/// A record whose lookup is due: the attempt it is about, and how to ask.
+/// A record whose lookup is due: the attempt it is about, how to ask, and
+/// how long to wait before the next lookup should this one fail.
 struct Due {
     id: RecordId,
     token: Token,
     prober: Arc<Prober>,
+    delay_ms: u64,
 }
 
 /// What one lookup task came to.
@@ -131,7 +141,11 @@ enum Step {
         until: Timestamp,
     },
     StoreFailed(String),
-    LookupFailed(String),
+    /// The lookup failed and was counted: the tries now kept.
+    LookupFailed {
+        reason: String,
+        tries: LookupTries,
+    },
 }
 
 impl Reconciler {
@@ -217,11 +231,15 @@ impl Reconciler {
         state.cursor = page.next;
         report.scanned = page.records.len() as u64;
         let now = self.clock.now();
-        let due: Vec<Due> = page
-            .records
-            .into_iter()
-            .filter_map(|r| self.triage(&mut state, r.id, r.token, now, &mut report))
-            .collect();
+        let mut due = Vec::with_capacity(page.records.len());
+        for r in page.records {
+            if let Some(d) = self
+                .triage(&mut state, r.id, r.token, now, &mut report)
+                .await
+            {
+                due.push(d);
+            }
+        }
         self.look_up(&mut state, due, &mut report).await;
         if pass_ended {
             state.end_pass();
@@ -301,8 +319,9 @@ impl Reconciler {
         self.store.list(&query).await
     }
 
-    /// Decides what to do with one listed record now; `Some` when a lookup is due.
-    fn triage(
+    /// Decides what to do with one listed record now, from the tries the
+    /// store keeps for its attempt; `Some` when a lookup is due.
+    async fn triage(
         &self,
         state: &mut ScanState,
         id: RecordId,
@@ -310,39 +329,53 @@ impl Reconciler {
         now: Timestamp,
         report: &mut ReconcileReport,
     ) -> Option<Due> {
-        let pass = state.pass;
         let (operation, _) = scope_parts(&id);
         let prober = self.probers.get(operation).cloned();
-        if state.tracked.get(&id).is_some_and(|t| t.token != token) {
-            state.tracked.remove(&id);
-        }
-        if !state.tracked.contains_key(&id) && state.tracked.len() >= TRACKED_MAX {
-            tracing::warn!(record = %id, "reconciler tracks {TRACKED_MAX} records already; this one waits for the next pass");
-            report.errors += 1;
-            return None;
-        }
-        let tracked = state.tracked.entry(id.clone()).or_insert(Tracked {
-            token,
-            failures: 0,
-            next_at: now,
-            parked: None,
-            pass,
-        });
-        tracked.pass = pass;
         let Some(prober) = prober else {
-            if tracked.parked != Some(Parked::NoLookup) {
-                tracked.parked = Some(Parked::NoLookup);
+            if state.warn_once(&id, token, Parked::NoLookup) {
                 tracing::warn!(record = %id, operation, "ambiguous record needs an operator: no lookup configured for its operation");
             }
             report.no_lookup += 1;
             return None;
         };
-        match tracked.parked {
-            Some(_) => report.gave_up += 1,
-            None if tracked.next_at > now => report.waiting += 1,
-            None => return Some(Due { id, token, prober }),
+        if state
+            .not_before(&id, token)
+            .is_some_and(|until| until > now)
+        {
+            report.waiting += 1;
+            return None;
         }
-        None
+        let tries = match self.store.lookup_tries(&id, token).await {
+            Ok(tries) => tries,
+            Err(e) => {
+                tracing::warn!(record = %id, error = %e, "reconciler cannot read the failed lookups of a record; it will look again");
+                report.errors += 1;
+                return None;
+            }
+        };
+        let failures = tries.map_or(0, |t| t.failures);
+        if failures >= self.settings.max_tries() {
+            if state.warn_once(&id, token, Parked::GaveUp) {
+                tracing::warn!(record = %id, tries = failures, "ambiguous record needs an operator: every lookup failed");
+            }
+            report.gave_up += 1;
+            return None;
+        }
+        if tries.is_some_and(|t| t.next_at > now) {
+            report.waiting += 1;
+            return None;
+        }
+        let backoff = Backoff {
+            base_ms: self.settings.backoff_ms(),
+            max_ms: self.settings.backoff_max_ms(),
+        };
+        let delay_ms = backoff.delay_ms(failures.saturating_add(1), &mut state.rng);
+        Some(Due {
+            id,
+            token,
+            prober,
+            delay_ms,
+        })
     }
 
     /// Looks up the due records, bounded in concurrency and rate, and
@@ -350,7 +383,13 @@ impl Reconciler {
     async fn look_up(&self, state: &mut ScanState, due: Vec<Due>, report: &mut ReconcileReport) {
         let mut tasks = JoinSet::new();
         let spacing = Duration::from_secs(1) / self.settings.rate_per_s();
-        for Due { id, token, prober } in due {
+        for Due {
+            id,
+            token,
+            prober,
+            delay_ms,
+        } in due
+        {
             while tasks.len() >= self.settings.concurrency() {
                 if let Some(done) = tasks.join_next().await {
                     self.settle(state, done, report);
@@ -359,7 +398,7 @@ impl Reconciler {
             let start = state.next_start.max(Instant::now());
             tokio::time::sleep_until(start).await;
             state.next_start = start + spacing;
-            let store = Arc::clone(&self.store);
+            let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
             tasks.spawn(async move {
                 let step = match prober.ask(&id).await {
                     Answer::Found { result, reason } => {
@@ -369,9 +408,12 @@ impl Reconciler {
                     Answer::NotFound { reason } => {
                         resolve(&*store, &id, token, Outcome::NotExecuted, &reason).await
                     }
-                    Answer::Failed { reason } => Step::LookupFailed(reason),
+                    Answer::Failed { reason } => {
+                        let next_at = clock.now().plus_millis(delay_ms);
+                        count_failure(&*store, &id, token, next_at, reason).await
+                    }
                 };
-                (id, step)
+                (id, token, step)
             });
         }
         while let Some(done) = tasks.join_next().await {
@@ -379,14 +421,15 @@ impl Reconciler {
         }
     }
 
-    /// Counts one finished lookup task and updates the record's history.
+    /// Counts one finished lookup task and updates what this process
+    /// remembers about the record.
     fn settle(
         &self,
         state: &mut ScanState,
-        done: Result<(RecordId, Step), tokio::task::JoinError>,
+        done: Result<(RecordId, Token, Step), tokio::task::JoinError>,
         report: &mut ReconcileReport,
     ) {
-        let (id, step) = match done {
+        let (id, token, step) = match done {
             Ok(done) => done,
             Err(e) => {
                 tracing::error!(error = %e, "a reconciler lookup task failed");
@@ -415,52 +458,70 @@ impl Reconciler {
             Step::NotYet { until } => {
                 // The provider has not seen the request, but the attempt may
                 // still reach it: look again once its lease is over.
-                if let Some(tracked) = state.tracked.get_mut(&id) {
-                    tracked.next_at = until;
+                if let Some(tracked) = state.track(&id, token) {
+                    tracked.not_before = Some(until);
                 }
                 report.waiting += 1;
             }
             Step::StoreFailed(reason) => {
-                tracing::warn!(record = %id, %reason, "reconciler cannot record a resolution; it will look again");
+                tracing::warn!(record = %id, %reason, "reconciler cannot record what it learned; it will look again");
                 report.errors += 1;
             }
-            Step::LookupFailed(reason) => self.failed(state, &id, &reason, report),
-        }
-    }
-
-    /// Counts a failed lookup: a backoff, or after `max_tries` an operator.
-    fn failed(
-        &self,
-        state: &mut ScanState,
-        id: &RecordId,
-        reason: &str,
-        report: &mut ReconcileReport,
-    ) {
-        let backoff = Backoff {
-            base_ms: self.settings.backoff_ms(),
-            max_ms: self.settings.backoff_max_ms(),
-        };
-        let now = self.clock.now();
-        let ScanState { tracked, rng, .. } = state;
-        let Some(tracked) = tracked.get_mut(id) else {
-            report.errors += 1; // triage tracks every record it lets through
-            return;
-        };
-        tracked.failures = tracked.failures.saturating_add(1);
-        if tracked.failures >= self.settings.max_tries() {
-            tracked.parked = Some(Parked::GaveUp);
-            report.gave_up += 1;
-            tracing::warn!(record = %id, tries = tracked.failures, %reason, "ambiguous record needs an operator: every lookup failed");
-        } else {
-            let delay_ms = backoff.delay_ms(tracked.failures, rng);
-            tracked.next_at = now.plus_millis(delay_ms);
-            report.retried += 1;
-            tracing::info!(record = %id, tries = tracked.failures, delay_ms, %reason, "reconciler lookup failed; will try again");
+            Step::LookupFailed { reason, tries } if tries.failures >= self.settings.max_tries() => {
+                state.warn_once(&id, token, Parked::GaveUp);
+                report.gave_up += 1;
+                tracing::warn!(record = %id, tries = tries.failures, %reason, "ambiguous record needs an operator: every lookup failed");
+            }
+            Step::LookupFailed { reason, tries } => {
+                report.retried += 1;
+                let next_at_ms = tries.next_at.as_millis();
+                tracing::info!(record = %id, tries = tries.failures, next_at_ms, %reason, "reconciler lookup failed; will try again");
+            }
         }
     }
 }
 
 impl ScanState {
+    /// What this process remembers about the attempt holding `token` of
+    /// `id`, seen in the current pass; a new attempt of the key starts
+    /// afresh. `None` when [`TRACKED_MAX`] records are remembered already.
+    fn track(&mut self, id: &RecordId, token: Token) -> Option<&mut Tracked> {
+        if self.tracked.get(id).is_some_and(|t| t.token != token) {
+            self.tracked.remove(id);
+        }
+        if !self.tracked.contains_key(id) && self.tracked.len() >= TRACKED_MAX {
+            return None;
+        }
+        let tracked = self.tracked.entry(id.clone()).or_insert(Tracked {
+            token,
+            not_before: None,
+            warned: None,
+            pass: self.pass,
+        });
+        tracked.pass = self.pass;
+        Some(tracked)
+    }
+
+    /// When the provider may next be asked about the attempt, if this
+    /// process was told it may still commit until then.
+    fn not_before(&mut self, id: &RecordId, token: Token) -> Option<Timestamp> {
+        self.track(id, token).and_then(|t| t.not_before)
+    }
+
+    /// True the first time the attempt is left for an operator for `why`
+    /// in this process (or whenever its memory is full), so that the
+    /// warning is logged once per process, not once per scan.
+    fn warn_once(&mut self, id: &RecordId, token: Token, why: Parked) -> bool {
+        match self.track(id, token) {
+            Some(tracked) if tracked.warned == Some(why) => false,
+            Some(tracked) => {
+                tracked.warned = Some(why);
+                true
+            }
+            None => true,
+        }
+    }
+
     /// Forgets the records not seen during the pass that ends (resolved
     /// elsewhere, by an operator or by time), so the map stays bounded.
     fn end_pass(&mut self) {
@@ -482,10 +543,45 @@ impl ReconcileReport {
         self.damaged += damaged.len() as u64;
     }
 
+    /// True when the scan leaves something for a person or a later run: a
+    /// lookup failed, a record is left for an operator (after `max_tries`
+    /// or without a lookup), the store failed or holds rows it cannot read.
+    /// Records resolved, resolved elsewhere or waiting out a backoff or a
+    /// lease need nothing. `idem reconcile --once` exits 1 when this holds.
+    pub fn needs_attention(&self) -> bool {
+        [
+            self.retried,
+            self.gave_up,
+            self.no_lookup,
+            self.errors,
+            self.damaged,
+        ]
+        .iter()
+        .any(|n| *n > 0)
+    }
+
     fn store_failed(mut self, e: &StoreError) -> ReconcileReport {
         tracing::warn!(error = %e, "reconciler cannot list ambiguous records");
         self.errors += 1;
         self
+    }
+}
+
+/// Counts a failed lookup of the attempt holding `token` in the store; a
+/// record resolved or claimed again meanwhile is not an error.
+async fn count_failure(
+    store: &dyn Store,
+    id: &RecordId,
+    token: Token,
+    next_at: Timestamp,
+    reason: String,
+) -> Step {
+    match store.note_failed_lookup(id, token, next_at).await {
+        Ok(tries) => Step::LookupFailed { reason, tries },
+        Err(
+            StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. },
+        ) => Step::Elsewhere,
+        Err(e) => Step::StoreFailed(format!("the lookup failed ({reason}) and {e}")),
     }
 }
 
@@ -549,6 +645,37 @@ impl fmt::Display for ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which counts make a scan need attention, one at a time.
+    #[test]
+    fn needs_attention_names_what_a_person_must_see() {
+        type Set = fn(&mut ReconcileReport);
+        let cases: [(&str, Set, bool); 12] = [
+            ("nothing to do", |_| {}, false),
+            ("expired leases marked", |r| r.expired_leases = 1, false),
+            ("scanned", |r| r.scanned = 1, false),
+            ("completed", |r| r.completed = 1, false),
+            ("released", |r| r.released = 1, false),
+            ("waiting", |r| r.waiting = 1, false),
+            ("resolved elsewhere", |r| r.resolved_elsewhere = 1, false),
+            ("a lookup failed", |r| r.retried = 1, true),
+            ("left after max_tries", |r| r.gave_up = 1, true),
+            ("no lookup", |r| r.no_lookup = 1, true),
+            ("store errors", |r| r.errors = 1, true),
+            ("damaged rows", |r| r.damaged = 1, true),
+        ];
+        for (name, set, expect) in cases {
+            let mut report = ReconcileReport::default();
+            set(&mut report);
+            assert_eq!(report.needs_attention(), expect, "{name}");
+        }
+        let huge = ReconcileReport {
+            retried: u64::MAX,
+            gave_up: u64::MAX,
+            ..ReconcileReport::default()
+        };
+        assert!(huge.needs_attention(), "huge counts do not overflow to 0");
+    }
 
     #[test]
     fn report_display_names_every_count() {

@@ -122,6 +122,25 @@ macro_rules! delegate_rest {
         ) -> StoreFuture<'a, Option<Record>> {
             Box::pin(async move { $inner(self, id).resolve(id, token, resolution).await })
         }
+        fn note_failed_lookup<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+            next_at: idem_core::Timestamp,
+        ) -> StoreFuture<'a, idem_core::LookupTries> {
+            Box::pin(async move {
+                $inner(self, id)
+                    .note_failed_lookup(id, token, next_at)
+                    .await
+            })
+        }
+        fn lookup_tries<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+        ) -> StoreFuture<'a, Option<idem_core::LookupTries>> {
+            Box::pin(async move { $inner(self, id).lookup_tries(id, token).await })
+        }
         fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
             Box::pin(async move { $inner(self, id).resolutions(id).await })
         }

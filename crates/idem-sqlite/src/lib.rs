@@ -57,7 +57,9 @@
 //! resolution journal `resolutions`, keyed by `(scope, key, seq)`, which
 //! outlives releases and purges and keeps the last
 //! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries per
-//! record; a one-row table `meta` holds the fencing counter, so tokens keep
+//! record; `lookup_tries`, keyed by `(scope, key)`, the failed provider
+//! lookups of each ambiguous attempt (deleted when the record is
+//! resolved); a one-row table `meta` holds the fencing counter, so tokens keep
 //! increasing after records are deleted, across restarts and between
 //! processes sharing the file. The file is marked with
 //! `PRAGMA application_id` = [`APPLICATION_ID`] and versioned with
@@ -74,8 +76,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, PurgeReport, Record, RecordId,
-    Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock, Token, check_owner,
+    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
+    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock, Timestamp,
+    Token, check_owner,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -311,6 +314,30 @@ impl Store for SqliteStore {
             resolution,
             reply,
         })
+    }
+
+    fn note_failed_lookup<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> StoreFuture<'a, LookupTries> {
+        let id = id.clone();
+        self.write(|reply| Op::NoteFailedLookup {
+            id,
+            token,
+            next_at,
+            reply,
+        })
+    }
+
+    fn lookup_tries<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+    ) -> StoreFuture<'a, Option<LookupTries>> {
+        let id = id.clone();
+        self.read(|reply| ReadOp::LookupTries { id, token, reply })
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {

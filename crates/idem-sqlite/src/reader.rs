@@ -4,9 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use idem_core::decision;
 use idem_core::{
-    Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Listing, Record, RecordId, State,
-    StoreError,
+    Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Listing, LookupTries, Record, RecordId,
+    State, StoreError, Token,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -30,6 +31,12 @@ pub(crate) enum ReadOp {
     Resolutions {
         id: RecordId,
         reply: Reply<Vec<JournalEntry>>,
+    },
+    /// The failed lookups kept for one attempt.
+    LookupTries {
+        id: RecordId,
+        token: Token,
+        reply: Reply<Option<LookupTries>>,
     },
 }
 
@@ -56,6 +63,10 @@ pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue:
             }
             Some(ReadOp::Resolutions { id, reply }) => {
                 let _ = reply.send(resolutions(&conn, &store, &id));
+            }
+            Some(ReadOp::LookupTries { id, token, reply }) => {
+                let kept = row::tries(&conn, &id, &store);
+                let _ = reply.send(kept.map(|k| decision::tries_of_attempt(k.as_ref(), token)));
             }
             None => return,
         }

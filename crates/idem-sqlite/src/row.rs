@@ -4,10 +4,11 @@
 
 use idem_core::{
     DamagedRow, Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, ListCursor,
-    Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
+    LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp,
+    Token,
 };
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, Row, Statement, params};
+use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
 
 /// Every column of `records`, in the order [`bind`] and [`decode`] use.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token, owner, \
@@ -50,6 +51,69 @@ pub(crate) const JOURNAL_TRIM: &str = "DELETE FROM resolutions WHERE scope = ?1 
 pub(crate) const JOURNAL_GET: &str = "SELECT token, outcome, status, resolved_by, reason, at_ms \
      FROM (SELECT * FROM resolutions WHERE scope = ?1 AND key = ?2 ORDER BY seq DESC LIMIT ?3) \
      ORDER BY seq";
+
+/// The failed lookups kept for one record.
+pub(crate) const TRIES_GET: &str =
+    "SELECT token, failures, next_at_ms FROM lookup_tries WHERE scope = ?1 AND key = ?2";
+
+/// Keeps the failed lookups of one record, replacing what was kept.
+pub(crate) const TRIES_PUT: &str = "INSERT OR REPLACE INTO lookup_tries \
+     (scope, key, token, failures, next_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+/// Drops the failed lookups of a record that was resolved.
+pub(crate) const TRIES_DELETE: &str = "DELETE FROM lookup_tries WHERE scope = ?1 AND key = ?2";
+
+/// The failed lookups kept for `id`, read on `conn` (the writer's, inside
+/// its transaction, or a reader's).
+pub(crate) fn tries(
+    conn: &Connection,
+    id: &RecordId,
+    store: &str,
+) -> Result<Option<LookupTries>, StoreError> {
+    let read = |r: &Row<'_>| -> rusqlite::Result<(i64, i64, i64)> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    };
+    let found = conn
+        .prepare_cached(TRIES_GET)
+        .and_then(|mut stmt| {
+            stmt.query_row((id.scope.as_str(), id.key.as_str()), read)
+                .optional()
+        })
+        .map_err(|e| crate::schema::error(store, &e))?;
+    let Some((token, failures, next_at)) = found else {
+        return Ok(None);
+    };
+    let bad = |what: &str, value: i64| {
+        damaged(
+            store,
+            &id.to_string(),
+            &format!("lookup_tries.{what} is {value}"),
+        )
+    };
+    Ok(Some(LookupTries {
+        token: Token(u64::try_from(token).map_err(|_| bad("token", token))?),
+        failures: u32::try_from(failures).map_err(|_| bad("failures", failures))?,
+        next_at: Timestamp::from_millis(
+            u64::try_from(next_at).map_err(|_| bad("next_at_ms", next_at))?,
+        ),
+    }))
+}
+
+/// Keeps `tries` for `id`.
+pub(crate) fn put_tries(
+    conn: &Connection,
+    id: &RecordId,
+    tries: &LookupTries,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(TRIES_PUT)?.execute(params![
+        id.scope.as_str(),
+        id.key.as_str(),
+        int(tries.token.0),
+        i64::from(tries.failures),
+        int(tries.next_at.as_millis()),
+    ])?;
+    Ok(())
+}
 
 /// A `u64` as SQLite's signed 64-bit integer. Times are milliseconds since
 /// 1970 and tokens count acquisitions, so real values are far below

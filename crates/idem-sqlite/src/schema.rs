@@ -64,6 +64,17 @@ const MIGRATIONS: &[&str] = &[
         at_ms INTEGER NOT NULL,
         PRIMARY KEY (scope, key, seq)
     ) STRICT, WITHOUT ROWID;",
+    // 3: failed provider lookups of the ambiguous attempt holding `token`,
+    // at most one row per record, deleted when the record is resolved: the
+    // table holds no more rows than there are ambiguous records.
+    "CREATE TABLE lookup_tries (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        next_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, key)
+    ) STRICT, WITHOUT ROWID;",
 ];
 
 /// The schema version this build writes and reads.

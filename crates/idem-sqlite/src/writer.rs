@@ -12,8 +12,8 @@ use std::sync::{Arc, OnceLock};
 
 use idem_core::decision::{self, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, PurgeReport, Record, RecordId, Resolution,
-    StoreError, StoredResult, Token,
+    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, LookupTries, PurgeReport, Record, RecordId,
+    Resolution, StoreError, StoredResult, Timestamp, Token,
 };
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
@@ -51,6 +51,12 @@ pub(crate) enum Op {
         token: Token,
         resolution: Resolution,
         reply: Reply<Option<Record>>,
+    },
+    NoteFailedLookup {
+        id: RecordId,
+        token: Token,
+        next_at: Timestamp,
+        reply: Reply<LookupTries>,
     },
     Purge {
         limit: usize,
@@ -271,6 +277,8 @@ impl Writer {
                     // In the operation's savepoint: the record's write and
                     // the journal's append commit together or not at all.
                     row::append_journal(&self.conn, &entry)
+                        .and_then(|()| self.conn.prepare_cached(row::TRIES_DELETE))
+                        .and_then(|mut stmt| stmt.execute((id.scope.as_str(), id.key.as_str())))
                         .map_err(|e| schema::error(&self.store, &e))?;
                     match write {
                         Write::Put(done) => self.put(&done).map(|()| Some(done)),
@@ -278,6 +286,29 @@ impl Writer {
                     }
                 });
                 Done::MaybeRecord(reply, out)
+            }
+            Op::NoteFailedLookup {
+                id,
+                token,
+                next_at,
+                reply,
+            } => {
+                let out = self.read(&id).and_then(|existing| {
+                    let kept = row::tries(&self.conn, &id, &self.store)?;
+                    let now = self.clock.now();
+                    let tries = decision::note_failed_lookup(
+                        existing.as_ref(),
+                        kept.as_ref(),
+                        &id,
+                        token,
+                        next_at,
+                        now,
+                    )?;
+                    row::put_tries(&self.conn, &id, &tries)
+                        .map_err(|e| schema::error(&self.store, &e))?;
+                    Ok(tries)
+                });
+                Done::Tries(reply, out)
             }
             Op::Purge { limit, reply } => Done::Purge(reply, self.purge(limit)),
         }
@@ -411,6 +442,7 @@ enum Done {
     Record(Reply<Record>, Result<Record, StoreError>),
     Unit(Reply<()>, Result<(), StoreError>),
     MaybeRecord(Reply<Option<Record>>, Result<Option<Record>, StoreError>),
+    Tries(Reply<LookupTries>, Result<LookupTries, StoreError>),
     Purge(Reply<PurgeReport>, Result<PurgeReport, StoreError>),
 }
 
@@ -424,6 +456,7 @@ impl Done {
             }
             Op::Release { reply, .. } => Done::Unit(reply, Err(e)),
             Op::Resolve { reply, .. } => Done::MaybeRecord(reply, Err(e)),
+            Op::NoteFailedLookup { reply, .. } => Done::Tries(reply, Err(e)),
             Op::Purge { reply, .. } => Done::Purge(reply, Err(e)),
         }
     }
@@ -434,6 +467,7 @@ impl Done {
             Done::Record(_, r) => r.is_err(),
             Done::Unit(_, r) => r.is_err(),
             Done::MaybeRecord(_, r) => r.is_err(),
+            Done::Tries(_, r) => r.is_err(),
             Done::Purge(_, r) => r.is_err(),
         }
     }
@@ -444,6 +478,7 @@ impl Done {
             Done::Record(reply, _) => Done::Record(reply, Err(e)),
             Done::Unit(reply, _) => Done::Unit(reply, Err(e)),
             Done::MaybeRecord(reply, _) => Done::MaybeRecord(reply, Err(e)),
+            Done::Tries(reply, _) => Done::Tries(reply, Err(e)),
             Done::Purge(reply, _) => Done::Purge(reply, Err(e)),
         }
     }
@@ -462,6 +497,7 @@ impl Done {
             Done::Record(reply, out) => answer(reply, out, failed),
             Done::Unit(reply, out) => answer(reply, out, failed),
             Done::MaybeRecord(reply, out) => answer(reply, out, failed),
+            Done::Tries(reply, out) => answer(reply, out, failed),
             Done::Purge(reply, out) => answer(reply, out, failed),
         }
     }

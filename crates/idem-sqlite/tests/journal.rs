@@ -36,7 +36,7 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_file_migrates_on_open() {
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = open(&path);
@@ -44,7 +44,7 @@ async fn a_version_1_file_migrates_on_open() {
     drop(store);
     // Back to version 1: step 1's tables only.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("DROP TABLE resolutions; PRAGMA user_version = 1;")
+    conn.execute_batch("DROP TABLE resolutions; DROP TABLE lookup_tries; PRAGMA user_version = 1;")
         .unwrap();
 
     let store = open(&path);

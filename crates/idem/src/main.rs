@@ -58,7 +58,14 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => block_on(serve::run(args)),
-        Command::Reconcile(args) => block_on(reconcile::run(args)),
+        // Its own exit codes: 0 nothing to do, 1 needs attention, 2 cannot run.
+        Command::Reconcile(args) => match runtime() {
+            Ok(rt) => rt.block_on(reconcile::run(args)),
+            Err(e) => {
+                eprintln!("error: cannot start the async runtime: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Records(RecordsCommand::List(args)) => block_on(records::list(args)),
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
@@ -68,10 +75,7 @@ fn main() -> ExitCode {
 /// Runs one command on a multi-threaded runtime: 0 on success, 1 with the
 /// error and its causes on stderr.
 fn block_on(command: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -85,6 +89,13 @@ fn block_on(command: impl std::future::Future<Output = anyhow::Result<()>>) -> E
             ExitCode::FAILURE
         }
     }
+}
+
+/// The multi-threaded runtime every async command runs on.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 /// Logs go to stderr; `IDEM_LOG` (e.g. `debug`, `idem_http=debug`) filters them.

@@ -15,12 +15,13 @@ const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 const FORWARD: &str = "forward_key = { template = \"{scope_digest}:{key}\" }";
 
 /// Routes `payouts` (`/slow`), `payouts-before` (`/slow-before`) and
-/// `failing` (`/fail`), each with a lookup at the provider; leases of 1 s and
-/// a reconciler scanning every second.
+/// `failing` (`/fail`), each with a lookup at the provider; leases of 2 s (a
+/// response timeout just under, so that `/slow-before?ms=1500` is answered)
+/// and a reconciler scanning every second.
 fn config(site: &Site, up: &Upstream) -> PathBuf {
     let lookup = format!("{}/payouts/by-key/{{forwarded_key}}", up.url());
     let mut text = String::from(
-        "response_timeout_ms = 900\n\
+        "response_timeout_ms = 1900\n\
          [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\nmax_tries = 100\n",
     );
     for (name, path) in [
@@ -29,7 +30,7 @@ fn config(site: &Site, up: &Upstream) -> PathBuf {
         ("failing", "/fail"),
     ] {
         text.push_str(&format!(
-            "[[route]]\nname = \"{name}\"\nmethods = [\"POST\"]\npath = \"{path}\"\nlease_ms = 1000\n{FORWARD}\n\
+            "[[route]]\nname = \"{name}\"\nmethods = [\"POST\"]\npath = \"{path}\"\nlease_ms = 2000\n{FORWARD}\n\
              [[lookup]]\nroute = \"{name}\"\nurl = \"{lookup}\"\ntimeout_ms = 500\nconnect_timeout_ms = 200\n"
         ));
     }
@@ -158,11 +159,11 @@ async fn a_gateway_frozen_past_its_lease_cannot_complete_late() {
         "{retry:?}"
     );
     frozen.signal("-CONT");
+    // Its client gets the upstream's answer, or, when the response timeout
+    // fired during the freeze, 504: either way the write that follows is the
+    // frozen attempt's, and it is refused.
     let late = first.await.unwrap();
-    assert_eq!(
-        late.status, 201,
-        "its client still gets the upstream's answer"
-    );
+    assert!(matches!(late.status, 201 | 504), "{late:?}");
     assert!(
         eventually(Duration::from_secs(5), || frozen.logs().contains("fenced")).await,
         "the late completion was refused: {}",
@@ -239,7 +240,7 @@ async fn reconcile_once_resolves_from_the_shell() {
         "--store",
         &store,
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "the pass cannot run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("declares no [[lookup]]"));
     assert_eq!(up.effects().len(), 1);
 }

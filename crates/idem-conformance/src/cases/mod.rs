@@ -22,6 +22,7 @@ mod purge;
 mod resolve;
 mod roundtrip;
 mod support;
+mod tries;
 
 pub use claim::*;
 pub use fencing::*;
@@ -31,3 +32,4 @@ pub use list::*;
 pub use purge::*;
 pub use resolve::*;
 pub use roundtrip::*;
+pub use tries::*;
