@@ -27,8 +27,11 @@ pub struct RecordId {
     pub key: IdempotencyKey,
 }
 
-/// A fencing token: strictly increasing over every acquisition a store makes,
-/// so an attempt holding an older token can never overwrite a newer one.
+/// A fencing token: never handed out twice by a store, and compared for
+/// equality, so an attempt holding an earlier token can never overwrite a
+/// later one. Memory and SQLite also hand tokens out in increasing order;
+/// PostgreSQL does one after another, but not always when a release and a
+/// new claim of one key race (docs/stores.md).
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
