@@ -1,0 +1,390 @@
+//! An exhaustive check of idem's protocol at a small bound: every
+//! interleaving of retrying clients, gateways that crash or stall, an
+//! upstream that commits before or after it answers, a clock, a reconciler,
+//! an operator and the purge, where every step that touches the record calls
+//! the production functions of `idem_core::decision`. The explorer is
+//! `stateright`'s breadth-first checker, so a counterexample is a shortest
+//! trace.
+//!
+//! ```
+//! use idem_model::{Bound, Protocol, check};
+//!
+//! let report = check(Protocol::Real, Bound { depth_max: 6, ..Bound::DEFAULT })?;
+//! assert!(report.violations.is_empty());
+//! # Ok::<(), idem_model::ModelError>(())
+//! ```
+
+mod trace;
+mod world;
+
+use std::time::{Duration, Instant};
+
+use idem_core::decision::{self, Claim, ClaimRequest, Write};
+use idem_core::{
+    Fingerprint, IdempotencyKey, LeaseExpiry, Outcome, Policy, RecordId, Resolution, Scope,
+    StoreError, StoredResult, Timestamp, Token,
+};
+use stateright::{Checker, Model, Property};
+
+pub use world::{Action, Attempt, Client, Effect, Gateway, Kept, Resolver, Told, Verdict, World};
+
+/// The protocol the model runs: the real one, or a mutant the checker must
+/// catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// The decision functions as shipped, on a route with the defaults'
+    /// shape: lease expiry reconciled, tombstone outliving the replay horizon.
+    Real,
+    /// The reconciler race before the hardening fix: a "not executed"
+    /// verdict accepted while the attempt's lease runs (the resolve is
+    /// judged as if its lease were over).
+    ResolveSkipsLease,
+    /// A resolve fenced by the token of whatever attempt holds the record
+    /// now instead of the one the verdict is about.
+    ResolveIgnoresToken,
+    /// A store that claims as if no record existed, so every claim answers
+    /// `Acquired`.
+    AcquiresTwice,
+    /// An expired lease taken over on a route whose upstream does not
+    /// deduplicate by the key.
+    TakeoverWithoutDedup,
+    /// A tombstone horizon shorter than the clients' replay horizon.
+    ShortTombstone,
+}
+
+impl Protocol {
+    /// Every protocol, the real one first.
+    pub const ALL: [Protocol; 6] = [
+        Protocol::Real,
+        Protocol::ResolveSkipsLease,
+        Protocol::ResolveIgnoresToken,
+        Protocol::AcquiresTwice,
+        Protocol::TakeoverWithoutDedup,
+        Protocol::ShortTombstone,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Real => "real",
+            Protocol::ResolveSkipsLease => "resolve-skips-lease",
+            Protocol::ResolveIgnoresToken => "resolve-ignores-token",
+            Protocol::AcquiresTwice => "acquires-twice",
+            Protocol::TakeoverWithoutDedup => "takeover-without-dedup",
+            Protocol::ShortTombstone => "short-tombstone",
+        }
+    }
+
+    /// The protocol named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Protocol> {
+        Protocol::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// How far the checker looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// Clients sending the same request under the one key.
+    pub clients: usize,
+    /// Requests each client sends at most (the first and its retries).
+    pub requests_per_client: usize,
+    /// Steps explored from the start; states this deep are not expanded.
+    pub depth_max: usize,
+}
+
+impl Bound {
+    /// The bound `cargo test` checks: two clients, two requests each, and
+    /// deep enough for the shortest trace of every mutant.
+    pub const DEFAULT: Bound = Bound {
+        clients: 2,
+        requests_per_client: 2,
+        depth_max: 12,
+    };
+}
+
+/// Why a model could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// A fixed input of the model was refused by the core (a key, scope,
+    /// policy or result); the message says which.
+    Input(String),
+    /// The bound allows more effects than the model can name (255).
+    BoundTooLarge {
+        /// Clients times requests per client.
+        requests: usize,
+    },
+}
+
+/// The names of the properties, as counterexamples report them.
+pub mod property {
+    /// At most one effect per key.
+    pub const ONE_EFFECT: &str = "at most one effect per key";
+    /// Every replay carries the one effect's answer.
+    pub const REPLAY_IS_THE_EFFECT: &str = "a replay returns the one effect's answer";
+    /// Every success a client was told names a committed effect.
+    pub const NO_SUCCESS_WITHOUT_EFFECT: &str = "no acknowledged success without an effect";
+    /// Every verdict changed the attempt it judged.
+    pub const VERDICT_ON_ITS_ATTEMPT: &str = "no verdict lands on another attempt";
+    /// Reachability: an unknown outcome ends resolved.
+    pub const UNKNOWN_ENDS_RESOLVED: &str = "an unknown outcome can end resolved";
+    /// Reachability: a retry is answered by a replay.
+    pub const RETRY_REPLAYS: &str = "a retry can be answered by a replay";
+}
+
+/// What one check found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The protocol checked.
+    pub protocol: Protocol,
+    /// The bound it was checked at.
+    pub bound: Bound,
+    /// States generated, with repeats.
+    pub states: usize,
+    /// Distinct states.
+    pub unique_states: usize,
+    /// The deepest step reached.
+    pub depth_reached: usize,
+    /// Safety properties violated, each with its shortest trace.
+    pub violations: Vec<Violation>,
+    /// Reachability properties with no example within the bound: the bound
+    /// is too small to say much, whatever the violations.
+    pub unreached: Vec<&'static str>,
+    /// Wall time of the check.
+    pub elapsed: Duration,
+}
+
+/// A safety property and the trace that breaks it.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// Its name (see [`property`]).
+    pub property: &'static str,
+    /// The steps from the start, one per line, each with the world after it.
+    pub trace: String,
+}
+
+/// The model: the fixed inputs every transition passes to the decision
+/// functions, and the protocol variant.
+pub struct IdemModel {
+    protocol: Protocol,
+    bound: Bound,
+    start: Timestamp,
+    id: RecordId,
+    request: ClaimRequest,
+    /// The upstream's answer for each effect: status 201, body the effect's index.
+    results: Vec<StoredResult>,
+    /// A "found" verdict for each effect, carrying its answer.
+    found: Vec<Resolution>,
+    not_found: Resolution,
+}
+
+/// The lease every attempt gets, in milliseconds.
+pub const LEASE_MS: u64 = 100;
+/// How long clients keep retrying, from the start, in milliseconds.
+pub const REPLAY_HORIZON_MS: u64 = 2_000;
+
+impl IdemModel {
+    /// The model of `protocol` at `bound`.
+    pub fn new(protocol: Protocol, bound: Bound) -> Result<IdemModel, ModelError> {
+        let input = |e: &dyn std::fmt::Display| ModelError::Input(e.to_string());
+        let requests = bound.clients.saturating_mul(bound.requests_per_client);
+        if requests > usize::from(u8::MAX) {
+            return Err(ModelError::BoundTooLarge { requests });
+        }
+        let (tombstone_s, expiry) = match protocol {
+            Protocol::ShortTombstone => (1, LeaseExpiry::Reconcile),
+            Protocol::TakeoverWithoutDedup => (2, LeaseExpiry::Takeover),
+            _ => (2, LeaseExpiry::Reconcile),
+        };
+        let policy = Policy::new(LEASE_MS, 1, tombstone_s, expiry).map_err(|e| input(&e))?;
+        let id = RecordId {
+            scope: Scope::from_parts("POST /payouts", "tenant", None).map_err(|e| input(&e))?,
+            key: IdempotencyKey::parse("payout-1").map_err(|e| input(&e))?,
+        };
+        let mut results = Vec::with_capacity(requests);
+        let mut found = Vec::with_capacity(requests);
+        for effect in 0..requests {
+            let body = vec![u8::try_from(effect).unwrap_or(u8::MAX)];
+            let result = StoredResult::new(201, vec![], body).map_err(|e| input(&e))?;
+            let outcome = Outcome::Completed {
+                result: result.clone(),
+            };
+            found.push(Resolution::new(outcome, "resolver", "found").map_err(|e| input(&e))?);
+            results.push(result);
+        }
+        let not_found = Resolution::new(Outcome::NotExecuted, "resolver", "not found")
+            .map_err(|e| input(&e))?;
+        Ok(IdemModel {
+            protocol,
+            bound,
+            start: Timestamp::from_millis(1_000_000),
+            request: ClaimRequest {
+                id: id.clone(),
+                fingerprint: Fingerprint::from_bytes([1; 32]),
+                legacy_fingerprint: None,
+                owner: "gateway".into(),
+                policy,
+            },
+            id,
+            results,
+            found,
+            not_found,
+        })
+    }
+
+    /// The protocol this model runs.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// Clients send no request at or after this time.
+    pub fn replay_horizon(&self) -> Timestamp {
+        self.start.plus_millis(REPLAY_HORIZON_MS)
+    }
+
+    /// Milliseconds from the model's start to `t`, for traces.
+    pub fn since_start_ms(&self, t: Timestamp) -> u64 {
+        self.start.millis_until(t)
+    }
+
+    /// The store's claim: the production decision and its write, with a
+    /// fresh token from the store's counter.
+    fn claim(&self, w: &mut World) -> Claim {
+        let existing = match self.protocol {
+            Protocol::AcquiresTwice => None,
+            _ => w.record(),
+        };
+        let mut last = w.last_token;
+        let (claim, write) = decision::claim(existing, &self.request, w.now, || {
+            last = last.saturating_add(1);
+            Token(last)
+        });
+        w.last_token = last;
+        w.apply(write);
+        claim
+    }
+
+    /// The store's resolve, fenced by the token the resolver read.
+    fn resolve(&self, w: &World, token: Token, verdict: Resolution) -> Result<Write, StoreError> {
+        world::resolve_in(self.protocol, w, &self.id, token, verdict)
+    }
+}
+
+impl Model for IdemModel {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![World::start(self)]
+    }
+
+    fn actions(&self, state: &World, actions: &mut Vec<Action>) {
+        state.actions(self, actions);
+    }
+
+    fn next_state(&self, state: &World, action: Action) -> Option<World> {
+        state.after(self, action)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(property::ONE_EFFECT, |_, w: &World| w.effects.len() <= 1),
+            Property::always(property::REPLAY_IS_THE_EFFECT, |_, w: &World| {
+                told_effects(w).all(|(effect, replayed)| !replayed || effect == 0)
+            }),
+            Property::always(property::NO_SUCCESS_WITHOUT_EFFECT, |_, w: &World| {
+                told_effects(w).all(|(effect, _)| effect < w.effects.len())
+            }),
+            Property::always(property::VERDICT_ON_ITS_ATTEMPT, |_, w: &World| {
+                w.verdicts.iter().all(|v| v.about == v.landed_on)
+            }),
+            Property::sometimes(property::UNKNOWN_ENDS_RESOLVED, |_, w: &World| {
+                !w.verdicts.is_empty()
+            }),
+            Property::sometimes(property::RETRY_REPLAYS, |_, w: &World| {
+                told_effects(w).any(|(_, replayed)| replayed)
+            }),
+        ]
+    }
+}
+
+fn told_effects(w: &World) -> impl Iterator<Item = (usize, bool)> + '_ {
+    w.clients.iter().flat_map(|c| &c.told).filter_map(|t| match t {
+        Told::Effect { effect, replayed } => Some((*effect, *replayed)),
+        _ => None,
+    })
+}
+
+/// Explores every interleaving of `protocol` within `bound`, breadth first
+/// on one thread, and reports each violated property with a shortest trace.
+pub fn check(protocol: Protocol, bound: Bound) -> Result<Report, ModelError> {
+    let started = Instant::now();
+    let model = IdemModel::new(protocol, bound)?;
+    let checker = IdemModel::new(protocol, bound)?
+        .checker()
+        .target_max_depth(bound.depth_max)
+        .spawn_bfs()
+        .join();
+    let mut violations = Vec::new();
+    let mut unreached = Vec::new();
+    for p in model.properties() {
+        let found = checker.discovery(p.name);
+        match (p.expectation, found) {
+            (stateright::Expectation::Sometimes, None) => unreached.push(p.name),
+            (stateright::Expectation::Sometimes, Some(_)) | (_, None) => {}
+            (_, Some(path)) => violations.push(Violation {
+                property: p.name,
+                trace: trace::render(&model, path),
+            }),
+        }
+    }
+    Ok(Report {
+        protocol,
+        bound,
+        states: checker.state_count(),
+        unique_states: checker.unique_state_count(),
+        depth_reached: checker.max_depth(),
+        violations,
+        unreached,
+        elapsed: started.elapsed(),
+    })
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {:.1?}",
+            self.protocol.name(),
+            self.unique_states,
+            self.states,
+            self.depth_reached,
+            self.bound.depth_max,
+            self.bound.clients,
+            self.bound.requests_per_client,
+            self.elapsed,
+        )?;
+        for name in &self.unreached {
+            writeln!(f, "  not reached within the bound: {name}")?;
+        }
+        for v in &self.violations {
+            writeln!(f, "  VIOLATED: {}\n{}", v.property, v.trace)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelError::Input(why) => write!(f, "the model's fixed input was refused: {why}"),
+            ModelError::BoundTooLarge { requests } => write!(
+                f,
+                "{requests} requests in the bound; the model names at most 255 effects"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}

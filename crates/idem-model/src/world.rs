@@ -1,0 +1,477 @@
+//! The model's state and its transitions. Each transition that touches the
+//! record calls one production function of `idem_core::decision` and applies
+//! the `Write` it returns, as every store does; the only code here is who
+//! may act when, and what each actor remembers.
+
+use idem_core::decision::{self, Claim, Write};
+use idem_core::{Outcome, Record, Resolution, State, StoreError, Timestamp, Token};
+
+use crate::{IdemModel, Protocol};
+
+/// Everything the model checker explores: the one record a store keeps for
+/// the key, and what every actor knows or did.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct World {
+    /// The store's clock.
+    pub now: Timestamp,
+    /// The store's record of the key, if any.
+    pub record: Option<Kept>,
+    /// The store's token counter: the last token handed out.
+    pub last_token: u64,
+    /// Every acquired attempt, in the order of acquisition.
+    pub attempts: Vec<Attempt>,
+    /// The clients, each retrying the same request.
+    pub clients: Vec<Client>,
+    /// The effects the upstream committed, in order.
+    pub effects: Vec<Effect>,
+    /// The reconciler (0) and the operator (1).
+    pub resolvers: [Resolver; 2],
+    /// Every verdict the store accepted.
+    pub verdicts: Vec<Verdict>,
+}
+
+/// The stored record. A wrapper only because `Record` does not derive
+/// `Hash`; equality is the record's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept(pub Record);
+
+/// One attempt that acquired the key: a gateway holding it, and the request
+/// it may have forwarded to the upstream.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Attempt {
+    /// The client whose request this is.
+    pub client: usize,
+    /// The fencing token the claim handed out.
+    pub token: Token,
+    /// The end of its lease: the upstream cannot commit it later (routes
+    /// keep the lease longer than the upstream may take).
+    pub lease_until: Timestamp,
+    /// Whether the request left the gateway.
+    pub sent: bool,
+    /// The effect the upstream committed for it, if it did.
+    pub effect: Option<usize>,
+    /// Where the gateway is.
+    pub gateway: Gateway,
+}
+
+/// The gateway process handling one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gateway {
+    /// Holds the claim and may still act on it.
+    Holding,
+    /// Answered its client.
+    Answered,
+    /// Died without answering.
+    Crashed,
+}
+
+/// A client retrying one request under one key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Client {
+    /// Requests sent so far.
+    pub sent: u8,
+    /// What each answered request was told, in order.
+    pub told: Vec<Told>,
+}
+
+/// What a client was told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Told {
+    /// Success, carrying the result of `effect`: fresh or replayed.
+    Effect {
+        /// The effect whose result the answer carries.
+        effect: usize,
+        /// Whether it was a replay of a stored result.
+        replayed: bool,
+    },
+    /// Another attempt is in flight (409).
+    InFlight,
+    /// The outcome is unknown (an upstream error, or an ambiguous record).
+    Unknown,
+    /// The key is past retention (a late replay).
+    Expired,
+    /// The request was not processed; retry.
+    NotProcessed,
+    /// The store refused the gateway's write after the effect (5xx).
+    Error,
+}
+
+/// One effect the upstream committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Effect {
+    /// The attempt whose request it executed.
+    pub attempt: usize,
+    /// That attempt's token, as the provider's lookup finds it.
+    pub token: Token,
+}
+
+/// A resolver (the reconciler or an operator) between reading an
+/// ambiguous record and giving its verdict: what it read can be stale by
+/// the time the verdict reaches the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Resolver {
+    /// Not judging anything.
+    Idle,
+    /// Read the ambiguous attempt holding `token` and asked the provider.
+    Judged {
+        /// The attempt the verdict is about.
+        token: Token,
+        /// What the provider answered: the effect found, or not found.
+        found: Option<usize>,
+    },
+}
+
+/// A verdict the store accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Verdict {
+    /// The attempt the resolver judged.
+    pub about: Token,
+    /// The attempt holding the record when the verdict changed it.
+    pub landed_on: Token,
+    /// Whether the verdict said the effect happened.
+    pub executed: bool,
+}
+
+/// One step of one actor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A client sends its request; the gateway claims the key at once.
+    Request {
+        /// Which client.
+        client: usize,
+    },
+    /// The gateway forwards an acquired attempt to the upstream.
+    Forward {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The request provably never left: the gateway releases the key.
+    NotSent {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The upstream commits the effect of a forwarded request.
+    Commit {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The gateway gets the upstream's success and completes the record.
+    Succeed {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The gateway gets an error or a timeout: the outcome is unknown.
+    Unknown {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The gateway dies holding the claim.
+    Crash {
+        /// Which attempt.
+        attempt: usize,
+    },
+    /// The reconciler's lease sweep marks an expired lease ambiguous.
+    Sweep,
+    /// A resolver reads the ambiguous record and asks the provider.
+    Look {
+        /// 0: the reconciler, 1: the operator.
+        resolver: usize,
+    },
+    /// A resolver gives its verdict, with the token it read.
+    Resolve {
+        /// 0: the reconciler, 1: the operator.
+        resolver: usize,
+    },
+    /// The retention purge passes over the record.
+    Purge,
+    /// The clock moves to the next deadline (a lease, retention, the
+    /// tombstone horizon, the clients' replay horizon).
+    Advance,
+}
+
+impl std::hash::Hash for Kept {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // A subset of the fields equality compares, so equal records hash
+        // alike; these are the fields the model's transitions change.
+        let r = &self.0;
+        (r.state, r.token, r.lease_until, r.completed_at).hash(h);
+        (r.expires_at, r.tombstone_until).hash(h);
+        r.result.as_ref().map(|x| x.body().to_vec()).hash(h);
+    }
+}
+
+impl World {
+    /// The world before anyone acted.
+    pub fn start(model: &IdemModel) -> World {
+        World {
+            now: model.start,
+            record: None,
+            last_token: 0,
+            attempts: Vec::new(),
+            clients: vec![Client::default(); model.bound.clients],
+            effects: Vec::new(),
+            resolvers: [Resolver::Idle; 2],
+            verdicts: Vec::new(),
+        }
+    }
+
+    /// The stored record, if any.
+    pub fn record(&self) -> Option<&Record> {
+        self.record.as_ref().map(|k| &k.0)
+    }
+
+    /// Every action enabled in this world.
+    pub fn actions(&self, model: &IdemModel, out: &mut Vec<Action>) {
+        for (client, c) in self.clients.iter().enumerate() {
+            if self.may_request(model, client, c) {
+                out.push(Action::Request { client });
+            }
+        }
+        for (attempt, a) in self.attempts.iter().enumerate() {
+            if a.sent && a.effect.is_none() && self.now < a.lease_until {
+                out.push(Action::Commit { attempt });
+            }
+            if a.gateway != Gateway::Holding {
+                continue;
+            }
+            out.push(Action::Crash { attempt });
+            if a.sent {
+                out.push(Action::Unknown { attempt });
+                if a.effect.is_some() {
+                    out.push(Action::Succeed { attempt });
+                }
+            } else {
+                out.push(Action::Forward { attempt });
+                out.push(Action::NotSent { attempt });
+            }
+        }
+        let record = self.record();
+        if record.is_some_and(|r| r.state == State::InProgress && self.now >= r.lease_until) {
+            out.push(Action::Sweep);
+        }
+        for (resolver, r) in self.resolvers.iter().enumerate() {
+            match r {
+                Resolver::Idle if record.is_some_and(|r| r.state == State::Ambiguous) => {
+                    out.push(Action::Look { resolver });
+                }
+                Resolver::Idle => {}
+                Resolver::Judged { .. } => out.push(Action::Resolve { resolver }),
+            }
+        }
+        if record.is_some_and(|r| decision::purge(r, self.now) != Write::None) {
+            out.push(Action::Purge);
+        }
+        if self.next_deadline(model).is_some() {
+            out.push(Action::Advance);
+        }
+    }
+
+    /// The world after `action`, or `None` if it changes nothing.
+    pub fn after(&self, model: &IdemModel, action: Action) -> Option<World> {
+        let mut w = self.clone();
+        match action {
+            Action::Request { client } => w.request(model, client),
+            Action::Forward { attempt } => w.attempts.get_mut(attempt)?.sent = true,
+            Action::NotSent { attempt } => w.not_sent(model, attempt)?,
+            Action::Commit { attempt } => w.commit(attempt)?,
+            Action::Succeed { attempt } => w.succeed(model, attempt)?,
+            Action::Unknown { attempt } => w.unknown(model, attempt)?,
+            Action::Crash { attempt } => w.attempts.get_mut(attempt)?.gateway = Gateway::Crashed,
+            Action::Sweep => w.sweep(model)?,
+            Action::Look { resolver } => w.look(resolver)?,
+            Action::Resolve { resolver } => w.resolve(model, resolver)?,
+            Action::Purge => {
+                let write = decision::purge(w.record()?, w.now);
+                w.apply(write);
+            }
+            Action::Advance => w.now = w.next_deadline(model)?,
+        }
+        Some(w)
+    }
+
+    fn may_request(&self, model: &IdemModel, client: usize, c: &Client) -> bool {
+        let waiting = self
+            .attempts
+            .iter()
+            .any(|a| a.client == client && a.gateway == Gateway::Holding);
+        let satisfied = c.told.iter().any(|t| matches!(t, Told::Effect { .. }));
+        !waiting
+            && !satisfied
+            && usize::from(c.sent) < model.bound.requests_per_client
+            && self.now < model.replay_horizon()
+    }
+
+    fn request(&mut self, model: &IdemModel, client: usize) {
+        let claim = model.claim(self);
+        let told = match claim {
+            Claim::Acquired {
+                token, lease_until, ..
+            } => {
+                self.attempts.push(Attempt {
+                    client,
+                    token,
+                    lease_until,
+                    sent: false,
+                    effect: None,
+                    gateway: Gateway::Holding,
+                });
+                None
+            }
+            Claim::Replay { record } => Some(match effect_of(&record) {
+                Some(effect) => Told::Effect {
+                    effect,
+                    replayed: true,
+                },
+                None => Told::Error,
+            }),
+            Claim::InFlight { .. } | Claim::Mismatch { .. } => Some(Told::InFlight),
+            Claim::OutcomeUnknown { .. } => Some(Told::Unknown),
+            Claim::Expired { .. } => Some(Told::Expired),
+            _ => Some(Told::Error),
+        };
+        if let Some(c) = self.clients.get_mut(client) {
+            c.sent = c.sent.saturating_add(1);
+            c.told.extend(told);
+        }
+    }
+
+    fn not_sent(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
+        let a = self.attempts.get(attempt)?.clone();
+        let told = match decision::release(self.record(), &model.id, a.token, self.now) {
+            Ok(()) => {
+                self.apply(Write::Delete);
+                Told::NotProcessed
+            }
+            Err(_) => Told::Error,
+        };
+        self.answer(attempt, told)
+    }
+
+    fn commit(&mut self, attempt: usize) -> Option<()> {
+        let token = self.attempts.get(attempt)?.token;
+        self.effects.push(Effect { attempt, token });
+        self.attempts.get_mut(attempt)?.effect = Some(self.effects.len() - 1);
+        Some(())
+    }
+
+    fn succeed(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
+        let a = self.attempts.get(attempt)?.clone();
+        let effect = a.effect?;
+        let result = model.results.get(effect)?.clone();
+        let done = decision::complete(self.record(), &model.id, a.token, result, self.now);
+        let told = match done {
+            Ok(done) => {
+                self.apply(Write::Put(done));
+                Told::Effect {
+                    effect,
+                    replayed: false,
+                }
+            }
+            Err(_) => Told::Error,
+        };
+        self.answer(attempt, told)
+    }
+
+    fn unknown(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
+        let a = self.attempts.get(attempt)?.clone();
+        if let Ok(marked) = decision::mark_ambiguous(self.record(), &model.id, a.token, self.now) {
+            self.apply(Write::Put(marked));
+        }
+        self.answer(attempt, Told::Unknown)
+    }
+
+    fn sweep(&mut self, model: &IdemModel) -> Option<()> {
+        let token = self.record()?.token;
+        let marked = decision::mark_ambiguous(self.record(), &model.id, token, self.now).ok()?;
+        self.apply(Write::Put(marked));
+        Some(())
+    }
+
+    fn look(&mut self, resolver: usize) -> Option<()> {
+        let token = self.record()?.token;
+        let found = self.effects.iter().position(|e| e.token == token);
+        *self.resolvers.get_mut(resolver)? = Resolver::Judged { token, found };
+        Some(())
+    }
+
+    fn resolve(&mut self, model: &IdemModel, resolver: usize) -> Option<()> {
+        let Resolver::Judged { token, found } = *self.resolvers.get(resolver)? else {
+            return None;
+        };
+        *self.resolvers.get_mut(resolver)? = Resolver::Idle;
+        let verdict = match found {
+            Some(effect) => model.found.get(effect)?.clone(),
+            None => model.not_found.clone(),
+        };
+        let landed_on = self.record().map(|r| r.token);
+        if let Ok(write) = model.resolve(self, token, verdict) {
+            self.apply(write);
+            self.verdicts.push(Verdict {
+                about: token,
+                landed_on: landed_on?,
+                executed: found.is_some(),
+            });
+        }
+        Some(())
+    }
+
+    fn answer(&mut self, attempt: usize, told: Told) -> Option<()> {
+        let a = self.attempts.get_mut(attempt)?;
+        a.gateway = Gateway::Answered;
+        let client = a.client;
+        self.clients.get_mut(client)?.told.push(told);
+        Some(())
+    }
+
+    /// Applies a decision's write to the one record, as a store does.
+    pub(crate) fn apply(&mut self, write: Write) {
+        match write {
+            Write::None => {}
+            Write::Put(record) => self.record = Some(Kept(record)),
+            Write::Delete => self.record = None,
+        }
+    }
+
+    /// The earliest deadline after now: where time next changes an answer.
+    fn next_deadline(&self, model: &IdemModel) -> Option<Timestamp> {
+        let mut deadlines = vec![model.replay_horizon()];
+        deadlines.extend(self.attempts.iter().map(|a| a.lease_until));
+        if let Some(r) = self.record() {
+            deadlines.push(r.lease_until);
+            deadlines.extend(r.expires_at);
+            deadlines.extend(r.tombstone_until);
+        }
+        deadlines.into_iter().filter(|d| *d > self.now).min()
+    }
+}
+
+/// The effect whose result a record holds: its body is the effect's index.
+pub(crate) fn effect_of(record: &Record) -> Option<usize> {
+    record
+        .result
+        .as_ref()
+        .and_then(|r| r.body().first())
+        .map(|b| usize::from(*b))
+}
+
+/// Runs the store's resolve: the production decision, with the mutants'
+/// distortions of its inputs.
+pub(crate) fn resolve_in(
+    protocol: Protocol,
+    world: &World,
+    id: &idem_core::RecordId,
+    token: Token,
+    verdict: Resolution,
+) -> Result<Write, StoreError> {
+    let record = world.record();
+    let (token, now) = match (protocol, record) {
+        // Before the hardening fix a "not executed" verdict was accepted at
+        // once: judged as if the attempt's lease were already over.
+        (Protocol::ResolveSkipsLease, Some(r)) if verdict.outcome == Outcome::NotExecuted => {
+            (token, world.now.max(r.lease_until))
+        }
+        (Protocol::ResolveIgnoresToken, Some(r)) => (r.token, world.now),
+        _ => (token, world.now),
+    };
+    decision::resolve(record, id, token, verdict, now).map(|(write, _journal)| write)
+}
