@@ -34,11 +34,19 @@ pub use world::{Action, Attempt, Client, Effect, Gateway, Kept, Resolver, Told, 
 #[non_exhaustive]
 pub enum Protocol {
     /// The decision functions as shipped, on a route with the defaults'
-    /// shape: lease expiry reconciled, tombstone outliving the replay horizon.
+    /// shape (lease expiry reconciled, tombstone outliving the replay
+    /// horizon), and resolvers that ask the provider only once the
+    /// attempt's lease is over, the rule `decision::resolve` relies on.
     Real,
-    /// The reconciler race before the hardening fix: a "not executed"
-    /// verdict accepted while the attempt's lease runs (the resolve is
-    /// judged as if its lease were over).
+    /// As `Real`, but resolvers ask the provider at any time, as the
+    /// reconciler in `idem-reconcile` does today: a "not found" asked
+    /// before the lease ended and resolved after it releases an attempt
+    /// that committed in between. A known defect, kept as a check.
+    LookupDuringLease,
+    /// The reconciler race before the hardening fix: resolvers ask the
+    /// provider at any time and a "not executed" verdict is accepted while
+    /// the attempt's lease runs (the resolve is judged as if its lease
+    /// were over).
     ResolveSkipsLease,
     /// A resolve fenced by the token of whatever attempt holds the record
     /// now instead of the one the verdict is about.
@@ -55,8 +63,9 @@ pub enum Protocol {
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 6] = [
+    pub const ALL: [Protocol; 7] = [
         Protocol::Real,
+        Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
         Protocol::ResolveIgnoresToken,
         Protocol::AcquiresTwice,
@@ -68,6 +77,7 @@ impl Protocol {
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Real => "real",
+            Protocol::LookupDuringLease => "lookup-during-lease",
             Protocol::ResolveSkipsLease => "resolve-skips-lease",
             Protocol::ResolveIgnoresToken => "resolve-ignores-token",
             Protocol::AcquiresTwice => "acquires-twice",
@@ -246,6 +256,16 @@ impl IdemModel {
     /// Milliseconds from the model's start to `t`, for traces.
     pub fn since_start_ms(&self, t: Timestamp) -> u64 {
         self.start.millis_until(t)
+    }
+
+    /// Whether a resolver may read `record` at `now` and ask the provider
+    /// about it.
+    fn may_look(&self, record: &idem_core::Record, now: Timestamp) -> bool {
+        let during_lease = matches!(
+            self.protocol,
+            Protocol::LookupDuringLease | Protocol::ResolveSkipsLease
+        );
+        record.state == idem_core::State::Ambiguous && (during_lease || now >= record.lease_until)
     }
 
     /// The store's claim: the production decision and its write, with a

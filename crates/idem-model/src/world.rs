@@ -251,7 +251,7 @@ impl World {
         }
         for (resolver, r) in self.resolvers.iter().enumerate() {
             match r {
-                Resolver::Idle if record.is_some_and(|r| r.state == State::Ambiguous) => {
+                Resolver::Idle if record.is_some_and(|r| model.may_look(r, self.now)) => {
                     out.push(Action::Look { resolver });
                 }
                 Resolver::Idle => {}
