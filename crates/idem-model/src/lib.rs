@@ -330,10 +330,13 @@ impl Model for IdemModel {
 }
 
 fn told_effects(w: &World) -> impl Iterator<Item = (usize, bool)> + '_ {
-    w.clients.iter().flat_map(|c| &c.told).filter_map(|t| match t {
-        Told::Effect { effect, replayed } => Some((*effect, *replayed)),
-        _ => None,
-    })
+    w.clients
+        .iter()
+        .flat_map(|c| &c.told)
+        .filter_map(|t| match t {
+            Told::Effect { effect, replayed } => Some((*effect, *replayed)),
+            _ => None,
+        })
 }
 
 /// Explores every interleaving of `protocol` within `bound`, breadth first

@@ -32,19 +32,26 @@ pub(crate) fn render(model: &IdemModel, path: Path<World, Action>) -> String {
 
 fn describe(w: &World, action: Action) -> String {
     let attempt_of = |i: usize| {
-        w.attempts
-            .get(i)
-            .map_or_else(String::new, |a| format!("client {}'s attempt (token {})", a.client, a.token))
+        w.attempts.get(i).map_or_else(String::new, |a| {
+            format!("client {}'s attempt (token {})", a.client, a.token)
+        })
     };
     match action {
-        Action::Request { client } => format!("client {client} sends the request; the gateway claims"),
+        Action::Request { client } => {
+            format!("client {client} sends the request; the gateway claims")
+        }
         Action::Forward { attempt } => format!("gateway forwards {}", attempt_of(attempt)),
         Action::NotSent { attempt } => {
             format!("gateway: {} never left; release", attempt_of(attempt))
         }
-        Action::Commit { attempt } => format!("upstream commits the effect of {}", attempt_of(attempt)),
+        Action::Commit { attempt } => {
+            format!("upstream commits the effect of {}", attempt_of(attempt))
+        }
         Action::Succeed { attempt } => {
-            format!("gateway gets the upstream's 201 for {}; complete", attempt_of(attempt))
+            format!(
+                "gateway gets the upstream's 201 for {}; complete",
+                attempt_of(attempt)
+            )
         }
         Action::Unknown { attempt } => format!(
             "gateway gets a timeout or 5xx for {}; mark ambiguous",

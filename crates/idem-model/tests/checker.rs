@@ -27,7 +27,10 @@ fn the_real_protocol_holds_every_property_and_reaches_its_examples() {
     let report = run(Protocol::Real);
     println!("{report}");
     assert!(report.violations.is_empty(), "{report}");
-    assert!(report.unreached.is_empty(), "the bound is too small: {report}");
+    assert!(
+        report.unreached.is_empty(),
+        "the bound is too small: {report}"
+    );
 }
 
 /// Each mutant and the property its shortest counterexample breaks.
@@ -36,7 +39,10 @@ fn every_mutant_is_caught_with_a_trace() {
     let cases = [
         (Protocol::LookupDuringLease, property::ONE_EFFECT),
         (Protocol::ResolveSkipsLease, property::ONE_EFFECT),
-        (Protocol::ResolveIgnoresToken, property::VERDICT_ON_ITS_ATTEMPT),
+        (
+            Protocol::ResolveIgnoresToken,
+            property::VERDICT_ON_ITS_ATTEMPT,
+        ),
         (Protocol::AcquiresTwice, property::ONE_EFFECT),
         (Protocol::TakeoverWithoutDedup, property::ONE_EFFECT),
         (Protocol::ShortTombstone, property::ONE_EFFECT),
@@ -46,7 +52,10 @@ fn every_mutant_is_caught_with_a_trace() {
         println!("{report}");
         let caught = report.violations.iter().find(|v| v.property == broken);
         let Some(caught) = caught else {
-            panic!("mutant {} escaped: {broken} holds\n{report}", protocol.name());
+            panic!(
+                "mutant {} escaped: {broken} holds\n{report}",
+                protocol.name()
+            );
         };
         assert!(
             caught.trace.lines().count() > 2,
