@@ -72,10 +72,9 @@ pub fn triage(tries: Option<&LookupTries>, tries_max: u32, now: Timestamp) -> Tr
     }
 }
 
-/// Where an attempt stands once the store answered a verdict about it.
+/// Where an attempt stands once the store answered a resolution of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Step {
+pub enum AfterResolve {
     /// The verdict landed.
     Resolved,
     /// Resolved, released or claimed again by someone else meanwhile:
@@ -87,49 +86,62 @@ pub enum Step {
         /// When the attempt's lease ends.
         until: Timestamp,
     },
-    /// The failed lookup was counted; ask again once `tries.next_at` passed.
+    /// The store failed; nothing was recorded, look again later.
+    StoreFailed(StoreError),
+}
+
+/// Where an attempt stands once the store answered the count of a failed
+/// lookup of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Counted; ask again once `tries.next_at` has passed.
     Retry {
         /// The tries now kept.
         tries: LookupTries,
     },
-    /// The failed lookup was counted and was the last allowed: the
-    /// attempt is left for an operator.
+    /// Counted, and it was the last allowed: the attempt is left for an
+    /// operator.
     Operator {
         /// The tries now kept.
         tries: LookupTries,
     },
-    /// The store failed; nothing was learned, look again later.
+    /// Resolved, released or claimed again by someone else meanwhile.
+    Elsewhere,
+    /// The store failed; nothing was counted, look again later.
     StoreFailed(StoreError),
 }
 
 /// What the store's answer to `resolve` means for the attempt.
-pub fn after_resolve<T>(answer: Result<T, StoreError>) -> Step {
+pub fn after_resolve<T>(answer: Result<T, StoreError>) -> AfterResolve {
     match answer {
-        Ok(_) => Step::Resolved,
-        Err(StoreError::MayStillCommit { until, .. }) => Step::NotYet { until },
-        Err(e) => gone_or_failed(e),
+        Ok(_) => AfterResolve::Resolved,
+        Err(StoreError::MayStillCommit { until, .. }) => AfterResolve::NotYet { until },
+        Err(e) if moved_on(&e) => AfterResolve::Elsewhere,
+        Err(e) => AfterResolve::StoreFailed(e),
     }
 }
 
 /// What the store's answer to `note_failed_lookup` means for the attempt,
 /// given the route's `tries_max`.
-pub fn after_failed_lookup(answer: Result<LookupTries, StoreError>, tries_max: u32) -> Step {
+pub fn after_failed_lookup(
+    answer: Result<LookupTries, StoreError>,
+    tries_max: u32,
+) -> AfterFailure {
     match answer {
-        Ok(tries) if tries.failures >= tries_max => Step::Operator { tries },
-        Ok(tries) => Step::Retry { tries },
-        Err(e) => gone_or_failed(e),
+        Ok(tries) if tries.failures >= tries_max => AfterFailure::Operator { tries },
+        Ok(tries) => AfterFailure::Retry { tries },
+        Err(e) if moved_on(&e) => AfterFailure::Elsewhere,
+        Err(e) => AfterFailure::StoreFailed(e),
     }
 }
 
 /// A refusal because the attempt moved on (gone, another attempt's, no
 /// longer ambiguous) is not an error: someone else settled it.
-fn gone_or_failed(e: StoreError) -> Step {
-    match e {
-        StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. } => {
-            Step::Elsewhere
-        }
-        e => Step::StoreFailed(e),
-    }
+fn moved_on(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. }
+    )
 }
 
 #[cfg(test)]
@@ -234,30 +246,30 @@ mod tests {
             store: "test".into(),
             reason: "down".into(),
         };
-        assert_eq!(after_resolve(Ok(())), Step::Resolved);
+        assert_eq!(after_resolve(Ok(())), AfterResolve::Resolved);
         assert_eq!(
             after_resolve::<()>(Err(StoreError::MayStillCommit {
                 id: id(),
                 token: Token(7),
                 until
             })),
-            Step::NotYet { until }
+            AfterResolve::NotYet { until }
         );
         for e in &gone {
-            assert_eq!(after_resolve::<()>(Err(e.clone())), Step::Elsewhere, "{e}");
+            assert_eq!(after_resolve::<()>(Err(e.clone())), AfterResolve::Elsewhere, "{e}");
             assert_eq!(
                 after_failed_lookup(Err(e.clone()), 5),
-                Step::Elsewhere,
+                AfterFailure::Elsewhere,
                 "{e}"
             );
         }
         assert_eq!(
             after_resolve::<()>(Err(failed.clone())),
-            Step::StoreFailed(failed.clone())
+            AfterResolve::StoreFailed(failed.clone())
         );
         assert_eq!(
             after_failed_lookup(Err(failed.clone()), 5),
-            Step::StoreFailed(failed)
+            AfterFailure::StoreFailed(failed)
         );
         let counted = [
             (1, 5, false),
@@ -269,9 +281,9 @@ mod tests {
         for (failures, tries_max, operator) in counted {
             let kept = tries(failures, until);
             let expect = if operator {
-                Step::Operator { tries: kept }
+                AfterFailure::Operator { tries: kept }
             } else {
-                Step::Retry { tries: kept }
+                AfterFailure::Retry { tries: kept }
             };
             assert_eq!(
                 after_failed_lookup(Ok(kept), tries_max),
