@@ -256,7 +256,11 @@ mod tests {
             AfterResolve::NotYet { until }
         );
         for e in &gone {
-            assert_eq!(after_resolve::<()>(Err(e.clone())), AfterResolve::Elsewhere, "{e}");
+            assert_eq!(
+                after_resolve::<()>(Err(e.clone())),
+                AfterResolve::Elsewhere,
+                "{e}"
+            );
             assert_eq!(
                 after_failed_lookup(Err(e.clone()), 5),
                 AfterFailure::Elsewhere,
