@@ -247,6 +247,33 @@ mod tests {
         }
     }
 
+    fn completion() -> impl proptest::strategy::Strategy<Value = Completion> {
+        proptest::sample::select(vec![Final, Release, Unknown])
+    }
+
+    proptest::proptest! {
+        /// For any status and any valid overrides: a declared status means
+        /// what it was declared as, an undeclared one its default, and an
+        /// upstream that dedups turns exactly the unknown answers into
+        /// releases.
+        #[test]
+        fn overrides_win_and_dedup_only_releases_unknowns(
+            status in proptest::prop_oneof![4 => 100u16..=599, 1 => proptest::num::u16::ANY],
+            overrides in proptest::collection::btree_map(100u16..=599, completion(), 0..8),
+        ) {
+            let safe = CompletionTable::new(overrides.clone(), Dedup::Idem).unwrap();
+            let dedups = CompletionTable::new(overrides.clone(), Dedup::Upstream).unwrap();
+            let plain = CompletionTable::new([], Dedup::Idem).unwrap();
+            let expect = overrides.get(&status).copied().unwrap_or_else(|| plain.classify(status));
+            proptest::prop_assert_eq!(safe.classify(status), expect);
+            let deduped = match expect {
+                Unknown => Release,
+                other => other,
+            };
+            proptest::prop_assert_eq!(dedups.classify(status), deduped);
+        }
+    }
+
     #[test]
     fn bad_overrides_are_refused_with_their_list() {
         let cases: [(&[(u16, Completion)], &str); 5] = [
