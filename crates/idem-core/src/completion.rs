@@ -184,10 +184,19 @@ mod tests {
     use super::*;
     use Completion::{Final, Release, Unknown};
 
+    /// Checks each `(status, without dedup, with dedup)` against the table
+    /// with `overrides`, built both ways.
+    fn check(overrides: &[(u16, Completion)], cases: &[(u16, Completion, Completion)]) {
+        let safe = CompletionTable::new(overrides.iter().copied(), Dedup::Idem).unwrap();
+        let dedups = CompletionTable::new(overrides.iter().copied(), Dedup::Upstream).unwrap();
+        for &(status, expect_safe, expect_dedups) in cases {
+            assert_eq!(safe.classify(status), expect_safe, "{status}");
+            assert_eq!(dedups.classify(status), expect_dedups, "{status} deduped");
+        }
+    }
+
     #[test]
     fn default_table() {
-        let safe = CompletionTable::new([], Dedup::Idem).unwrap();
-        let dedups = CompletionTable::new([], Dedup::Upstream).unwrap();
         let cases = [
             (100, Final, Final),
             (200, Final, Final),
@@ -211,10 +220,9 @@ mod tests {
             (0, Unknown, Release),
             (u16::MAX, Unknown, Release),
         ];
-        for (status, expect_safe, expect_dedups) in cases {
-            assert_eq!(safe.classify(status), expect_safe, "{status}");
-            assert_eq!(dedups.classify(status), expect_dedups, "{status} deduped");
-        }
+        check(&[], &cases);
+        let safe = CompletionTable::new([], Dedup::Idem).unwrap();
+        let dedups = CompletionTable::new([], Dedup::Upstream).unwrap();
         let failures = [
             (AttemptOutcome::NotSent, Release, Release),
             (AttemptOutcome::Lost, Unknown, Release),
@@ -232,8 +240,6 @@ mod tests {
     #[test]
     fn overrides_apply_and_the_dedup_rule_applies_after_them() {
         let overrides = [(409, Final), (500, Release), (200, Unknown)];
-        let safe = CompletionTable::new(overrides, Dedup::Idem).unwrap();
-        let dedups = CompletionTable::new(overrides, Dedup::Upstream).unwrap();
         let cases = [
             (409, Final, Final),
             (500, Release, Release),
@@ -241,10 +247,7 @@ mod tests {
             (502, Unknown, Release),
             (201, Final, Final),
         ];
-        for (status, expect_safe, expect_dedups) in cases {
-            assert_eq!(safe.classify(status), expect_safe, "{status}");
-            assert_eq!(dedups.classify(status), expect_dedups, "{status} deduped");
-        }
+        check(&overrides, &cases);
     }
 
     fn completion() -> impl proptest::strategy::Strategy<Value = Completion> {
