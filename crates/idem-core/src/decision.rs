@@ -145,27 +145,43 @@ pub fn decide(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> 
     }
 }
 
-/// Applies [`decide`]: what to answer and what to write. `next_token` is
-/// called only when the claim acquires, and must return a token greater than
-/// any the store has handed out before.
-pub fn claim(
-    existing: Option<&Record>,
-    req: &ClaimRequest,
-    now: Timestamp,
-    next_token: impl FnOnce() -> Token,
-) -> (Claim, Write) {
+/// What [`plan`] found a claim must do: answer (and write) at once, or
+/// acquire, which needs a fresh token first.
+// Like `Write`, a plan lives for one store operation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The claim's answer and its write; no token is needed.
+    Answer(Claim, Write),
+    /// The claim acquires: take a fresh token and call [`acquire`] with it.
+    Acquire {
+        /// The token of the attempt taken over, if this is a takeover.
+        took_over: Option<Token>,
+    },
+}
+
+/// The claim decision, applied as far as it can be without a token: calls
+/// [`decide`] once. A store that must fetch a token on its own terms (from
+/// a database sequence, asynchronously) takes one only for
+/// [`Plan::Acquire`] and finishes with [`acquire`]; the decision is never
+/// made a second time.
+pub fn plan(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> Plan {
     // With no record the table has one row: acquire.
     let Some(record) = existing else {
-        return acquire(req, now, next_token(), None);
+        return Plan::Acquire { took_over: None };
     };
     let answer = match decide(Some(record), req, now) {
-        Decision::Acquire => return acquire(req, now, next_token(), None),
-        Decision::TakeOver => return acquire(req, now, next_token(), Some(record.token)),
+        Decision::Acquire => return Plan::Acquire { took_over: None },
+        Decision::TakeOver => {
+            return Plan::Acquire {
+                took_over: Some(record.token),
+            };
+        }
         Decision::MarkAmbiguous => {
             let mut marked = record.clone();
             marked.state = State::Ambiguous;
             let claim = Claim::OutcomeUnknown { newly_marked: true };
-            return (claim, Write::Put(marked));
+            return Plan::Answer(claim, Write::Put(marked));
         }
         Decision::Mismatch => Claim::Mismatch {
             stored: record.fingerprint,
@@ -185,10 +201,27 @@ pub fn claim(
             tombstone_until: record.tombstone_until,
         },
     };
-    (answer, Write::None)
+    Plan::Answer(answer, Write::None)
 }
 
-fn acquire(
+/// [`plan`] finished with a token from `next_token`, called only when the
+/// claim acquires; it must return a token no attempt has held before.
+pub fn claim(
+    existing: Option<&Record>,
+    req: &ClaimRequest,
+    now: Timestamp,
+    next_token: impl FnOnce() -> Token,
+) -> (Claim, Write) {
+    match plan(existing, req, now) {
+        Plan::Answer(claim, write) => (claim, write),
+        Plan::Acquire { took_over } => acquire(req, now, next_token(), took_over),
+    }
+}
+
+/// The acquisition [`Plan::Acquire`] asks for, with the fresh `token`: a new
+/// `in_progress` record leased from `now`. For a key with no record this is
+/// the whole decision, which is what lets a store try a plain insert first.
+pub fn acquire(
     req: &ClaimRequest,
     now: Timestamp,
     token: Token,
@@ -460,13 +493,16 @@ mod tests {
         Some(r)
     }
 
-    #[test]
-    fn every_row_of_the_claim_table() {
+    type TableRow = (&'static str, Option<Record>, u8, Policy, Decision);
+
+    /// Every row of DESIGN.md's claim table: (name, existing record, the
+    /// claim's fingerprint byte, policy, decision).
+    fn claim_table() -> Vec<TableRow> {
         use Decision::*;
         use State::*;
         let reconcile = Policy::DEFAULT;
         let takeover = Policy::new(30_000, 86_400, 86_400, LeaseExpiry::Takeover).unwrap();
-        let cases: Vec<(&str, Option<Record>, u8, Policy, Decision)> = vec![
+        vec![
             ("no record", None, 1, reconcile, Acquire),
             (
                 "tombstone past horizon",
@@ -563,17 +599,57 @@ mod tests {
                 reconcile,
                 LateReplay,
             ),
-        ];
-        for (name, existing, fingerprint, policy, expect) in cases {
-            let req = ClaimRequest {
-                id: record(State::InProgress).id,
-                fingerprint: fp(fingerprint),
-                legacy_fingerprint: None,
-                owner: "node-b".into(),
-                policy,
-            };
+        ]
+    }
+
+    fn claimer(fingerprint: u8, policy: Policy) -> ClaimRequest {
+        ClaimRequest {
+            id: record(State::InProgress).id,
+            fingerprint: fp(fingerprint),
+            legacy_fingerprint: None,
+            owner: "node-b".into(),
+            policy,
+        }
+    }
+
+    #[test]
+    fn every_row_of_the_claim_table() {
+        for (name, existing, fingerprint, policy, expect) in claim_table() {
+            let req = claimer(fingerprint, policy);
             let got = decide(existing.as_ref(), &req, NOW);
             assert_eq!(got, expect, "{name}");
+        }
+    }
+
+    /// The split a store with an asynchronous token source relies on: the
+    /// plan asks for a token exactly on the rows that acquire, names the
+    /// attempt a takeover replaces, and finished with [`acquire`] gives what
+    /// [`claim`] gives in one step.
+    #[test]
+    fn plan_asks_for_a_token_only_to_acquire() {
+        for (name, existing, fingerprint, policy, decision) in claim_table() {
+            let req = claimer(fingerprint, policy);
+            let planned = plan(existing.as_ref(), &req, NOW);
+            let one_step = claim(existing.as_ref(), &req, NOW, || Token(99));
+            match (decision, planned) {
+                (Decision::Acquire, Plan::Acquire { took_over: None }) => {}
+                (Decision::TakeOver, Plan::Acquire { took_over }) => {
+                    assert_eq!(took_over, existing.as_ref().map(|r| r.token), "{name}");
+                }
+                (Decision::Acquire | Decision::TakeOver, other) => {
+                    panic!("{name}: {decision:?} planned as {other:?}")
+                }
+                (_, Plan::Acquire { .. }) => panic!("{name}: {decision:?} asked for a token"),
+                (_, Plan::Answer(answer, write)) => {
+                    assert_eq!((answer, write), one_step, "{name}");
+                    continue;
+                }
+            }
+            let took_over = match decision {
+                Decision::TakeOver => existing.as_ref().map(|r| r.token),
+                _ => None,
+            };
+            assert_eq!(acquire(&req, NOW, Token(99), took_over), one_step, "{name}");
         }
     }
 

@@ -4,6 +4,8 @@
 //! - [`IdempotencyKey`], [`Scope`], [`Fingerprint`]: validated inputs.
 //! - [`Record`], [`State`], [`Token`]: what a store keeps per (scope, key).
 //! - [`decision`]: the claim table and every other transition, as pure functions.
+//! - [`completion`]: what an attempt's answer means for its record.
+//! - [`verdict`]: what a provider lookup means for an ambiguous attempt.
 //! - [`Store`]: applies a transition atomically; [`MemoryStore`] is the reference.
 //! - [`Clock`]: time comes in from outside, so tests and the simulator own it.
 //!
@@ -53,6 +55,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod completion;
 pub mod decision;
 pub mod fingerprint;
 pub mod jcs;
@@ -63,8 +66,10 @@ mod record;
 mod scope;
 mod store;
 mod time;
+pub mod verdict;
 
-pub use decision::{Claim, ClaimRequest, Decision};
+pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
+pub use decision::{Claim, ClaimRequest, Decision, Plan};
 pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};

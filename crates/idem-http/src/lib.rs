@@ -49,7 +49,8 @@ mod request;
 mod route;
 mod service;
 
-pub use completion::{AttemptOutcome, Completion, CompletionPolicy, CompletionSpec};
+pub use completion::CompletionSpec;
+pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
 };

@@ -11,9 +11,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{Claim, Outcome, PurgeReport};
+use idem_core::{Claim, Completion, Outcome, PurgeReport};
 
-use crate::completion::Completion;
 use crate::problem::ProblemKind;
 
 /// Upper bounds of the latency histograms' buckets, in seconds.

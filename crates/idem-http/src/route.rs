@@ -5,10 +5,12 @@
 use std::fmt;
 
 use http::{HeaderName, Method};
-use idem_core::{JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope};
+use idem_core::{
+    CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope,
+};
 use serde::Deserialize;
 
-use crate::completion::{CompletionPolicy, CompletionSpec};
+use crate::completion::CompletionSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
 use crate::request;
@@ -95,7 +97,7 @@ pub struct Route {
     pub(crate) body_bytes_max: usize,
     pub(crate) policy: Policy,
     pub(crate) upstream_dedups: bool,
-    pub(crate) completion: CompletionPolicy,
+    pub(crate) completion: CompletionTable,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) forward_header: HeaderName,
     pub(crate) forward_template: KeyTemplate,
@@ -222,8 +224,15 @@ impl Route {
             body_bytes_max: body_limit(spec.body_bytes_max)?,
             policy,
             upstream_dedups,
-            completion: CompletionPolicy::new(spec.completion.as_ref(), upstream_dedups)
-                .map_err(|reason| err("completion", reason))?,
+            completion: spec
+                .completion
+                .as_ref()
+                .unwrap_or(&CompletionSpec::default())
+                .table(match upstream_dedups {
+                    true => Dedup::Upstream,
+                    false => Dedup::Idem,
+                })
+                .map_err(|e| err("completion", e.to_string()))?,
             replay_headers: header_names(
                 "replay_headers",
                 spec.replay_headers.as_deref().unwrap_or(&[]),

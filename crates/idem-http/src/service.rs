@@ -13,10 +13,12 @@ use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
-use idem_core::{Claim, ClaimRequest, Record, RecordId, Store, StoreError, StoredResult, Token};
+use idem_core::{
+    AttemptOutcome, Claim, ClaimRequest, Completion, Record, RecordId, Store, StoreError,
+    StoredResult, Token,
+};
 use tower::{Layer, Service};
 
-use crate::completion::{AttemptOutcome, Completion};
 use crate::metrics::{Metrics, StoreOp};
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
@@ -353,7 +355,7 @@ where
     };
     let completion = match response.extensions().get::<AttemptOutcome>() {
         Some(failure) => route.completion.classify_failure(*failure),
-        None => route.completion.classify(response.status()),
+        None => route.completion.classify(response.status().as_u16()),
     };
     if completion != Completion::Final {
         let cause = match response.extensions().get::<ProblemKind>() {

@@ -9,7 +9,7 @@
 use std::slice;
 use std::sync::Arc;
 
-use idem_core::decision::{self, Write};
+use idem_core::decision::{self, Plan, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
     Listing, LookupTries, PurgeReport, Record, RecordId, Resolution, State, StoreError,
@@ -146,16 +146,13 @@ pub(crate) async fn claim_locked(
     let Some(existing) = existing else {
         return Ok(None);
     };
-    let mut wants_token = false;
-    let mut decided = decision::claim(Some(&existing), req, now, || {
-        wants_token = true;
-        Token(0)
-    });
-    if wants_token {
-        let token = next_token(exec, ctx).await?;
-        decided = decision::claim(Some(&existing), req, now, || token);
-    }
-    let (claim, write) = decided;
+    let (claim, write) = match decision::plan(Some(&existing), req, now) {
+        Plan::Answer(claim, write) => (claim, write),
+        Plan::Acquire { took_over } => {
+            let token = next_token(exec, ctx).await?;
+            decision::acquire(req, now, token, took_over)
+        }
+    };
     apply(exec, ctx, &req.id, write).await?;
     Ok(Some(claim))
 }
@@ -536,7 +533,7 @@ async fn acquired(
     }
     let [token, created_at, stored_lease_until, after] = values;
     let (token, created_at) = (Token(token), Timestamp::from_millis(created_at));
-    let (claim, _) = decision::claim(None, req, created_at, || token);
+    let (claim, _) = decision::acquire(req, created_at, token, None);
     match claim {
         Claim::Acquired { lease_until, .. } if lease_until.as_millis() == stored_lease_until => Ok(
             Some((claim, token, after.saturating_sub(created_at.as_millis()))),

@@ -8,6 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use idem_core::verdict::{self, AfterFailure, AfterResolve, LookupAnswer, Triage, Verdict};
 use idem_core::{
     Clock, DamagedRow, ListCursor, ListQuery, Listing, LookupTries, Outcome, RecordId, Resolution,
     State, Store, StoreError, Timestamp, Token,
@@ -143,6 +144,11 @@ enum Step {
     StoreFailed(String),
     /// The lookup failed and was counted: the tries now kept.
     LookupFailed {
+        reason: String,
+        tries: LookupTries,
+    },
+    /// The lookup failed, was counted, and was the last allowed.
+    GaveUp {
         reason: String,
         tries: LookupTries,
     },
@@ -353,18 +359,20 @@ impl Reconciler {
                 return None;
             }
         };
-        let failures = tries.map_or(0, |t| t.failures);
-        if failures >= self.settings.max_tries() {
-            if state.warn_once(&id, token, Parked::GaveUp) {
-                tracing::warn!(record = %id, tries = failures, "ambiguous record needs an operator: every lookup failed");
+        let failures = match verdict::triage(tries.as_ref(), self.settings.max_tries(), now) {
+            Triage::Ask { failures } => failures,
+            Triage::Wait { .. } => {
+                report.waiting += 1;
+                return None;
             }
-            report.gave_up += 1;
-            return None;
-        }
-        if tries.is_some_and(|t| t.next_at > now) {
-            report.waiting += 1;
-            return None;
-        }
+            Triage::Operator { failures } => {
+                if state.warn_once(&id, token, Parked::GaveUp) {
+                    tracing::warn!(record = %id, tries = failures, "ambiguous record needs an operator: every lookup failed");
+                }
+                report.gave_up += 1;
+                return None;
+            }
+        };
         let backoff = Backoff {
             base_ms: self.settings.backoff_ms(),
             max_ms: self.settings.backoff_max_ms(),
@@ -399,18 +407,20 @@ impl Reconciler {
             tokio::time::sleep_until(start).await;
             state.next_start = start + spacing;
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
+            let tries_max = self.settings.max_tries();
             tasks.spawn(async move {
-                let step = match prober.ask(&id).await {
-                    Answer::Found { result, reason } => {
-                        let found = Outcome::Completed { result };
-                        resolve(&*store, &id, token, found, &reason).await
+                let (answer, reason) = match prober.ask(&id).await {
+                    Answer::Found { result, reason } => (LookupAnswer::Found(result), reason),
+                    Answer::NotFound { reason } => (LookupAnswer::NotFound, reason),
+                    Answer::Failed { reason } => (LookupAnswer::Failed, reason),
+                };
+                let step = match verdict::verdict(answer) {
+                    Verdict::Resolve(outcome) => {
+                        resolve(&*store, &id, token, outcome, &reason).await
                     }
-                    Answer::NotFound { reason } => {
-                        resolve(&*store, &id, token, Outcome::NotExecuted, &reason).await
-                    }
-                    Answer::Failed { reason } => {
+                    Verdict::CountFailure => {
                         let next_at = clock.now().plus_millis(delay_ms);
-                        count_failure(&*store, &id, token, next_at, reason).await
+                        count_failure(&*store, &id, token, next_at, tries_max, reason).await
                     }
                 };
                 (id, token, step)
@@ -467,7 +477,7 @@ impl Reconciler {
                 tracing::warn!(record = %id, %reason, "reconciler cannot record what it learned; it will look again");
                 report.errors += 1;
             }
-            Step::LookupFailed { reason, tries } if tries.failures >= self.settings.max_tries() => {
+            Step::GaveUp { reason, tries } => {
                 state.warn_once(&id, token, Parked::GaveUp);
                 report.gave_up += 1;
                 tracing::warn!(record = %id, tries = tries.failures, %reason, "ambiguous record needs an operator: every lookup failed");
@@ -574,14 +584,17 @@ async fn count_failure(
     id: &RecordId,
     token: Token,
     next_at: Timestamp,
+    tries_max: u32,
     reason: String,
 ) -> Step {
-    match store.note_failed_lookup(id, token, next_at).await {
-        Ok(tries) => Step::LookupFailed { reason, tries },
-        Err(
-            StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. },
-        ) => Step::Elsewhere,
-        Err(e) => Step::StoreFailed(format!("the lookup failed ({reason}) and {e}")),
+    let counted = store.note_failed_lookup(id, token, next_at).await;
+    match verdict::after_failed_lookup(counted, tries_max) {
+        AfterFailure::Retry { tries } => Step::LookupFailed { reason, tries },
+        AfterFailure::Operator { tries } => Step::GaveUp { reason, tries },
+        AfterFailure::Elsewhere => Step::Elsewhere,
+        AfterFailure::StoreFailed(e) => {
+            Step::StoreFailed(format!("the lookup failed ({reason}) and {e}"))
+        }
     }
 }
 
@@ -599,16 +612,14 @@ async fn resolve(
         Ok(resolution) => resolution,
         Err(e) => return Step::StoreFailed(e.to_string()),
     };
-    match store.resolve(id, token, resolution).await {
-        Ok(_) => {
+    match verdict::after_resolve(store.resolve(id, token, resolution).await) {
+        AfterResolve::Resolved => {
             tracing::info!(record = %id, completed, %reason, "reconciler resolved an ambiguous record");
             Step::Resolved { completed }
         }
-        Err(StoreError::MayStillCommit { until, .. }) => Step::NotYet { until },
-        Err(
-            StoreError::WrongState { .. } | StoreError::NotFound { .. } | StoreError::Fenced { .. },
-        ) => Step::Elsewhere,
-        Err(e) => Step::StoreFailed(e.to_string()),
+        AfterResolve::NotYet { until } => Step::NotYet { until },
+        AfterResolve::Elsewhere => Step::Elsewhere,
+        AfterResolve::StoreFailed(e) => Step::StoreFailed(e.to_string()),
     }
 }
 

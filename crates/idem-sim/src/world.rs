@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use idem_core::verdict::{self, AfterResolve, LookupAnswer, Verdict};
 use idem_core::{
-    Claim, ClaimRequest, Clock, Fingerprint, IdempotencyKey, ListQuery, ManualClock, Outcome,
-    RecordId, Resolution, Scope, State, Store, StoreError, StoreFuture, StoredResult, Timestamp,
-    Token,
+    Claim, ClaimRequest, Clock, Completion, CompletionTable, Dedup, Fingerprint, IdempotencyKey,
+    ListQuery, ManualClock, RecordId, Resolution, Scope, State, Store, StoreError, StoreFuture,
+    StoredResult, Timestamp, Token,
 };
 
 use crate::checker::{AnswerObs, EffectObs, Log};
@@ -25,6 +26,8 @@ const EPOCH_MS: u64 = 1_767_225_600_000;
 const EVENTS_MAX: u64 = 2_000_000;
 /// Network delay of one reply, in milliseconds.
 const NET_MS: u64 = 1;
+/// The status the payout API answers once it has paid.
+const PAID_STATUS: u16 = 201;
 
 /// Runs one seed and returns the log of what happened.
 pub(crate) fn simulate(
@@ -83,6 +86,7 @@ enum Reply {
 enum ReplOp {
     Claim(ClaimRequest, Token),
     Complete(RecordId, Token, StoredResult),
+    Release(RecordId, Token),
     MarkAmbiguous(RecordId, Token),
     Resolve(RecordId, Token, Resolution),
 }
@@ -162,6 +166,9 @@ struct World<'a> {
     tokens: BTreeMap<(usize, RecordId, Token), Token>,
     bank: BTreeMap<RecordId, Vec<usize>>,
     crashed_after: BTreeSet<RecordId>,
+    /// What the gateway makes of the API's answer: the core's table, as
+    /// `idem serve` uses it for a route without overrides.
+    completion: CompletionTable,
     log: Log,
 }
 
@@ -173,6 +180,10 @@ impl<'a> World<'a> {
         stores: Vec<Arc<dyn Store>>,
         seed: u64,
     ) -> World<'a> {
+        // The simulated gateway does not declare `upstream_dedups`; a table
+        // without overrides cannot be refused.
+        let completion = CompletionTable::new([], Dedup::Idem)
+            .unwrap_or_else(|e| unreachable!("an empty table is valid: {e}"));
         World {
             topo,
             w,
@@ -192,6 +203,7 @@ impl<'a> World<'a> {
             tokens: BTreeMap::new(),
             bank: BTreeMap::new(),
             crashed_after: BTreeSet::new(),
+            completion,
             log: Log::default(),
         }
     }
@@ -490,13 +502,31 @@ impl<'a> World<'a> {
             return;
         }
         let id = at.id.clone();
-        match StoredResult::new(201, vec![], body.clone().into_bytes()) {
-            Ok(result) => match now_ready(self.stores[r].complete(&id, token, result.clone())) {
-                Ok(_) => self.replicate(r, ReplOp::Complete(id, token, result)),
-                Err(StoreError::Fenced { .. }) => self.log.coverage.fenced_zombie_write += 1,
-                Err(_) => {}
-            },
-            Err(e) => self.log.errors.push(format!("result refused: {e}")),
+        match self.completion.classify(PAID_STATUS) {
+            Completion::Final => {
+                match StoredResult::new(PAID_STATUS, vec![], body.clone().into_bytes()) {
+                    Ok(result) => {
+                        match now_ready(self.stores[r].complete(&id, token, result.clone())) {
+                            Ok(_) => self.replicate(r, ReplOp::Complete(id, token, result)),
+                            Err(StoreError::Fenced { .. }) => {
+                                self.log.coverage.fenced_zombie_write += 1
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    Err(e) => self.log.errors.push(format!("result refused: {e}")),
+                }
+            }
+            Completion::Release => {
+                if now_ready(self.stores[r].release(&id, token)).is_ok() {
+                    self.replicate(r, ReplOp::Release(id, token));
+                }
+            }
+            Completion::Unknown => {
+                if now_ready(self.stores[r].mark_ambiguous(&id, token)).is_ok() {
+                    self.marked(r, &id);
+                }
+            }
         }
         if self.faults.chance(self.w.lost_ack) {
             let i = self.handlers[self.attempts[a].handler].intent;
@@ -600,20 +630,28 @@ impl<'a> World<'a> {
         let mut retry_at: Option<u64> = None;
         for record in page.records {
             let found = self.bank.get(&record.id).and_then(|v| v.last()).copied();
-            let outcome = match found {
-                Some(e) => StoredResult::new(201, vec![], self.log.effects[e].body.clone().into())
-                    .map(|result| Outcome::Completed { result }),
-                None => Ok(Outcome::NotExecuted),
+            let answer = match found {
+                Some(e) => {
+                    let body = self.log.effects[e].body.clone().into();
+                    match StoredResult::new(PAID_STATUS, vec![], body) {
+                        Ok(result) => LookupAnswer::Found(result),
+                        Err(_) => continue,
+                    }
+                }
+                None => LookupAnswer::NotFound,
             };
-            let Ok(outcome) = outcome else { continue };
-            let completed = matches!(outcome, Outcome::Completed { .. });
+            // The bank always answers, so no lookup fails and none is counted.
+            let Verdict::Resolve(outcome) = verdict::verdict(answer) else {
+                continue;
+            };
+            let completed = matches!(outcome, idem_core::Outcome::Completed { .. });
             let Ok(resolution) = Resolution::new(outcome, "sim-reconciler", "bank lookup") else {
                 continue;
             };
             let resolved =
                 now_ready(self.stores[r].resolve(&record.id, record.token, resolution.clone()));
-            match resolved {
-                Ok(_) => {
+            match verdict::after_resolve(resolved) {
+                AfterResolve::Resolved => {
                     self.log.reconciliations += 1;
                     if completed && self.crashed_after.contains(&record.id) {
                         self.log.coverage.crash_after_effect_then_reconcile += 1;
@@ -621,11 +659,11 @@ impl<'a> World<'a> {
                     self.replicate(r, ReplOp::Resolve(record.id, record.token, resolution));
                 }
                 // The attempt may still commit: ask again once its lease is over.
-                Err(StoreError::MayStillCommit { until, .. }) => {
+                AfterResolve::NotYet { until } => {
                     let at = until.as_millis();
                     retry_at = Some(retry_at.map_or(at, |t: u64| t.min(at)));
                 }
-                Err(_) => {}
+                AfterResolve::Elsewhere | AfterResolve::StoreFailed(_) => {}
             }
         }
         if let Some(at) = retry_at {
@@ -678,6 +716,11 @@ impl<'a> World<'a> {
             ReplOp::Complete(id, src, result) => {
                 if let Some(t) = map(self, &id, src) {
                     let _ = now_ready(store.complete(&id, t, result));
+                }
+            }
+            ReplOp::Release(id, src) => {
+                if let Some(t) = map(self, &id, src) {
+                    let _ = now_ready(store.release(&id, t));
                 }
             }
             ReplOp::MarkAmbiguous(id, src) => {

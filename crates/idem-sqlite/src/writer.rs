@@ -321,7 +321,7 @@ impl Writer {
         // an acquisition: insert its record unless one exists, one B-tree
         // descent instead of a read and then a write. The token is only
         // taken if the insert happened.
-        if let (claim, Write::Put(record)) = decision::claim(None, req, now, || token) {
+        if let (claim, Write::Put(record)) = decision::acquire(req, now, token, None) {
             if self.insert_new(&record)? {
                 self.last_token = token.0;
                 return Ok(claim);
