@@ -28,12 +28,27 @@ pub enum Verdict {
     Resolve(Outcome),
     /// Count the failed lookup in the store and ask again after a backoff.
     CountFailure,
+    /// "Not found", but asked while the attempt could still commit: ask
+    /// again at `at` (the attempt's lease end); nothing is written.
+    AskAgain {
+        /// When the question may be asked again.
+        at: Timestamp,
+    },
 }
 
 /// What the answer asks for: a finding resolves, no finding is counted.
-pub fn verdict(answer: LookupAnswer) -> Verdict {
+///
+/// "Not found" proves the attempt did not execute only when the provider
+/// was asked (`asked_at`) once the attempt could no longer commit, at or
+/// after its `lease_until`. Asked earlier, the request may still have
+/// reached the provider after the answer was given, so the verdict is to
+/// ask again then. (The store's own check, that "not executed" arrives
+/// after the lease, cannot see when the provider was asked: a slow lookup
+/// sent during the lease and answered after it would pass it.)
+pub fn verdict(answer: LookupAnswer, asked_at: Timestamp, lease_until: Timestamp) -> Verdict {
     match answer {
         LookupAnswer::Found(result) => Verdict::Resolve(Outcome::Completed { result }),
+        LookupAnswer::NotFound if asked_at < lease_until => Verdict::AskAgain { at: lease_until },
         LookupAnswer::NotFound => Verdict::Resolve(Outcome::NotExecuted),
         LookupAnswer::Failed => Verdict::CountFailure,
     }
@@ -169,19 +184,37 @@ mod tests {
     #[test]
     fn answers_become_verdicts() {
         let result = StoredResult::new(201, vec![], b"paid".to_vec()).unwrap();
+        let (lease_until, before) = (NOW, Timestamp::from_millis(NOW.as_millis() - 1));
         let cases = [
             (
                 LookupAnswer::Found(result.clone()),
+                before,
+                Verdict::Resolve(Outcome::Completed {
+                    result: result.clone(),
+                }),
+            ),
+            (
+                LookupAnswer::Found(result.clone()),
+                NOW,
                 Verdict::Resolve(Outcome::Completed { result }),
+            ),
+            // Asked a millisecond before the lease ended: proves nothing.
+            (
+                LookupAnswer::NotFound,
+                before,
+                Verdict::AskAgain { at: lease_until },
             ),
             (
                 LookupAnswer::NotFound,
+                NOW,
                 Verdict::Resolve(Outcome::NotExecuted),
             ),
-            (LookupAnswer::Failed, Verdict::CountFailure),
+            (LookupAnswer::Failed, before, Verdict::CountFailure),
+            (LookupAnswer::Failed, NOW, Verdict::CountFailure),
         ];
-        for (answer, expect) in cases {
-            assert_eq!(verdict(answer.clone()), expect, "{answer:?}");
+        for (answer, asked_at, expect) in cases {
+            let got = verdict(answer.clone(), asked_at, lease_until);
+            assert_eq!(got, expect, "{answer:?} asked at {asked_at:?}");
         }
     }
 

@@ -38,10 +38,10 @@ pub enum Protocol {
     /// horizon), and resolvers that ask the provider only once the
     /// attempt's lease is over, the rule `decision::resolve` relies on.
     Real,
-    /// As `Real`, but resolvers ask the provider at any time, as the
-    /// reconciler in `idem-reconcile` does today: a "not found" asked
-    /// before the lease ended and resolved after it releases an attempt
-    /// that committed in between. A known defect, kept as a check.
+    /// As `Real`, but a "not found" is trusted whenever it was asked (the
+    /// reconciler before `verdict::verdict` took the time of the question):
+    /// one asked before the lease ended and resolved after it releases an
+    /// attempt that committed in between. The defect this checker found.
     LookupDuringLease,
     /// The reconciler race before the hardening fix: resolvers ask the
     /// provider at any time and a "not executed" verdict is accepted while
@@ -259,13 +259,30 @@ impl IdemModel {
     }
 
     /// Whether a resolver may read `record` at `now` and ask the provider
-    /// about it.
-    fn may_look(&self, record: &idem_core::Record, now: Timestamp) -> bool {
-        let during_lease = matches!(
-            self.protocol,
-            Protocol::LookupDuringLease | Protocol::ResolveSkipsLease
-        );
-        record.state == idem_core::State::Ambiguous && (during_lease || now >= record.lease_until)
+    /// about it: any ambiguous record, at any time, as the reconciler does.
+    fn may_look(&self, record: &idem_core::Record, _now: Timestamp) -> bool {
+        record.state == idem_core::State::Ambiguous
+    }
+
+    /// What the provider's answer asks for: the production
+    /// `verdict::verdict`, except in the variants that trust a "not found"
+    /// whenever it was asked (judged as if asked at the lease end).
+    fn verdict(
+        &self,
+        found: Option<usize>,
+        asked_at: Timestamp,
+        lease_until: Timestamp,
+    ) -> idem_core::verdict::Verdict {
+        use idem_core::verdict::{LookupAnswer, verdict};
+        let answer = match found.and_then(|effect| self.results.get(effect)) {
+            Some(result) => LookupAnswer::Found(result.clone()),
+            None => LookupAnswer::NotFound,
+        };
+        let asked_at = match self.protocol {
+            Protocol::LookupDuringLease | Protocol::ResolveSkipsLease => asked_at.max(lease_until),
+            _ => asked_at,
+        };
+        verdict(answer, asked_at, lease_until)
     }
 
     /// The store's claim: the production decision and its write, with a

@@ -66,9 +66,19 @@ fn describe(w: &World, action: Action) -> String {
         Action::Resolve { resolver } => {
             let actor = ACTORS.get(resolver).unwrap_or(&"?");
             match w.resolvers.get(resolver) {
-                Some(Resolver::Judged { token, found }) => format!(
-                    "{actor} resolves token {token}: {}",
-                    found.map_or("not executed".into(), |e| format!("completed (effect {e})"))
+                Some(Resolver::Judged {
+                    token,
+                    found,
+                    asked_at,
+                    lease_until,
+                }) => format!(
+                    "{actor} resolves token {token}: {} (asked {} the lease end)",
+                    found.map_or("not executed".into(), |e| format!("completed (effect {e})")),
+                    if asked_at < lease_until {
+                        "before"
+                    } else {
+                        "at or after"
+                    }
                 ),
                 _ => format!("{actor} resolves"),
             }

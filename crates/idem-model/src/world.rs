@@ -118,6 +118,10 @@ pub enum Resolver {
         token: Token,
         /// What the provider answered: the effect found, or not found.
         found: Option<usize>,
+        /// When the provider was asked.
+        asked_at: Timestamp,
+        /// The attempt's lease end, as read.
+        lease_until: Timestamp,
     },
 }
 
@@ -388,20 +392,37 @@ impl World {
     }
 
     fn look(&mut self, resolver: usize) -> Option<()> {
-        let token = self.record()?.token;
+        let (token, lease_until) = self.record().map(|r| (r.token, r.lease_until))?;
         let found = self.effects.iter().position(|e| e.token == token);
-        *self.resolvers.get_mut(resolver)? = Resolver::Judged { token, found };
+        let asked_at = self.now;
+        *self.resolvers.get_mut(resolver)? = Resolver::Judged {
+            token,
+            found,
+            asked_at,
+            lease_until,
+        };
         Some(())
     }
 
     fn resolve(&mut self, model: &IdemModel, resolver: usize) -> Option<()> {
-        let Resolver::Judged { token, found } = *self.resolvers.get(resolver)? else {
+        let Resolver::Judged {
+            token,
+            found,
+            asked_at,
+            lease_until,
+        } = *self.resolvers.get(resolver)?
+        else {
             return None;
         };
         *self.resolvers.get_mut(resolver)? = Resolver::Idle;
-        let verdict = match found {
-            Some(effect) => model.found.get(effect)?.clone(),
-            None => model.not_found.clone(),
+        let verdict = match model.verdict(found, asked_at, lease_until) {
+            idem_core::verdict::Verdict::Resolve(Outcome::Completed { .. }) => {
+                model.found.get(found?)?.clone()
+            }
+            idem_core::verdict::Verdict::Resolve(Outcome::NotExecuted) => model.not_found.clone(),
+            // Asked while the attempt could still commit: nothing is written,
+            // and the resolver may look again.
+            _ => return Some(()),
         };
         let landed_on = self.record().map(|r| r.token);
         if let Ok(write) = model.resolve(self, token, verdict) {

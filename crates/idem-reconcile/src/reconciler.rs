@@ -126,6 +126,8 @@ enum Parked {
 struct Due {
     id: RecordId,
     token: Token,
+    /// The attempt's lease end: a "not found" asked before it proves nothing.
+    lease_until: Timestamp,
     prober: Arc<Prober>,
     delay_ms: u64,
 }
@@ -240,7 +242,7 @@ impl Reconciler {
         let mut due = Vec::with_capacity(page.records.len());
         for r in page.records {
             if let Some(d) = self
-                .triage(&mut state, r.id, r.token, now, &mut report)
+                .triage(&mut state, (r.id, r.token, r.lease_until), now, &mut report)
                 .await
             {
                 due.push(d);
@@ -330,8 +332,7 @@ impl Reconciler {
     async fn triage(
         &self,
         state: &mut ScanState,
-        id: RecordId,
-        token: Token,
+        (id, token, lease_until): (RecordId, Token, Timestamp),
         now: Timestamp,
         report: &mut ReconcileReport,
     ) -> Option<Due> {
@@ -381,6 +382,7 @@ impl Reconciler {
         Some(Due {
             id,
             token,
+            lease_until,
             prober,
             delay_ms,
         })
@@ -394,6 +396,7 @@ impl Reconciler {
         for Due {
             id,
             token,
+            lease_until,
             prober,
             delay_ms,
         } in due
@@ -409,15 +412,19 @@ impl Reconciler {
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
             let tries_max = self.settings.max_tries();
             tasks.spawn(async move {
+                // Taken before the question leaves: the answer is about the
+                // provider's ledger at some moment after this one.
+                let asked_at = clock.now();
                 let (answer, reason) = match prober.ask(&id).await {
                     Answer::Found { result, reason } => (LookupAnswer::Found(result), reason),
                     Answer::NotFound { reason } => (LookupAnswer::NotFound, reason),
                     Answer::Failed { reason } => (LookupAnswer::Failed, reason),
                 };
-                let step = match verdict::verdict(answer) {
+                let step = match verdict::verdict(answer, asked_at, lease_until) {
                     Verdict::Resolve(outcome) => {
                         resolve(&*store, &id, token, outcome, &reason).await
                     }
+                    Verdict::AskAgain { at } => Step::NotYet { until: at },
                     Verdict::CountFailure => {
                         let next_at = clock.now().plus_millis(delay_ms);
                         count_failure(&*store, &id, token, next_at, tries_max, reason).await

@@ -36,6 +36,9 @@ enum Behavior {
     /// releases it (its lease over), the client's retry claims the key and
     /// is lost too; then the provider answers 200 about the first attempt.
     ReleasedAndRetried(Arc<dyn Store>, ManualClock, RecordId),
+    /// A slow "not found": asked while the attempt's lease runs, answered
+    /// once it has ended (the clock is moved to `lease_until` first).
+    SlowNotFound(ManualClock, idem_core::Timestamp),
 }
 
 #[derive(Default)]
@@ -211,6 +214,10 @@ async fn lookup(
             let token = store.get(&id).await.unwrap().unwrap().token;
             store.resolve(&id, token, by_hand).await.unwrap();
             (StatusCode::OK, "{}").into_response()
+        }
+        Some(Behavior::SlowNotFound(clock, lease_until)) => {
+            clock.set(lease_until);
+            StatusCode::NOT_FOUND.into_response()
         }
         Some(Behavior::ReleasedAndRetried(store, clock, id)) => {
             let first = store.get(&id).await.unwrap().unwrap();
@@ -685,4 +692,29 @@ async fn a_late_verdict_never_lands_on_a_later_attempt() {
         entries,
         [(first.token, "operator"), (second.token, RESOLVED_BY)]
     );
+}
+
+/// A "not found" proves nothing when it was asked while the attempt could
+/// still commit, even if it arrives after the lease: the request may have
+/// reached the provider after the provider answered. Found by the model
+/// checker (`lookup-during-lease` in crates/idem-model): the store's own
+/// check, judged when the verdict lands, let such a slow answer release the
+/// key. The record waits, and the lookup asked after the lease decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_found_asked_during_the_lease_never_releases() {
+    let h = Harness::new().await;
+    let id = h.ambiguous(OPERATION, "payout-slow").await;
+    let held = h.store.get(&id).await.unwrap().unwrap();
+    let slow = Behavior::SlowNotFound(h.clock.clone(), held.lease_until);
+    h.answer("payout-slow", slow);
+    let reconciler = h.reconciler(ReconcileSpec::default(), &h.lookup_url());
+
+    let got = reconciler.run_once().await;
+
+    assert_eq!(got, report(1, |r| r.waiting = 1), "{got}");
+    assert_eq!(h.store.get(&id).await.unwrap().as_ref(), Some(&held));
+    h.answer("payout-slow", Behavior::Answer(404, ""));
+    assert_eq!(reconciler.run_once().await, report(1, |r| r.released = 1));
+    assert_eq!(h.store.get(&id).await.unwrap(), None);
+    assert_eq!(h.hits(), 2);
 }

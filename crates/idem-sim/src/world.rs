@@ -641,8 +641,16 @@ impl<'a> World<'a> {
                 None => LookupAnswer::NotFound,
             };
             // The bank always answers, so no lookup fails and none is counted.
-            let Verdict::Resolve(outcome) = verdict::verdict(answer) else {
-                continue;
+            let asked_at = Timestamp::from_millis(EPOCH_MS + self.now);
+            let outcome = match verdict::verdict(answer, asked_at, record.lease_until) {
+                Verdict::Resolve(outcome) => outcome,
+                // Asked while the attempt may still commit: ask again then.
+                Verdict::AskAgain { at } => {
+                    let at = at.as_millis();
+                    retry_at = Some(retry_at.map_or(at, |t: u64| t.min(at)));
+                    continue;
+                }
+                Verdict::CountFailure => continue,
             };
             let completed = matches!(outcome, idem_core::Outcome::Completed { .. });
             let Ok(resolution) = Resolution::new(outcome, "sim-reconciler", "bank lookup") else {
