@@ -62,14 +62,43 @@ pub(crate) fn scope_digest(scope: &Scope) -> String {
     to_hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
 }
 
-/// The fingerprints of the request, per the route's declarations: the
-/// current canonical form, and the previous one where it reads the request
-/// exactly, so records written before an upgrade still match their retries.
+/// The request's fingerprint in the current canonical form (version 2),
+/// per the route's declarations.
 pub(crate) fn fingerprint(
     parts: &Parts,
     route: &Route,
     body: &Bytes,
-) -> Result<(Fingerprint, Option<Fingerprint>), Problem> {
+) -> Result<Fingerprint, Problem> {
+    with_request_parts(parts, route, body, |request| {
+        Fingerprint::of_request(request).map_err(|e| {
+            Problem::new(
+                ProblemKind::InvalidBody,
+                format!("the JSON body cannot be fingerprinted: {e}"),
+            )
+        })
+    })
+}
+
+/// The request's version 1 fingerprint, where version 1 reads it exactly.
+/// Computed only when a claim finds a record whose fingerprint is not the
+/// version 2 one: records written before version 2 are the only ones that
+/// can hold it, so ordinary requests never pay for a second canonical form.
+pub(crate) fn legacy_fingerprint(
+    parts: &Parts,
+    route: &Route,
+    body: &Bytes,
+) -> Option<Fingerprint> {
+    with_request_parts(parts, route, body, Fingerprint::of_request_v1)
+}
+
+/// The parts of the request a fingerprint reads, per the route's
+/// declarations, lent to `f`.
+fn with_request_parts<T>(
+    parts: &Parts,
+    route: &Route,
+    body: &Bytes,
+    f: impl FnOnce(&RequestParts<'_>) -> T,
+) -> T {
     let content_types: Vec<&[u8]> = parts
         .headers
         .get_all(http::header::CONTENT_TYPE)
@@ -87,7 +116,7 @@ pub(crate) fn fingerprint(
                 .map(move |v| (name.as_str(), v.as_bytes()))
         })
         .collect();
-    let request = RequestParts {
+    f(&RequestParts {
         method: parts.method.as_str(),
         route: route.pattern.as_str(),
         path: parts.uri.path(),
@@ -96,12 +125,5 @@ pub(crate) fn fingerprint(
         headers: &headers,
         body,
         exclude: &route.fingerprint_exclude,
-    };
-    let current = Fingerprint::of_request(&request).map_err(|e| {
-        Problem::new(
-            ProblemKind::InvalidBody,
-            format!("the JSON body cannot be fingerprinted: {e}"),
-        )
-    })?;
-    Ok((current, Fingerprint::of_request_v1(&request)))
+    })
 }

@@ -224,23 +224,38 @@ where
     };
     let prepared = request::scope(&parts, route)
         .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)));
-    let (scope, (fingerprint, legacy_fingerprint)) = match prepared {
+    let (scope, fingerprint) = match prepared {
         Ok(found) => found,
         Err(p) => return problem(p),
     };
-    let claim_request = ClaimRequest {
+    let mut claim_request = ClaimRequest {
         id: RecordId { scope, key },
         fingerprint,
-        legacy_fingerprint,
+        legacy_fingerprint: None,
         owner: shared.owner.clone(),
         policy: *route.policy(),
     };
-    let claimed = timed(
+    let mut claimed = timed(
         &shared.metrics,
         StoreOp::Claim,
         shared.store.claim(&claim_request),
     )
     .await;
+    // A record written before fingerprint version 2 holds this request's
+    // version 1 fingerprint: only then is it computed, and the claim asked
+    // again with it (a second atomic decision over the record as it is now).
+    if let Ok(Claim::Mismatch { stored }) = &claimed {
+        let legacy = request::legacy_fingerprint(&parts, route, &body);
+        if legacy.as_ref() == Some(stored) {
+            claim_request.legacy_fingerprint = legacy;
+            claimed = timed(
+                &shared.metrics,
+                StoreOp::Claim,
+                shared.store.claim(&claim_request),
+            )
+            .await;
+        }
+    }
     let id = &claim_request.id;
     let claim = match claimed {
         Ok(claim) => claim,
