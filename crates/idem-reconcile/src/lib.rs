@@ -67,6 +67,7 @@ pub use lookup::{
     CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,
     TIMEOUT_MS_MAX, Verdict, scope_parts,
 };
+pub use probe::{Finding, Provider, ProviderFuture};
 pub use reconciler::{RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, TRACKED_MAX};
 pub use settings::{
     BACKOFF_MS_LIMIT, BATCH_LIMIT, CONCURRENCY_LIMIT, ConfigError, INTERVAL_S_LIMIT,

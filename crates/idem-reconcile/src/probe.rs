@@ -3,6 +3,9 @@
 //! never retries on its own), and turn the answer into a finding or a
 //! failure.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use bytes::Bytes;
 use http::{Request, Uri, header};
 use http_body_util::{BodyExt, Empty, Limited};
@@ -24,23 +27,46 @@ const KEPT_HEADERS: [header::HeaderName; 3] = [
 /// The longest URL quoted in a resolution reason or a log line, in bytes.
 const SHOWN_URL_BYTES_MAX: usize = 512;
 
+/// Whom the reconciler asks whether an attempt's effect happened: a
+/// route's [`Lookup`] asks the provider's HTTP API; the simulator answers
+/// from its own ledger.
+pub trait Provider: Send + Sync {
+    /// Asks about the attempt recorded under `id`. Asking never fails: what
+    /// cannot be found out is a [`Finding::Failed`], counted in the store and
+    /// asked again after a backoff.
+    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a>;
+}
+
+/// What [`Provider::ask`] returns.
+pub type ProviderFuture<'a> = Pin<Box<dyn Future<Output = Finding> + Send + 'a>>;
+
 /// A lookup with its own HTTP client (the connect timeout is per client).
 pub(crate) struct Prober {
     lookup: Lookup,
     client: Client<HttpConnector, Empty<Bytes>>,
 }
 
-/// What the provider said.
-pub(crate) enum Answer {
+/// What the provider said about one attempt, with the reason recorded in
+/// the resolution or the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
     /// The effect happened; this is what the provider answered.
     Found {
+        /// The answer, stored as the attempt's result.
         result: StoredResult,
+        /// How it was found out (e.g. the lookup's URL and status).
         reason: String,
     },
     /// The effect definitely did not happen.
-    NotFound { reason: String },
+    NotFound {
+        /// How it was found out.
+        reason: String,
+    },
     /// No finding: another status, a connect error, a timeout, a body too large.
-    Failed { reason: String },
+    Failed {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl Prober {
@@ -60,12 +86,12 @@ impl Prober {
     }
 
     /// Asks the provider about `id`, within the lookup's total timeout.
-    pub(crate) async fn ask(&self, id: &RecordId) -> Answer {
+    async fn lookup(&self, id: &RecordId) -> Finding {
         let url = self.lookup.url_for(id);
         let uri = match url.parse::<Uri>() {
             Ok(uri) => uri,
             Err(e) => {
-                return Answer::Failed {
+                return Finding::Failed {
                     reason: format!("cannot build the lookup URL: {e}"),
                 };
             }
@@ -78,7 +104,7 @@ impl Prober {
         let timeout = self.lookup.timeout();
         match tokio::time::timeout(timeout, self.exchange(request, &shown)).await {
             Ok(answer) => answer,
-            Err(_) => Answer::Failed {
+            Err(_) => Finding::Failed {
                 reason: format!(
                     "{shown}: no complete answer within {} ms",
                     timeout.as_millis()
@@ -87,8 +113,8 @@ impl Prober {
         }
     }
 
-    async fn exchange(&self, request: Request<Empty<Bytes>>, shown: &str) -> Answer {
-        let failed = |reason: String| Answer::Failed { reason };
+    async fn exchange(&self, request: Request<Empty<Bytes>>, shown: &str) -> Finding {
+        let failed = |reason: String| Finding::Failed { reason };
         let response = match self.client.request(request).await {
             Ok(response) => response,
             Err(e) => return failed(format!("{shown} failed: {}", chain(&e))),
@@ -97,7 +123,7 @@ impl Prober {
         let reason = format!("{shown} answered {status}");
         match self.lookup.verdict(status) {
             Verdict::Unknown => failed(reason),
-            Verdict::NotFound => Answer::NotFound { reason },
+            Verdict::NotFound => Finding::NotFound { reason },
             Verdict::Found => {
                 let (parts, body) = response.into_parts();
                 let body = match Limited::new(body, RESULT_BODY_BYTES_MAX).collect().await {
@@ -117,11 +143,17 @@ impl Prober {
                     })
                     .collect();
                 match StoredResult::new(status, headers, body.to_vec()) {
-                    Ok(result) => Answer::Found { result, reason },
+                    Ok(result) => Finding::Found { result, reason },
                     Err(e) => failed(format!("{reason}, but it cannot be stored: {e}")),
                 }
             }
         }
+    }
+}
+
+impl Provider for Prober {
+    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a> {
+        Box::pin(self.lookup(id))
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::time::{Duration, Instant};
 
 use crate::backoff::{Backoff, SplitMix64};
 use crate::lookup::{Lookup, scope_parts};
-use crate::probe::{Answer, Prober};
+use crate::probe::{Finding, Prober, Provider};
 use crate::settings::{ConfigError, ReconcileSettings};
 
 /// Who the reconciler's resolutions are recorded as resolved by.
@@ -44,7 +44,10 @@ pub type ResolutionHook = Arc<dyn Fn(&str, &str) + Send + Sync>;
 /// attempt whose "not executed" was refused ends its lease.
 pub struct Reconciler {
     store: Arc<dyn Store>,
-    probers: HashMap<String, Arc<Prober>>,
+    probers: HashMap<String, Arc<dyn Provider>>,
+    /// Lookups start at most `rate_per_s` a second (off only for providers
+    /// that answer from memory).
+    rate_limited: bool,
     settings: ReconcileSettings,
     clock: Arc<dyn Clock>,
     on_resolution: Option<ResolutionHook>,
@@ -128,7 +131,7 @@ struct Due {
     token: Token,
     /// The attempt's lease end: a "not found" asked before it proves nothing.
     lease_until: Timestamp,
-    prober: Arc<Prober>,
+    prober: Arc<dyn Provider>,
     delay_ms: u64,
 }
 
@@ -167,15 +170,35 @@ impl Reconciler {
         settings: ReconcileSettings,
         clock: Arc<dyn Clock>,
     ) -> Result<Reconciler, ConfigError> {
-        let mut probers = HashMap::with_capacity(lookups.len());
-        for (operation, lookup) in lookups {
+        let idle_max = settings.concurrency();
+        let providers = lookups
+            .into_iter()
+            .map(|(operation, lookup)| {
+                let prober: Arc<dyn Provider> = Arc::new(Prober::new(lookup, idle_max));
+                (operation, prober)
+            })
+            .collect();
+        Reconciler::with_providers(store, providers, settings, clock)
+    }
+
+    /// A reconciler that asks each operation's [`Provider`]: what the
+    /// simulator runs, with a provider answering from its ledger.
+    ///
+    /// Fails when an operation is empty, contains `|`, or has two providers.
+    pub fn with_providers(
+        store: Arc<dyn Store>,
+        providers: Vec<(String, Arc<dyn Provider>)>,
+        settings: ReconcileSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Reconciler, ConfigError> {
+        let mut probers = HashMap::with_capacity(providers.len());
+        for (operation, prober) in providers {
             if operation.is_empty() || operation.contains('|') {
                 return Err(ConfigError::new(
                     "lookup",
                     format!("operation {operation:?} must be non-empty without '|'"),
                 ));
             }
-            let prober = Arc::new(Prober::new(lookup, settings.concurrency()));
             if probers.insert(operation.clone(), prober).is_some() {
                 return Err(ConfigError::new(
                     "lookup",
@@ -192,6 +215,7 @@ impl Reconciler {
             settings,
             clock,
             on_resolution: None,
+            rate_limited: true,
             scan: Mutex::new(ScanState {
                 cursor: None,
                 lease_cursor: None,
@@ -206,6 +230,14 @@ impl Reconciler {
     /// Calls `hook` after each resolution this reconciler makes.
     pub fn with_on_resolution(mut self, hook: ResolutionHook) -> Reconciler {
         self.on_resolution = Some(hook);
+        self
+    }
+
+    /// Starts lookups without the `rate_per_s` spacing (`concurrency` still
+    /// bounds them): for providers that answer from memory, such as the
+    /// simulator's ledger, where spacing would only cost wall-clock time.
+    pub fn without_rate_limit(mut self) -> Reconciler {
+        self.rate_limited = false;
         self
     }
 
@@ -406,9 +438,11 @@ impl Reconciler {
                     self.settle(state, done, report);
                 }
             }
-            let start = state.next_start.max(Instant::now());
-            tokio::time::sleep_until(start).await;
-            state.next_start = start + spacing;
+            if self.rate_limited {
+                let start = state.next_start.max(Instant::now());
+                tokio::time::sleep_until(start).await;
+                state.next_start = start + spacing;
+            }
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
             let tries_max = self.settings.max_tries();
             tasks.spawn(async move {
@@ -416,9 +450,9 @@ impl Reconciler {
                 // provider's ledger at some moment after this one.
                 let asked_at = clock.now();
                 let (answer, reason) = match prober.ask(&id).await {
-                    Answer::Found { result, reason } => (LookupAnswer::Found(result), reason),
-                    Answer::NotFound { reason } => (LookupAnswer::NotFound, reason),
-                    Answer::Failed { reason } => (LookupAnswer::Failed, reason),
+                    Finding::Found { result, reason } => (LookupAnswer::Found(result), reason),
+                    Finding::NotFound { reason } => (LookupAnswer::NotFound, reason),
+                    Finding::Failed { reason } => (LookupAnswer::Failed, reason),
                 };
                 let step = match verdict::verdict(answer, asked_at, lease_until) {
                     Verdict::Resolve(outcome) => {

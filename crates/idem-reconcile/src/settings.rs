@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The most lookups per record a config may ask for.
 pub const MAX_TRIES_LIMIT: u32 = 100;
@@ -32,7 +32,7 @@ pub const BATCH_LIMIT: usize = idem_core::LIST_LIMIT_MAX;
 /// interval_s = 5
 /// batch = 100
 /// ```
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileSpec {
     /// Failed lookups per record before it is left for an operator; default 5 (1–100).

@@ -7,6 +7,7 @@ use std::path::Path;
 use idem_contract::schema::{self, Claims, KeySource, MintedAt, Redrive, Replication};
 use idem_contract::{Contract, ContractError};
 use idem_core::{LeaseExpiry, Policy, PolicyError};
+use idem_reconcile::{ConfigError, ReconcileSettings, ReconcileSpec};
 
 /// One simulated operation: the contract under test and the traffic and
 /// faults thrown at it.
@@ -53,8 +54,13 @@ pub struct Workload {
     pub redrive_after_s: u64,
     /// With several regions: when region 0 fails and traffic moves.
     pub failover_at_s: u64,
-    /// The reconciler looks at a record this long after it became ambiguous.
-    pub reconcile_delay_s: u64,
+    /// The reconciler's settings, as `[reconcile]` in the gateway config
+    /// (the real `idem_reconcile::Reconciler` runs them); `seed` defaults to
+    /// one drawn from the run's seed.
+    pub reconcile: ReconcileSpec,
+    /// Per lookup: the bank's lookup API fails (no finding), so the
+    /// reconciler counts it and tries again after its backoff.
+    pub lookup_failure: f64,
     /// The purge job runs this often.
     pub purge_every_s: u64,
     /// Let the bank deduplicate by key for the contract's `dedup_window_s`.
@@ -79,7 +85,8 @@ impl Default for Workload {
             mismatch_resend: 0.1,
             redrive_after_s: 14 * 3600,
             failover_at_s: 30,
-            reconcile_delay_s: 10,
+            reconcile: ReconcileSpec::default(),
+            lookup_failure: 0.1,
             purge_every_s: 3600,
             bank_dedup: false,
             backoff_base_ms: 100,
@@ -100,6 +107,13 @@ pub enum SimError {
         /// Why.
         error: PolicyError,
     },
+    /// The workload's reconciler settings are out of range.
+    Reconcile {
+        /// The design.
+        design: String,
+        /// Which field, and why.
+        error: ConfigError,
+    },
 }
 
 impl fmt::Display for SimError {
@@ -111,6 +125,9 @@ impl fmt::Display for SimError {
                     f,
                     "{design}: lease and retention make no valid policy: {error:?}"
                 )
+            }
+            SimError::Reconcile { design, error } => {
+                write!(f, "{design}: the workload's reconciler settings: {error}")
             }
         }
     }
@@ -174,6 +191,8 @@ pub(crate) enum RegionMode {
 #[derive(Debug, Clone)]
 pub(crate) struct Topology {
     pub policy: Policy,
+    /// The reconciler's settings, validated (seed not yet applied).
+    pub reconcile: ReconcileSettings,
     pub per_attempt_keys: bool,
     pub attempts: u32,
     pub timeout_ms: u64,
@@ -195,6 +214,11 @@ impl Topology {
             design: design.name.clone(),
             error,
         })?;
+        let reconcile =
+            ReconcileSettings::new(&w.reconcile).map_err(|error| SimError::Reconcile {
+                design: design.name.clone(),
+                error,
+            })?;
         let per_attempt_keys = c.key.as_ref().is_some_and(|k| {
             k.minted_at == Some(MintedAt::PerAttempt)
                 || (k.source == KeySource::Uuid && k.persisted_before_retries != Some(true))
@@ -249,6 +273,7 @@ impl Topology {
         };
         Ok(Topology {
             policy,
+            reconcile,
             per_attempt_keys,
             attempts,
             timeout_ms,

@@ -25,6 +25,7 @@ mod checker;
 mod design;
 mod report;
 mod rng;
+mod tap;
 mod world;
 
 use std::sync::Arc;

@@ -52,6 +52,12 @@ pub struct Coverage {
     pub fenced_zombie_write: u64,
     /// Replays served by the surviving region of a record made in the failed one.
     pub replay_after_failover: u64,
+    /// The reconciler's lease sweep marked an attempt whose lease expired
+    /// with no answer (its API crashed) ambiguous.
+    pub lease_swept: u64,
+    /// A lookup of an ambiguous attempt failed, and after the reconciler's
+    /// backoff a later lookup resolved it.
+    pub failed_lookup_then_resolved: u64,
 }
 
 /// One violated invariant in one run.
@@ -167,6 +173,8 @@ impl Summary {
             ("conflict_409", c.conflict_409),
             ("mismatch_422", c.mismatch_422),
             ("fenced_zombie_write", c.fenced_zombie_write),
+            ("lease_swept", c.lease_swept),
+            ("failed_lookup_then_resolved", c.failed_lookup_then_resolved),
         ];
         if failover_applies {
             counters.push(("replay_after_failover", c.replay_after_failover));
@@ -213,6 +221,8 @@ pub fn render_table(summaries: &[Summary]) -> String {
         "422",
         "fenced",
         "failover-replay",
+        "swept",
+        "lookup-fail>resolve",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for s in summaries {
@@ -232,6 +242,8 @@ pub fn render_table(summaries: &[Summary]) -> String {
             c.mismatch_422,
             c.fenced_zombie_write,
             c.replay_after_failover,
+            c.lease_swept,
+            c.failed_lookup_then_resolved,
         ];
         let mut row = vec![s.design.clone()];
         row.extend(cells.iter().map(u64::to_string));
@@ -303,5 +315,6 @@ fn add_counts(sum: &mut Counts, c: &Counts) {
 
 fn add_coverage(sum: &mut Coverage, c: &Coverage) {
     add_fields!(sum, c; lost_ack_then_replay, crash_after_effect_then_reconcile, conflict_409,
-        mismatch_422, fenced_zombie_write, replay_after_failover);
+        mismatch_422, fenced_zombie_write, replay_after_failover, lease_swept,
+        failed_lookup_then_resolved);
 }

@@ -9,16 +9,17 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use idem_core::verdict::{self, AfterResolve, LookupAnswer, Verdict};
 use idem_core::{
     Claim, ClaimRequest, Clock, Completion, CompletionTable, Dedup, Fingerprint, IdempotencyKey,
-    ListQuery, ManualClock, RecordId, Resolution, Scope, State, Store, StoreError, StoreFuture,
-    StoredResult, Timestamp, Token,
+    LeaseExpiry, ListQuery, ManualClock, Outcome, RecordId, Resolution, Scope, State, Store,
+    StoreError, StoreFuture, StoredResult, Timestamp, Token,
 };
+use idem_reconcile::{ReconcileReport, ReconcileSettings, Reconciler};
 
 use crate::checker::{AnswerObs, EffectObs, Log};
 use crate::design::{RegionMode, Topology, Workload};
 use crate::rng::Rng;
+use crate::tap::{Bank, Tapped, Write};
 
 /// Virtual time starts here (2026-01-01), so timestamps look like real ones.
 const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -49,7 +50,7 @@ pub(crate) fn simulate(
             vec![make_store(shared.clone()), make_store(shared)]
         }
     };
-    let mut world = World::new(topo, w, clock, stores, seed);
+    let mut world = World::new(topo, w, clock, stores, op, seed);
     world.populate(op, seed);
     world.run();
     world.into_log()
@@ -166,6 +167,15 @@ struct World<'a> {
     tokens: BTreeMap<(usize, RecordId, Token), Token>,
     bank: BTreeMap<RecordId, Vec<usize>>,
     crashed_after: BTreeSet<RecordId>,
+    /// The bank's lookup API, as the reconcilers ask it.
+    bank_api: Arc<Bank>,
+    /// Per region, the real reconciler over that region's store (`None`
+    /// when the route takes over expired leases instead: no lookup).
+    reconcilers: Vec<Option<SimReconciler>>,
+    /// Attempts (region, key, token) with a failed lookup not yet resolved.
+    failed_lookups: BTreeSet<(usize, RecordId, Token)>,
+    /// Per region, when its reconciler's next scan is scheduled.
+    scan_at: Vec<Option<u64>>,
     /// What the gateway makes of the API's answer: the core's table, as
     /// `idem serve` uses it for a route without overrides.
     completion: CompletionTable,
@@ -178,12 +188,37 @@ impl<'a> World<'a> {
         w: &'a Workload,
         clock: ManualClock,
         stores: Vec<Arc<dyn Store>>,
+        op: &str,
         seed: u64,
     ) -> World<'a> {
         // The simulated gateway does not declare `upstream_dedups`; a table
         // without overrides cannot be refused.
         let completion = CompletionTable::new([], Dedup::Idem)
             .unwrap_or_else(|e| unreachable!("an empty table is valid: {e}"));
+        let bank_api = Arc::new(Bank::new(seed, w.lookup_failure));
+        let mut errors = Vec::new();
+        let reconcilers: Vec<Option<SimReconciler>> = (0..stores.len())
+            .map(|r| {
+                if topo.policy.on_lease_expiry() != LeaseExpiry::Reconcile {
+                    return None;
+                }
+                let made = SimReconciler::new(
+                    &stores[r],
+                    &bank_api,
+                    op,
+                    topo,
+                    w,
+                    Arc::new(clock.clone()),
+                    Rng::new(seed, 4 + r as u64).next_u64(),
+                );
+                made.map_err(|e| errors.push(format!("region {r}: {e}")))
+                    .ok()
+            })
+            .collect();
+        let log = Log {
+            errors,
+            ..Log::default()
+        };
         World {
             topo,
             w,
@@ -203,8 +238,12 @@ impl<'a> World<'a> {
             tokens: BTreeMap::new(),
             bank: BTreeMap::new(),
             crashed_after: BTreeSet::new(),
+            scan_at: vec![None; reconcilers.len()],
+            failed_lookups: BTreeSet::new(),
+            bank_api,
+            reconcilers,
             completion,
-            log: Log::default(),
+            log,
         }
     }
 
@@ -374,6 +413,8 @@ impl<'a> World<'a> {
             Ok(Claim::Acquired { token, .. }) => {
                 self.attempts[a].token = Some(token);
                 self.replicate(r, ReplOp::Claim(req, token));
+                // The record is in progress: the lease sweep must see it.
+                self.wake_reconciler(r);
                 return self.start_api(a);
             }
             Ok(Claim::Replay { record }) => {
@@ -488,6 +529,10 @@ impl<'a> World<'a> {
             at_ms: self.now,
             acquired: self.attempts[a].token.is_some(),
         });
+        match StoredResult::new(PAID_STATUS, vec![], body.clone().into_bytes()) {
+            Ok(result) => self.bank_api.paid(id.clone(), result),
+            Err(e) => self.log.errors.push(format!("bank result refused: {e}")),
+        }
         self.bank.entry(id).or_default().push(n);
         self.attempts[a].effect = Some(body);
     }
@@ -607,77 +652,106 @@ impl<'a> World<'a> {
         self.after(delay, Ev::Send { handler: h });
     }
 
-    /// A claim found an expired lease and marked the record ambiguous.
+    /// A gateway marked the record ambiguous: ship the write, and make sure
+    /// the reconciler scans.
     fn marked(&mut self, r: usize, id: &RecordId) {
         if let Ok(Some(record)) = now_ready(self.stores[r].get(id)) {
             self.replicate(r, ReplOp::MarkAmbiguous(id.clone(), record.token));
         }
-        self.after(self.w.reconcile_delay_s * 1000, Ev::Reconcile { region: r });
+        self.wake_reconciler(r);
     }
 
-    /// The reconciler asks the bank by key and resolves every ambiguous record.
+    /// Schedules region `r`'s reconciler scan at its next tick, if none is
+    /// scheduled. The real reconciler scans every `interval_s` from its
+    /// start (time 0 here); ticks at which it would find nothing to do are
+    /// not simulated.
+    fn wake_reconciler(&mut self, r: usize) {
+        if self.scan_at[r].is_some() || self.reconcilers[r].is_none() {
+            return;
+        }
+        let interval = self.topo.reconcile.interval().as_millis();
+        let interval = u64::try_from(interval).unwrap_or(u64::MAX).max(1);
+        let next = (self.now / interval)
+            .saturating_add(1)
+            .saturating_mul(interval);
+        self.scan_at[r] = Some(next);
+        self.at(next, Ev::Reconcile { region: r });
+    }
+
+    /// One scan of region `r`'s real reconciler (`Reconciler::run_once`:
+    /// the lease sweep, the triage of ambiguous records, the lookups, the
+    /// backoff of failed ones); its writes are shipped and counted.
     fn reconcile(&mut self, r: usize) {
+        self.scan_at[r] = None;
         if self.down[r] {
             return;
         }
-        let query = ListQuery {
-            state: Some(State::Ambiguous),
-            ..ListQuery::default()
-        };
-        let Ok(page) = now_ready(self.stores[r].list(&query)) else {
+        let Some(rec) = &self.reconcilers[r] else {
             return;
         };
-        let mut retry_at: Option<u64> = None;
-        for record in page.records {
-            let found = self.bank.get(&record.id).and_then(|v| v.last()).copied();
-            let answer = match found {
-                Some(e) => {
-                    let body = self.log.effects[e].body.clone().into();
-                    match StoredResult::new(PAID_STATUS, vec![], body) {
-                        Ok(result) => LookupAnswer::Found(result),
-                        Err(_) => continue,
-                    }
+        // The reconciler's log lines are for operators; the simulator
+        // reports through its own counters.
+        let quiet = tracing::subscriber::NoSubscriber::default();
+        let scanned = tracing::subscriber::with_default(quiet, || {
+            RUNTIME.with(|rt| match rt {
+                Ok(rt) => Ok(rt.block_on(rec.reconciler.run_once())),
+                Err(e) => Err(format!("cannot start the reconciler's runtime: {e}")),
+            })
+        });
+        let report = match scanned {
+            Ok(report) => report,
+            Err(e) => {
+                self.log.errors.push(e);
+                return;
+            }
+        };
+        let writes = rec.store.take();
+        for write in writes {
+            match write {
+                Write::Marked(id, token) => {
+                    self.log.coverage.lease_swept += 1;
+                    self.replicate(r, ReplOp::MarkAmbiguous(id, token));
                 }
-                None => LookupAnswer::NotFound,
-            };
-            // The bank always answers, so no lookup fails and none is counted.
-            let asked_at = Timestamp::from_millis(EPOCH_MS + self.now);
-            let outcome = match verdict::verdict(answer, asked_at, record.lease_until) {
-                Verdict::Resolve(outcome) => outcome,
-                // Asked while the attempt may still commit: ask again then.
-                Verdict::AskAgain { at } => {
-                    let at = at.as_millis();
-                    retry_at = Some(retry_at.map_or(at, |t: u64| t.min(at)));
-                    continue;
+                Write::LookupFailed(id, token) => {
+                    self.failed_lookups.insert((r, id, token));
                 }
-                Verdict::CountFailure => continue,
-            };
-            let completed = matches!(outcome, idem_core::Outcome::Completed { .. });
-            let Ok(resolution) = Resolution::new(outcome, "sim-reconciler", "bank lookup") else {
-                continue;
-            };
-            let resolved =
-                now_ready(self.stores[r].resolve(&record.id, record.token, resolution.clone()));
-            match verdict::after_resolve(resolved) {
-                AfterResolve::Resolved => {
+                Write::Resolved(id, token, resolution) => {
                     self.log.reconciliations += 1;
-                    if completed && self.crashed_after.contains(&record.id) {
+                    if self.failed_lookups.remove(&(r, id.clone(), token)) {
+                        self.log.coverage.failed_lookup_then_resolved += 1;
+                    }
+                    let completed = matches!(resolution.outcome, Outcome::Completed { .. });
+                    if completed && self.crashed_after.contains(&id) {
                         self.log.coverage.crash_after_effect_then_reconcile += 1;
                     }
-                    self.replicate(r, ReplOp::Resolve(record.id, record.token, resolution));
+                    self.replicate(r, ReplOp::Resolve(id, token, resolution));
                 }
-                // The attempt may still commit: ask again once its lease is over.
-                AfterResolve::NotYet { until } => {
-                    let at = until.as_millis();
-                    retry_at = Some(retry_at.map_or(at, |t: u64| t.min(at)));
-                }
-                AfterResolve::Elsewhere | AfterResolve::StoreFailed(_) => {}
             }
         }
-        if let Some(at) = retry_at {
-            let delay = at.saturating_sub(EPOCH_MS + self.now).max(1);
-            self.after(delay, Ev::Reconcile { region: r });
+        if self.scan_again(r, &report) {
+            self.wake_reconciler(r);
         }
+    }
+
+    /// Whether the next tick of region `r`'s reconciler has anything to do:
+    /// a record in progress (its lease may expire), or an ambiguous record
+    /// it is waiting on (a backoff, a lease), tried, resolved or could not
+    /// reach the store for. Records left for an operator wake nobody.
+    fn scan_again(&self, r: usize, report: &ReconcileReport) -> bool {
+        let in_progress = ListQuery {
+            state: Some(State::InProgress),
+            limit: 1,
+            ..ListQuery::default()
+        };
+        let busy = now_ready(self.stores[r].list(&in_progress))
+            .map_or(true, |page| !page.records.is_empty());
+        busy || report.waiting
+            + report.retried
+            + report.errors
+            + report.completed
+            + report.released
+            + report.expired_leases
+            > 0
     }
 
     /// Region 0 fails: its API stops, callers waiting on it see a reset.
@@ -718,6 +792,7 @@ impl<'a> World<'a> {
             ReplOp::Claim(req, src) => match now_ready(store.claim(&req)) {
                 Ok(Claim::Acquired { token, .. }) => {
                     self.tokens.insert((to, req.id, src), token);
+                    self.wake_reconciler(to);
                 }
                 _ => self.log.replication_conflicts += 1,
             },
@@ -734,10 +809,7 @@ impl<'a> World<'a> {
             ReplOp::MarkAmbiguous(id, src) => {
                 if let Some(t) = map(self, &id, src) {
                     if now_ready(store.mark_ambiguous(&id, t)).is_ok() {
-                        self.after(
-                            self.w.reconcile_delay_s * 1000,
-                            Ev::Reconcile { region: to },
-                        );
+                        self.wake_reconciler(to);
                     }
                 }
             }
@@ -799,6 +871,53 @@ impl<'a> World<'a> {
             seq: self.seq,
             ev,
         });
+    }
+}
+
+thread_local! {
+    /// Runs the reconciler's scans (its lookups are tasks), one per thread
+    /// for every world it simulates; a scan takes no virtual time.
+    static RUNTIME: std::io::Result<tokio::runtime::Runtime> =
+        tokio::runtime::Builder::new_current_thread().build();
+}
+
+/// A region's real reconciler, over its store with the writes noted.
+struct SimReconciler {
+    store: Arc<Tapped>,
+    reconciler: Reconciler,
+}
+
+impl SimReconciler {
+    /// The reconciler `idem serve` runs for the route, with the workload's
+    /// `[reconcile]` settings and the bank as the route's lookup.
+    fn new(
+        store: &Arc<dyn Store>,
+        bank: &Arc<Bank>,
+        op: &str,
+        topo: &Topology,
+        w: &Workload,
+        clock: Arc<dyn Clock>,
+        seed: u64,
+    ) -> Result<SimReconciler, idem_reconcile::ConfigError> {
+        let mut spec = w.reconcile.clone();
+        spec.seed = Some(spec.seed.unwrap_or(seed));
+        let settings = ReconcileSettings::new(&spec)?;
+        debug_assert_eq!(settings.interval(), topo.reconcile.interval());
+        let tapped = Arc::new(Tapped::new(Arc::clone(store)));
+        let provider: Arc<dyn idem_reconcile::Provider> = bank.clone();
+        let reconciler = Reconciler::with_providers(
+            tapped.clone(),
+            vec![(op.to_owned(), provider)],
+            settings,
+            clock,
+        )?
+        // The bank answers from memory; spacing lookups would only cost
+        // wall-clock time (a scan takes no virtual time).
+        .without_rate_limit();
+        Ok(SimReconciler {
+            store: tapped,
+            reconciler,
+        })
     }
 }
 
