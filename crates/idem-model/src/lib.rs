@@ -26,7 +26,9 @@ use idem_core::{
 };
 use stateright::{Checker, Model, Property};
 
-pub use world::{Action, Attempt, Client, Effect, Gateway, Kept, Resolver, Told, Verdict, World};
+pub use world::{
+    Action, Answer, Attempt, Client, Effect, Gateway, Kept, Resolver, Told, Verdict, World,
+};
 
 /// The protocol the model runs: the real one, or a mutant the checker must
 /// catch.
@@ -59,11 +61,16 @@ pub enum Protocol {
     TakeoverWithoutDedup,
     /// A tombstone horizon shorter than the clients' replay horizon.
     ShortTombstone,
+    /// A failed lookup (an error status, a timeout) read as "found", with
+    /// whatever the failed answer carried as the result.
+    FailureAsFound,
+    /// A failed lookup read as "not found".
+    FailureAsNotFound,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 7] = [
+    pub const ALL: [Protocol; 9] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -71,6 +78,8 @@ impl Protocol {
         Protocol::AcquiresTwice,
         Protocol::TakeoverWithoutDedup,
         Protocol::ShortTombstone,
+        Protocol::FailureAsFound,
+        Protocol::FailureAsNotFound,
     ];
 
     /// The name used on the command line and in reports.
@@ -83,6 +92,8 @@ impl Protocol {
             Protocol::AcquiresTwice => "acquires-twice",
             Protocol::TakeoverWithoutDedup => "takeover-without-dedup",
             Protocol::ShortTombstone => "short-tombstone",
+            Protocol::FailureAsFound => "failure-as-found",
+            Protocol::FailureAsNotFound => "failure-as-not-found",
         }
     }
 
@@ -137,8 +148,14 @@ pub mod property {
     pub const NO_SUCCESS_WITHOUT_EFFECT: &str = "no acknowledged success without an effect";
     /// Every verdict changed the attempt it judged.
     pub const VERDICT_ON_ITS_ATTEMPT: &str = "no verdict lands on another attempt";
+    /// Every ambiguous record can still be resolved: a verdict that tells
+    /// the truth about the attempt holding it, given by an operator once
+    /// its lease is over, is accepted by the store.
+    pub const UNKNOWN_CAN_END_RESOLVED: &str = "every unknown outcome can still end resolved";
     /// Reachability: an unknown outcome ends resolved.
-    pub const UNKNOWN_ENDS_RESOLVED: &str = "an unknown outcome can end resolved";
+    pub const UNKNOWN_ENDS_RESOLVED: &str = "an unknown outcome is resolved";
+    /// Reachability: a failed lookup is counted in the store.
+    pub const LOOKUP_FAILS: &str = "a failed lookup is counted";
     /// Reachability: a retry is answered by a replay.
     pub const RETRY_REPLAYS: &str = "a retry can be answered by a replay";
 }
@@ -184,15 +201,21 @@ pub struct IdemModel {
     request: ClaimRequest,
     /// The upstream's answer for each effect: status 201, body the effect's index.
     results: Vec<StoredResult>,
-    /// A "found" verdict for each effect, carrying its answer.
-    found: Vec<Resolution>,
     not_found: Resolution,
+    /// What a failed lookup answered (an error page): effect index 255,
+    /// which no bound commits.
+    failed_body: StoredResult,
 }
 
 /// The lease every attempt gets, in milliseconds.
 pub const LEASE_MS: u64 = 100;
 /// How long clients keep retrying, from the start, in milliseconds.
 pub const REPLAY_HORIZON_MS: u64 = 2_000;
+/// Failed lookups of one attempt before the reconciler leaves it to the
+/// operator.
+pub const MAX_TRIES: u32 = 2;
+/// The reconciler's backoff after a failed lookup, in milliseconds.
+pub const BACKOFF_MS: u64 = 50;
 
 impl IdemModel {
     /// The model of `protocol` at `bound`.
@@ -213,16 +236,11 @@ impl IdemModel {
             key: IdempotencyKey::parse("payout-1").map_err(|e| input(&e))?,
         };
         let mut results = Vec::with_capacity(requests);
-        let mut found = Vec::with_capacity(requests);
         for effect in 0..requests {
             let body = vec![u8::try_from(effect).unwrap_or(u8::MAX)];
-            let result = StoredResult::new(201, vec![], body).map_err(|e| input(&e))?;
-            let outcome = Outcome::Completed {
-                result: result.clone(),
-            };
-            found.push(Resolution::new(outcome, "resolver", "found").map_err(|e| input(&e))?);
-            results.push(result);
+            results.push(StoredResult::new(201, vec![], body).map_err(|e| input(&e))?);
         }
+        let failed_body = StoredResult::new(502, vec![], vec![u8::MAX]).map_err(|e| input(&e))?;
         let not_found = Resolution::new(Outcome::NotExecuted, "resolver", "not found")
             .map_err(|e| input(&e))?;
         Ok(IdemModel {
@@ -238,8 +256,8 @@ impl IdemModel {
             },
             id,
             results,
-            found,
             not_found,
+            failed_body,
         })
     }
 
@@ -258,31 +276,55 @@ impl IdemModel {
         self.start.millis_until(t)
     }
 
-    /// Whether a resolver may read `record` at `now` and ask the provider
-    /// about it: any ambiguous record, at any time, as the reconciler does.
-    fn may_look(&self, record: &idem_core::Record, _now: Timestamp) -> bool {
-        record.state == idem_core::State::Ambiguous
-    }
-
     /// What the provider's answer asks for: the production
     /// `verdict::verdict`, except in the variants that trust a "not found"
     /// whenever it was asked (judged as if asked at the lease end).
     fn verdict(
         &self,
-        found: Option<usize>,
+        answer: Answer,
         asked_at: Timestamp,
         lease_until: Timestamp,
     ) -> idem_core::verdict::Verdict {
         use idem_core::verdict::{LookupAnswer, verdict};
-        let answer = match found.and_then(|effect| self.results.get(effect)) {
-            Some(result) => LookupAnswer::Found(result.clone()),
-            None => LookupAnswer::NotFound,
+        let answer = match (answer, self.protocol) {
+            (Answer::Found(effect), _) => match self.results.get(effect) {
+                Some(result) => LookupAnswer::Found(result.clone()),
+                None => LookupAnswer::Failed,
+            },
+            (Answer::NotFound, _) | (Answer::Failed, Protocol::FailureAsNotFound) => {
+                LookupAnswer::NotFound
+            }
+            (Answer::Failed, Protocol::FailureAsFound) => {
+                LookupAnswer::Found(self.failed_body.clone())
+            }
+            (Answer::Failed, _) => LookupAnswer::Failed,
         };
         let asked_at = match self.protocol {
             Protocol::LookupDuringLease | Protocol::ResolveSkipsLease => asked_at.max(lease_until),
             _ => asked_at,
         };
         verdict(answer, asked_at, lease_until)
+    }
+
+    /// A "found" verdict carrying `result`.
+    fn found_with(&self, result: StoredResult) -> Option<Resolution> {
+        Resolution::new(Outcome::Completed { result }, "resolver", "found").ok()
+    }
+
+    /// Whether the store accepts the truth about the ambiguous attempt
+    /// holding `record`, told by an operator once its lease is over: the
+    /// production `decision::resolve`, so no state leaves an unknown
+    /// outcome beyond anyone's reach.
+    fn resolvable(&self, w: &World, record: &idem_core::Record) -> bool {
+        let truth = w
+            .effects
+            .iter()
+            .position(|e| e.token == record.token)
+            .and_then(|effect| self.results.get(effect))
+            .and_then(|result| self.found_with(result.clone()))
+            .unwrap_or_else(|| self.not_found.clone());
+        let when = w.now.max(record.lease_until);
+        decision::resolve(Some(record), &self.id, record.token, truth, when).is_ok()
     }
 
     /// The store's claim: the production decision and its write, with a
@@ -336,9 +378,18 @@ impl Model for IdemModel {
             Property::always(property::VERDICT_ON_ITS_ATTEMPT, |_, w: &World| {
                 w.verdicts.iter().all(|v| v.about == v.landed_on)
             }),
+            Property::always(
+                property::UNKNOWN_CAN_END_RESOLVED,
+                |m: &IdemModel, w: &World| {
+                    w.record()
+                        .filter(|r| r.state == idem_core::State::Ambiguous)
+                        .is_none_or(|r| m.resolvable(w, r))
+                },
+            ),
             Property::sometimes(property::UNKNOWN_ENDS_RESOLVED, |_, w: &World| {
                 !w.verdicts.is_empty()
             }),
+            Property::sometimes(property::LOOKUP_FAILS, |_, w: &World| w.tries.is_some()),
             Property::sometimes(property::RETRY_REPLAYS, |_, w: &World| {
                 told_effects(w).any(|(_, replayed)| replayed)
             }),

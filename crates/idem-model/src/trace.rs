@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use idem_core::Record;
 use stateright::Path;
 
-use crate::world::{Action, Gateway, Resolver, Told, World};
+use crate::world::{Action, Answer, Gateway, Resolver, Told, World};
 use crate::{IdemModel, world};
 
 const ACTORS: [&str; 2] = ["reconciler", "operator"];
@@ -59,21 +59,26 @@ fn describe(w: &World, action: Action) -> String {
         ),
         Action::Crash { attempt } => format!("gateway crashes holding {}", attempt_of(attempt)),
         Action::Sweep => "reconciler's lease sweep marks the expired lease ambiguous".into(),
-        Action::Look { resolver } => format!(
-            "{} reads the ambiguous record and asks the provider",
-            ACTORS.get(resolver).unwrap_or(&"?")
+        Action::Look { resolver, fails } => format!(
+            "{} reads the ambiguous record and asks the provider{}",
+            ACTORS.get(resolver).unwrap_or(&"?"),
+            if fails { " (the lookup fails)" } else { "" }
         ),
         Action::Resolve { resolver } => {
             let actor = ACTORS.get(resolver).unwrap_or(&"?");
             match w.resolvers.get(resolver) {
                 Some(Resolver::Judged {
                     token,
-                    found,
+                    answer,
                     asked_at,
                     lease_until,
                 }) => format!(
-                    "{actor} resolves token {token}: {} (asked {} the lease end)",
-                    found.map_or("not executed".into(), |e| format!("completed (effect {e})")),
+                    "{actor} gives its verdict on token {token}: {} (asked {} the lease end)",
+                    match answer {
+                        Answer::Found(e) => format!("found, effect {e}"),
+                        Answer::NotFound => "not found".into(),
+                        Answer::Failed => "the lookup failed".into(),
+                    },
                     if asked_at < lease_until {
                         "before"
                     } else {
@@ -117,8 +122,14 @@ fn summary(model: &IdemModel, w: &World) -> String {
             format!("{}:{g}", a.token)
         })
         .collect();
+    let tries = w.tries.map_or(String::new(), |(token, failures, next_at)| {
+        format!(
+            " tries={failures} failed lookups of token {token}, next at +{}ms",
+            model.since_start_ms(next_at)
+        )
+    });
     format!(
-        "t=+{}ms record={record} effects=[{}] attempts=[{}] told {}",
+        "t=+{}ms record={record}{tries} effects=[{}] attempts=[{}] told {}",
         model.since_start_ms(w.now),
         effects.join(", "),
         gateways.join(" "),

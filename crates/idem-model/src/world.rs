@@ -4,7 +4,8 @@
 //! may act when, and what each actor remembers.
 
 use idem_core::decision::{self, Claim, Write};
-use idem_core::{Outcome, Record, Resolution, State, StoreError, Timestamp, Token};
+use idem_core::verdict::{self, Triage};
+use idem_core::{LookupTries, Outcome, Record, Resolution, State, StoreError, Timestamp, Token};
 
 use crate::{IdemModel, Protocol};
 
@@ -28,6 +29,10 @@ pub struct World {
     pub resolvers: [Resolver; 2],
     /// Every verdict the store accepted.
     pub verdicts: Vec<Verdict>,
+    /// The failed lookups the store keeps for the record:
+    /// `(token, failures, next_at)` of [`LookupTries`], which does not
+    /// derive `Hash`.
+    pub tries: Option<(Token, u32, Timestamp)>,
 }
 
 /// The stored record. A wrapper only because `Record` does not derive
@@ -116,13 +121,24 @@ pub enum Resolver {
     Judged {
         /// The attempt the verdict is about.
         token: Token,
-        /// What the provider answered: the effect found, or not found.
-        found: Option<usize>,
+        /// What the provider answered.
+        answer: Answer,
         /// When the provider was asked.
         asked_at: Timestamp,
         /// The attempt's lease end, as read.
         lease_until: Timestamp,
     },
+}
+
+/// What the provider answered a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// The attempt's effect, found.
+    Found(usize),
+    /// No effect of the attempt.
+    NotFound,
+    /// No finding: the lookup failed (an error status, a timeout).
+    Failed,
 }
 
 /// A verdict the store accepted.
@@ -180,6 +196,8 @@ pub enum Action {
     Look {
         /// 0: the reconciler, 1: the operator.
         resolver: usize,
+        /// The lookup fails (the reconciler's only: it counts failures).
+        fails: bool,
     },
     /// A resolver gives its verdict, with the token it read.
     Resolve {
@@ -216,7 +234,19 @@ impl World {
             effects: Vec::new(),
             resolvers: [Resolver::Idle; 2],
             verdicts: Vec::new(),
+            tries: None,
         }
+    }
+
+    /// The failed lookups the store keeps for the record, as the store reads
+    /// them for the attempt holding `token` (`decision::tries_of_attempt`).
+    pub fn tries_of(&self, token: Token) -> Option<LookupTries> {
+        let kept = self.tries.map(|(token, failures, next_at)| LookupTries {
+            token,
+            failures,
+            next_at,
+        });
+        decision::tries_of_attempt(kept.as_ref(), token)
     }
 
     /// The stored record, if any.
@@ -255,8 +285,17 @@ impl World {
         }
         for (resolver, r) in self.resolvers.iter().enumerate() {
             match r {
-                Resolver::Idle if record.is_some_and(|r| model.may_look(r, self.now)) => {
-                    out.push(Action::Look { resolver });
+                Resolver::Idle if record.is_some_and(|r| self.may_look(resolver, r)) => {
+                    out.push(Action::Look {
+                        resolver,
+                        fails: false,
+                    });
+                    if resolver == 0 {
+                        out.push(Action::Look {
+                            resolver,
+                            fails: true,
+                        });
+                    }
                 }
                 Resolver::Idle => {}
                 Resolver::Judged { .. } => out.push(Action::Resolve { resolver }),
@@ -282,7 +321,7 @@ impl World {
             Action::Unknown { attempt } => w.unknown(model, attempt)?,
             Action::Crash { attempt } => w.attempts.get_mut(attempt)?.gateway = Gateway::Crashed,
             Action::Sweep => w.sweep(model)?,
-            Action::Look { resolver } => w.look(resolver)?,
+            Action::Look { resolver, fails } => w.look(resolver, fails)?,
             Action::Resolve { resolver } => w.resolve(model, resolver)?,
             Action::Purge => {
                 let write = decision::purge(w.record()?, w.now);
@@ -291,6 +330,25 @@ impl World {
             Action::Advance => w.now = w.next_deadline(model)?,
         }
         Some(w)
+    }
+
+    /// Whether a resolver may read `record` now and ask the provider: the
+    /// operator whenever it is ambiguous; the reconciler only as its triage
+    /// of the tries the store keeps allows (`verdict::triage`: not during a
+    /// backoff, not after `MAX_TRIES` failures).
+    fn may_look(&self, resolver: usize, record: &Record) -> bool {
+        if record.state != State::Ambiguous {
+            return false;
+        }
+        resolver != 0
+            || matches!(
+                verdict::triage(
+                    self.tries_of(record.token).as_ref(),
+                    crate::MAX_TRIES,
+                    self.now
+                ),
+                Triage::Ask { .. }
+            )
     }
 
     fn may_request(&self, model: &IdemModel, client: usize, c: &Client) -> bool {
@@ -391,13 +449,17 @@ impl World {
         Some(())
     }
 
-    fn look(&mut self, resolver: usize) -> Option<()> {
+    fn look(&mut self, resolver: usize, fails: bool) -> Option<()> {
         let (token, lease_until) = self.record().map(|r| (r.token, r.lease_until))?;
-        let found = self.effects.iter().position(|e| e.token == token);
+        let answer = match self.effects.iter().position(|e| e.token == token) {
+            _ if fails => Answer::Failed,
+            Some(effect) => Answer::Found(effect),
+            None => Answer::NotFound,
+        };
         let asked_at = self.now;
         *self.resolvers.get_mut(resolver)? = Resolver::Judged {
             token,
-            found,
+            answer,
             asked_at,
             lease_until,
         };
@@ -407,7 +469,7 @@ impl World {
     fn resolve(&mut self, model: &IdemModel, resolver: usize) -> Option<()> {
         let Resolver::Judged {
             token,
-            found,
+            answer,
             asked_at,
             lease_until,
         } = *self.resolvers.get(resolver)?
@@ -415,23 +477,46 @@ impl World {
             return None;
         };
         *self.resolvers.get_mut(resolver)? = Resolver::Idle;
-        let verdict = match model.verdict(found, asked_at, lease_until) {
-            idem_core::verdict::Verdict::Resolve(Outcome::Completed { .. }) => {
-                model.found.get(found?)?.clone()
+        let (verdict, executed) = match model.verdict(answer, asked_at, lease_until) {
+            verdict::Verdict::Resolve(Outcome::Completed { result }) => {
+                (model.found_with(result)?, true)
             }
-            idem_core::verdict::Verdict::Resolve(Outcome::NotExecuted) => model.not_found.clone(),
+            verdict::Verdict::Resolve(Outcome::NotExecuted) => (model.not_found.clone(), false),
+            verdict::Verdict::CountFailure => return self.count_failure(model, token),
             // Asked while the attempt could still commit: nothing is written,
             // and the resolver may look again.
-            _ => return Some(()),
+            verdict::Verdict::AskAgain { .. } => return Some(()),
         };
         let landed_on = self.record().map(|r| r.token);
         if let Ok(write) = model.resolve(self, token, verdict) {
             self.apply(write);
+            // The store deletes the record's tries with the resolution.
+            self.tries = None;
             self.verdicts.push(Verdict {
                 about: token,
                 landed_on: landed_on?,
-                executed: found.is_some(),
+                executed,
             });
+        }
+        Some(())
+    }
+
+    /// The store counts a failed lookup of the attempt holding `token`
+    /// (`decision::note_failed_lookup`); the next may start after the
+    /// backoff.
+    fn count_failure(&mut self, model: &IdemModel, token: Token) -> Option<()> {
+        let kept = self.tries_of(token);
+        let next_at = self.now.plus_millis(crate::BACKOFF_MS);
+        let counted = decision::note_failed_lookup(
+            self.record(),
+            kept.as_ref(),
+            &model.id,
+            token,
+            next_at,
+            self.now,
+        );
+        if let Ok(t) = counted {
+            self.tries = Some((t.token, t.failures, t.next_at));
         }
         Some(())
     }
@@ -457,6 +542,7 @@ impl World {
     fn next_deadline(&self, model: &IdemModel) -> Option<Timestamp> {
         let mut deadlines = vec![model.replay_horizon()];
         deadlines.extend(self.attempts.iter().map(|a| a.lease_until));
+        deadlines.extend(self.tries.map(|(_, _, next_at)| next_at));
         if let Some(r) = self.record() {
             deadlines.push(r.lease_until);
             deadlines.extend(r.expires_at);

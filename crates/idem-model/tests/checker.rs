@@ -46,6 +46,11 @@ fn every_mutant_is_caught_with_a_trace() {
         (Protocol::AcquiresTwice, property::ONE_EFFECT),
         (Protocol::TakeoverWithoutDedup, property::ONE_EFFECT),
         (Protocol::ShortTombstone, property::ONE_EFFECT),
+        (
+            Protocol::FailureAsFound,
+            property::NO_SUCCESS_WITHOUT_EFFECT,
+        ),
+        (Protocol::FailureAsNotFound, property::ONE_EFFECT),
     ];
     for (protocol, broken) in cases {
         let report = run(protocol);
