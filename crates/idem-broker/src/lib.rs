@@ -1,0 +1,168 @@
+//! The brokers `idem consume` reads from, behind one small seam: a
+//! [`Subscription`] hands out [`Delivery`]s, and each delivery is settled
+//! exactly once through its [`Settle`] — acknowledged, handed back for a
+//! later retry, dead-lettered, or sent to the late sink.
+//!
+//! The bridge decides *which* settlement from the record's outcome (the
+//! settle table in docs/consumers.md); a broker only carries it out, and
+//! never acknowledges a message on its own. A settlement that fails (the
+//! broker went away) leaves the message unacknowledged, so the broker
+//! redelivers it: the record decides what the redelivery does.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// What a broker operation returns.
+pub type BrokerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BrokerError>> + Send + 'a>>;
+
+/// One message as the broker delivered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The payload, as published.
+    pub payload: Bytes,
+    /// The message's headers, in the order the broker gave them; a name
+    /// may repeat. Names keep the case the publisher used.
+    pub headers: Vec<(String, String)>,
+    /// The broker's message id, if the publisher set one (NATS
+    /// `Nats-Msg-Id`, AMQP `message_id`). A republish or a redrive may mint
+    /// a new one, so it is not a key by default.
+    pub message_id: Option<String>,
+    /// Where it was published (NATS subject, AMQP routing key).
+    pub subject: String,
+    /// How many times this message was delivered, this one included
+    /// (1 for the first delivery), as far as the broker counts.
+    pub delivery: u64,
+}
+
+impl Message {
+    /// The first header named `name`, compared without regard to ASCII case.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One delivery: the message and the one way to settle it.
+pub struct Delivery {
+    /// The message.
+    pub message: Message,
+    /// How to settle it; consumed by the settlement.
+    pub settle: Box<dyn Settle>,
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("message", &self.message)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a message goes to the dead-letter destination or the late sink,
+/// carried with it as headers so a person can see why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reason {
+    /// A short code, e.g. `key-reused`, `no-key`, `expired`.
+    pub code: String,
+    /// What happened, in words.
+    pub detail: String,
+}
+
+/// How one delivery is settled; every method consumes it, so a delivery is
+/// settled at most once. If the settlement fails, nothing was acknowledged
+/// and the broker will deliver the message again.
+pub trait Settle: Send {
+    /// The record is final: acknowledge, the broker forgets the message.
+    fn ack(self: Box<Self>) -> BrokerFuture<'static, ()>;
+
+    /// Not settled yet (in flight elsewhere, outcome unknown, store down):
+    /// the broker delivers the message again, not before `after`.
+    fn retry(self: Box<Self>, after: Duration) -> BrokerFuture<'static, ()>;
+
+    /// Never executed and never will be (a key reused with another
+    /// payload, no key): move the message to the dead-letter destination,
+    /// with `reason`, and only then stop its delivery.
+    fn dead_letter(self: Box<Self>, reason: Reason) -> BrokerFuture<'static, ()>;
+
+    /// A late replay (the key is past retention): copy the message to the
+    /// late sink, with `reason`, and only then stop its delivery.
+    fn late(self: Box<Self>, reason: Reason) -> BrokerFuture<'static, ()>;
+}
+
+/// One subscription's stream of deliveries.
+pub trait Subscription: Send + Sync {
+    /// The next delivery; waits until one arrives. An error says the
+    /// broker cannot deliver now (the bridge waits and asks again); the
+    /// subscription reconnects on its own.
+    fn next(&self) -> BrokerFuture<'_, Delivery>;
+
+    /// A name for logs and metrics, e.g. `nats://127.0.0.1:4222 PAYOUTS/idem`.
+    fn describe(&self) -> String;
+}
+
+/// A broker operation that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerError {
+    /// The broker and the operation, e.g. `nats ack` or `rabbitmq connect`.
+    pub operation: String,
+    /// Why, with the client's error chain.
+    pub reason: String,
+    /// Whether asking again later may work (a lost connection) rather than
+    /// never (a stream that does not exist, a refused login).
+    pub transient: bool,
+}
+
+impl BrokerError {
+    /// A failure that may pass.
+    pub fn transient(operation: impl Into<String>, reason: impl fmt::Display) -> BrokerError {
+        BrokerError {
+            operation: operation.into(),
+            reason: reason.to_string(),
+            transient: true,
+        }
+    }
+
+    /// A failure that will not pass by waiting (configuration, permissions).
+    pub fn permanent(operation: impl Into<String>, reason: impl fmt::Display) -> BrokerError {
+        BrokerError {
+            operation: operation.into(),
+            reason: reason.to_string(),
+            transient: false,
+        }
+    }
+}
+
+impl fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.operation, self.reason)
+    }
+}
+
+impl std::error::Error for BrokerError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_found_whatever_their_case_and_the_first_wins() {
+        let m = Message {
+            payload: Bytes::from_static(b"{}"),
+            headers: vec![
+                ("Idempotency-Key".into(), "a".into()),
+                ("idempotency-key".into(), "b".into()),
+            ],
+            message_id: None,
+            subject: "payouts".into(),
+            delivery: 1,
+        };
+        assert_eq!(m.header("IDEMPOTENCY-KEY"), Some("a"));
+        assert_eq!(m.header("Idempotency-Key-2"), None);
+    }
+}
