@@ -1,0 +1,561 @@
+//! Run once: claim the intent's record, run the effect only when this
+//! delivery acquired it, record what the effect's answer means, and tell
+//! the consumer what to do with the message. Every decision is the core's:
+//! the claim table ([`idem_core::decision`], applied by the store) and the
+//! completion table ([`CompletionTable`]), as in the HTTP layer.
+//!
+//! | the claim finds | the effect answers | the record | the message |
+//! | --- | --- | --- | --- |
+//! | nothing (or a tombstone past its horizon) | final | completed, answer stored | [`Outcome::Ack`] ([`Done::Executed`]) |
+//! | | release (not processed) | released | [`Outcome::Retry`] ([`RetryReason::Released`]) |
+//! | | unknown (5xx, timeout, lost) | ambiguous | [`Outcome::Retry`] ([`RetryReason::OutcomeUnknown`]) |
+//! | | panics | ambiguous, then the panic goes on | never settled |
+//! | completed, same payload | not run | unchanged | [`Outcome::Ack`] ([`Done::Replayed`]) |
+//! | in progress, lease valid | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::InFlight`]) |
+//! | ambiguous, or in progress with its lease over | not run | ambiguous | [`Outcome::Retry`] ([`RetryReason::OutcomeUnknown`]) |
+//! | any live record, other payload | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::KeyReused`]) |
+//! | a tombstone (past retention) | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::Late`]) |
+//! | the store fails | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::StoreUnavailable`]) |
+//!
+//! A retried message is never acked: it comes back, and the claim decides
+//! again. A record the store could not settle after the effect ran stays
+//! in progress until its lease ends; the next claim (or the reconciler's
+//! sweep) then marks it ambiguous, and it is reconciled, never run again
+//! blindly.
+//!
+//! **A dropped future.** If the future of [`RunOnce::run`] is dropped while
+//! the effect runs (a consumer shutting down without draining, a timeout
+//! around the whole call), nothing is written: the record stays
+//! `in_progress` under this attempt's token until its lease ends. With the
+//! default policy ([`idem_core::LeaseExpiry::Reconcile`]) the next claim of
+//! the key, or the reconciler's sweep of expired leases, then marks it
+//! ambiguous, and it is resolved by asking the provider; with
+//! [`idem_core::LeaseExpiry::Takeover`] the next delivery runs the effect
+//! again, which is only safe where the effect itself dedups by the key. A
+//! future dropped while the store applies `complete` may or may not have
+//! stored the answer: the record is completed or in progress, never
+//! completed without an effect. The same holds when the effect outlives
+//! its lease: a later claim marks the record ambiguous and this attempt's
+//! write is fenced. So give the effect a timeout shorter than the lease.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use idem_core::{
+    AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
+    FingerprintError, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store, StoreError,
+    StoredResult, Timestamp, Token, check_owner,
+};
+
+use crate::template::KeyRefusal;
+
+/// How long to wait before a retry when the store failed, in milliseconds.
+pub const STORE_RETRY_MS: u64 = 1_000;
+/// How long to wait before a retry when the effect was released as not
+/// processed, in milliseconds.
+pub const RELEASED_RETRY_MS: u64 = 1_000;
+/// The shortest wait before a retry of a message in flight elsewhere, in
+/// milliseconds: its lease may end any moment, but not in a busy loop.
+pub const IN_FLIGHT_RETRY_MS_MIN: u64 = 100;
+/// The header a stored answer carries when its own headers and body were
+/// over the store's limits and were dropped (the status is kept).
+pub const RESULT_NOT_STORED_HEADER: &str = "idem-result-not-stored";
+
+/// Runs effects at most once per intent, against one store, with one
+/// policy and one completion table (a subscription's).
+#[derive(Clone)]
+pub struct RunOnce {
+    store: Arc<dyn Store>,
+    policy: Policy,
+    completion: CompletionTable,
+    owner: String,
+}
+
+/// What a message asks for: the record it claims and the fingerprint of
+/// its payload. [`crate::IntentSpec::intent`] derives one from a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    /// Scope and key.
+    pub id: RecordId,
+    /// The payload's fingerprint.
+    pub fingerprint: Fingerprint,
+}
+
+/// What the effect is given: the record it runs for and the attempt's
+/// token. Forward `id.key` to the service so that it can dedup and be
+/// reconciled by it; finish before `lease_until`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// Scope and key.
+    pub id: RecordId,
+    /// This attempt's fencing token.
+    pub token: Token,
+    /// When this attempt's lease ends (store clock).
+    pub lease_until: Timestamp,
+}
+
+/// The effect's answer when it got one: a status in HTTP terms (what the
+/// completion table classifies) and what to store and replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The status.
+    pub status: u16,
+    /// Headers worth replaying.
+    pub headers: Vec<(String, String)>,
+    /// The body worth replaying.
+    pub body: Vec<u8>,
+}
+
+/// What the consumer must do with the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The record is final: ack the message.
+    Ack {
+        /// Run now, or replayed.
+        done: Done,
+    },
+    /// Not final, or not known: do not ack; let the message come back after
+    /// `after` (nak with delay).
+    Retry {
+        /// When to try again.
+        after: Duration,
+        /// Why.
+        reason: RetryReason,
+    },
+    /// Never run, and never will be: send the message to the sink
+    /// [`RejectReason::sink`] names.
+    Reject {
+        /// Why.
+        reason: RejectReason,
+    },
+}
+
+/// How an acked message's intent was done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Done {
+    /// The effect ran in this call; this is its stored answer.
+    Executed {
+        /// The stored answer.
+        result: StoredResult,
+    },
+    /// The effect ran before, for an earlier delivery; it was not run again.
+    Replayed {
+        /// Its stored answer; `None` only if the store lost it.
+        result: Option<StoredResult>,
+    },
+}
+
+/// Why a message must come back later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryReason {
+    /// Another delivery holds the record under a valid lease.
+    InFlight,
+    /// The outcome of an attempt is unknown (this one's or an earlier one's):
+    /// the record is ambiguous until reconciled; a later delivery replays
+    /// the reconciled answer or, if it was not executed, runs.
+    OutcomeUnknown,
+    /// The effect answered that it did not process the message; the record
+    /// was released so that a later delivery runs it.
+    Released,
+    /// The effect ran (or may have) but the store did not record what its
+    /// answer means: the record stays in progress until its lease ends and
+    /// is then reconciled.
+    NotRecorded {
+        /// What the answer meant.
+        completion: Completion,
+        /// Why it was not recorded (the store failed, or a newer attempt
+        /// owns the record and the write was fenced).
+        error: StoreError,
+    },
+    /// The store did not answer the claim: nothing was run.
+    StoreUnavailable(StoreError),
+    /// The store answered with a claim this version does not know.
+    UnknownClaim,
+}
+
+/// Why a message is never run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The key cannot be derived from the message.
+    NoKey(KeyRefusal),
+    /// The payload cannot be fingerprinted in its declared format.
+    BadPayload(FingerprintError),
+    /// The key is bound to another payload: another intent reuses it.
+    KeyReused {
+        /// The key.
+        key: IdempotencyKey,
+        /// Its scope.
+        scope: Scope,
+    },
+    /// The key is past retention and its tombstone caught the message: a
+    /// late replay (a redrive, a resubmission) of an intent done long ago.
+    Late {
+        /// The key.
+        key: IdempotencyKey,
+        /// When the intent's effect completed.
+        completed_at: Option<Timestamp>,
+        /// Until when its tombstone is kept.
+        tombstone_until: Option<Timestamp>,
+    },
+}
+
+/// Where a rejected message goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Sink {
+    /// The dead-letter queue: the message is wrong and needs a person.
+    DeadLetter,
+    /// The late sink: the message was right, but too late to compare with
+    /// what was done; count it and look at it, never run it.
+    Late,
+}
+
+impl RunOnce {
+    /// Runs against `store` with `policy`, classifying answers with
+    /// `completion`. Records are labelled `idem-consume-<pid>` until
+    /// [`RunOnce::with_owner`].
+    pub fn new(store: Arc<dyn Store>, policy: Policy, completion: CompletionTable) -> RunOnce {
+        RunOnce {
+            store,
+            policy,
+            completion,
+            owner: format!("idem-consume-{}", std::process::id()),
+        }
+    }
+
+    /// Labels the records this runner acquires with `owner` (a consumer
+    /// name helps an operator); refused when over the store's limits.
+    pub fn with_owner(self, owner: impl Into<String>) -> Result<RunOnce, LimitError> {
+        let owner = owner.into();
+        check_owner(&owner)?;
+        Ok(RunOnce { owner, ..self })
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Claims `intent`, runs `effect` only if this call acquired it, and
+    /// records what its answer means (see the module documentation).
+    ///
+    /// `effect` gets the [`Attempt`] and answers with a [`Reply`], or with
+    /// how it failed: [`AttemptOutcome::NotSent`] when the request never
+    /// left, [`AttemptOutcome::Lost`] when it was sent and the answer is
+    /// unknown (a timeout, a reset). If it panics, the record is marked
+    /// ambiguous and the panic resumes.
+    pub async fn run<E, F>(&self, intent: &Intent, effect: E) -> Outcome
+    where
+        E: FnOnce(Attempt) -> F,
+        F: Future<Output = Result<Reply, AttemptOutcome>>,
+    {
+        let request = ClaimRequest {
+            id: intent.id.clone(),
+            fingerprint: intent.fingerprint,
+            legacy_fingerprint: None,
+            owner: self.owner.clone(),
+            policy: self.policy,
+        };
+        let id = &request.id;
+        let claim = match self.store.claim(&request).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "store unavailable; nothing was run");
+                return retry(STORE_RETRY_MS, RetryReason::StoreUnavailable(e));
+            }
+        };
+        let (token, lease_until) = match claim {
+            Claim::Acquired {
+                token, lease_until, ..
+            } => (token, lease_until),
+            other => return self.not_acquired(id, other),
+        };
+        let attempt = Attempt {
+            id: id.clone(),
+            token,
+            lease_until,
+        };
+        // The call is inside the caught future too: a closure that panics
+        // before it returns its future is an effect that panicked.
+        let effect = async move { effect(attempt).await };
+        match AssertUnwindSafe(effect).catch_unwind().await {
+            Ok(answer) => self.finish(id, token, answer).await,
+            Err(panic) => self.after_panic(id, token, panic).await,
+        }
+    }
+
+    /// The outcome of a claim that did not acquire.
+    fn not_acquired(&self, id: &RecordId, claim: Claim) -> Outcome {
+        match claim {
+            Claim::Replay { record } => Outcome::Ack {
+                done: Done::Replayed {
+                    result: record.result,
+                },
+            },
+            Claim::InFlight { retry_after_ms, .. } => retry(
+                retry_after_ms.max(IN_FLIGHT_RETRY_MS_MIN),
+                RetryReason::InFlight,
+            ),
+            Claim::OutcomeUnknown { .. } => {
+                retry(self.policy.lease_ms(), RetryReason::OutcomeUnknown)
+            }
+            Claim::Mismatch { .. } => Outcome::Reject {
+                reason: RejectReason::KeyReused {
+                    key: id.key.clone(),
+                    scope: id.scope.clone(),
+                },
+            },
+            Claim::Expired {
+                completed_at,
+                tombstone_until,
+                ..
+            } => {
+                tracing::warn!(scope = %id.scope, key = %id.key, completed_at_ms = completed_at.map(|t| t.as_millis()), "late replay after retention refused; nothing was run");
+                Outcome::Reject {
+                    reason: RejectReason::Late {
+                        key: id.key.clone(),
+                        completed_at,
+                        tombstone_until,
+                    },
+                }
+            }
+            _ => retry(STORE_RETRY_MS, RetryReason::UnknownClaim),
+        }
+    }
+
+    /// Records what the effect's answer means.
+    async fn finish(
+        &self,
+        id: &RecordId,
+        token: Token,
+        answer: Result<Reply, AttemptOutcome>,
+    ) -> Outcome {
+        let (completion, reply) = match answer {
+            Ok(reply) => (self.completion.classify(reply.status), Some(reply)),
+            Err(failure) => (self.completion.classify_failure(failure), None),
+        };
+        let reply = match (completion, reply) {
+            (Completion::Final, Some(reply)) => reply,
+            (completion, _) => return self.settle(id, token, completion).await,
+        };
+        // Only a status outside 100..=599 cannot be stored at all; a
+        // completion table never declares one final, and unknown is the
+        // side that never repeats an effect.
+        let Ok(result) = stored(reply) else {
+            return self.settle(id, token, Completion::Unknown).await;
+        };
+        match self.store.complete(id, token, result.clone()).await {
+            Ok(_) => {
+                tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed");
+                Outcome::Ack {
+                    done: Done::Executed { result },
+                }
+            }
+            Err(error) => self.not_recorded(id, Completion::Final, error),
+        }
+    }
+
+    /// Releases or marks ambiguous, per `completion` (never final).
+    async fn settle(&self, id: &RecordId, token: Token, completion: Completion) -> Outcome {
+        let written = match completion {
+            Completion::Release => self.store.release(id, token).await,
+            _ => self.store.mark_ambiguous(id, token).await.map(|_| ()),
+        };
+        match (written, completion) {
+            (Ok(()), Completion::Release) => {
+                tracing::debug!(scope = %id.scope, key = %id.key, "not processed; released");
+                retry(RELEASED_RETRY_MS, RetryReason::Released)
+            }
+            (Ok(()), _) => {
+                tracing::warn!(scope = %id.scope, key = %id.key, "outcome unknown; the record awaits reconciliation");
+                retry(self.policy.lease_ms(), RetryReason::OutcomeUnknown)
+            }
+            (Err(error), completion) => self.not_recorded(id, completion, error),
+        }
+    }
+
+    fn not_recorded(&self, id: &RecordId, completion: Completion, error: StoreError) -> Outcome {
+        tracing::warn!(scope = %id.scope, key = %id.key, completion = completion.as_str(), error = %error, "the effect's answer was not recorded; the record is reconciled after its lease");
+        retry(
+            self.policy.lease_ms(),
+            RetryReason::NotRecorded { completion, error },
+        )
+    }
+
+    /// The effect panicked, perhaps after its side effect: mark the record
+    /// ambiguous, then let the panic go on.
+    async fn after_panic(
+        &self,
+        id: &RecordId,
+        token: Token,
+        panic: Box<dyn Any + Send>,
+    ) -> Outcome {
+        let outcome = self.settle(id, token, Completion::Unknown).await;
+        tracing::error!(scope = %id.scope, key = %id.key, ?outcome, "the effect panicked");
+        std::panic::resume_unwind(panic)
+    }
+}
+
+impl Intent {
+    /// The intent keyed `key` in `scope`, with the payload's `fingerprint`.
+    pub fn new(scope: Scope, key: IdempotencyKey, fingerprint: Fingerprint) -> Intent {
+        Intent {
+            id: RecordId { scope, key },
+            fingerprint,
+        }
+    }
+}
+
+impl Reply {
+    /// A reply with only a status.
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+}
+
+impl Outcome {
+    /// True only for [`Outcome::Ack`]: the one outcome after which the
+    /// message may be acked.
+    pub fn is_ack(&self) -> bool {
+        matches!(self, Outcome::Ack { .. })
+    }
+}
+
+impl RejectReason {
+    /// Where the message goes: the late sink for a late replay, the
+    /// dead-letter queue for everything else.
+    pub fn sink(&self) -> Sink {
+        match self {
+            RejectReason::Late { .. } => Sink::Late,
+            _ => Sink::DeadLetter,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Ack {
+                done: Done::Executed { result },
+            } => write!(f, "ack: run once, answered {}", result.status()),
+            Outcome::Ack {
+                done: Done::Replayed { result: Some(r) },
+            } => write!(
+                f,
+                "ack: done before (answered {}), not run again",
+                r.status()
+            ),
+            Outcome::Ack { .. } => f.write_str("ack: done before, not run again"),
+            Outcome::Retry { after, reason } => {
+                write!(f, "retry after {} ms: {reason}", after.as_millis())
+            }
+            Outcome::Reject { reason } => write!(f, "reject: {reason}"),
+        }
+    }
+}
+
+impl fmt::Display for RetryReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryReason::InFlight => {
+                f.write_str("another delivery of this intent is running; nothing was run")
+            }
+            RetryReason::OutcomeUnknown => f.write_str(
+                "the outcome of an attempt is unknown and awaits reconciliation; nothing was run again",
+            ),
+            RetryReason::Released => f.write_str(
+                "the effect did not process the message; the key was released for a later delivery",
+            ),
+            RetryReason::NotRecorded { completion, error } => write!(
+                f,
+                "the effect's answer ({}) was not recorded: {error}; the record will be reconciled",
+                completion.as_str()
+            ),
+            RetryReason::StoreUnavailable(e) => {
+                write!(f, "the store did not answer ({e}); nothing was run")
+            }
+            RetryReason::UnknownClaim => {
+                f.write_str("the store answered with an unknown claim; nothing was run")
+            }
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::NoKey(e) => write!(f, "no key can be derived ({e}); nothing was run"),
+            RejectReason::BadPayload(e) => {
+                write!(
+                    f,
+                    "the payload cannot be fingerprinted ({e}); nothing was run"
+                )
+            }
+            RejectReason::KeyReused { key, .. } => write!(
+                f,
+                "key {:?} is already used by a different payload; nothing was run",
+                key.as_str()
+            ),
+            RejectReason::Late {
+                key, completed_at, ..
+            } => {
+                write!(f, "key {:?} is past its retention", key.as_str())?;
+                if let Some(at) = completed_at {
+                    write!(f, " (done at {} ms since the epoch)", at.as_millis())?;
+                }
+                f.write_str("; a late replay, not run")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RejectReason {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RejectReason::NoKey(e) => Some(e),
+            RejectReason::BadPayload(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Sink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Sink::DeadLetter => "dead-letter",
+            Sink::Late => "late",
+        })
+    }
+}
+
+fn retry(after_ms: u64, reason: RetryReason) -> Outcome {
+    Outcome::Retry {
+        after: Duration::from_millis(after_ms),
+        reason,
+    }
+}
+
+/// The reply as a stored result. Headers and body over the store's limits
+/// are dropped, the status kept, and the drop said in
+/// [`RESULT_NOT_STORED_HEADER`]: the effect happened and must be recorded
+/// as final whatever it answered.
+fn stored(reply: Reply) -> Result<StoredResult, LimitError> {
+    let status = reply.status;
+    StoredResult::new(status, reply.headers, reply.body).or_else(|e| {
+        let why = (RESULT_NOT_STORED_HEADER.to_owned(), e.to_string());
+        StoredResult::new(status, vec![why], Vec::new())
+            .or_else(|_| StoredResult::new(status, Vec::new(), Vec::new()))
+    })
+}
