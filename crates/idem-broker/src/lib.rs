@@ -6,8 +6,17 @@
 //! The bridge decides *which* settlement from the record's outcome (the
 //! settle table in docs/consumers.md); a broker only carries it out, and
 //! never acknowledges a message on its own. A settlement that fails (the
-//! broker went away) leaves the message unacknowledged, so the broker
-//! redelivers it: the record decides what the redelivery does.
+//! broker went away) may not have taken effect, so the broker may deliver
+//! the message again: the record decides what the redelivery does.
+//!
+//! Adapters: [`nats`] (NATS JetStream, a durable pull consumer) and
+//! [`rabbitmq`] (RabbitMQ, manual acks and publisher confirms).
+
+pub mod nats;
+pub mod rabbitmq;
+
+pub use nats::{NatsConfig, NatsConfigError, NatsSubscription};
+pub use rabbitmq::{RabbitConfig, RabbitSubscription};
 
 use std::fmt;
 use std::future::Future;
@@ -24,8 +33,10 @@ pub type BrokerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BrokerError
 pub struct Message {
     /// The payload, as published.
     pub payload: Bytes,
-    /// The message's headers, in the order the broker gave them; a name
-    /// may repeat. Names keep the case the publisher used.
+    /// The message's headers. Names keep the case the publisher used; a
+    /// name may repeat where the broker allows it (NATS: sorted by name,
+    /// each name's values in published order; AMQP: a table, sorted by
+    /// name, no repeats).
     pub headers: Vec<(String, String)>,
     /// The broker's message id, if the publisher set one (NATS
     /// `Nats-Msg-Id`, AMQP `message_id`). A republish or a redrive may mint
@@ -75,8 +86,8 @@ pub struct Reason {
 }
 
 /// How one delivery is settled; every method consumes it, so a delivery is
-/// settled at most once. If the settlement fails, nothing was acknowledged
-/// and the broker will deliver the message again.
+/// settled at most once. If the settlement fails it may not have taken
+/// effect, and the broker may deliver the message again.
 pub trait Settle: Send {
     /// The record is final: acknowledge, the broker forgets the message.
     fn ack(self: Box<Self>) -> BrokerFuture<'static, ()>;

@@ -14,6 +14,7 @@
 //! # Ok::<(), String>(())
 //! ```
 
+pub mod consumer;
 mod error;
 mod gateway;
 pub mod horizon;

@@ -835,13 +835,13 @@ fn remove_excluded(value: &mut Value, paths: &[&[String]]) {
     fn visit(child: &mut Value, paths: &[&[String]], matches: impl Fn(&str) -> bool) -> bool {
         let mut deeper: Vec<&[String]> = Vec::new();
         for path in paths {
-            if let Some((first, rest)) = path.split_first() {
-                if matches(first) {
-                    if rest.is_empty() {
-                        return false;
-                    }
-                    deeper.push(rest);
+            if let Some((first, rest)) = path.split_first()
+                && matches(first)
+            {
+                if rest.is_empty() {
+                    return false;
                 }
+                deeper.push(rest);
             }
         }
         remove_excluded(child, &deeper);

@@ -55,10 +55,10 @@ impl Proxy {
         // the layer read the request (see `HopByHop`): removing named
         // headers here could drop the key the layer has just set.
         remove_fixed_hop_by_hop(&mut parts.headers);
-        if let Some(authority) = self.upstream.authority() {
-            if let Ok(host) = authority.as_str().parse() {
-                parts.headers.insert(header::HOST, host);
-            }
+        if let Some(authority) = self.upstream.authority()
+            && let Ok(host) = authority.as_str().parse()
+        {
+            parts.headers.insert(header::HOST, host);
         }
         parts.uri = uri;
         let request = Request::from_parts(parts, body);

@@ -44,10 +44,10 @@ impl Watched {
 /// Resolves with the first `Stopped` error seen through a [`Watched`]
 /// store; never while the store works.
 pub(crate) async fn stopped(mut seen: watch::Receiver<Option<StoreError>>) -> StoreError {
-    if let Ok(first) = seen.wait_for(Option::is_some).await {
-        if let Some(e) = first.clone() {
-            return e;
-        }
+    if let Ok(first) = seen.wait_for(Option::is_some).await
+        && let Some(e) = first.clone()
+    {
+        return e;
     }
     // The store is gone, and with it every part that could use it.
     std::future::pending().await

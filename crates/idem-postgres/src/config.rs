@@ -153,13 +153,14 @@ pub(crate) fn target(url: &str, options: &PgOptions) -> Result<Target, StoreErro
     };
     let own = own_parameters(url, options).map_err(invalid)?;
     let (url, options) = (own.url.as_str(), &own.options);
-    if let Some((scheme, _)) = url.split_once("://") {
-        if scheme != "postgres" && scheme != "postgresql" {
-            return Err(invalid(format!(
-                "the scheme is {scheme:?}, not postgres or postgresql; \
+    if let Some((scheme, _)) = url.split_once("://")
+        && scheme != "postgres"
+        && scheme != "postgresql"
+    {
+        return Err(invalid(format!(
+            "the scheme is {scheme:?}, not postgres or postgresql; \
                  write e.g. postgres://USER@HOST:5432/DBNAME"
-            )));
-        }
+        )));
     }
     let mut pg = tokio_postgres::Config::from_str(url).map_err(|e| {
         let text = crate::error::chain(&e);

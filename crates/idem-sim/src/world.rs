@@ -807,10 +807,10 @@ impl<'a> World<'a> {
                 }
             }
             ReplOp::MarkAmbiguous(id, src) => {
-                if let Some(t) = map(self, &id, src) {
-                    if now_ready(store.mark_ambiguous(&id, t)).is_ok() {
-                        self.wake_reconciler(to);
-                    }
+                if let Some(t) = map(self, &id, src)
+                    && now_ready(store.mark_ambiguous(&id, t)).is_ok()
+                {
+                    self.wake_reconciler(to);
                 }
             }
             ReplOp::Resolve(id, src, resolution) => {

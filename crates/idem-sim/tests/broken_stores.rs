@@ -157,10 +157,11 @@ fn not_atomic_inner<'s>(s: &'s NotAtomic, _: &RecordId) -> &'s MemoryStore {
 impl Store for NotAtomic {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            if let Some(r) = self.inner.get(&req.id).await? {
-                if r.state == State::InProgress && self.clock.now() < r.lease_until {
-                    self.inner.release(&req.id, r.token).await?;
-                }
+            if let Some(r) = self.inner.get(&req.id).await?
+                && r.state == State::InProgress
+                && self.clock.now() < r.lease_until
+            {
+                self.inner.release(&req.id, r.token).await?;
             }
             self.inner.claim(req).await
         })

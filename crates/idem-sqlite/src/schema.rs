@@ -169,13 +169,13 @@ enum Kind {
 
 /// Errors SQLite gives vaguely ("unable to open database file"), said plainly.
 fn check_path(path: &Path, create: bool, store: &str) -> Result<(), StoreError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(unavailable(
-                store,
-                format!("directory {} does not exist", dir.display()),
-            ));
-        }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(unavailable(
+            store,
+            format!("directory {} does not exist", dir.display()),
+        ));
     }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(unavailable(

@@ -321,11 +321,11 @@ impl Writer {
         // an acquisition: insert its record unless one exists, one B-tree
         // descent instead of a read and then a write. The token is only
         // taken if the insert happened.
-        if let (claim, Write::Put(record)) = decision::acquire(req, now, token, None) {
-            if self.insert_new(&record)? {
-                self.last_token = token.0;
-                return Ok(claim);
-            }
+        if let (claim, Write::Put(record)) = decision::acquire(req, now, token, None)
+            && self.insert_new(&record)?
+        {
+            self.last_token = token.0;
+            return Ok(claim);
         }
         let existing = self.read(&req.id)?;
         let last_token = &mut self.last_token;

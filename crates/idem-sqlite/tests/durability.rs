@@ -452,7 +452,7 @@ async fn a_failed_operation_does_not_fail_its_batch() {
     assert_eq!(records.len(), 64);
     for record in &records {
         let n: usize = record.id.key.as_str()[2..].parse().unwrap();
-        let expect = if n % 2 == 0 {
+        let expect = if n.is_multiple_of(2) {
             State::Completed
         } else {
             State::InProgress

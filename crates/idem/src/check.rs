@@ -23,6 +23,11 @@ pub struct CheckArgs {
     /// retention, lease and policies.
     #[arg(long)]
     gateway: Option<PathBuf>,
+    /// An `idem consume` config: judge every subscription's key source
+    /// (consumer.key_source) and the contract each names, cross-checked
+    /// against the subscription's retention, tombstone, lease and lookup.
+    #[arg(long)]
+    consumer: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -30,8 +35,11 @@ pub struct CheckArgs {
 
 /// Runs the check; the exit code carries the verdict.
 pub fn run(args: CheckArgs) -> ExitCode {
-    if args.files.is_empty() && args.gateway.is_none() {
-        eprintln!("error: name contract files, or a gateway config with --gateway");
+    if args.files.is_empty() && args.gateway.is_none() && args.consumer.is_none() {
+        eprintln!(
+            "error: name contract files, a gateway config with --gateway, or a consumer \
+             config with --consumer"
+        );
         return ExitCode::from(2);
     }
     let colour = args.format == Format::Table && std::io::stdout().is_terminal();
@@ -63,6 +71,15 @@ pub fn run(args: CheckArgs) -> ExitCode {
     }
     if let Some(config) = &args.gateway {
         match gateway(config, args.format, colour, &mut json) {
+            Ok(passed) => failed |= !passed,
+            Err(e) => {
+                invalid = true;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    if let Some(config) = &args.consumer {
+        match consumer(config, args.format, colour, &mut json) {
             Ok(passed) => failed |= !passed,
             Err(e) => {
                 invalid = true;
@@ -131,6 +148,61 @@ fn gateway(
                 "file": file.map(|p| p.display().to_string()),
                 "report": report.map(|r| r.to_json()),
                 "gateway": cross.iter().map(|f| f.to_json()).collect::<Vec<_>>(),
+                "passed": ok,
+            })),
+        }
+    }
+    Ok(passed)
+}
+
+/// Every subscription's key source and the contract it names, with the
+/// cross-checks; `Ok(false)` when one fails, `Err` when the config or a
+/// contract file is unreadable or invalid.
+fn consumer(
+    config: &std::path::Path,
+    format: Format,
+    colour: bool,
+    json: &mut Vec<serde_json::Value>,
+) -> anyhow::Result<bool> {
+    let config = idem_bridge::config::ConsumeConfig::load(config)?;
+    let mut contracts = idem_bridge::contracts::evaluate(&config).into_iter();
+    let mut passed = true;
+    for sub in &config.subscriptions {
+        // evaluate() keeps the subscriptions that name a contract, in order.
+        let contract = match &sub.contract {
+            Some(_) => contracts.next(),
+            None => None,
+        };
+        let (report, mut cross, file) = match contract {
+            Some(c) => {
+                let (report, cross) = c.outcome.map_err(anyhow::Error::from)?;
+                (Some(report), cross, Some(c.path))
+            }
+            None => (None, Vec::new(), None),
+        };
+        cross.push(idem_bridge::contracts::key_source(sub));
+        let ok =
+            report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
+        passed &= ok;
+        match format {
+            Format::Table => {
+                match &file {
+                    Some(path) => println!("subscription {:?} ({})", sub.name, path.display()),
+                    None => println!(
+                        "subscription {:?} (no contract: subscription field `contract`)",
+                        sub.name
+                    ),
+                }
+                if let Some(report) = &report {
+                    print!("{}", report.render_text(colour));
+                }
+                print!("{}", idem_contract::render_findings(&cross, colour));
+            }
+            Format::Json => json.push(serde_json::json!({
+                "subscription": sub.name,
+                "file": file.map(|p| p.display().to_string()),
+                "report": report.map(|r| r.to_json()),
+                "consumer": cross.iter().map(|f| f.to_json()).collect::<Vec<_>>(),
                 "passed": ok,
             })),
         }

@@ -2,6 +2,7 @@
 //! store named by a URL, and call the library crates.
 
 mod check;
+mod consume;
 mod reconcile;
 mod records;
 mod serve;
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
     Serve(serve::ServeArgs),
+    /// Consume a queue: deliver each message once to an HTTP endpoint
+    /// through the contract, and settle it on the broker from the record.
+    Consume(consume::ConsumeArgs),
     /// Judge idempotency contract files by the twelve design-review questions.
     Check(check::CheckArgs),
     /// Replay designs under injected faults, deterministically, and count
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Serve(args) => block_on(serve::run(args)),
+        Command::Consume(args) => block_on(consume::run(args)),
         // Its own exit codes: 0 nothing to do, 1 needs attention, 2 cannot run.
         Command::Reconcile(args) => match runtime() {
             Ok(rt) => rt.block_on(reconcile::run(args)),

@@ -15,8 +15,12 @@ use crate::records::Format;
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// Contract files (the `idem check` format) describing the designs.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "consumer")]
     files: Vec<PathBuf>,
+    /// An `idem consume` config: simulate each subscription's contract
+    /// with the lease, retention and tombstone the subscription enforces.
+    #[arg(long)]
+    consumer: Option<PathBuf>,
     /// How many seeds to run, from --seed on [default: 100, or 1 with --seed].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     seeds: Option<u64>,
@@ -38,6 +42,15 @@ pub fn run(args: SimArgs) -> ExitCode {
     for file in &args.files {
         match Design::load(file) {
             Ok(design) => designs.push(design),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(config) = &args.consumer {
+        match consumer_designs(config) {
+            Ok(mut more) => designs.append(&mut more),
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
@@ -78,4 +91,39 @@ pub fn run(args: SimArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// One design per subscription of a consumer config: its contract, with
+/// the contract's lease, retention and tombstone replaced by what the
+/// subscription enforces, so the simulation judges the running consumer.
+fn consumer_designs(config: &std::path::Path) -> anyhow::Result<Vec<Design>> {
+    let consume = idem_bridge::config::ConsumeConfig::load(config)?;
+    let mut designs = Vec::new();
+    for sub in &consume.subscriptions {
+        let Some(path) = &sub.contract else {
+            anyhow::bail!(
+                "{}: subscription {:?} names no contract; idem sim reads its replay sources \
+                 (queue redelivery, DLQ redrive) from it",
+                config.display(),
+                sub.name
+            );
+        };
+        let mut contract = idem_contract::load(path)?;
+        let policy = &sub.policy;
+        if let Some(c) = contract.concurrency.as_mut() {
+            c.lease_ms = policy.lease_ms();
+        }
+        contract.retention = Some(idem_contract::schema::Retention {
+            retention_s: policy.retention_s(),
+            tombstone_s: policy.tombstone_s(),
+        });
+        let file = format!("--consumer {}", config.display());
+        designs.push(Design::new(
+            sub.name.clone(),
+            file,
+            contract,
+            idem_sim::Workload::default(),
+        )?);
+    }
+    Ok(designs)
 }

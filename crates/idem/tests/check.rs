@@ -151,3 +151,66 @@ async fn a_gateway_refuses_a_route_whose_contract_fails() {
     let gw = Gateway::start(&up.url(), &site.store(), Some(&long));
     assert!(!gw.logs().contains("UNSAFE CONTRACT"));
 }
+
+/// The corrected payout consumer passes against the corrected contract;
+/// the same consumer keyed by the message id, or with a retention shorter
+/// than the replay horizon, fails and names why.
+#[test]
+fn the_example_consumer_passes_and_its_unsafe_variants_fail() {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "..",
+        "examples",
+        "consume",
+        "payouts.toml",
+    ]
+    .iter()
+    .collect();
+    let out = idem(&[
+        "check",
+        "--consumer",
+        path.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc[0]["subscription"], "create-payout");
+    assert_eq!(doc[0]["passed"], true, "{doc}");
+
+    let original = std::fs::read_to_string(&path).unwrap();
+    let contract = example("payouts.toml");
+    let cases = [
+        (
+            original.replace(
+                "key = \"payout:{/seller_id}:{/settlement_id}\"",
+                "key = \"msg:{message_id}\"",
+            ),
+            "consumer.key_source",
+        ),
+        (
+            original.replace("retention_s = 604800", "retention_s = 3600"),
+            "gateway.retention",
+        ),
+    ];
+    for (text_of_config, topic) in cases {
+        let site = Site::new();
+        let config = site.config(&text_of_config.replace("../contracts/payouts.toml", &contract));
+        let out = idem(&[
+            "check",
+            "--consumer",
+            config.to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{topic}: {}", text(&out.stderr));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let failed = doc[0]["consumer"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["topic"] == topic && f["verdict"] == "FAIL");
+        assert!(failed, "{topic} should fail: {doc}");
+    }
+}

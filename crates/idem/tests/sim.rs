@@ -71,3 +71,45 @@ fn verdicts_determinism_and_replay() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no-such-design.toml"));
 }
+
+/// `--consumer` simulates what a consumer config enforces: the example
+/// consumer is exactly once; the same consumer with a one-hour retention
+/// and tombstone pays twice when the DLQ is redriven the next morning, and
+/// its replay command names the config.
+#[test]
+fn a_consumer_config_is_simulated_with_its_own_retention() {
+    let example = file("consume", "payouts.toml");
+    let out = idem(&["sim", "--consumer", &example, "--seeds", "20"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("consume.toml");
+    let text = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("retention_s = 604800", "retention_s = 3600")
+        .replace("tombstone_s = 7776000", "tombstone_s = 3600")
+        .replace(
+            "../contracts/payouts.toml",
+            &file("contracts", "payouts.toml"),
+        );
+    std::fs::write(&short, text).unwrap();
+    let out = idem(&[
+        "sim",
+        "--consumer",
+        short.to_str().unwrap(),
+        "--seeds",
+        "20",
+    ]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(shown.contains("I1"), "{shown}");
+    assert!(
+        shown.contains(&format!("idem sim --consumer {} --seed", short.display())),
+        "{shown}"
+    );
+}

@@ -3,6 +3,8 @@
 //! as a separate process in front of it, and a plain HTTP client.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test harness: a failure here is a failed test
 
+pub mod rabbit;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -367,6 +369,132 @@ impl Gateway {
 }
 
 impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `idem consume` process.
+pub struct Consumer {
+    child: Child,
+    pub log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How an `idem consume` process ended, and everything it logged.
+pub struct Stopped {
+    pub status: std::process::ExitStatus,
+    /// From the SIGTERM to the exit.
+    pub took: Duration,
+    pub log: String,
+}
+
+impl Consumer {
+    /// Starts `idem consume --config CONFIG` and waits (30 s at most) until
+    /// it logs that it is consuming each of its `subscriptions`.
+    pub fn start(config: &Path, subscriptions: usize) -> Consumer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("consume")
+            .arg("--config")
+            .arg(config)
+            .env("IDEM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idem consume");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("consuming") {
+                    let _ = tx.send(());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        for _ in 0..subscriptions {
+            if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("idem consume did not start: {:#?}", log.lock().unwrap());
+            }
+        }
+        Consumer {
+            child,
+            log,
+            reader: Some(reader),
+        }
+    }
+
+    /// SIGTERM, then wait (30 s at most) for the exit and for the last
+    /// lines of its log.
+    pub fn stop(mut self) -> Stopped {
+        let pid = self.child.id().to_string();
+        let asked = std::time::Instant::now();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(30),
+                "idem consume did not stop within 30 s of SIGTERM: {}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = asked.elapsed();
+        // The pipe is closed once the process is gone: the reader ends.
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        Stopped {
+            status,
+            took,
+            log: self.logs(),
+        }
+    }
+
+    /// Polls the log every 20 ms, for up to `limit`, for a line containing
+    /// `text`.
+    pub async fn logged(&self, text: &str, limit: Duration) -> bool {
+        eventually(limit, || {
+            self.log.lock().unwrap().iter().any(|l| l.contains(text))
+        })
+        .await
+    }
+
+    /// SIGKILL: no cleanup, nothing settled.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then wait (30 s at most) for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "idem consume did not stop within 30 s of SIGTERM: {}",
+            self.logs()
+        );
+    }
+
+    pub fn logs(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Consumer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,0 +1,689 @@
+//! The `idem consume` config file: the store, one `[[subscription]]` per
+//! queue (its broker, the intent's key, the endpoint each message is
+//! delivered to, the policy), the `[[lookup]]`s the reconciler asks, and
+//! `[reconcile]`. Every error names the file and the field.
+//!
+//! ```toml
+//! store = "sqlite://idem.db"
+//!
+//! [[subscription]]
+//! name = "payouts"
+//! key = "payout:{/seller_id}:{/settlement_id}"
+//! deliver = "http://127.0.0.1:9000/payouts"
+//! fingerprint_exclude = ["/requested_at"]
+//! retention_s = 345600
+//! tombstone_s = 7776000
+//!
+//! [subscription.nats]
+//! url = "nats://127.0.0.1:4222"
+//! stream = "PAYOUTS"
+//! subjects = ["payouts.requested"]
+//! durable = "idem-payouts"
+//! dead_letter_subject = "payouts.dead"
+//! late_subject = "payouts.late"
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use http::header::HeaderName;
+use idem_consume::{IntentSpec, KeyTemplate, PayloadFingerprint};
+use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
+use idem_http::CompletionSpec;
+use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
+use serde::Deserialize;
+
+use idem_broker::nats::NatsConfig;
+use idem_broker::rabbitmq::RabbitConfig;
+
+use crate::broker::Broker;
+
+/// The default store.
+pub const STORE_DEFAULT: &str = "sqlite://idem.db";
+/// The default header the key is delivered in.
+pub const KEY_HEADER_DEFAULT: &str = "Idempotency-Key";
+/// The default connect timeout towards the endpoint, in milliseconds.
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// The default time allowed for the endpoint's whole answer, in milliseconds.
+pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// The default number of messages a subscription handles at once.
+pub const CONCURRENCY_DEFAULT: usize = 8;
+/// The most messages a subscription handles at once.
+pub const CONCURRENCY_LIMIT: usize = 256;
+/// The default largest message, in bytes (1 MiB).
+pub const MESSAGE_BYTES_MAX_DEFAULT: usize = 1 << 20;
+/// The largest `message_bytes_max` accepted (16 MiB).
+pub const MESSAGE_BYTES_MAX_LIMIT: usize = 16 << 20;
+/// The default longest wait before a message that is not final comes back,
+/// in milliseconds.
+pub const RETRY_AFTER_MAX_MS_DEFAULT: u64 = 5_000;
+/// The default principal part of a subscription's scope.
+pub const TENANT_DEFAULT: &str = "-";
+
+/// The file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Store URL; default `sqlite://idem.db`.
+    pub store: Option<String>,
+    /// Label written on the records this process acquires.
+    pub owner: Option<String>,
+    /// Seconds between two runs of the retention purge; default 60.
+    pub purge_interval_s: Option<u64>,
+    /// The queues read.
+    #[serde(default, rename = "subscription")]
+    pub subscriptions: Vec<SubscriptionSpec>,
+    /// How ambiguous records are looked up, per subscription name.
+    #[serde(default, rename = "lookup")]
+    pub lookups: Vec<LookupEntry>,
+    /// Reconciler settings.
+    pub reconcile: Option<ReconcileSpec>,
+}
+
+/// One `[[subscription]]` as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionSpec {
+    /// The operation name in the records' scope (required, unique).
+    pub name: String,
+    /// The principal part of the scope; default `-`.
+    pub tenant: Option<String>,
+    /// The key template (required): `{/pointer}`, `{header:NAME}`,
+    /// `{message_id}` and literal text (see `idem_consume::KeyTemplate`).
+    pub key: String,
+    /// `json` (default: canonical JSON, exclusions apply) or `bytes`.
+    pub fingerprint: Option<String>,
+    /// JSON pointers of payload fields left out of the fingerprint.
+    pub fingerprint_exclude: Option<Vec<String>>,
+    /// Message headers that take part in the fingerprint.
+    pub fingerprint_headers: Option<Vec<String>>,
+    /// The endpoint each message is POSTed to (required), `http://…`.
+    pub deliver: String,
+    /// The header the key is delivered in; default `Idempotency-Key`.
+    pub key_header: Option<String>,
+    /// Connect timeout towards the endpoint, in milliseconds; default 2 000.
+    pub connect_timeout_ms: Option<u64>,
+    /// Time allowed for the endpoint's whole answer, in milliseconds;
+    /// default 10 000. Must be shorter than the lease.
+    pub response_timeout_ms: Option<u64>,
+    /// Lease in milliseconds; default 30 000.
+    pub lease_ms: Option<u64>,
+    /// Retention of results in seconds; default 86 400.
+    pub retention_s: Option<u64>,
+    /// Tombstone horizon in seconds from completion; default 30 days.
+    pub tombstone_s: Option<u64>,
+    /// Overrides of the completion table by status.
+    pub completion: Option<CompletionSpec>,
+    /// Messages handled at once; default 8 (1–256).
+    pub concurrency: Option<usize>,
+    /// The largest payload accepted, in bytes; default 1 MiB.
+    pub message_bytes_max: Option<usize>,
+    /// The longest a message that is not final (in flight elsewhere,
+    /// outcome unknown) is held back before it comes again, in
+    /// milliseconds; default 5 000 (1–3 600 000).
+    pub retry_after_max_ms: Option<u64>,
+    /// After this many deliveries, a message that is still not final goes
+    /// to the dead-letter destination (`undecided`) instead of being handed
+    /// back again; default: never. Set it at or below a broker's own limit
+    /// (JetStream's `max_deliver`), which would otherwise drop it silently.
+    pub max_deliveries: Option<u64>,
+    /// The operation's contract file, relative to the config file;
+    /// `idem consume` refuses to start when it fails `idem check`.
+    pub contract: Option<String>,
+    /// A NATS JetStream stream (`[subscription.nats]`).
+    pub nats: Option<NatsConfig>,
+    /// A RabbitMQ queue (`[subscription.rabbitmq]`).
+    pub rabbitmq: Option<RabbitConfig>,
+}
+
+/// One `[[lookup]]`: the subscription whose ambiguous records it resolves,
+/// and the lookup request (the fields of [`LookupSpec`]).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LookupEntry {
+    /// The `name` of the subscription.
+    pub subscription: String,
+    /// See [`LookupSpec::method`].
+    pub method: Option<String>,
+    /// See [`LookupSpec::url`]; `{forwarded_key}` is the delivered key.
+    pub url: Option<String>,
+    /// See [`LookupSpec::found`].
+    pub found: Option<Vec<u16>>,
+    /// See [`LookupSpec::not_found`].
+    pub not_found: Option<Vec<u16>>,
+    /// See [`LookupSpec::headers`].
+    pub headers: Option<Vec<(String, String)>>,
+    /// See [`LookupSpec::timeout_ms`].
+    pub timeout_ms: Option<u64>,
+    /// See [`LookupSpec::connect_timeout_ms`].
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// A validated subscription.
+#[derive(Clone, Debug)]
+pub struct Subscription {
+    /// Its name (the scope's operation).
+    pub name: String,
+    /// How a message's intent is read.
+    pub intent: IntentSpec,
+    /// The endpoint.
+    pub deliver: Uri,
+    /// The header the key is delivered in.
+    pub key_header: HeaderName,
+    /// Connect timeout towards the endpoint.
+    pub connect_timeout: Duration,
+    /// Time allowed for the endpoint's whole answer.
+    pub response_timeout: Duration,
+    /// Lease, retention, tombstone.
+    pub policy: Policy,
+    /// What the endpoint's answers mean.
+    pub completion: CompletionTable,
+    /// Messages handled at once.
+    pub concurrency: usize,
+    /// The largest payload accepted.
+    pub message_bytes_max: usize,
+    /// The longest a message that is not final is held back.
+    pub retry_after_max: Duration,
+    /// Deliveries after which a message still not final is dead-lettered.
+    pub max_deliveries: Option<u64>,
+    /// The contract file, resolved against the config file's directory.
+    pub contract: Option<PathBuf>,
+    /// The broker.
+    pub broker: Broker,
+}
+
+/// A validated `idem consume` configuration.
+#[derive(Clone, Debug)]
+pub struct ConsumeConfig {
+    /// Store URL, opened by the caller.
+    pub store: String,
+    /// Record owner label.
+    pub owner: String,
+    /// Time between two runs of the retention purge.
+    pub purge_interval: Duration,
+    /// The subscriptions.
+    pub subscriptions: Vec<Subscription>,
+    /// Lookups by operation (subscription name), for the reconciler.
+    pub lookups: Vec<(String, Lookup)>,
+    /// Reconciler settings.
+    pub reconcile: ReconcileSettings,
+}
+
+/// A configuration error: where (file, field) and what.
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// The field, e.g. `subscription[1].key`.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ConsumeConfig {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<ConsumeConfig, ConfigError> {
+        let error = |field: &str, reason: String| ConfigError {
+            file: path.to_path_buf(),
+            field: field.to_owned(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| error("(file)", format!("cannot read: {e}")))?;
+        let file: FileConfig = toml::from_str(&text).map_err(|e| {
+            let (line, column) = e
+                .span()
+                .map(|span| line_column(&text, span.start))
+                .unwrap_or((0, 0));
+            error(
+                &format!("line {line}, column {column}"),
+                e.message().to_owned(),
+            )
+        })?;
+        let base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        ConsumeConfig::from_file(file, &base_dir).map_err(|(field, reason)| error(&field, reason))
+    }
+
+    /// Validates a parsed file; errors are `(field, reason)`.
+    pub fn from_file(file: FileConfig, base_dir: &Path) -> Result<ConsumeConfig, (String, String)> {
+        if file.subscriptions.is_empty() {
+            return Err((
+                "subscription".into(),
+                "declare at least one [[subscription]]".into(),
+            ));
+        }
+        let mut subscriptions: Vec<Subscription> = Vec::with_capacity(file.subscriptions.len());
+        for (i, spec) in file.subscriptions.iter().enumerate() {
+            let at = |field: &str| format!("subscription[{i}].{field}");
+            let sub = subscription(spec, base_dir, &at)?;
+            if subscriptions.iter().any(|s| s.name == sub.name) {
+                return Err((
+                    at("name"),
+                    format!("{:?} names two subscriptions", sub.name),
+                ));
+            }
+            subscriptions.push(sub);
+        }
+        let mut lookups = Vec::with_capacity(file.lookups.len());
+        for (i, entry) in file.lookups.iter().enumerate() {
+            let at = |field: &str| format!("lookup[{i}].{field}");
+            if !subscriptions.iter().any(|s| s.name == entry.subscription) {
+                return Err((
+                    at("subscription"),
+                    format!("no [[subscription]] is named {:?}", entry.subscription),
+                ));
+            }
+            // The reference delivered for a record is its key.
+            let forwarded: ForwardedKey =
+                std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
+            let lookup = Lookup::new(&entry.spec(), forwarded)
+                .map_err(|e| (at(e.field), e.reason.clone()))?;
+            lookups.push((entry.subscription.clone(), lookup));
+        }
+        let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
+            .map_err(|e| (format!("reconcile.{}", e.field), e.reason.clone()))?;
+        let purge_interval_s = file.purge_interval_s.unwrap_or(60);
+        if !(1..=86_400).contains(&purge_interval_s) {
+            return Err((
+                "purge_interval_s".into(),
+                format!("{purge_interval_s} is outside 1–86400"),
+            ));
+        }
+        Ok(ConsumeConfig {
+            store: file.store.unwrap_or_else(|| STORE_DEFAULT.to_owned()),
+            owner: file
+                .owner
+                .unwrap_or_else(|| format!("idem-consume-{}", std::process::id())),
+            purge_interval: Duration::from_secs(purge_interval_s),
+            subscriptions,
+            lookups,
+            reconcile,
+        })
+    }
+}
+
+fn subscription(
+    spec: &SubscriptionSpec,
+    base_dir: &Path,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Subscription, (String, String)> {
+    if spec.name.is_empty() || spec.name.contains('|') {
+        return Err((
+            at("name"),
+            format!("{:?} must be non-empty without '|'", spec.name),
+        ));
+    }
+    let tenant = spec.tenant.as_deref().unwrap_or(TENANT_DEFAULT);
+    let scope =
+        Scope::from_parts(&spec.name, tenant, None).map_err(|e| (at("tenant"), e.to_string()))?;
+    let key = KeyTemplate::parse(&spec.key).map_err(|e| (at("key"), e.to_string()))?;
+    let mut fingerprint = match spec.fingerprint.as_deref().unwrap_or("json") {
+        "json" => {
+            let mut exclude = Vec::new();
+            for (j, text) in spec.fingerprint_exclude.iter().flatten().enumerate() {
+                let pointer = JsonPointer::parse(text)
+                    .map_err(|e| (at(&format!("fingerprint_exclude[{j}]")), e.to_string()))?;
+                exclude.push(pointer);
+            }
+            PayloadFingerprint::json(exclude)
+        }
+        "bytes"
+            if spec
+                .fingerprint_exclude
+                .as_ref()
+                .is_some_and(|v| !v.is_empty()) =>
+        {
+            return Err((
+                at("fingerprint_exclude"),
+                "exclusions need fingerprint = \"json\"".into(),
+            ));
+        }
+        "bytes" => PayloadFingerprint::bytes(),
+        other => {
+            return Err((
+                at("fingerprint"),
+                format!("{other:?}: use \"json\" or \"bytes\""),
+            ));
+        }
+    };
+    if let Some(names) = &spec.fingerprint_headers {
+        fingerprint = fingerprint.with_headers(names.clone());
+    }
+    let deliver: Uri = spec.deliver.parse().map_err(|e| {
+        (
+            at("deliver"),
+            format!("{:?} is not a URL: {e}", spec.deliver),
+        )
+    })?;
+    if deliver.scheme_str() != Some("http") || deliver.authority().is_none() {
+        return Err((
+            at("deliver"),
+            format!("{:?}: an http://host:port/path URL", spec.deliver),
+        ));
+    }
+    let key_header_text = spec.key_header.as_deref().unwrap_or(KEY_HEADER_DEFAULT);
+    let key_header = HeaderName::from_bytes(key_header_text.as_bytes()).map_err(|_| {
+        (
+            at("key_header"),
+            format!("{key_header_text:?} is not a header name"),
+        )
+    })?;
+    let connect_timeout_ms = ranged(
+        at("connect_timeout_ms"),
+        spec.connect_timeout_ms,
+        CONNECT_TIMEOUT_MS_DEFAULT,
+        1,
+        60_000,
+    )?;
+    let response_timeout_ms = ranged(
+        at("response_timeout_ms"),
+        spec.response_timeout_ms,
+        RESPONSE_TIMEOUT_MS_DEFAULT,
+        1,
+        600_000,
+    )?;
+    let policy = Policy::new(
+        spec.lease_ms.unwrap_or(Policy::DEFAULT.lease_ms()),
+        spec.retention_s.unwrap_or(Policy::DEFAULT.retention_s()),
+        spec.tombstone_s.unwrap_or(Policy::DEFAULT.tombstone_s()),
+        LeaseExpiry::Reconcile,
+    )
+    .map_err(|e| (at("lease_ms"), format!("{e:?}")))?;
+    // While the endpoint may still answer, the attempt may commit: a lease
+    // that ends first lets a redelivery mark it ambiguous and a "not found"
+    // release it, and the next delivery would run it a second time.
+    if policy.lease_ms() <= response_timeout_ms {
+        return Err((
+            at("lease_ms"),
+            format!(
+                "{} ms must be longer than response_timeout_ms ({response_timeout_ms} ms)",
+                policy.lease_ms()
+            ),
+        ));
+    }
+    let completion = spec
+        .completion
+        .clone()
+        .unwrap_or_default()
+        .table(Dedup::Idem)
+        .map_err(|e| (at("completion"), e.to_string()))?;
+    let concurrency = ranged(
+        at("concurrency"),
+        spec.concurrency.map(|n| n as u64),
+        CONCURRENCY_DEFAULT as u64,
+        1,
+        CONCURRENCY_LIMIT as u64,
+    )?;
+    let message_bytes_max = ranged(
+        at("message_bytes_max"),
+        spec.message_bytes_max.map(|n| n as u64),
+        MESSAGE_BYTES_MAX_DEFAULT as u64,
+        1,
+        MESSAGE_BYTES_MAX_LIMIT as u64,
+    )?;
+    let retry_after_max_ms = ranged(
+        at("retry_after_max_ms"),
+        spec.retry_after_max_ms,
+        RETRY_AFTER_MAX_MS_DEFAULT,
+        1,
+        3_600_000,
+    )?;
+    if spec.max_deliveries == Some(0) {
+        return Err((at("max_deliveries"), "0: at least 1".into()));
+    }
+    let broker = Broker::from_sections(spec.nats.as_ref(), spec.rabbitmq.as_ref(), at)?;
+    // A message still being delivered when the broker's wait for its
+    // settlement ends is delivered again to another worker meanwhile.
+    if let Some(ack_wait_ms) = broker.ack_wait_ms()
+        && ack_wait_ms <= response_timeout_ms
+    {
+        return Err((
+            at("nats.ack_wait_ms"),
+            format!(
+                "{ack_wait_ms} ms must be longer than response_timeout_ms \
+                 ({response_timeout_ms} ms)"
+            ),
+        ));
+    }
+    // The broker would stop delivering a message after its own limit:
+    // the bridge dead-letters it at that delivery instead.
+    let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
+        (Some(ours), Some(theirs)) => Some(ours.min(theirs)),
+        (ours, theirs) => ours.or(theirs),
+    };
+    Ok(Subscription {
+        name: spec.name.clone(),
+        intent: IntentSpec::new(scope, key, fingerprint),
+        deliver,
+        key_header,
+        connect_timeout: Duration::from_millis(connect_timeout_ms),
+        response_timeout: Duration::from_millis(response_timeout_ms),
+        policy,
+        completion,
+        concurrency: usize::try_from(concurrency).unwrap_or(CONCURRENCY_DEFAULT),
+        message_bytes_max: usize::try_from(message_bytes_max).unwrap_or(MESSAGE_BYTES_MAX_DEFAULT),
+        retry_after_max: Duration::from_millis(retry_after_max_ms),
+        max_deliveries,
+        contract: spec.contract.as_ref().map(|c| base_dir.join(c)),
+        broker,
+    })
+}
+
+/// `value` (or `default`) within `lo..=hi`, or an error naming `field`.
+fn ranged(
+    field: String,
+    value: Option<u64>,
+    default: u64,
+    lo: u64,
+    hi: u64,
+) -> Result<u64, (String, String)> {
+    let v = value.unwrap_or(default);
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err((field, format!("{v} is outside {lo}–{hi}")))
+    }
+}
+
+impl LookupEntry {
+    fn spec(&self) -> LookupSpec {
+        LookupSpec {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            found: self.found.clone(),
+            not_found: self.not_found.clone(),
+            headers: self.headers.clone(),
+            timeout_ms: self.timeout_ms,
+            connect_timeout_ms: self.connect_timeout_ms,
+        }
+    }
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..offset.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+    (line, column)
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}",
+            self.file.display(),
+            self.field,
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+store = "sqlite://idem.db"
+[[subscription]]
+name = "payouts"
+key = "payout:{/seller_id}:{/settlement_id}"
+deliver = "http://127.0.0.1:9000/payouts"
+[subscription.rabbitmq]
+queue = "payouts"
+[[lookup]]
+subscription = "payouts"
+url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
+"#;
+
+    fn load(text: &str) -> Result<ConsumeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consume.toml");
+        std::fs::write(&path, text).unwrap();
+        ConsumeConfig::load(&path)
+    }
+
+    #[test]
+    fn a_nats_limit_becomes_the_bridge_s_delivery_limit() {
+        let text = GOOD.replace(
+            "[subscription.rabbitmq]\nqueue = \"payouts\"",
+            "max_deliveries = 9\n[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nmax_deliver = 5",
+        );
+        let config = load(&text).unwrap();
+        assert_eq!(config.subscriptions[0].max_deliveries, Some(5));
+        let text = GOOD.replace(
+            "[subscription.rabbitmq]\nqueue = \"payouts\"",
+            "[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nmax_deliver = 5",
+        );
+        assert_eq!(
+            load(&text).unwrap().subscriptions[0].max_deliveries,
+            Some(5)
+        );
+        assert_eq!(load(GOOD).unwrap().subscriptions[0].max_deliveries, None);
+    }
+
+    #[test]
+    fn the_documented_shape_loads_with_its_defaults() {
+        let config = load(GOOD).unwrap();
+        let sub = &config.subscriptions[0];
+        assert_eq!(sub.name, "payouts");
+        assert_eq!(sub.concurrency, CONCURRENCY_DEFAULT);
+        assert_eq!(sub.key_header.as_str(), "idempotency-key");
+        assert_eq!(sub.intent.scope().as_str(), "payouts|-");
+        assert_eq!(config.lookups.len(), 1);
+    }
+
+    /// Each mistake is refused naming the field it is in.
+    #[test]
+    fn every_mistake_names_its_field() {
+        let cases = [
+            (
+                GOOD.replace("name = \"payouts\"", "nmae = \"payouts\""),
+                "line 4",
+            ),
+            (
+                GOOD.replace("{/settlement_id}", "{/settlement_id"),
+                "subscription[0].key",
+            ),
+            (
+                GOOD.replace("payout:{/seller_id}:{/settlement_id}", "fixed"),
+                "subscription[0].key",
+            ),
+            (
+                GOOD.replace(
+                    "http://127.0.0.1:9000/payouts\"\n[sub",
+                    "ftp://x/payouts\"\n[sub",
+                ),
+                "subscription[0].deliver",
+            ),
+            (
+                GOOD.replace("[subscription.rabbitmq]\nqueue = \"payouts\"\n", ""),
+                "subscription[0].nats",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].rabbitmq",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]\nqueue = \"payouts\"",
+                    "[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nack_wait_ms = 1000",
+                ),
+                "subscription[0].nats.ack_wait_ms",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]\nqueue = \"payouts\"",
+                    "[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nprefetch = 0",
+                ),
+                "subscription[0].nats.prefetch",
+            ),
+            (
+                GOOD.replace("queue = \"payouts\"", "queue = \"payouts\"\nprefetch = 0"),
+                "subscription[0].rabbitmq.prefetch",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "lease_ms = 5000\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].lease_ms",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "concurrency = 0\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].concurrency",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "fingerprint_exclude = [\"no-slash\"]\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].fingerprint_exclude[0]",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "completion = { release = [500], unknown = [500] }\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].completion",
+            ),
+            (
+                GOOD.replace("subscription = \"payouts\"", "subscription = \"payoust\""),
+                "lookup[0].subscription",
+            ),
+            (GOOD.replace("{forwarded_key}", "{key}"), "lookup[0].url"),
+            (
+                GOOD.to_owned() + "[reconcile]\ninterval_s = 0\n",
+                "reconcile.interval_s",
+            ),
+            (
+                GOOD.to_owned()
+                    + "[[subscription]]\nname = \"payouts\"\nkey = \"k:{/a}\"\ndeliver = \"http://h:1/\"\n[subscription.rabbitmq]\nqueue = \"q\"\n",
+                "subscription[1].name",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = match load(&text) {
+                Ok(_) => panic!("accepted, expected an error in {field}:\n{text}"),
+                Err(e) => e,
+            };
+            assert!(
+                err.field.starts_with(field),
+                "expected {field}, got {err}\n{text}"
+            );
+            assert!(err.to_string().contains("consume.toml"), "{err}");
+        }
+    }
+}

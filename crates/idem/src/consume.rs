@@ -1,0 +1,93 @@
+//! `idem consume`: loads the consumer config, judges each subscription's
+//! contract, opens the store and the brokers, and consumes until SIGTERM,
+//! then settles the messages in hand and exits.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use idem_bridge::config::ConsumeConfig;
+
+use crate::store_url::StoreUrl;
+
+/// `idem consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// TOML file declaring the store, the subscriptions (broker, key
+    /// template, endpoint, policy), [[lookup]] and [reconcile]; see
+    /// docs/consumers.md.
+    #[arg(long)]
+    config: PathBuf,
+    /// Store URL; wins over the file's `store`.
+    #[arg(long)]
+    store: Option<String>,
+    /// Start even when a subscription's contract file fails `idem check`
+    /// (each failure is logged as an error).
+    #[arg(long)]
+    allow_unsafe_contract: bool,
+}
+
+/// Runs the consumer.
+pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+    let mut config = ConsumeConfig::load(&args.config)?;
+    if let Some(store) = args.store {
+        config.store = store;
+    }
+    judge_contracts(&config, args.allow_unsafe_contract)?;
+    let url = StoreUrl::parse(&config.store)?;
+    let store = url.open()?;
+    tracing::info!(store = %url, subscriptions = config.subscriptions.len(), "idem consume starting");
+    let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("idem consume cannot start")?;
+    for (name, counts) in report {
+        tracing::info!(subscription = %name, acked = counts.acked, retried = counts.retried,
+            dead_lettered = counts.dead_lettered, late = counts.late,
+            settle_failed = counts.settle_failed, "stopped; every message in hand was settled");
+    }
+    Ok(())
+}
+
+/// Refuses to start when a subscription's contract fails `idem check` or
+/// its cross-checks, or its key names the message rather than the intent,
+/// unless told otherwise; then every failure is logged as an error.
+fn judge_contracts(config: &ConsumeConfig, allow_unsafe: bool) -> anyhow::Result<()> {
+    let mut lines = Vec::new();
+    for sub in &config.subscriptions {
+        let key = idem_bridge::contracts::key_source(sub);
+        if !key.verdict.passed() {
+            lines.push(format!(
+                "subscription {:?}: {} {}: {}",
+                sub.name,
+                key.verdict.as_str(),
+                key.topic,
+                key.why
+            ));
+        }
+    }
+    for c in idem_bridge::contracts::evaluate(config) {
+        if !c.passed() {
+            lines.push(format!(
+                "subscription {:?}: contract {} fails:",
+                c.subscription,
+                c.path.display()
+            ));
+            lines.extend(c.failures().into_iter().map(|f| format!("  {f}")));
+        }
+    }
+    if lines.is_empty() {
+        return Ok(());
+    }
+    if !allow_unsafe {
+        anyhow::bail!(
+            "refusing to start: {}\n(run `idem check --consumer CONFIG` for the full report; \
+             --allow-unsafe-contract starts anyway)",
+            lines.join("\n")
+        );
+    }
+    for line in &lines {
+        tracing::error!("{line}");
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! RabbitMQ restarts under a running `idem consume`: the messages in hand
+//! are paid but cannot be acked, the consumer waits the outage out and
+//! reconnects by itself, the broker delivers the unacknowledged messages
+//! again, and their records replay them: nothing is lost, nothing doubled.
+//!
+//! Alone in its test binary, because it stops the broker every other
+//! RabbitMQ test depends on; cargo runs test binaries one after another.
+//! The restart is `rabbitmqctl stop_app` / `start_app`, and a guard starts
+//! the application again even if the test fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::rabbit::{
+    Queues, Rabbit, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
+    unique,
+};
+use support::{Consumer, Site, Upstream, eventually};
+
+fn rabbitmqctl(args: &[&str]) {
+    let status = Command::new("rabbitmqctl")
+        .args(args)
+        .status()
+        .expect("this test restarts the local RabbitMQ with rabbitmqctl");
+    assert!(status.success(), "rabbitmqctl {args:?}: {status:?}");
+}
+
+/// The broker application, stopped until this is dropped.
+struct BrokerDown;
+
+impl BrokerDown {
+    fn now() -> BrokerDown {
+        rabbitmqctl(&["stop_app"]);
+        BrokerDown
+    }
+}
+
+impl Drop for BrokerDown {
+    fn drop(&mut self) {
+        // Also on a failed assertion: every later test needs the broker.
+        let started = Command::new("rabbitmqctl").arg("start_app").status();
+        let awaited = Command::new("rabbitmqctl")
+            .args(["await_startup", "--timeout", "60"])
+            .status();
+        if !std::thread::panicking() {
+            assert!(started.is_ok_and(|s| s.success()), "rabbitmqctl start_app");
+            assert!(
+                awaited.is_ok_and(|s| s.success()),
+                "rabbitmqctl await_startup"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
+    // 20 payouts answered in 500 ms, two at a time: five seconds of work,
+    // longer than `rabbitmqctl stop_app` takes to act.
+    const SENT: u64 = 20;
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let q = unique("restart");
+    let store = format!("sqlite://{}", site.store().display());
+    let sub = Sub {
+        deliver: "/slow?ms=500".into(),
+        concurrency: 2,
+        ..Sub::new(&q)
+    };
+    let consumer = Consumer::start(&site.config(&consume_toml(&store, &up, &[sub])), 1);
+    let rabbit = Rabbit::connect().await;
+    for seller in 0..SENT {
+        let intent = payout(seller, "2026-W36", 100 + seller);
+        rabbit.publish(&q, &intent, &format!("m-{seller}")).await;
+    }
+    assert!(eventually(Duration::from_secs(15), || up.hits() >= 2).await);
+
+    let down = tokio::task::spawn_blocking(BrokerDown::now).await.unwrap();
+    assert!(
+        consumer
+            .logged("broker cannot deliver", Duration::from_secs(15))
+            .await,
+        "the consumer did not notice the outage:\n{}",
+        consumer.logs()
+    );
+    let paid_while_down = up.hits();
+    tokio::task::spawn_blocking(move || drop(down))
+        .await
+        .unwrap();
+
+    // The old connection died with the broker.
+    let rabbit = Rabbit::connect().await;
+    let stopped = stop_settled(
+        &rabbit,
+        &store,
+        SENT as usize,
+        &[(&q, Queues::default())],
+        vec![consumer],
+    )
+    .await;
+    let want = (0..SENT).map(|s| (payout_key(s, "2026-W36"), 1)).collect();
+    assert_eq!(effects_per_key(&up), want, "effects per key");
+    let s = settled(&stopped, "payouts");
+    // An ack lost with its connection may be sent again for the redelivery.
+    assert!(s.acked >= SENT, "{s:?}");
+    // The workers held paid messages when the broker went: their acks
+    // failed, and the redeliveries were replays.
+    assert!(
+        s.settle_failed >= 1,
+        "no message was in hand at the outage: {s:?}"
+    );
+    assert!(
+        paid_while_down < SENT as usize,
+        "every message ran before the outage: the restart tested nothing"
+    );
+    rabbit.delete(&q).await;
+    rabbit.close().await;
+}
