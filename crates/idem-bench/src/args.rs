@@ -70,6 +70,19 @@ impl Flags {
         self.get(flag).unwrap_or(default).to_owned()
     }
 
+    /// `flag` as text; an error when it is not given.
+    pub fn required(&self, flag: &str) -> anyhow::Result<String> {
+        match self.get(flag) {
+            Some(value) => Ok(value.to_owned()),
+            None => bail!("{flag} is required; {}", self.usage),
+        }
+    }
+
+    /// `flag` as text, or `None` when it is not given.
+    pub fn optional(&self, flag: &str) -> Option<String> {
+        self.get(flag).map(str::to_owned)
+    }
+
     /// `flag` as a path, or `default`.
     pub fn path(&self, flag: &str, default: PathBuf) -> PathBuf {
         self.get(flag).map_or(default, PathBuf::from)

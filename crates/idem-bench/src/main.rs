@@ -5,13 +5,22 @@
 //! - `cargo run --release -p idem-bench -- sqlite [--callers 64] [--seconds 5] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- gateway [--connections 32] [--seconds 5] [--keys 4096] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- postgres [--connections 16] [--seconds 5] [--url URL]`
+//! - `cargo build --release -p idem && cargo run --release -p idem-bench -- consume
+//!   [--messages 20000] [--concurrency 8] [--broker rabbitmq] [--store postgres://…]
+//!   [--idem PATH] [--dir DIR]`
+//!
+//! `bare-consume` is not for people: `consume` starts it as its baseline.
 
 mod args;
+mod bare;
+mod consume;
 mod fixtures;
 mod gateway;
 mod load;
 mod measured;
 mod postgres;
+mod queue;
+mod rabbit;
 mod server;
 mod sqlite;
 mod upstream;
@@ -20,7 +29,9 @@ use anyhow::bail;
 
 const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir DIR]\n       \
      idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]\n       \
-     idem-bench postgres [--connections N] [--seconds S] [--url URL]";
+     idem-bench postgres [--connections N] [--seconds S] [--url URL]\n       \
+     idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq] [--store URL] \
+     [--idem PATH] [--dir DIR]";
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -28,6 +39,8 @@ fn main() -> anyhow::Result<()> {
         Some("sqlite") => sqlite::main(args),
         Some("gateway") => gateway::main(args),
         Some("postgres") => postgres::main(args),
+        Some("consume") => consume::main(args),
+        Some("bare-consume") => bare::main(args),
         _ => bail!(USAGE),
     }
 }

@@ -78,7 +78,7 @@ pub fn main(args: impl Iterator<Item = String>) -> anyhow::Result<()> {
         seconds: flags.number("--seconds", 5, 1..=600)?,
         url: flags.text("--url", URL_DEFAULT),
     };
-    let config = loopback_config(&options.url)?;
+    let config = loopback_config(&options.url, "--url", USAGE)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,11 +102,12 @@ pub fn main(args: impl Iterator<Item = String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `url` parsed, refused unless every host it names is this machine.
-fn loopback_config(url: &str) -> anyhow::Result<Config> {
+/// `url` (given as `flag`) parsed, refused unless every host it names is
+/// this machine.
+pub(crate) fn loopback_config(url: &str, flag: &str, usage: &str) -> anyhow::Result<Config> {
     let mut config: Config = url
         .parse()
-        .with_context(|| format!("invalid --url {}; {USAGE}", redact_url(url)))?;
+        .with_context(|| format!("invalid {flag} {}; {usage}", redact_url(url)))?;
     let loopback = |host: &Host| match host {
         Host::Tcp(name) => {
             name == "localhost" || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -119,7 +120,7 @@ fn loopback_config(url: &str) -> anyhow::Result<Config> {
         || !config.get_hostaddrs().iter().all(IpAddr::is_loopback)
     {
         bail!(
-            "--url {} must name a server on this machine (127.0.0.1, ::1, localhost or a Unix \
+            "{flag} {} must name a server on this machine (127.0.0.1, ::1, localhost or a Unix \
              socket): the benchmark only loads a loopback server",
             redact_url(url)
         );
@@ -157,16 +158,16 @@ async fn connect(config: &Config, url: &str) -> anyhow::Result<Client> {
     Ok(client)
 }
 
-/// The two temporary schemas, dropped (with everything in them) by
+/// Temporary schemas, dropped (with everything in them) by
 /// [`TempSchemas::drop_all`] or, on a panic, when this is dropped.
-struct TempSchemas {
+pub(crate) struct TempSchemas {
     config: Config,
     url: String,
     names: Vec<String>,
 }
 
 impl TempSchemas {
-    fn new(config: Config, url: &str) -> TempSchemas {
+    pub(crate) fn new(config: Config, url: &str) -> TempSchemas {
         TempSchemas {
             config,
             url: url.to_owned(),
@@ -176,7 +177,7 @@ impl TempSchemas {
 
     /// A schema name no other run uses, `idem_bench_<role>_<pid>_<ms>`,
     /// registered for dropping before anything creates it.
-    fn add(&mut self, role: &str) -> String {
+    pub(crate) fn add(&mut self, role: &str) -> String {
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -187,7 +188,7 @@ impl TempSchemas {
 
     /// Drops every registered schema that exists, on a thread and runtime of
     /// its own (so that it works inside or outside a runtime).
-    fn drop_all(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn drop_all(&mut self) -> anyhow::Result<()> {
         if self.names.is_empty() {
             return Ok(());
         }
