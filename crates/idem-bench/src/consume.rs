@@ -15,7 +15,7 @@
 //!
 //! Usage: `cargo build --release -p idem && cargo run --release -p
 //! idem-bench -- consume [--messages 20000] [--concurrency 8]
-//! [--broker rabbitmq] [--store postgres://…] [--idem PATH] [--dir DIR]`
+//! [--broker rabbitmq|nats] [--store postgres://…] [--idem PATH] [--dir DIR]`
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use crate::queue::{self, Admin, Broker};
 use crate::upstream::Upstream;
 
 const USAGE: &str = "usage: idem-bench consume [--messages N] [--concurrency N] \
-     [--broker rabbitmq] [--store postgres://USER@HOST/DB] [--idem PATH] [--dir DIR]";
+     [--broker rabbitmq|nats] [--store postgres://USER@HOST/DB] [--idem PATH] [--dir DIR]";
 /// idem's messages per second, as a share of the bare consumer's.
 const TARGET: f64 = 0.5;
 /// The subscription's name in idem's config: the records' scope.

@@ -6,7 +6,7 @@
 //! - `cargo run --release -p idem-bench -- gateway [--connections 32] [--seconds 5] [--keys 4096] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- postgres [--connections 16] [--seconds 5] [--url URL]`
 //! - `cargo build --release -p idem && cargo run --release -p idem-bench -- consume
-//!   [--messages 20000] [--concurrency 8] [--broker rabbitmq] [--store postgres://…]
+//!   [--messages 20000] [--concurrency 8] [--broker rabbitmq|nats] [--store postgres://…]
 //!   [--idem PATH] [--dir DIR]`
 //!
 //! `bare-consume` is not for people: `consume` starts it as its baseline.
@@ -18,6 +18,7 @@ mod fixtures;
 mod gateway;
 mod load;
 mod measured;
+mod nats;
 mod postgres;
 mod queue;
 mod rabbit;
@@ -30,7 +31,7 @@ use anyhow::bail;
 const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir DIR]\n       \
      idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]\n       \
      idem-bench postgres [--connections N] [--seconds S] [--url URL]\n       \
-     idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq] [--store URL] \
+     idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq|nats] [--store URL] \
      [--idem PATH] [--dir DIR]";
 
 fn main() -> anyhow::Result<()> {

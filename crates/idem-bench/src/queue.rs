@@ -2,18 +2,22 @@
 //! each: fill a fresh queue, the section of `idem consume`'s file that
 //! reads it, the bare consumer's subscription through the same adapter,
 //! how many messages are left, and deletion. A broker is one variant and
-//! one module of functions (RabbitMQ: [`crate::rabbit`]).
+//! one module of functions (RabbitMQ: [`crate::rabbit`], NATS JetStream:
+//! [`crate::nats`]).
 
 use std::sync::Arc;
 
 use anyhow::bail;
 use idem_broker::Subscription;
 
+use crate::nats::{self, Nats};
 use crate::rabbit::{self, Rabbit};
 
 /// A broker the benchmark knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Broker {
+    /// NATS JetStream at 127.0.0.1:4222, through `idem_broker::nats`.
+    Nats,
     /// RabbitMQ at 127.0.0.1:5672 (guest/guest), through
     /// `idem_broker::rabbitmq`.
     RabbitMq,
@@ -21,6 +25,8 @@ pub enum Broker {
 
 /// The benchmark's own connection to a broker.
 pub enum Admin {
+    /// See [`Nats`].
+    Nats(Nats),
     /// See [`Rabbit`].
     RabbitMq(Rabbit),
 }
@@ -30,7 +36,8 @@ impl Broker {
     pub fn parse(name: &str) -> anyhow::Result<Broker> {
         match name {
             "rabbitmq" => Ok(Broker::RabbitMq),
-            other => bail!("--broker {other:?}: this build knows rabbitmq"),
+            "nats" => Ok(Broker::Nats),
+            other => bail!("--broker {other:?}: use rabbitmq or nats"),
         }
     }
 
@@ -38,6 +45,7 @@ impl Broker {
     pub fn name(self) -> &'static str {
         match self {
             Broker::RabbitMq => "rabbitmq",
+            Broker::Nats => "nats",
         }
     }
 
@@ -45,6 +53,7 @@ impl Broker {
     pub fn shown(self) -> &'static str {
         match self {
             Broker::RabbitMq => rabbit::URL_SHOWN,
+            Broker::Nats => nats::URL,
         }
     }
 
@@ -52,6 +61,7 @@ impl Broker {
     pub async fn admin(self) -> anyhow::Result<Admin> {
         match self {
             Broker::RabbitMq => Ok(Admin::RabbitMq(Rabbit::connect().await?)),
+            Broker::Nats => Ok(Admin::Nats(Nats::connect().await?)),
         }
     }
 
@@ -59,6 +69,7 @@ impl Broker {
     pub fn config_section(self, queue: &str, prefetch: u16) -> String {
         match self {
             Broker::RabbitMq => rabbit::config_section(queue, prefetch),
+            Broker::Nats => nats::config_section(queue, prefetch),
         }
     }
 
@@ -71,6 +82,7 @@ impl Broker {
     ) -> anyhow::Result<Arc<dyn Subscription>> {
         match self {
             Broker::RabbitMq => rabbit::subscribe(queue, prefetch).await,
+            Broker::Nats => nats::subscribe(queue, prefetch).await,
         }
     }
 }
@@ -86,6 +98,7 @@ impl Admin {
     ) -> anyhow::Result<u64> {
         match self {
             Admin::RabbitMq(r) => r.fill(queue, prefetch, payloads).await,
+            Admin::Nats(n) => n.fill(queue, prefetch, payloads).await,
         }
     }
 
@@ -93,6 +106,7 @@ impl Admin {
     pub async fn ready(&self, queue: &str) -> anyhow::Result<u64> {
         match self {
             Admin::RabbitMq(r) => r.ready(queue).await,
+            Admin::Nats(n) => n.ready(queue).await,
         }
     }
 
@@ -101,6 +115,7 @@ impl Admin {
     pub async fn left(&self, queue: &str) -> anyhow::Result<Vec<(String, u64)>> {
         match self {
             Admin::RabbitMq(r) => r.left(queue).await,
+            Admin::Nats(n) => n.left(queue).await,
         }
     }
 
@@ -108,6 +123,7 @@ impl Admin {
     pub async fn delete(&self, queue: &str) -> anyhow::Result<()> {
         match self {
             Admin::RabbitMq(r) => r.delete(queue).await,
+            Admin::Nats(n) => n.delete(queue).await,
         }
     }
 
@@ -115,6 +131,7 @@ impl Admin {
     pub async fn close(self) -> anyhow::Result<()> {
         match self {
             Admin::RabbitMq(r) => r.close().await,
+            Admin::Nats(_) => Ok(()),
         }
     }
 }
