@@ -618,7 +618,9 @@ fn config_errors_stop_idem_consume_naming_the_file_and_the_field() {
             "no broker",
             "[subscription.rabbitmq]\nqueue = \"idem-consume-config-never-declared\"\n",
             "",
-            "[subscription.rabbitmq]",
+            // The error is the subscription's (`subscription[0].nats` once
+            // the bridge reads NATS too); its message names the section.
+            "[subscription.rabbitmq] section",
         ),
         (
             "an unclosed key template",

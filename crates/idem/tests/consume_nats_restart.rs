@@ -1,0 +1,100 @@
+//! NATS restarts under a running `idem consume`: the messages in hand are
+//! paid but cannot be acked, the consumer waits the outage out and its
+//! client reconnects by itself, JetStream delivers the unacknowledged
+//! messages again after `ack_wait`, and their records replay them: nothing
+//! is lost, nothing doubled.
+//!
+//! The server is the test's own (`nats-server -js` on a free port with a
+//! store directory of its own), stopped with SIGTERM and started again on
+//! the same port and store, and killed on drop even if the test fails: the
+//! shared server the other tests use is never touched. In its own test
+//! binary all the same, as the RabbitMQ restart test is.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::time::Duration;
+
+use support::nats::{
+    Counts, Nats, OwnServer, Sub, consume_toml, effects_per_key, payout, payout_key, settled,
+    stop_settled, unique,
+};
+use support::{Consumer, Site, Upstream, eventually};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_mid_run_loses_nothing_and_doubles_nothing() {
+    // 20 payouts answered in 500 ms, two at a time, four at most delivered
+    // and unsettled: five seconds of work, and the outage lands in it.
+    const SENT: u64 = 20;
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut server = OwnServer::start(data.path());
+    let s = unique("restart");
+    let store = format!("sqlite://{}", site.store().display());
+    let sub = Sub {
+        url: server.url(),
+        deliver: "/slow?ms=500".into(),
+        concurrency: 2,
+        prefetch: 4,
+        ..Sub::new(&s)
+    };
+    let consumer = Consumer::start(&site.config(&consume_toml(&store, &up, &[sub])), 1);
+    let nats = Nats::connect(&server.url()).await;
+    for seller in 0..SENT {
+        let intent = payout(seller, "2026-W36", 100 + seller);
+        nats.publish(&s, &intent, &format!("m-{seller}")).await;
+    }
+    drop(nats);
+    assert!(eventually(Duration::from_secs(15), || up.hits() >= 2).await);
+
+    let mut server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    // The workers finish what they hold; its settlement fails.
+    assert!(
+        consumer
+            .logged("cannot settle the message", Duration::from_secs(15))
+            .await,
+        "the consumer did not notice the outage:\n{}",
+        consumer.logs()
+    );
+    let paid_while_down = up.hits();
+    let server = tokio::task::spawn_blocking(move || {
+        server.start_again();
+        server
+    })
+    .await
+    .unwrap();
+
+    let nats = Nats::connect(&server.url()).await;
+    let stopped = stop_settled(
+        &nats,
+        &store,
+        SENT as usize,
+        &[(&s, Counts::default())],
+        vec![consumer],
+    )
+    .await;
+    let want = (0..SENT).map(|s| (payout_key(s, "2026-W36"), 1)).collect();
+    assert_eq!(effects_per_key(&up), want, "effects per key");
+    let c = settled(&stopped, "payouts");
+    // An ack whose confirmation was lost may have taken effect: then the
+    // message is not delivered again, and it counts once, as failed.
+    assert!(c.acked + c.settle_failed >= SENT, "{c:?}");
+    // The workers held paid messages when the server went: their acks
+    // failed, and the redeliveries were replays.
+    assert!(
+        c.settle_failed >= 1,
+        "no message was in hand at the outage: {c:?}"
+    );
+    assert!(
+        paid_while_down < SENT as usize,
+        "every message ran before the outage: the restart tested nothing"
+    );
+    nats.delete(&s).await;
+    drop(server);
+}
