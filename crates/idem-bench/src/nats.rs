@@ -53,6 +53,23 @@ pub async fn subscribe(queue: &str, prefetch: u16) -> anyhow::Result<Arc<dyn Sub
     Ok(Arc::new(subscription))
 }
 
+/// Publishes awaited together; below the client's limit of
+/// acknowledgements in flight.
+const PUBLISH_BATCH: usize = 1_000;
+
+/// Waits for JetStream to store every message of a batch.
+async fn confirm(
+    subject: &str,
+    acks: Vec<async_nats::jetstream::context::PublishAckFuture>,
+) -> anyhow::Result<u64> {
+    let n = acks.len() as u64;
+    for ack in acks {
+        ack.await
+            .with_context(|| format!("JetStream did not store a message for {subject:?}"))?;
+    }
+    Ok(n)
+}
+
 /// The benchmark's own connection: publishes, counts and deletes.
 pub struct Nats {
     js: Context,
@@ -85,6 +102,7 @@ impl Nats {
         );
         let subject = subject(queue);
         let mut acks = Vec::new();
+        let mut published = 0u64;
         for payload in payloads {
             let ack = self
                 .js
@@ -92,12 +110,13 @@ impl Nats {
                 .await
                 .with_context(|| format!("publishing to {subject:?}"))?;
             acks.push(ack);
+            // The client bounds the acknowledgements in flight; waiting
+            // for them in batches keeps the publisher from stalling on it.
+            if acks.len() == PUBLISH_BATCH {
+                published += confirm(&subject, std::mem::take(&mut acks)).await?;
+            }
         }
-        let published = acks.len() as u64;
-        for ack in acks {
-            ack.await
-                .with_context(|| format!("JetStream did not store a message for {subject:?}"))?;
-        }
+        published += confirm(&subject, acks).await?;
         Ok(published)
     }
 
