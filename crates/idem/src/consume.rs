@@ -21,8 +21,9 @@ pub struct ConsumeArgs {
     /// Store URL; wins over the file's `store`.
     #[arg(long)]
     store: Option<String>,
-    /// Start even when a subscription's contract file fails `idem check`
-    /// (each failure is logged as an error).
+    /// Start even when a subscription fails `idem check --consumer`: its
+    /// contract, the cross-checks against what it enforces, or a key built
+    /// from the message id (each failure is logged as an error).
     #[arg(long)]
     allow_unsafe_contract: bool,
 }
