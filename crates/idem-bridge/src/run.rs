@@ -5,7 +5,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use idem_broker::Subscription as BrokerSubscription;
 use idem_core::{Store, SystemClock};
@@ -16,10 +15,6 @@ use tokio::task::JoinSet;
 use crate::config::ConsumeConfig;
 use crate::handle::Subscriber;
 use crate::pump::{Counts, pump};
-
-/// How many records one purge call handles; the purge repeats until a call
-/// changes fewer.
-const PURGE_BATCH: usize = 1_000;
 
 /// What each subscription did, by name.
 pub type Report = Vec<(String, Counts)>;
@@ -73,8 +68,10 @@ pub async fn run(
             let stop = stop_rx.clone();
             tokio::spawn(r.run(stopped(stop)))
         });
-        let purge = tokio::spawn(purge_loop(
+        // The gateway's purge: bounded batches per run, damaged rows named.
+        let purge = tokio::spawn(idem_gateway::run_purge(
             Arc::clone(&store),
+            Arc::default(),
             config.purge_interval,
             stop_rx.clone(),
         ));
@@ -111,28 +108,4 @@ pub async fn run(
 /// Resolves once `stop` is true or its sender is gone.
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopped| *stopped).await;
-}
-
-/// Turns completed records past retention into tombstones and deletes
-/// tombstones past their horizon, every `interval`, catching up in batches.
-async fn purge_loop(store: Arc<dyn Store>, interval: Duration, mut stop: watch::Receiver<bool>) {
-    loop {
-        loop {
-            match store.purge(PURGE_BATCH).await {
-                Ok(report) if report.changed_nothing() => break,
-                Ok(report) => tracing::debug!(?report, "retention purge"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "retention purge failed; trying again later");
-                    break;
-                }
-            }
-            if *stop.borrow() {
-                return;
-            }
-        }
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
 }

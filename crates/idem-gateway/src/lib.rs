@@ -22,6 +22,6 @@ pub use config::{
     REQUESTS_IN_FLIGHT_MAX_LIMIT,
 };
 pub use proxy::{HopByHop, Proxy};
-pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX};
+pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

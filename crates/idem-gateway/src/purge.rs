@@ -17,7 +17,7 @@ pub const PURGE_BATCH: usize = 1000;
 pub const PURGE_BATCHES_MAX: usize = 100;
 
 /// Purges every `interval` until `stop` turns true (or its sender is gone).
-pub(crate) async fn run(
+pub async fn run(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     interval: Duration,
