@@ -267,6 +267,21 @@ impl ConsumeConfig {
                     format!("{:?} names two subscriptions", sub.name),
                 ));
             }
+            // Records are scoped by subscription: an intent that arrives on
+            // two queues delivered to one endpoint would be claimed in two
+            // scopes and run twice, and their lookups would ask the
+            // provider by the same keys for two scopes' records.
+            if let Some(other) = subscriptions.iter().find(|s| s.deliver == sub.deliver) {
+                return Err((
+                    at("deliver"),
+                    format!(
+                        "{} is also the endpoint of subscription {:?}: records are kept per \
+                         subscription, so an intent arriving on both would run twice; give each \
+                         endpoint one subscription",
+                        sub.deliver, other.name
+                    ),
+                ));
+            }
             subscriptions.push(sub);
         }
         let mut lookups = Vec::with_capacity(file.lookups.len());
@@ -672,6 +687,10 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                 GOOD.to_owned()
                     + "[[subscription]]\nname = \"payouts\"\nkey = \"k:{/a}\"\ndeliver = \"http://h:1/\"\n[subscription.rabbitmq]\nqueue = \"q\"\n",
                 "subscription[1].name",
+            ),
+            (
+                GOOD.to_owned() + "[[subscription]]\nname = \"refunds\"\nkey = \"k:{/a}\"\ndeliver = \"http://127.0.0.1:9000/payouts\"\n[subscription.rabbitmq]\nqueue = \"q\"\n",
+                "subscription[1].deliver",
             ),
         ];
         for (text, field) in cases {
