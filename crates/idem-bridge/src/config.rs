@@ -271,7 +271,11 @@ impl ConsumeConfig {
             // two queues delivered to one endpoint would be claimed in two
             // scopes and run twice, and their lookups would ask the
             // provider by the same keys for two scopes' records.
-            if let Some(other) = subscriptions.iter().find(|s| s.deliver == sub.deliver) {
+            let endpoint = endpoint_of(&sub.deliver);
+            if let Some(other) = subscriptions
+                .iter()
+                .find(|s| endpoint_of(&s.deliver) == endpoint)
+            {
                 return Err((
                     at("deliver"),
                     format!(
@@ -489,6 +493,19 @@ fn subscription(
     })
 }
 
+/// An endpoint as two subscriptions are compared by: the host and port in
+/// lower case and the path as the gateway normalises it (dot segments,
+/// escapes of unreserved characters, repeated and trailing slashes), so
+/// that one endpoint spelled two ways is still one. Two host names for one
+/// server are not recognised.
+fn endpoint_of(uri: &Uri) -> (String, String) {
+    let authority = uri
+        .authority()
+        .map_or_else(String::new, |a| a.as_str().to_ascii_lowercase());
+    let path = idem_http::normalize_path(uri.path()).unwrap_or_else(|_| uri.path().to_owned());
+    (authority, path.trim_end_matches('/').to_owned())
+}
+
 /// `value` (or `default`) within `lo..=hi`, or an error naming `field`.
 fn ranged(
     field: String,
@@ -690,6 +707,10 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
             ),
             (
                 GOOD.to_owned() + "[[subscription]]\nname = \"refunds\"\nkey = \"k:{/a}\"\ndeliver = \"http://127.0.0.1:9000/payouts\"\n[subscription.rabbitmq]\nqueue = \"q\"\n",
+                "subscription[1].deliver",
+            ),
+            (
+                GOOD.to_owned() + "[[subscription]]\nname = \"refunds\"\nkey = \"k:{/a}\"\ndeliver = \"http://127.0.0.1:9000/./x/../payouts/\"\n[subscription.rabbitmq]\nqueue = \"q\"\n",
                 "subscription[1].deliver",
             ),
         ];
