@@ -332,6 +332,9 @@ async fn messages_without_a_usable_intent_are_dead_lettered_with_the_reason_and_
         Sub {
             name: "by-header".into(),
             key: "payout:{header:intent-id}".into(),
+            // An endpoint of its own: two subscriptions may not share one.
+            // No message of this test reaches it.
+            deliver: "/reject".into(),
             lookup: false,
             ..Sub::new(&by_header)
         },
