@@ -262,6 +262,7 @@ impl RunOnce {
             fingerprint: intent.fingerprint,
             legacy_fingerprint: None,
             owner: self.owner.clone(),
+            region: None,
             policy: self.policy,
         };
         let id = &request.id;

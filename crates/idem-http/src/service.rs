@@ -233,6 +233,7 @@ where
         fingerprint,
         legacy_fingerprint: None,
         owner: shared.owner.clone(),
+        region: None,
         policy: *route.policy(),
     };
     let mut claimed = timed(

@@ -23,6 +23,7 @@
 //!     fingerprint: Fingerprint::from_bytes([7; 32]),
 //!     legacy_fingerprint: None,
 //!     owner: "node-1".to_owned(),
+//!     region: None,
 //!     policy: Policy::default(),
 //! };
 //! let rt = tokio::runtime::Runtime::new()?;
@@ -78,7 +79,7 @@ use std::thread::JoinHandle;
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock, Timestamp,
-    Token, check_owner,
+    Token,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -266,7 +267,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        if let Err(e) = check_owner(&req.owner) {
+        if let Err(e) = req.check_labels() {
             return Box::pin(std::future::ready(Err(e.into())));
         }
         // Every claim goes to the writer: its fresh-key fast path is one
