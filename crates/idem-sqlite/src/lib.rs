@@ -54,7 +54,8 @@
 //! `get` and `list` run on reader threads with their own connections.
 //!
 //! ## Schema
-//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`); the
+//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`; since
+//! version 4 each record keeps the region of the attempt that acquired it); the
 //! resolution journal `resolutions`, keyed by `(scope, key, seq)`, which
 //! outlives releases and purges and keeps the last
 //! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries per
