@@ -23,6 +23,7 @@ pub fn request(scope: &Scope, key: &str, fingerprint: u8) -> anyhow::Result<Clai
         fingerprint: Fingerprint::from_bytes([fingerprint; 32]),
         legacy_fingerprint: None,
         owner: OWNER.to_owned(),
+        region: None,
         policy: Policy::default(),
     })
 }

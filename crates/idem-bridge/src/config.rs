@@ -70,6 +70,9 @@ pub struct FileConfig {
     pub store: Option<String>,
     /// Label written on the records this process acquires.
     pub owner: Option<String>,
+    /// The region this process runs in, written on the records it
+    /// acquires; none by default.
+    pub region: Option<String>,
     /// Seconds between two runs of the retention purge; default 60.
     pub purge_interval_s: Option<u64>,
     /// The queues read.
@@ -201,6 +204,9 @@ pub struct ConsumeConfig {
     pub store: String,
     /// Record owner label.
     pub owner: String,
+    /// Region written on acquired records, checked by
+    /// [`idem_core::check_region`].
+    pub region: Option<String>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
     /// The subscriptions.
@@ -306,6 +312,9 @@ impl ConsumeConfig {
         }
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| (format!("reconcile.{}", e.field), e.reason.clone()))?;
+        if let Some(region) = &file.region {
+            idem_core::check_region(region).map_err(|e| ("region".to_owned(), e.to_string()))?;
+        }
         let purge_interval_s = file.purge_interval_s.unwrap_or(60);
         if !(1..=86_400).contains(&purge_interval_s) {
             return Err((
@@ -318,6 +327,7 @@ impl ConsumeConfig {
             owner: file
                 .owner
                 .unwrap_or_else(|| format!("idem-consume-{}", std::process::id())),
+            region: file.region,
             purge_interval: Duration::from_secs(purge_interval_s),
             subscriptions,
             lookups,
@@ -609,6 +619,9 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         assert_eq!(sub.key_header.as_str(), "idempotency-key");
         assert_eq!(sub.intent.scope().as_str(), "payouts|-");
         assert_eq!(config.lookups.len(), 1);
+        assert_eq!(config.region, None, "no region unless one is set");
+        let config = load(&format!("region = \"eu-west\"\n{GOOD}")).unwrap();
+        assert_eq!(config.region.as_deref(), Some("eu-west"));
     }
 
     /// Each mistake is refused naming the field it is in.
@@ -619,6 +632,7 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                 GOOD.replace("name = \"payouts\"", "nmae = \"payouts\""),
                 "line 4",
             ),
+            (format!("region = \"eu west\"\n{GOOD}"), "region"),
             (
                 GOOD.replace("{/settlement_id}", "{/settlement_id"),
                 "subscription[0].key",

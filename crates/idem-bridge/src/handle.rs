@@ -33,15 +33,20 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
-    /// The handler of `sub` over `store`, labelling records with `owner`.
+    /// The handler of `sub` over `store`, labelling records with `owner`
+    /// and, when there is one, `region`.
     pub fn new(
         sub: &Subscription,
         store: Arc<dyn Store>,
         owner: &str,
+        region: Option<&str>,
     ) -> Result<Subscriber, String> {
-        let run = RunOnce::new(store, sub.policy, sub.completion.clone())
+        let mut run = RunOnce::new(store, sub.policy, sub.completion.clone())
             .with_owner(owner)
             .map_err(|e| format!("owner {owner:?}: {e}"))?;
+        if let Some(region) = region {
+            run = run.with_region(region).map_err(|e| e.to_string())?;
+        }
         Ok(Subscriber {
             name: sub.name.clone(),
             intent: sub.intent.clone(),

@@ -29,8 +29,13 @@ pub async fn run(
 ) -> Result<Report, String> {
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
     for sub in &config.subscriptions {
-        let handler = Subscriber::new(sub, Arc::clone(&store), &config.owner)
-            .map_err(|e| format!("subscription {:?}: {e}", sub.name))?;
+        let handler = Subscriber::new(
+            sub,
+            Arc::clone(&store),
+            &config.owner,
+            config.region.as_deref(),
+        )
+        .map_err(|e| format!("subscription {:?}: {e}", sub.name))?;
         let broker: Arc<dyn BrokerSubscription> = sub
             .broker
             .open()

@@ -1,12 +1,13 @@
 //! Checks a store crate runs from its own tests, on states the suite cannot
 //! reach through the `Store` trait: a schema migrated from before the
-//! journal, a journal the database refuses to append to.
+//! journal, a journal the database refuses to append to, a store written
+//! by an earlier schema version and upgraded in place ([`Written`]).
 
 #![allow(clippy::unwrap_used, reason = "a check fails by panicking")]
 
 use idem_core::{
-    Claim, ClaimRequest, ListCursor, ListQuery, Outcome, RecordId, Resolution, Resolved, State,
-    Store, StoredResult,
+    Claim, ClaimRequest, ListCursor, ListQuery, Outcome, Record, RecordId, Resolution, Resolved,
+    State, Store, StoredResult, Timestamp,
 };
 
 /// Claims `req`, which must acquire, and marks the record ambiguous.
@@ -107,4 +108,174 @@ pub async fn damaged_rows_do_not_stop_scans<S: Store>(
         purged.is_ok(),
         "a purge goes on past damaged rows: {purged:?}"
     );
+}
+
+/// What a store written by an earlier schema version held, as the program
+/// that wrote it read it back through the `Store` trait (the JSON beside a
+/// store's upgrade fixture): the records, the journals, the kept tries, and
+/// the store clock's time at the end.
+#[derive(Debug)]
+pub struct Written {
+    /// The store clock when the fixture was written: open the upgraded
+    /// store on a clock standing here, so that nothing expired since.
+    pub now: Timestamp,
+    records: Vec<Record>,
+    journal: serde_json::Map<String, serde_json::Value>,
+    tries: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Written {
+    /// Reads the JSON beside a fixture; `name` names it in a failure.
+    pub fn parse(name: &str, json: &str) -> Written {
+        let value: serde_json::Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let field = |f: &str| {
+            value
+                .get(f)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name}: no field {f}"))
+        };
+        let object = |f: &str| match field(f) {
+            serde_json::Value::Object(map) => map,
+            other => panic!("{name}: {f} is {other}, not an object"),
+        };
+        let now = field("now_ms")
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: now_ms is not a number"));
+        Written {
+            now: Timestamp::from_millis(now),
+            records: serde_json::from_value(field("records"))
+                .unwrap_or_else(|e| panic!("{name}: records: {e}")),
+            journal: object("journal"),
+            tries: object("tries"),
+        }
+    }
+
+    /// `store` (opened on a clock at [`Written::now`], upgraded from the
+    /// fixture) holds every record field by field as written, with no
+    /// region, and nothing else; the journals and kept tries are intact.
+    pub async fn check_kept<S: Store>(&self, store: &S) {
+        let listing = store.list(&ListQuery::default()).await.unwrap();
+        assert_eq!(listing.damaged, [], "every upgraded row reads");
+        assert_eq!(listing.next, None);
+        assert!(!self.records.is_empty(), "the fixture holds records");
+        assert_eq!(
+            listing.records, self.records,
+            "list: every record as written"
+        );
+        for record in &self.records {
+            assert_eq!(record.region, None, "{}: written before regions", record.id);
+            let got = store.get(&record.id).await.unwrap();
+            assert_eq!(got.as_ref(), Some(record), "get {}", record.id);
+        }
+        for (key, expect) in &self.journal {
+            let id = self.id_of_journal(key, expect);
+            let got = serde_json::to_value(store.resolutions(&id).await.unwrap()).unwrap();
+            assert_eq!(&got, expect, "the journal of {id}");
+        }
+        for (key, expect) in &self.tries {
+            let record = self.record(key);
+            let got = store.lookup_tries(&record.id, record.token).await.unwrap();
+            let got = serde_json::to_value(got).unwrap();
+            assert_eq!(&got, expect, "the kept tries of {}", record.id);
+        }
+    }
+
+    /// The written record whose key is `key`.
+    pub fn record(&self, key: &str) -> &Record {
+        self.records
+            .iter()
+            .find(|r| r.id.key.as_str() == key)
+            .unwrap_or_else(|| panic!("the fixture has no record {key:?}"))
+    }
+
+    /// Every written record.
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    fn id_of_journal(&self, key: &str, entries: &serde_json::Value) -> RecordId {
+        let id = entries
+            .get(0)
+            .and_then(|e| e.get("id"))
+            .cloned()
+            .unwrap_or_else(|| panic!("the journal of {key:?} names no record"));
+        serde_json::from_value(id).unwrap_or_else(|e| panic!("the journal of {key:?}: {e}"))
+    }
+
+    /// The upgraded records keep working: the completed ones replay, the
+    /// ambiguous one resolves (journaled, its tries dropped), and a fresh
+    /// claim from `region` acquires with the next token and records it.
+    pub async fn check_working<S: Store>(&self, store: &S, region: &str) {
+        for done in self.records.iter().filter(|r| r.state == State::Completed) {
+            let claim = store.claim(&self.again(done)).await.unwrap();
+            let replay = Claim::Replay {
+                record: Box::new(done.clone()),
+            };
+            assert_eq!(claim, replay, "{} replays as written", done.id);
+        }
+        let unsure = self
+            .records
+            .iter()
+            .find(|r| r.state == State::Ambiguous)
+            .unwrap_or_else(|| panic!("the fixture holds no ambiguous record"));
+        let resolved = store.resolve(&unsure.id, unsure.token, found()).await;
+        let Some(resolved) = resolved.unwrap() else {
+            panic!("{} is resolved as completed, not released", unsure.id);
+        };
+        assert_eq!(
+            (resolved.state, resolved.region.as_deref()),
+            (State::Completed, None)
+        );
+        let journal = store.resolutions(&unsure.id).await.unwrap();
+        assert_eq!(
+            journal
+                .iter()
+                .map(|e| (e.token, e.outcome))
+                .collect::<Vec<_>>(),
+            [(unsure.token, Resolved::Completed)]
+        );
+        let tries = store.lookup_tries(&unsure.id, unsure.token).await;
+        assert_eq!(tries, Ok(None), "resolving drops the kept tries");
+
+        let last = self.records.iter().map(|r| r.token).max().unwrap();
+        let template = &self.records[0];
+        let fresh = ClaimRequest {
+            id: RecordId {
+                scope: template.id.scope.clone(),
+                key: idem_core::IdempotencyKey::new("after-the-upgrade").unwrap(),
+            },
+            region: Some(region.to_owned()),
+            ..self.again(template)
+        };
+        let claim = store.claim(&fresh).await.unwrap();
+        let Claim::Acquired { token, .. } = claim else {
+            panic!("a fresh key is acquired, got {claim:?}");
+        };
+        assert!(
+            token > last,
+            "token {token} after the fixture's last, {last}"
+        );
+        let record = store.get(&fresh.id).await.unwrap().unwrap();
+        assert_eq!(record.region.as_deref(), Some(region), "the region is kept");
+    }
+
+    /// A claim that is the same request as the one that wrote `record`.
+    fn again(&self, record: &Record) -> ClaimRequest {
+        let policy = idem_core::Policy::new(
+            record.lease_until.as_millis() - record.created_at.as_millis(),
+            record.retention_s,
+            record.tombstone_s,
+            idem_core::LeaseExpiry::Reconcile,
+        )
+        .unwrap();
+        ClaimRequest {
+            id: record.id.clone(),
+            fingerprint: record.fingerprint,
+            legacy_fingerprint: None,
+            owner: "upgraded-node".to_owned(),
+            region: None,
+            policy,
+        }
+    }
 }

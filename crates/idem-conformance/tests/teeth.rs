@@ -12,7 +12,7 @@ use idem_conformance::{START, cases};
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing, LookupTries,
     ManualClock, MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved,
-    State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token, check_region,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -85,6 +85,22 @@ async fn every_fault_is_caught() {
         (
             Fault::TruncatesOwner,
             vec![case!(owner_over_limit_is_refused)],
+        ),
+        (
+            Fault::DropsRegion,
+            vec![
+                case!(region_is_kept_through_every_transition),
+                case!(takeover_records_the_new_region),
+                case!(bad_region_is_refused),
+            ],
+        ),
+        (
+            Fault::TakeoverKeepsRegion,
+            vec![case!(takeover_records_the_new_region)],
+        ),
+        (
+            Fault::BadRegionStoredAsNone,
+            vec![case!(bad_region_is_refused)],
         ),
         (
             Fault::ClaimReadsThenWrites,
@@ -196,6 +212,13 @@ enum Fault {
     DropsReplayHeaders,
     /// Claim truncates a long owner instead of refusing it.
     TruncatesOwner,
+    /// Claim writes no region (a store without the column).
+    DropsRegion,
+    /// A takeover keeps the region of the attempt it replaced (an update
+    /// that forgets the column).
+    TakeoverKeepsRegion,
+    /// A region that is not a region name is dropped instead of refused.
+    BadRegionStoredAsNone,
     /// Claim decides from a read taken before its write, without a lock.
     ClaimReadsThenWrites,
     /// Claim reads a clock one millisecond behind (`<=` where `<` belongs).
@@ -267,6 +290,31 @@ impl Broken {
                     end -= 1;
                 }
                 req.owner.truncate(end);
+                return self.inner.claim(&req).await;
+            }
+            Fault::DropsRegion => {
+                let req = ClaimRequest {
+                    region: None,
+                    ..req.clone()
+                };
+                return self.inner.claim(&req).await;
+            }
+            Fault::TakeoverKeepsRegion => {
+                let mut req = req.clone();
+                if let Some(existing) = self.inner.get(&req.id).await? {
+                    req.region = existing.region;
+                }
+                return self.inner.claim(&req).await;
+            }
+            Fault::BadRegionStoredAsNone => {
+                let mut req = req.clone();
+                if req
+                    .region
+                    .as_deref()
+                    .is_some_and(|r| check_region(r).is_err())
+                {
+                    req.region = None;
+                }
                 return self.inner.claim(&req).await;
             }
             Fault::ClaimClockLagsOneMs => {

@@ -49,7 +49,7 @@ use futures_util::FutureExt;
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
     FingerprintError, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store, StoreError,
-    StoredResult, Timestamp, Token, check_owner,
+    StoredResult, Timestamp, Token, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
@@ -74,6 +74,7 @@ pub struct RunOnce {
     policy: Policy,
     completion: CompletionTable,
     owner: String,
+    region: Option<String>,
 }
 
 /// What a message asks for: the record it claims and the fingerprint of
@@ -228,6 +229,7 @@ impl RunOnce {
             policy,
             completion,
             owner: format!("idem-consume-{}", std::process::id()),
+            region: None,
         }
     }
 
@@ -237,6 +239,18 @@ impl RunOnce {
         let owner = owner.into();
         check_owner(&owner)?;
         Ok(RunOnce { owner, ..self })
+    }
+
+    /// Writes `region` on the records this runner acquires (none by
+    /// default), so an operator sees where an attempt came from; refused
+    /// when it is not a region name ([`idem_core::check_region`]).
+    pub fn with_region(self, region: impl Into<String>) -> Result<RunOnce, LimitError> {
+        let region = region.into();
+        check_region(&region)?;
+        Ok(RunOnce {
+            region: Some(region),
+            ..self
+        })
     }
 
     /// The policy.
@@ -262,6 +276,7 @@ impl RunOnce {
             fingerprint: intent.fingerprint,
             legacy_fingerprint: None,
             owner: self.owner.clone(),
+            region: self.region.clone(),
             policy: self.policy,
         };
         let id = &request.id;

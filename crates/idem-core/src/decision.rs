@@ -3,8 +3,8 @@
 //! else; a store's only job is to apply one atomically to one record.
 
 use crate::record::{
-    JournalEntry, LookupTries, Outcome, Record, RecordId, Resolution, Resolved, State,
-    StoredResult, Token,
+    JournalEntry, LimitError, LookupTries, Outcome, Record, RecordId, Resolution, Resolved, State,
+    StoredResult, Token, check_owner, check_region,
 };
 use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 
@@ -26,6 +26,9 @@ pub struct ClaimRequest {
     pub legacy_fingerprint: Option<Fingerprint>,
     /// Label of the claimer (node, worker), kept on the record.
     pub owner: String,
+    /// The claimer's region, kept on the record it acquires (checked by
+    /// [`check_region`](crate::check_region)); `None` when it has none.
+    pub region: Option<String>,
     /// The route's policy.
     pub policy: Policy,
 }
@@ -35,6 +38,16 @@ impl ClaimRequest {
     /// its fingerprint, or its legacy fingerprint where it has one.
     pub fn matches(&self, stored: &Fingerprint) -> bool {
         *stored == self.fingerprint || Some(*stored) == self.legacy_fingerprint
+    }
+
+    /// Checks the labels an acquired record keeps, the owner and the
+    /// region: every store refuses a claim that fails this before deciding.
+    pub fn check_labels(&self) -> Result<(), LimitError> {
+        check_owner(&self.owner)?;
+        match &self.region {
+            Some(region) => check_region(region),
+            None => Ok(()),
+        }
     }
 }
 
@@ -234,6 +247,7 @@ pub fn acquire(
         state: State::InProgress,
         token,
         owner: req.owner.clone(),
+        region: req.region.clone(),
         lease_until,
         created_at: now,
         completed_at: None,
@@ -475,6 +489,7 @@ mod tests {
             state,
             token: Token(7),
             owner: "node-a".into(),
+            region: Some("eu-west".into()),
             lease_until: NOW.plus_millis(10),
             created_at: Timestamp::from_millis(0),
             completed_at: Some(Timestamp::from_millis(500)),
@@ -608,6 +623,7 @@ mod tests {
             fingerprint: fp(fingerprint),
             legacy_fingerprint: None,
             owner: "node-b".into(),
+            region: Some("us-east".into()),
             policy,
         }
     }
@@ -660,6 +676,7 @@ mod tests {
             fingerprint: fp(1),
             legacy_fingerprint: None,
             owner: "node-b".into(),
+            region: Some("us-east".into()),
             policy: Policy::DEFAULT,
         };
         let (claim_new, write) = claim(None, &req, NOW, || Token(42));
@@ -678,6 +695,7 @@ mod tests {
             (acquired.state, acquired.token, acquired.owner.as_str()),
             (State::InProgress, Token(42), "node-b")
         );
+        assert_eq!(acquired.region.as_deref(), Some("us-east"));
         assert_eq!(
             (acquired.retention_s, acquired.tombstone_s),
             (86_400, 30 * 86_400)
@@ -1080,6 +1098,7 @@ mod tests {
                     fingerprint: current,
                     legacy_fingerprint,
                     owner: "node-b".into(),
+                    region: Some("us-east".into()),
                     policy: reconcile,
                 };
                 let got = decide(Some(&stored), &req, NOW);
@@ -1094,6 +1113,7 @@ mod tests {
             fingerprint: current,
             legacy_fingerprint: Some(legacy),
             owner: "node-b".into(),
+            region: Some("us-east".into()),
             policy: Policy::new(1_000, 60, 60, LeaseExpiry::Takeover).unwrap(),
         };
         let (answer, write) = claim(Some(&expired), &req, NOW, || Token(8));
@@ -1111,5 +1131,10 @@ mod tests {
             panic!("a takeover writes, got {write:?}")
         };
         assert_eq!(taken.fingerprint, current);
+        assert_eq!(
+            (taken.owner.as_str(), taken.region.as_deref()),
+            ("node-b", Some("us-east")),
+            "a takeover records the taker's owner and region, not the previous holder's"
+        );
     }
 }

@@ -30,6 +30,7 @@
 //!     fingerprint: Fingerprint::from_bytes([7; 32]), // Fingerprint::of_request in real use
 //!     legacy_fingerprint: None,
 //!     owner: "worker-1".into(),
+//!     region: None,
 //!     policy: Policy::DEFAULT,
 //! };
 //! let mut effects = 0;
@@ -77,8 +78,8 @@ pub use memory::MemoryStore;
 pub use policy::{HORIZON_S_MAX, LEASE_MS_MAX, LEASE_MS_MIN, LeaseExpiry, Policy, PolicyError};
 pub use record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LimitError, LookupTries, OWNER_BYTES_MAX, Outcome,
-    RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, Record, RecordId, Resolution, Resolved,
-    State, StoredResult, Token, check_owner,
+    REGION_BYTES_MAX, RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, Record, RecordId,
+    Resolution, Resolved, State, StoredResult, Token, check_owner, check_region,
 };
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::decision::{self, Claim, ClaimRequest, Write};
 use crate::record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult,
-    Token, check_owner,
+    Token,
 };
 use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError, StoreFuture};
 use crate::{Clock, State, Timestamp};
@@ -76,7 +76,7 @@ fn ready<'a, T: Send + 'a>(value: Result<T, StoreError>) -> StoreFuture<'a, T> {
 
 impl Store for MemoryStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        if let Err(e) = check_owner(&req.owner) {
+        if let Err(e) = req.check_labels() {
             return ready(Err(e.into()));
         }
         let mut inner = self.lock();

@@ -13,6 +13,8 @@ pub const RESULT_HEADERS_MAX: usize = 64;
 pub const RESULT_HEADER_BYTES_MAX: usize = 8 * 1024;
 /// The longest owner label, in bytes.
 pub const OWNER_BYTES_MAX: usize = 255;
+/// The longest region name, in bytes.
+pub const REGION_BYTES_MAX: usize = 64;
 /// The longest resolution actor or reason, in bytes.
 pub const RESOLUTION_TEXT_BYTES_MAX: usize = 4096;
 
@@ -156,7 +158,7 @@ pub struct LookupTries {
     pub next_at: Timestamp,
 }
 
-/// One record: `(scope, key) → fingerprint, state, token, owner, lease, times, result`.
+/// One record: `(scope, key) → fingerprint, state, token, owner, region, lease, times, result`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     /// Scope and key.
@@ -169,6 +171,11 @@ pub struct Record {
     pub token: Token,
     /// A label of whoever holds or held the record.
     pub owner: String,
+    /// The region of the attempt that acquired the record (a takeover
+    /// records the taker's): `None` when that writer had no region
+    /// configured, or the record was written before records kept one.
+    #[serde(default)]
+    pub region: Option<String>,
     /// When the lease of an `in_progress` record ends.
     pub lease_until: Timestamp,
     /// When the record was acquired.
@@ -212,6 +219,12 @@ pub enum LimitError {
     ControlCharacter {
         /// Which field.
         field: &'static str,
+    },
+    /// A region name that is empty or holds a byte other than an ASCII
+    /// letter, digit, `-`, `_` or `.`.
+    BadRegion {
+        /// The offered name.
+        region: String,
     },
     /// A text field over its limit.
     TextTooLong {
@@ -320,6 +333,20 @@ pub fn check_owner(owner: &str) -> Result<(), LimitError> {
     Ok(())
 }
 
+/// Checks a region name: 1 to [`REGION_BYTES_MAX`] bytes of ASCII letters,
+/// digits, `-`, `_` and `.` (`eu-west`, `us_east.2`), so that it reads the
+/// same in every store, header, log line and table column.
+pub fn check_region(region: &str) -> Result<(), LimitError> {
+    check_text("region", region, REGION_BYTES_MAX)?;
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    if region.is_empty() || !region.bytes().all(allowed) {
+        return Err(LimitError::BadRegion {
+            region: region.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 fn check_text(field: &'static str, text: &str, max: usize) -> Result<(), LimitError> {
     if text.len() > max {
         return Err(LimitError::TextTooLong {
@@ -413,6 +440,11 @@ impl fmt::Display for LimitError {
             LimitError::ControlCharacter { field } => {
                 write!(f, "{field} contains a control character")
             }
+            LimitError::BadRegion { region } => write!(
+                f,
+                "region {region:?} is not a region name: use 1 to {REGION_BYTES_MAX} ASCII \
+                 letters, digits, '-', '_' or '.'"
+            ),
             LimitError::TextTooLong { field, bytes, max } => {
                 write!(f, "{field} is {bytes} bytes; at most {max} are allowed")
             }

@@ -53,6 +53,8 @@ pub struct FileConfig {
     pub store: Option<String>,
     /// Label written on records this node acquires.
     pub owner: Option<String>,
+    /// The region this node runs in, written on the records it acquires.
+    pub region: Option<String>,
     /// Connect timeout towards the upstream, in milliseconds.
     pub connect_timeout_ms: Option<u64>,
     /// Time allowed for the upstream's whole response, in milliseconds.
@@ -135,6 +137,9 @@ pub struct GatewayConfig {
     pub store: String,
     /// Record owner label.
     pub owner: String,
+    /// Region written on acquired records (none by default), checked by
+    /// [`idem_core::check_region`].
+    pub region: Option<String>,
     /// Connect timeout.
     pub connect_timeout: Duration,
     /// Response timeout.
@@ -282,6 +287,12 @@ impl GatewayConfig {
                 true,
             ));
         }
+        // Refused here for the same reason as the owner: the store would
+        // refuse it on every claim.
+        if let Some(region) = &file.region {
+            idem_core::check_region(region).map_err(|e| err("region", e.to_string(), true))?;
+        }
+        let region = file.region.clone();
         let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default)
         {
             ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
@@ -430,6 +441,7 @@ impl GatewayConfig {
             upstream,
             store: store.to_owned(),
             owner,
+            region,
             connect_timeout,
             response_timeout,
             routes,

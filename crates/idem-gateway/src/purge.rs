@@ -103,6 +103,7 @@ mod tests {
                 fingerprint: Fingerprint::from_bytes([1; 32]),
                 legacy_fingerprint: None,
                 owner: "test".into(),
+                region: None,
                 policy,
             };
             let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {

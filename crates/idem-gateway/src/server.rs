@@ -70,6 +70,16 @@ pub async fn serve_with(
     let metrics = options.metrics.unwrap_or_default();
     let (store, store_seen) = Watched::new(store);
     let store: Arc<dyn Store> = Arc::new(store);
+    // Built before anything starts, so that a region the config check
+    // missed (a hand-built config) stops nothing half-started.
+    let mut layer = IdempotencyLayer::new(store.clone(), config.routes.clone())
+        .with_owner(config.owner.clone())
+        .with_metrics(metrics.clone());
+    if let Some(region) = &config.region {
+        layer = layer.with_region(region.clone()).map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("region: {e}"))
+        })?;
+    }
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -94,9 +104,6 @@ pub async fn serve_with(
         config.connect_timeout,
         config.response_timeout,
     );
-    let layer = IdempotencyLayer::new(store, config.routes.clone())
-        .with_owner(config.owner.clone())
-        .with_metrics(metrics.clone());
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
     let edge = HopByHop::for_routes(&config.routes);

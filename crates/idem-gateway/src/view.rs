@@ -19,6 +19,9 @@ pub struct RecordView {
     pub token: u64,
     /// Who acquired the record.
     pub owner: String,
+    /// The region of the attempt that acquired it; `null` when its writer
+    /// had none, or the record predates regions.
+    pub region: Option<String>,
     /// The request fingerprint, hex.
     pub fingerprint: String,
     /// When it was acquired.
@@ -74,6 +77,7 @@ impl RecordView {
             state: r.state_at(now),
             token: r.token.0,
             owner: r.owner.clone(),
+            region: r.region.clone(),
             fingerprint: r.fingerprint.to_hex(),
             created_at: rfc3339(r.created_at),
             lease_until: rfc3339(r.lease_until),

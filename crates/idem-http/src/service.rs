@@ -14,8 +14,8 @@ use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Completion, Record, RecordId, Store, StoreError,
-    StoredResult, Token,
+    AttemptOutcome, Claim, ClaimRequest, Completion, LimitError, Record, RecordId, Store,
+    StoreError, StoredResult, Token,
 };
 use tower::{Layer, Service};
 
@@ -52,6 +52,7 @@ struct Shared {
     store: Arc<dyn Store>,
     routes: Vec<Route>,
     owner: String,
+    region: Option<String>,
     metrics: Arc<Metrics>,
 }
 
@@ -64,6 +65,7 @@ impl IdempotencyLayer {
                 store,
                 routes,
                 owner: format!("idem-{}", std::process::id()),
+                region: None,
                 metrics: Arc::default(),
             }),
         }
@@ -74,6 +76,16 @@ impl IdempotencyLayer {
     pub fn with_owner(self, owner: impl Into<String>) -> IdempotencyLayer {
         let owner = owner.into();
         self.edit(|shared| shared.owner = owner)
+    }
+
+    /// Sets the region written on records this layer acquires (none by
+    /// default), so an operator sees where an attempt came from. Refused
+    /// when it is not a region name ([`idem_core::check_region`]): every
+    /// claim would fail with it.
+    pub fn with_region(self, region: impl Into<String>) -> Result<IdempotencyLayer, LimitError> {
+        let region = region.into();
+        idem_core::check_region(&region)?;
+        Ok(self.edit(|shared| shared.region = Some(region)))
     }
 
     /// Counts every decision into `metrics`, shared with whatever renders
@@ -233,6 +245,7 @@ where
         fingerprint,
         legacy_fingerprint: None,
         owner: shared.owner.clone(),
+        region: shared.region.clone(),
         policy: *route.policy(),
     };
     let mut claimed = timed(

@@ -252,6 +252,7 @@ impl IdemModel {
                 fingerprint: Fingerprint::from_bytes([1; 32]),
                 legacy_fingerprint: None,
                 owner: "gateway".into(),
+                region: None,
                 policy,
             },
             id,

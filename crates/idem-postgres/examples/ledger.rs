@@ -107,6 +107,7 @@ async fn pay(store: &PgStore, payout: &str, fail: bool) -> Result<Paid> {
         fingerprint: Fingerprint::from_bytes([7; 32]),
         legacy_fingerprint: None,
         owner: "payout-service".to_owned(),
+        region: None,
         policy: Policy::default(),
     };
     let mut client = store.client().await?;

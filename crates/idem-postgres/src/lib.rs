@@ -44,6 +44,7 @@
 //!     fingerprint: Fingerprint::from_bytes([7; 32]),
 //!     legacy_fingerprint: None,
 //!     owner: "node-1".to_owned(),
+//!     region: None,
 //!     policy: Policy::default(),
 //! };
 //! if let Claim::Acquired { token, .. } = store.claim(&req).await? {
@@ -89,7 +90,6 @@ use idem_core::decision;
 use idem_core::{
     Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
-    check_owner,
 };
 use tokio_postgres::NoTls;
 
@@ -172,7 +172,7 @@ impl PgStore {
         tx: &tokio_postgres::Transaction<'_>,
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
-        check_owner(&req.owner)?;
+        req.check_labels()?;
         ops::claim_on(&Exec::Foreign(tx), &self.ctx, req).await
     }
 
@@ -295,7 +295,7 @@ impl PgStore {
     /// trip), then the locked path in a transaction, retried if the record
     /// vanished in between.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        check_owner(&req.owner)?;
+        req.check_labels()?;
         self.bounded(async |client| {
             for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
                 if let Some(claim) = ops::insert_new(&Exec::Pooled(client), &self.ctx, req).await? {

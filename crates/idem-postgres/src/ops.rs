@@ -113,7 +113,8 @@ pub(crate) async fn insert_new(
         int(req.policy.retention_s()),
         int(req.policy.tombstone_s()),
     );
-    let params: [Param<'_>; 8] = [
+    let region = req.region.as_deref();
+    let params: [Param<'_>; 9] = [
         now_param(&now),
         (&req.id.scope.as_str(), Type::TEXT),
         (&req.id.key.as_str(), Type::TEXT),
@@ -122,6 +123,7 @@ pub(crate) async fn insert_new(
         (&lease, Type::INT8),
         (&retention, Type::INT8),
         (&tombstone, Type::INT8),
+        (&region, Type::TEXT),
     ];
     let sql = &ctx.schema.insert_new;
     let Some((claim, token, waited_ms)) = acquired(exec, ctx, req, sql, &params).await? else {

@@ -4,7 +4,7 @@
 
 use idem_core::{
     DamagedRow, Fingerprint, IdempotencyKey, JournalEntry, ListCursor, Record, RecordId,
-    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
+    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token, check_region,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -12,7 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::error;
 
 /// Every column of `records`, in the order [`decode`] and [`Columns`] use.
-pub(crate) const COLUMNS: [&str; 17] = [
+pub(crate) const COLUMNS: [&str; 18] = [
     "scope",
     "key",
     "fingerprint",
@@ -30,13 +30,14 @@ pub(crate) const COLUMNS: [&str; 17] = [
     "result_headers",
     "result_body",
     "resolution",
+    "region",
 ];
 
 /// The array type of each column, for `unnest` in the put statement.
-pub(crate) const ARRAY_TYPES: [&str; 17] = [
+pub(crate) const ARRAY_TYPES: [&str; 18] = [
     "text[]", "text[]", "bytea[]", "text[]", "bigint[]", "text[]", "bigint[]", "bigint[]",
     "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]", "int[]", "text[]", "bytea[]",
-    "text[]",
+    "text[]", "text[]",
 ];
 
 /// A statement parameter with its type: prepared statements ignore the
@@ -71,6 +72,7 @@ pub(crate) struct Columns<'r> {
     headers: Vec<Option<String>>,
     body: Vec<Option<&'r [u8]>>,
     resolution: Vec<Option<String>>,
+    region: Vec<Option<&'r str>>,
 }
 
 impl<'r> Columns<'r> {
@@ -95,6 +97,7 @@ impl<'r> Columns<'r> {
             headers: Vec::with_capacity(n),
             body: Vec::with_capacity(n),
             resolution: Vec::with_capacity(n),
+            region: Vec::with_capacity(n),
         };
         for r in records {
             c.push(r)?;
@@ -128,11 +131,12 @@ impl<'r> Columns<'r> {
             Some(resolution) => Some(serde_json::to_string(resolution)?),
             None => None,
         });
+        self.region.push(r.region.as_deref());
         Ok(())
     }
 
     /// The parameters of the put statement, in [`COLUMNS`] order.
-    pub(crate) fn params(&self) -> [Param<'_>; 17] {
+    pub(crate) fn params(&self) -> [Param<'_>; 18] {
         [
             (&self.scope, Type::TEXT_ARRAY),
             (&self.key, Type::TEXT_ARRAY),
@@ -151,6 +155,7 @@ impl<'r> Columns<'r> {
             (&self.headers, Type::TEXT_ARRAY),
             (&self.body, Type::BYTEA_ARRAY),
             (&self.resolution, Type::TEXT_ARRAY),
+            (&self.region, Type::TEXT_ARRAY),
         ]
     }
 }
@@ -267,12 +272,17 @@ impl Fields<'_> {
                 serde_json::from_str::<Resolution>(json).map_err(|e| format!("resolution: {e}"))?,
             ),
         };
+        let region = self.get::<Option<&str>>(17, "region")?;
+        if let Some(region) = region {
+            check_region(region).map_err(|e| format!("region: {e}"))?;
+        }
         Ok(Record {
             id,
             fingerprint,
             state,
             token: Token(self.unsigned(4, "token")?),
             owner: self.get::<&str>(5, "owner")?.to_owned(),
+            region: region.map(str::to_owned),
             lease_until: self.time(6, "lease_until_ms")?,
             created_at: self.time(7, "created_at_ms")?,
             completed_at: self.optional_time(8, "completed_at_ms")?,

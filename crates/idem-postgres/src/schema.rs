@@ -76,6 +76,11 @@ const MIGRATIONS: &[&str] = &[
         next_at_ms BIGINT NOT NULL,
         PRIMARY KEY (scope, key)
     );",
+    // 4: the origin region of the attempt that acquired each record; NULL
+    // when its writer had no region, and for every record written before
+    // this step (a nullable column without a default rewrites no row and
+    // holds the table's lock only for the catalog change).
+    "ALTER TABLE {s}.records ADD COLUMN region TEXT;",
 ];
 
 /// The schema version this build writes and reads.
@@ -150,9 +155,10 @@ impl Schema {
             name: name.to_owned(),
             insert_new: format!(
                 "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
-                 lease_until_ms, created_at_ms, retention_s, tombstone_s) \
+                 lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
                  SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
-                 now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8 \
+                 now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
+                 $9::text \
                  FROM (SELECT {now} AS ms) AS now \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING token, created_at_ms, lease_until_ms, {now}"

@@ -164,6 +164,7 @@ async fn the_fast_path_stores_exactly_the_decisions_record() {
             let req = ClaimRequest {
                 policy,
                 owner: format!("owner-é-{n}"),
+                region: None,
                 ..request(&format!("fast-{clock_name}-{n}"), 3, 100)
             };
             let claim = store.claim(&req).await.unwrap();

@@ -2,7 +2,7 @@
 //! ledger row and completes in one transaction. COMMIT makes the record and
 //! the row visible together, ROLLBACK neither (and the key is free again);
 //! a concurrent claimer waits and then replays, never acquiring twice; the
-//! decision is the store's own.
+//! decision is the store's own, the claimer's region included.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
@@ -11,7 +11,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Claim, ClaimRequest, Store, StoreError, StoredResult, Token};
+use idem_core::{
+    Claim, ClaimRequest, LeaseExpiry, LimitError, ManualClock, Policy, Store, StoreError,
+    StoredResult, Timestamp, Token,
+};
 use idem_postgres::PgStore;
 use support::{SchemaGuard, admin, request};
 
@@ -225,4 +228,58 @@ async fn the_locked_path_reads_the_time_after_the_lock() {
         waiter.await.unwrap().unwrap(),
         Claim::OutcomeUnknown { newly_marked: true }
     );
+}
+
+/// A claim in the caller's transaction keeps the claimer's region on the
+/// fast path (a fresh key) and the locked path (a takeover records the
+/// taker's), and refuses a bad region before it touches the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_in_a_transaction_keep_the_region() {
+    let schema = SchemaGuard::new();
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let store = schema.store(Some(clock.clone())).await;
+    let takeover = Policy::new(1_000, 60, 3_600, LeaseExpiry::Takeover).unwrap();
+    let from = |region: &str| ClaimRequest {
+        region: Some(region.to_owned()),
+        policy: takeover,
+        ..request("regional", 1, 1_000)
+    };
+    let mut client = store.client().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let first = store.claim_in(&tx, &from("eu-west")).await.unwrap();
+    assert!(
+        matches!(
+            first,
+            Claim::Acquired {
+                took_over: None,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    tx.commit().await.unwrap();
+    let record = store.get(&from("eu-west").id).await.unwrap().unwrap();
+    assert_eq!(record.region.as_deref(), Some("eu-west"), "fast path");
+
+    clock.advance_millis(1_000);
+    let tx = client.transaction().await.unwrap();
+    let bad = store.claim_in(&tx, &from("eu west")).await;
+    assert!(
+        matches!(bad, Err(StoreError::Limit(LimitError::BadRegion { .. }))),
+        "{bad:?}"
+    );
+    let taken = store.claim_in(&tx, &from("us-east")).await.unwrap();
+    assert!(
+        matches!(
+            taken,
+            Claim::Acquired {
+                took_over: Some(_),
+                ..
+            }
+        ),
+        "{taken:?}"
+    );
+    tx.commit().await.unwrap();
+    let record = store.get(&from("us-east").id).await.unwrap().unwrap();
+    assert_eq!(record.region.as_deref(), Some("us-east"), "locked path");
 }

@@ -171,6 +171,7 @@ fn claim_request(operation: &str, key: &str) -> ClaimRequest {
         fingerprint: Fingerprint::from_bytes(FINGERPRINT),
         legacy_fingerprint: None,
         owner: "gateway-1".into(),
+        region: None,
         policy: Policy::DEFAULT,
     }
 }

@@ -54,6 +54,7 @@ fn claim_request(tenant: &str, key: &str) -> ClaimRequest {
         fingerprint: Fingerprint::from_bytes([1; 32]),
         legacy_fingerprint: None,
         owner: "gateway-1".into(),
+        region: None,
         policy: Policy::DEFAULT,
     }
 }

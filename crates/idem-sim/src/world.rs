@@ -407,6 +407,7 @@ impl<'a> World<'a> {
             fingerprint: fp,
             legacy_fingerprint: None,
             owner: format!("r{r}/a{a}"),
+            region: None,
             policy: self.topo.policy,
         };
         let reply = match now_ready(self.stores[r].claim(&req)) {

@@ -23,6 +23,7 @@
 //!     fingerprint: Fingerprint::from_bytes([7; 32]),
 //!     legacy_fingerprint: None,
 //!     owner: "node-1".to_owned(),
+//!     region: None,
 //!     policy: Policy::default(),
 //! };
 //! let rt = tokio::runtime::Runtime::new()?;
@@ -53,7 +54,8 @@
 //! `get` and `list` run on reader threads with their own connections.
 //!
 //! ## Schema
-//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`); the
+//! One table, `records`, keyed by `(scope, key)` (see `schema.rs`; since
+//! version 4 each record keeps the region of the attempt that acquired it); the
 //! resolution journal `resolutions`, keyed by `(scope, key, seq)`, which
 //! outlives releases and purges and keeps the last
 //! [`JOURNAL_PER_RECORD_MAX`](idem_core::JOURNAL_PER_RECORD_MAX) entries per
@@ -78,7 +80,7 @@ use std::thread::JoinHandle;
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock, Timestamp,
-    Token, check_owner,
+    Token,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -266,7 +268,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        if let Err(e) = check_owner(&req.owner) {
+        if let Err(e) = req.check_labels() {
             return Box::pin(std::future::ready(Err(e.into())));
         }
         // Every claim goes to the writer: its fresh-key fast path is one

@@ -5,7 +5,7 @@
 use idem_core::{
     DamagedRow, Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, ListCursor,
     LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp,
-    Token,
+    Token, check_region,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
@@ -13,25 +13,27 @@ use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
 /// Every column of `records`, in the order [`bind`] and [`decode`] use.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token, owner, \
      lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
-     retention_s, tombstone_s, result_status, result_headers, result_body, resolution";
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region";
 
 /// Inserts or replaces one whole record.
 pub(crate) const PUT: &str = "INSERT OR REPLACE INTO records (scope, key, fingerprint, state, \
      token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
      tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
-     resolution) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
+     resolution, region) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)";
 
 /// Inserts a record unless one exists for its (scope, key).
 pub(crate) const INSERT_NEW: &str = "INSERT INTO records (scope, key, fingerprint, state, \
      token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
      tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
-     resolution) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+     resolution, region) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
      ON CONFLICT (scope, key) DO NOTHING";
 
 /// Reads one record by primary key.
 pub(crate) const GET: &str = "SELECT scope, key, fingerprint, state, token, owner, \
      lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
-     retention_s, tombstone_s, result_status, result_headers, result_body, resolution \
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region \
      FROM records WHERE scope = ?1 AND key = ?2";
 
 /// Removes one record by primary key.
@@ -156,6 +158,7 @@ pub(crate) fn put(stmt: &mut Statement<'_>, record: &Record) -> Result<usize, ru
         headers,
         body,
         resolution,
+        record.region.as_deref(),
     ])
 }
 
@@ -271,12 +274,17 @@ fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
             serde_json::from_str::<Resolution>(&json).map_err(|e| format!("resolution: {e}"))?,
         ),
     };
+    let region: Option<String> = row.get(17).map_err(|e| format!("region: {e}"))?;
+    if let Some(region) = &region {
+        check_region(region).map_err(|e| format!("region: {e}"))?;
+    }
     Ok(Record {
         id,
         fingerprint,
         state,
         token: Token(unsigned(row, 4, "token")?),
         owner: text(row, 5)?,
+        region,
         lease_until: time(row, 6, "lease_until_ms")?,
         created_at: time(row, 7, "created_at_ms")?,
         completed_at: optional_time(row, 8, "completed_at_ms")?,

@@ -75,6 +75,10 @@ const MIGRATIONS: &[&str] = &[
         next_at_ms INTEGER NOT NULL,
         PRIMARY KEY (scope, key)
     ) STRICT, WITHOUT ROWID;",
+    // 4: the origin region of the attempt that acquired each record; NULL
+    // when its writer had no region, and for every record written before
+    // this step (adding a nullable column rewrites no row).
+    "ALTER TABLE records ADD COLUMN region TEXT;",
 ];
 
 /// The schema version this build writes and reads.

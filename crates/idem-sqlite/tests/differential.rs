@@ -78,6 +78,7 @@ async fn run(seed: u64, options: SqliteOptions) {
                     fingerprint: Fingerprint::from_bytes([rng.below(2) as u8; 32]),
                     legacy_fingerprint: None,
                     owner: format!("node-{}", rng.below(3)),
+                    region: None,
                     policy: policies[rng.below(2) as usize],
                 };
                 let (a, b) = (sqlite.claim(&req).await, memory.claim(&req).await);

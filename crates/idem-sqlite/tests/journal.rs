@@ -28,6 +28,7 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
         fingerprint: Fingerprint::from_bytes([1; 32]),
         legacy_fingerprint: None,
         owner: "node-1".to_owned(),
+        region: None,
         policy: Policy::default(),
     };
     checks::ambiguous(store, &req).await;
@@ -36,16 +37,19 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_file_migrates_on_open() {
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = open(&path);
     let id = ambiguous(&store, "from-v1").await;
     drop(store);
-    // Back to version 1: step 1's tables only.
+    // Back to version 1: step 1's tables and columns only.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("DROP TABLE resolutions; DROP TABLE lookup_tries; PRAGMA user_version = 1;")
-        .unwrap();
+    conn.execute_batch(
+        "DROP TABLE resolutions; DROP TABLE lookup_tries; \
+         ALTER TABLE records DROP COLUMN region; PRAGMA user_version = 1;",
+    )
+    .unwrap();
 
     let store = open(&path);
     let version: i64 = conn

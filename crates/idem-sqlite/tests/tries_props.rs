@@ -72,6 +72,7 @@ fn request(k: usize) -> ClaimRequest {
         fingerprint: Fingerprint::from_bytes([1; 32]),
         legacy_fingerprint: None,
         owner: "node-1".to_owned(),
+        region: None,
         policy: Policy::new(1_000, 60, 3_600, LeaseExpiry::Reconcile).unwrap(),
     }
 }

@@ -139,6 +139,7 @@ fn check_store(path: &Path, committed: &[Committed], kill_after: usize) {
             fingerprint: Fingerprint::from_bytes([2; 32]),
             legacy_fingerprint: None,
             owner: "crash-test".to_owned(),
+            region: None,
             policy: Policy::default(),
         };
         let max = tokens.iter().max().copied().unwrap_or(Token(0));

@@ -314,7 +314,7 @@ fn write_table(out: &mut impl std::io::Write, views: &[RecordView]) -> anyhow::R
         eprintln!("no records");
         return Ok(());
     }
-    let rows: Vec<[String; 6]> = views
+    let rows: Vec<[String; 7]> = views
         .iter()
         .map(|v| {
             [
@@ -326,10 +326,14 @@ fn write_table(out: &mut impl std::io::Write, views: &[RecordView]) -> anyhow::R
                 v.result
                     .as_ref()
                     .map_or("-".into(), |r| r.status.to_string()),
+                v.region.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
-    let header = ["SCOPE", "KEY", "STATE", "TOKEN", "CREATED", "STATUS"].map(String::from);
+    let header = [
+        "SCOPE", "KEY", "STATE", "TOKEN", "CREATED", "STATUS", "REGION",
+    ]
+    .map(String::from);
     let mut widths = header.clone().map(|h| h.len());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -355,6 +359,7 @@ fn write_details(out: &mut impl std::io::Write, v: &RecordView) -> anyhow::Resul
         ("state", v.state.to_string()),
         ("token", v.token.to_string()),
         ("owner", v.owner.clone()),
+        ("region", v.region.clone().unwrap_or_else(none)),
         ("fingerprint", v.fingerprint.clone()),
         ("created_at", v.created_at.clone()),
         ("lease_until", v.lease_until.clone()),

@@ -56,6 +56,11 @@ fn a_value_that_cannot_reach_the_store_or_a_header_stops_the_start() {
             "idem.toml: owner:",
         ),
         ("owner = \"\"".into(), "idem.toml: owner:"),
+        ("region = \"eu west\"".into(), "idem.toml: region:"),
+        (
+            format!("region = \"{}\"", "r".repeat(65)),
+            "idem.toml: region:",
+        ),
         (
             "[[route]]\nname = \"pay\\u0000outs\"".into(),
             "idem.toml: route[0].name:",

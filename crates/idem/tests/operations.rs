@@ -612,3 +612,47 @@ async fn a_replay_after_retention_is_refused_counted_and_purged_to_a_tombstone()
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// A gateway with `region = "eu"` writes its region on every record it
+/// acquires, and operators see it in the admin API and in `idem records
+/// show` and `list`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_shows_the_region_of_the_gateway_that_acquired_it() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let config = site.config("region = \"eu\"\n\n[[route]]\n");
+    let (gw, admin_addr) = Gateway::start_admin(&up.url(), &site.store(), Some(&config), TOKEN);
+    let first = post(&gw.url("/payouts"), &[key("r-1")], PAYOUT).await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    let listed = admin("GET", admin_addr, "/records?limit=10", "").await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let page = json(&listed);
+    let records = page["records"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["key"], "r-1");
+    assert_eq!(records[0]["region"], "eu", "the admin API names the region");
+    let scope = records[0]["scope"].as_str().unwrap().to_owned();
+
+    let store = store_url(&site);
+    let shown = idem(&[
+        "records", "show", &scope, "r-1", "--format", "json", "--store", &store,
+    ]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let record: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(record["region"], "eu", "records show --format json");
+    let shown = idem(&["records", "show", &scope, "r-1", "--store", &store]);
+    let shown = text(&shown.stdout);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.split_whitespace().eq(["region", "eu"])),
+        "records show names the region:\n{shown}"
+    );
+    let listed = idem(&["records", "list", "--store", &store]);
+    let listed = text(&listed.stdout);
+    let header: Vec<&str> = listed.lines().next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = listed.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(header.last(), Some(&"REGION"), "{listed}");
+    assert_eq!(row.last(), Some(&"eu"), "{listed}");
+    drop(gw);
+}

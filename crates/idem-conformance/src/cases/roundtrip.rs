@@ -114,6 +114,7 @@ async fn round_trip<S: Store>(store: &S, intent: &Intent) -> Result<(), TestCase
         fingerprint,
         legacy_fingerprint: None,
         owner: intent.owner.clone(),
+        region: None,
         policy: policy(LeaseExpiry::Reconcile),
     };
     let Claim::Acquired { token, .. } = store.claim(&request).await.map_err(fail)? else {

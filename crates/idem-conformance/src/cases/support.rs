@@ -63,6 +63,7 @@ pub(crate) fn request_with(
         fingerprint,
         legacy_fingerprint: None,
         owner: owner.to_owned(),
+        region: None,
         policy: policy(on_lease_expiry),
     }
 }
@@ -183,6 +184,7 @@ pub(crate) fn fresh_record(
         state: State::InProgress,
         token,
         owner: OWNER.to_owned(),
+        region: None,
         lease_until: after(now, LEASE_MS),
         created_at: now,
         completed_at: None,

@@ -53,6 +53,7 @@ macro_rules! run_once_suite {
             a_failing_store_runs_nothing_and_acks_nothing,
             concurrent_deliveries_run_the_effect_once,
             a_key_past_retention_is_rejected_as_late,
+            the_runner_s_region_is_on_the_records_it_acquires,
         );
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
@@ -298,6 +299,32 @@ pub async fn replay_returns_the_first_answer(h: &Harness) {
         assert_eq!(h.state(key).await, Some(State::Completed));
     }
     assert_eq!(effects.runs(), 4);
+}
+
+pub async fn the_runner_s_region_is_on_the_records_it_acquires(h: &Harness) {
+    let effects = Effects::default();
+    let bad = h.runner().with_region("eu west").err();
+    assert_eq!(
+        bad,
+        Some(idem_core::LimitError::BadRegion {
+            region: "eu west".to_owned()
+        }),
+        "a bad region is refused when the runner is built"
+    );
+    let (regional, plain) = (h.runner().with_region("eu-west").unwrap(), h.runner());
+    let done = deliver(&regional, &effects, "g-eu", 100, Answer::Status(201)).await;
+    assert_eq!(seen(&done), Seen::Executed(stored(201, 1)));
+    deliver(&plain, &effects, "g-none", 100, Answer::Status(201)).await;
+    let region = |key: &'static str| async move {
+        let record = h.store.get(&id(key)).await.unwrap().unwrap();
+        record.region
+    };
+    assert_eq!(region("g-eu").await.as_deref(), Some("eu-west"));
+    assert_eq!(
+        region("g-none").await,
+        None,
+        "no region configured, none kept"
+    );
 }
 
 pub async fn another_payload_is_rejected_and_not_run(h: &Harness) {

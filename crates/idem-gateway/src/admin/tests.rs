@@ -53,6 +53,7 @@ async fn ambiguous(store: &MemoryStore, id: &RecordId) -> Token {
         fingerprint: Fingerprint::from_bytes([3; 32]),
         legacy_fingerprint: None,
         owner: "gw-1".into(),
+        region: None,
         policy: Policy::DEFAULT,
     };
     let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {

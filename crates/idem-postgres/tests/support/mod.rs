@@ -182,6 +182,7 @@ pub fn request(key: &str, n: u8, lease_ms: u64) -> ClaimRequest {
         fingerprint: Fingerprint::from_bytes([n; 32]),
         legacy_fingerprint: None,
         owner: "node-1".to_owned(),
+        region: None,
         policy: Policy::new(lease_ms, 60, 3_600, LeaseExpiry::Reconcile).unwrap(),
     }
 }

@@ -20,6 +20,7 @@ pub fn request(key: &str) -> ClaimRequest {
         fingerprint: Fingerprint::from_bytes([9; 32]),
         legacy_fingerprint: None,
         owner: "node-1".to_owned(),
+        region: None,
         policy: Policy::new(1_000, 60, 3_600, LeaseExpiry::Reconcile).unwrap(),
     }
 }

@@ -58,6 +58,7 @@ async fn write_forever(store: Arc<SqliteStore>, worker: usize) -> Result<(), Err
             fingerprint: Fingerprint::from_bytes([1; 32]),
             legacy_fingerprint: None,
             owner: format!("crash-writer-{worker}"),
+            region: None,
             policy: Policy::default(),
         };
         let Claim::Acquired { token, .. } = store.claim(&req).await? else {
