@@ -152,8 +152,7 @@ impl Regions {
     /// Virtual milliseconds since the start at which the last of them arrived.
     fn latest_claim_from_region_0(&self, r: usize) -> Option<u64> {
         let store = self.region(r);
-        let latest = lock(&store.notes).region_0_claims_ms.iter().max().copied();
-        latest
+        lock(&store.notes).region_0_claims_ms.iter().max().copied()
     }
 }
 
