@@ -43,6 +43,10 @@ pub(crate) struct Log {
     pub reconciliations: u64,
     pub late_replays_rejected: u64,
     pub replication_conflicts: u64,
+    /// Writes region 0 had made but not yet shipped when it failed.
+    pub tail_writes_lost: u64,
+    /// Distinct keys those writes were about.
+    pub tail_keys_lost: u64,
     pub stuck: u64,
     pub coverage: Coverage,
     pub truncated: bool,
@@ -144,6 +148,8 @@ pub(crate) fn check(log: &Log, topo: &Topology) -> (Counts, Vec<Finding>) {
         reconciliations: log.reconciliations,
         late_replays_rejected: log.late_replays_rejected,
         cross_region_keys,
+        tail_writes_lost: log.tail_writes_lost,
+        tail_keys_lost: log.tail_keys_lost,
         virtual_s: log.end_ms / 1000,
     };
     (counts, findings)

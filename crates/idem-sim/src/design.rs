@@ -181,7 +181,8 @@ pub(crate) enum RegionMode {
     /// Two regions, one logical store.
     Sync,
     /// Two stores, async replication, each key claimed in its home region;
-    /// failover waits for catch-up.
+    /// at failover the survivor takes the failed region's keys at once,
+    /// without the writes that region had not shipped.
     HomeRegion,
     /// Two stores, async (or no) replication, any region claims any key.
     AnyRegion,

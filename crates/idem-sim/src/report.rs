@@ -32,6 +32,12 @@ pub struct Counts {
     pub late_replays_rejected: u64,
     /// Keys with effects in two regions.
     pub cross_region_keys: u64,
+    /// Replicated writes the failed region had made (and acknowledged) but
+    /// not yet shipped when it failed: lost for good. Always 0 under
+    /// synchronous replication.
+    pub tail_writes_lost: u64,
+    /// Distinct keys those lost writes were about.
+    pub tail_keys_lost: u64,
     /// Virtual seconds simulated.
     pub virtual_s: u64,
 }
@@ -212,6 +218,8 @@ pub fn render_table(summaries: &[Summary]) -> String {
         "effects",
         "dup",
         "lost",
+        "tail-lost",
+        "tail-keys",
         "reconciled",
         "stuck",
         "wrong-replay",
@@ -233,6 +241,8 @@ pub fn render_table(summaries: &[Summary]) -> String {
             k.effects,
             k.duplicates,
             k.lost,
+            k.tail_writes_lost,
+            k.tail_keys_lost,
             k.reconciliations,
             k.stuck,
             k.wrong_replays,
@@ -310,7 +320,8 @@ macro_rules! add_fields {
 
 fn add_counts(sum: &mut Counts, c: &Counts) {
     add_fields!(sum, c; intents, attempts, effects, duplicates, lost, wrong_replays, stuck,
-        reconciliations, late_replays_rejected, cross_region_keys, virtual_s);
+        reconciliations, late_replays_rejected, cross_region_keys, tail_writes_lost, tail_keys_lost,
+        virtual_s);
 }
 
 fn add_coverage(sum: &mut Coverage, c: &Coverage) {

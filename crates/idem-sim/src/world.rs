@@ -66,11 +66,10 @@ enum Ev {
     Effect { attempt: usize },
     Respond { attempt: usize },
     Reply { attempt: usize, reply: Reply },
-    Replicate { to: usize, op: ReplOp },
+    Replicate { from: usize, to: usize, op: ReplOp },
     Reconcile { region: usize },
     Resend { intent: usize },
     Failover,
-    CatchUp,
     Purge,
 }
 
@@ -90,6 +89,19 @@ enum ReplOp {
     Release(RecordId, Token),
     MarkAmbiguous(RecordId, Token),
     Resolve(RecordId, Token, Resolution),
+}
+
+impl ReplOp {
+    /// The record the write is about.
+    fn id(&self) -> &RecordId {
+        match self {
+            ReplOp::Claim(req, _) => &req.id,
+            ReplOp::Complete(id, ..)
+            | ReplOp::Release(id, _)
+            | ReplOp::MarkAmbiguous(id, _)
+            | ReplOp::Resolve(id, ..) => id,
+        }
+    }
 }
 
 struct Item {
@@ -163,7 +175,6 @@ struct World<'a> {
     attempts: Vec<Attempt>,
     down: Vec<bool>,
     failed_over: bool,
-    caught_up: bool,
     tokens: BTreeMap<(usize, RecordId, Token), Token>,
     bank: BTreeMap<RecordId, Vec<usize>>,
     crashed_after: BTreeSet<RecordId>,
@@ -234,7 +245,6 @@ impl<'a> World<'a> {
             handlers: Vec::new(),
             attempts: Vec::new(),
             failed_over: false,
-            caught_up: false,
             tokens: BTreeMap::new(),
             bank: BTreeMap::new(),
             crashed_after: BTreeSet::new(),
@@ -321,14 +331,13 @@ impl<'a> World<'a> {
             Ev::Effect { attempt } => self.effect(attempt),
             Ev::Respond { attempt } => self.respond(attempt),
             Ev::Reply { attempt, reply } => self.reply(attempt, reply),
-            Ev::Replicate { to, op } => self.apply_replicated(to, op),
+            Ev::Replicate { to, op, .. } => self.apply_replicated(to, op),
             Ev::Reconcile { region } => self.reconcile(region),
             Ev::Resend { intent } => {
                 let h = self.new_handler(intent, true);
                 self.send(h);
             }
             Ev::Failover => self.failover(),
-            Ev::CatchUp => self.caught_up = true,
             Ev::Purge => self.purge(),
         }
     }
@@ -391,7 +400,7 @@ impl<'a> World<'a> {
         let a = self.attempts.len();
         self.attempts.push(Attempt {
             handler: h,
-            region: region.unwrap_or(0),
+            region,
             id: id.clone(),
             fp,
             token: None,
@@ -399,9 +408,10 @@ impl<'a> World<'a> {
             effect: None,
         });
         self.after(self.topo.timeout_ms, Ev::Timeout { attempt: a });
-        let Some(r) = region.filter(|r| !self.down[*r]) else {
+        let r = region;
+        if self.down[r] {
             return self.send_reply(a, Reply::Unavailable);
-        };
+        }
         let req = ClaimRequest {
             id,
             fingerprint: fp,
@@ -468,13 +478,17 @@ impl<'a> World<'a> {
         id
     }
 
-    /// Which region serves intent `i` now; `None` while a failover catches up.
-    fn route(&self, i: usize) -> Option<usize> {
-        let home = self.intents[i].home;
-        if !self.failed_over || home == 1 {
-            return Some(home);
+    /// Which region serves intent `i` now: its home region, and region 1
+    /// once region 0 has failed. In home-region mode that moves region 0's
+    /// keys to region 1 as soon as the failover is declared (at once: the
+    /// contract names no decision delay); waiting for a catch-up would wait
+    /// forever, since a dead region ships nothing more.
+    fn route(&self, i: usize) -> usize {
+        if self.failed_over {
+            1
+        } else {
+            self.intents[i].home
         }
-        self.caught_up.then_some(1)
     }
 
     /// The payout API after a successful claim: effect, maybe a crash, a reply.
@@ -755,10 +769,12 @@ impl<'a> World<'a> {
             > 0
     }
 
-    /// Region 0 fails: its API stops, callers waiting on it see a reset.
+    /// Region 0 fails hard: its API stops, callers waiting on it see a
+    /// reset, and its unshipped writes are gone.
     fn failover(&mut self) {
         self.failed_over = true;
         self.down[0] = true;
+        self.drop_tail(0);
         for a in 0..self.attempts.len() {
             if self.attempts[a].region == 0 && !self.attempts[a].settled {
                 self.after(
@@ -770,16 +786,32 @@ impl<'a> World<'a> {
                 );
             }
         }
-        match self.topo.mode {
-            // Region 1 takes region 0's keys only once replication caught up.
-            RegionMode::HomeRegion => self.after(self.topo.lag_ms + 1, Ev::CatchUp),
-            _ => self.caught_up = true,
-        }
+    }
+
+    /// Drops every write region `failed` made that the other region has not
+    /// received yet, and counts them: an asynchronous write was acknowledged
+    /// before it was shipped, and a dead region never ships its tail.
+    /// (Synchronous mode ships nothing: a write is acknowledged only once
+    /// both regions have it, so its tail is always empty.)
+    fn drop_tail(&mut self, failed: usize) {
+        let mut writes = 0u64;
+        let mut keys = BTreeSet::new();
+        self.queue.retain(|item| match &item.ev {
+            Ev::Replicate { from, op, .. } if *from == failed => {
+                writes += 1;
+                keys.insert(op.id().clone());
+                false
+            }
+            _ => true,
+        });
+        self.log.tail_writes_lost += writes;
+        self.log.tail_keys_lost += keys.len() as u64;
     }
 
     fn replicate(&mut self, from: usize, op: ReplOp) {
         if self.topo.replicate && self.stores.len() > 1 {
-            self.after(self.topo.lag_ms, Ev::Replicate { to: 1 - from, op });
+            let to = 1 - from;
+            self.after(self.topo.lag_ms, Ev::Replicate { from, to, op });
         }
     }
 

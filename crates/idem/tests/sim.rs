@@ -113,3 +113,27 @@ fn a_consumer_config_is_simulated_with_its_own_retention() {
         "{shown}"
     );
 }
+
+/// Under asynchronous replication a hard failover loses the writes region
+/// 0 had not shipped, and the report says how many; synchronous
+/// replication loses none and pays nothing twice.
+#[test]
+fn a_hard_failover_reports_its_lost_tail() {
+    let out = idem(&[
+        "sim",
+        &file("sim", "active-active-home-region.toml"),
+        &file("sim", "active-active-sync.toml"),
+        "--seeds",
+        "100",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "the tail pays twice");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (home, sync) = (&doc[0]["counts"], &doc[1]["counts"]);
+    assert!(home["tail_writes_lost"].as_u64().unwrap() > 0, "{doc}");
+    assert!(home["tail_keys_lost"].as_u64().unwrap() > 0, "{doc}");
+    assert!(home["duplicates"].as_u64().unwrap() > 0, "{doc}");
+    assert_eq!(sync["tail_writes_lost"].as_u64(), Some(0), "{doc}");
+    assert_eq!(sync["duplicates"].as_u64(), Some(0), "{doc}");
+}
