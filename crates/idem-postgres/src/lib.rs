@@ -202,13 +202,13 @@ impl PgStore {
     ) -> Result<replication::ReplicationSettings, replication::ReplicationError> {
         self.synchronous.set();
         self.pool.retain(|_, _| false);
-        let client = self
-            .client()
-            .await
-            .map_err(|e| replication::ReplicationError::Unreadable {
-                store: self.ctx.store.clone(),
-                reason: e.to_string(),
-            })?;
+        let client =
+            self.client()
+                .await
+                .map_err(|e| replication::ReplicationError::Unreadable {
+                    store: self.ctx.store.clone(),
+                    reason: e.to_string(),
+                })?;
         let settings = replication::check(&client, &self.ctx.store).await;
         // Checked on this caller's runtime: not kept for the operations.
         drop(Object::take(client));

@@ -189,10 +189,22 @@ mod tests {
             ("remote_apply", "s1", Ok(())),
             ("ON", "ANY 1 (s1, s2)", Ok(())),
             ("on", "", Err("synchronous_standby_names is empty")),
-            ("remote_apply", "  ", Err("synchronous_standby_names is empty")),
+            (
+                "remote_apply",
+                "  ",
+                Err("synchronous_standby_names is empty"),
+            ),
             ("remote_write", "s1", Err("before the standby has flushed")),
-            ("local", "s1", Err("local acknowledges a commit before any standby")),
-            ("off", "s1", Err("off acknowledges a commit before any standby")),
+            (
+                "local",
+                "s1",
+                Err("local acknowledges a commit before any standby"),
+            ),
+            (
+                "off",
+                "s1",
+                Err("off acknowledges a commit before any standby"),
+            ),
             ("off", "", Err("off acknowledges")),
             ("maybe", "s1", Err("\"maybe\" is not a level")),
         ];
