@@ -200,7 +200,6 @@ impl PgStore {
     pub async fn require_synchronous_replication(
         &self,
     ) -> Result<replication::ReplicationSettings, replication::ReplicationError> {
-        self.synchronous.set();
         self.pool.retain(|_, _| false);
         let client =
             self.client()
@@ -212,6 +211,10 @@ impl PgStore {
         let settings = replication::check(&client, &self.ctx.store).await;
         // Checked on this caller's runtime: not kept for the operations.
         drop(Object::take(client));
+        // Only now does the hook check every new connection, so a refusal
+        // here names the settings rather than a pool failure.
+        self.synchronous.set();
+        self.pool.retain(|_, _| false);
         settings
     }
 
