@@ -149,7 +149,8 @@ fn a_route_region_mode_must_be_the_one_the_contract_rests_on() {
         idem_contract::parse(&body, Path::new("c.toml")).unwrap()
     };
     let one = "[regions]\nnames = [\"eu\"]\nreplication = \"none\"\n";
-    let sync = "[regions]\nnames = [\"eu\", \"us\"]\nreplication = \"sync\"\nclaims = \"any_region\"\n";
+    let sync =
+        "[regions]\nnames = [\"eu\", \"us\"]\nreplication = \"sync\"\nclaims = \"any_region\"\n";
     let home =
         "[regions]\nnames = [\"eu\", \"us\"]\nreplication = \"async\"\nclaims = \"home_region\"\n";
     let any =
