@@ -538,3 +538,143 @@ fn problem_response(problem: Problem) -> Response<Bytes> {
     response.extensions_mut().insert(kind);
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GatewayConfig, Overrides};
+
+    fn load(text: &str) -> Result<GatewayConfig, String> {
+        let file = toml::from_str(text).map_err(|e: toml::de::Error| e.message().to_owned())?;
+        let up = Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..Default::default()
+        };
+        GatewayConfig::from_parts(file, Some(Path::new("idem.toml")), &up)
+            .map_err(|e| e.to_string())
+    }
+
+    use std::path::Path;
+
+    #[test]
+    fn region_settings_are_refused_with_file_and_field() {
+        let route = |regions: &str| {
+            format!("[[route]]\nname = \"p\"\npath = \"/p\"\nregions = {regions}\n")
+        };
+        let eu = "region = \"eu\"\n[peers]\nus = \"http://127.0.0.1:1\"\n";
+        let cases = [
+            (
+                route("{ mode = \"mirror\" }"),
+                "route[0].regions.mode: \"mirror\" is not a mode",
+            ),
+            (
+                route("{ mode = \"home-region\", home = { from = \"key_prefix\" } }"),
+                "route[0].regions.mode: \"home-region\" needs this gateway's region",
+            ),
+            (
+                format!(
+                    "region = \"eu\"\n{}",
+                    route(
+                        "{ mode = \"home-region\", home = { from = \"principal\", default = \"us\" } }"
+                    )
+                ),
+                "route[0].regions.home.from: \"principal\" needs the route's principal",
+            ),
+            (
+                format!(
+                    "region = \"eu\"\n{}principal = {{ header = \"x-t\" }}\n",
+                    route(
+                        "{ mode = \"home-region\", home = { from = \"principal\", table = { a = \"ap\" } } }"
+                    )
+                ),
+                "route[0].regions.home: names region \"ap\", which has no [peers] entry",
+            ),
+            (
+                format!(
+                    "region = \"eu\"\n{}principal = {{ header = \"x-t\" }}\n",
+                    route(
+                        "{ mode = \"home-region\", home = { from = \"principal\", table = {} } }"
+                    )
+                ),
+                "route[0].regions.home.table: names no principal",
+            ),
+            (
+                format!(
+                    "{eu}{}",
+                    route(
+                        "{ mode = \"home-region\", home = { from = \"key_prefix\", header = \"x\" } }"
+                    )
+                ),
+                "route[0].regions.home.header: does not apply to from = \"key_prefix\"",
+            ),
+            (
+                format!(
+                    "{eu}{}",
+                    route(
+                        "{ mode = \"home-region\", home = { from = \"header\", header = \"idempotency-key\" } }"
+                    )
+                ),
+                "route[0].regions.home.header: \"idempotency-key\" is a header the route already reads",
+            ),
+            (
+                format!(
+                    "{eu}{}",
+                    route("{ mode = \"synchronous\", on_foreign = \"problem\" }")
+                ),
+                "route[0].regions.on_foreign: only applies to mode = \"home-region\"",
+            ),
+            (
+                "region = \"EU\"".into(),
+                "idem.toml: region: \"EU\" is not a region name",
+            ),
+            (
+                "region = \"eu\"\n[peers]\nus = \"https://us.example\"".into(),
+                "idem.toml: peers.us: \"https://us.example\" must be an http:// URL",
+            ),
+            (
+                "region = \"eu\"\n[peers]\neu = \"http://h:1\"".into(),
+                "idem.toml: peers.eu: is this gateway's own region",
+            ),
+            (
+                "[peers]\nus = \"http://h:1\"".into(),
+                "idem.toml: peers.us: peers need this gateway's region",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = load(&text).map(|_| ()).unwrap_err();
+            assert!(got.contains(want), "{text}\n{got}");
+            assert!(got.starts_with("idem.toml: "), "{got}");
+        }
+        let ok = format!(
+            "{eu}{}",
+            route(
+                "{ mode = \"home-region\", home = { from = \"key_prefix\" }, on_foreign = \"problem\" }"
+            )
+        );
+        let config = load(&ok).unwrap();
+        assert!(matches!(config.route_regions[0], RegionMode::HomeRegion(_)));
+    }
+
+    proptest::proptest! {
+        /// Any key text and header value: a known region or a reason.
+        #[test]
+        fn a_home_is_a_known_region_or_a_reason(key in ".{0,40}", header in "[ -~]{0,20}") {
+            let known: BTreeSet<String> = ["eu", "us"].map(String::from).into();
+            let sources = [
+                HomeSource::KeyPrefix { separator: ":".into() },
+                HomeSource::Header(HeaderName::from_static("x-home-region")),
+            ];
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_str(&header) {
+                headers.insert("x-home-region", value);
+            }
+            for home in sources {
+                let routing = HomeRouting { home, on_foreign: OnForeign::Problem, known: known.clone() };
+                match routing.home_of(&key, &headers, None) {
+                    Ok(region) => proptest::prop_assert!(known.contains(&region)),
+                    Err(why) => proptest::prop_assert!(!why.is_empty()),
+                }
+            }
+        }
+    }
+}
