@@ -57,6 +57,9 @@ fn stored_keys(store: &Path) -> Vec<String> {
     keys
 }
 
+/// A gateway, the request's headers, and what the refusal must say.
+type Refused<'a> = (&'a Gateway, &'a [(&'a str, &'a str)], &'a str);
+
 fn problem_json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap()
 }
@@ -213,7 +216,7 @@ async fn a_key_whose_home_cannot_be_derived_is_refused_with_why() {
         free_port(),
         &config("eu", &[("us", us)], by_header, ""),
     );
-    let cases: [(&Gateway, &[(&str, &str)], &str); 7] = [
+    let cases: [Refused<'_>; 7] = [
         (
             &eu,
             &[key("zz:1")],
