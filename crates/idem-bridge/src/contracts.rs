@@ -92,5 +92,6 @@ fn facts(config: &ConsumeConfig, sub: &Subscription) -> GatewayFacts {
         on_lease_expiry_takeover: false,
         upstream_dedups: false,
         has_lookup: config.lookups.iter().any(|(op, _)| *op == sub.name),
+        region_mode: None,
     }
 }

@@ -7,7 +7,7 @@
 use crate::horizon::{format_duration, replay_horizon};
 use crate::questions::upstream_dedups;
 use crate::report::Finding;
-use crate::schema::{Contract, LeaseExpiry, Reconcile};
+use crate::schema::{Claims, Contract, LeaseExpiry, Reconcile, Replication};
 
 /// What a gateway route actually enforces.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,21 @@ pub struct GatewayFacts {
     pub upstream_dedups: bool,
     /// True when a `[[lookup]]` serves the route.
     pub has_lookup: bool,
+    /// The route's region mode; `None` where there is none to judge (a
+    /// queue consumer), and then `gateway.regions` is left out.
+    pub region_mode: Option<RouteRegionMode>,
+}
+
+/// A gateway route's region mode, in the contract crate's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteRegionMode {
+    /// `single`: the route's store decides every claim, unchecked.
+    Single,
+    /// `home-region`: only a key's home region claims it.
+    HomeRegion,
+    /// `synchronous`: the gateway runs only on a synchronously replicated store.
+    Synchronous,
 }
 
 /// Where a gateway route takes its principal (tenant) from.
@@ -120,15 +135,20 @@ pub fn lookup_tenancy_finding(source: PrincipalSource, forwarded: ForwardedRefer
 }
 
 /// One finding per cross-check, topics `gateway.retention`, `gateway.tombstone`,
-/// `gateway.lease`, `gateway.takeover`, `gateway.lookup`. All must pass.
+/// `gateway.lease`, `gateway.takeover`, `gateway.lookup`, `gateway.regions`.
+/// All must pass.
 pub fn cross_check(contract: &Contract, facts: &GatewayFacts) -> Vec<Finding> {
-    vec![
+    let mut findings = vec![
         retention(contract, facts),
         tombstone(contract, facts),
         lease(contract, facts),
         takeover(contract, facts),
         lookup(contract, facts),
-    ]
+    ];
+    if let Some(mode) = facts.region_mode {
+        findings.push(regions(contract, mode));
+    }
+    findings
 }
 
 fn retention(c: &Contract, g: &GatewayFacts) -> Finding {
@@ -259,6 +279,79 @@ fn lookup(c: &Contract, g: &GatewayFacts) -> Finding {
         ),
         (true, true) => Finding::pass(t, "the route's [[lookup]] reconciles unknown outcomes"),
         (false, _) => Finding::pass(t, "the contract does not reconcile by provider lookup"),
+    }
+}
+
+/// The route's region mode against the contract's `[regions]`: the mode
+/// the contract's safety rests on must be the one the gateway enforces.
+fn regions(c: &Contract, route_mode: RouteRegionMode) -> Finding {
+    let t = "gateway.regions";
+    let mode = match route_mode {
+        RouteRegionMode::Single => "single",
+        RouteRegionMode::HomeRegion => "home-region",
+        RouteRegionMode::Synchronous => "synchronous",
+    };
+    let set = |want: &str| format!("set the route's regions = {{ mode = \"{want}\", ... }}");
+    let (several, replication, claims) = match &c.regions {
+        Some(r) if r.names.len() > 1 => (true, r.replication, r.claims),
+        Some(r) => (false, r.replication, r.claims),
+        None => (false, Replication::None, None),
+    };
+    match (several, replication, claims, route_mode) {
+        (_, Replication::Sync, _, RouteRegionMode::Synchronous) => Finding::pass(
+            t,
+            "the contract replicates synchronously and the route runs only on a store whose \
+             commits wait for a synchronous standby; trade-off: each claim pays the standby's \
+             round trip and stalls while it is away",
+        ),
+        (true, Replication::Sync, _, _) => Finding::fail(
+            t,
+            format!(
+                "the contract says replication = \"sync\" but the route's mode is {mode}: the \
+                 gateway never checks that its store waits for a standby"
+            ),
+            set("synchronous"),
+        ),
+        (true, _, Some(Claims::HomeRegion), RouteRegionMode::HomeRegion) => Finding::pass(
+            t,
+            "the contract claims each key in its home region and the route claims only keys \
+             homed here, forwarding or refusing the rest; trade-off: a foreign key pays a \
+             cross-region hop, and a hard failover loses the replication lag's claims",
+        ),
+        (true, _, Some(Claims::HomeRegion), _) => Finding::fail(
+            t,
+            format!(
+                "the contract says claims = \"home_region\" but the route's mode is {mode}: this \
+                 gateway would claim keys homed in another region"
+            ),
+            set("home-region"),
+        ),
+        (_, _, _, RouteRegionMode::HomeRegion) => Finding::fail(
+            t,
+            if several {
+                "the route routes keys to a home region but the contract accepts claims in any \
+                 region: the contract and the gateway disagree on where a key is claimed"
+            } else {
+                "the route routes keys to a home region but the contract declares one region"
+            },
+            "declare [regions] with claims = \"home_region\" in the contract, or set the \
+             route's mode to single",
+        ),
+        (_, _, _, RouteRegionMode::Synchronous) => Finding::fail(
+            t,
+            "the route demands a synchronously replicated store but the contract does not say \
+             replication = \"sync\"",
+            "declare replication = \"sync\" in the contract's [regions], or set the route's \
+             mode to single",
+        ),
+        (false, _, _, RouteRegionMode::Single) => {
+            Finding::pass(t, "one region: the route's store decides every claim")
+        }
+        (true, _, _, _) => Finding::pass(
+            t,
+            "the contract accepts claims in any region and the route claims every key here; \
+             the failover question judges whether that is safe",
+        ),
     }
 }
 

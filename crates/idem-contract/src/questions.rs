@@ -506,13 +506,28 @@ fn failover(c: &Contract) -> Finding {
             "synchronous replication: a claim is acknowledged only once every region has it; \
              trade-off: each claim pays a cross-region round trip and stalls during a partition",
         ),
-        (Replication::Async, Some(Claims::HomeRegion)) => Finding::pass(
+        // A hard failover loses the tail of claims and results that had not
+        // reached the standby; idem alone cannot reconcile records it never
+        // received, so the provider's dedup by the forwarded key is the
+        // last line against running those effects twice.
+        (Replication::Async, Some(Claims::HomeRegion)) if upstream_dedups(c) => Finding::pass(
             t,
             format!(
-                "home-region routing: only a key's home region accepts its claim; trade-off: after a \
-                 failover the new home lacks claims within the replication lag{lag}, so failover must \
-                 wait for catch-up"
+                "home-region routing: only a key's home region accepts its claim; after a hard \
+                 failover the new home lacks the claims and results of the replication lag{lag}, \
+                 which idem cannot reconcile alone, and the provider's dedup by the forwarded key \
+                 is the last line; trade-off: a planned failover must wait for catch-up"
             ),
+        ),
+        (Replication::Async, Some(Claims::HomeRegion)) => Finding::fail(
+            t,
+            format!(
+                "home-region routing, but after a hard failover the new home lacks the claims and \
+                 results of the replication lag{lag}: a retry of such a key is claimed again and, \
+                 since no provider is declared to dedup by the forwarded key, runs the effect twice"
+            ),
+            "have every provider that performs the effect dedup by the forwarded key (and \
+             declare it in [[propagation.dependency]]), or replicate synchronously",
         ),
         (Replication::Async, _) => Finding::fail(
             t,

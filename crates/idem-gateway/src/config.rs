@@ -2,6 +2,7 @@
 //! parsed once into a validated [`GatewayConfig`]. Every error names the file
 //! and the field.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, Reconc
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
+use crate::regions::{RegionMode, Regions, check_region};
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
@@ -53,8 +55,6 @@ pub struct FileConfig {
     pub store: Option<String>,
     /// Label written on records this node acquires.
     pub owner: Option<String>,
-    /// The region this node runs in, written on the records it acquires.
-    pub region: Option<String>,
     /// Connect timeout towards the upstream, in milliseconds.
     pub connect_timeout_ms: Option<u64>,
     /// Time allowed for the upstream's whole response, in milliseconds.
@@ -67,6 +67,13 @@ pub struct FileConfig {
     pub purge_interval_s: Option<u64>,
     /// Requests the proxy serves at once; more are refused with 503.
     pub requests_in_flight_max: Option<u64>,
+    /// The region this node runs in, written on the records it acquires
+    /// and used by `home-region` routes (see [`crate::regions::check_region`]).
+    pub region: Option<String>,
+    /// Other regions' gateways, by region name: where a `home-region` route
+    /// forwards a key homed there.
+    #[serde(default)]
+    pub peers: BTreeMap<String, String>,
     /// Protected routes; none means POST and PATCH on every path.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSpec>,
@@ -137,15 +144,19 @@ pub struct GatewayConfig {
     pub store: String,
     /// Record owner label.
     pub owner: String,
-    /// Region written on acquired records (none by default), checked by
-    /// [`idem_core::check_region`].
-    pub region: Option<String>,
     /// Connect timeout.
     pub connect_timeout: Duration,
     /// Response timeout.
     pub response_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
+    /// Each route's region mode, in the order of `routes`.
+    pub route_regions: Vec<RegionMode>,
+    /// This gateway's region, if declared: written on acquired records
+    /// ([`idem_core::check_region`]) and used by `home-region` routes.
+    pub region: Option<String>,
+    /// Other regions' gateways, by region name.
+    pub peers: BTreeMap<String, Uri>,
     /// Where the admin API listens; `None`: it is off.
     pub admin_listen: Option<SocketAddr>,
     /// The environment variable the admin API's bearer token is read from.
@@ -292,7 +303,6 @@ impl GatewayConfig {
         if let Some(region) = &file.region {
             idem_core::check_region(region).map_err(|e| err("region", e.to_string(), true))?;
         }
-        let region = file.region.clone();
         let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default)
         {
             ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
@@ -381,6 +391,21 @@ impl GatewayConfig {
         };
         check_lease_outlasts(&routes, &file.routes, response_timeout)
             .map_err(|(field, reason)| err(&field, reason, true))?;
+        let regions = regions(&file).map_err(|(field, reason)| err(&field, reason, true))?;
+        let route_regions = if file.routes.is_empty() {
+            vec![RegionMode::Single]
+        } else {
+            file.routes
+                .iter()
+                .zip(&routes)
+                .enumerate()
+                .map(|(i, (spec, route))| {
+                    RegionMode::new(spec.regions.as_ref(), route, &regions).map_err(
+                        |(field, reason)| err(&format!("route[{i}].{field}"), reason, true),
+                    )
+                })
+                .collect::<Result<_, _>>()?
+        };
         let lookups = file
             .lookups
             .iter()
@@ -441,15 +466,25 @@ impl GatewayConfig {
             upstream,
             store: store.to_owned(),
             owner,
-            region,
             connect_timeout,
             response_timeout,
             routes,
+            route_regions,
+            region: regions.region,
+            peers: regions.peers,
             admin_listen,
             admin_token_env,
             purge_interval,
             requests_in_flight_max,
         })
+    }
+
+    /// The gateway's region and peers, as validated.
+    pub fn regions(&self) -> Regions {
+        Regions {
+            region: self.region.clone(),
+            peers: self.peers.clone(),
+        }
     }
 
     /// `--admin-listen`: the command line wins over the file.
@@ -496,6 +531,47 @@ fn relative_to(spec: &RouteSpec, dir: &Path) -> RouteSpec {
         principal: spec.principal.as_ref().map(|p| p.relative_to(dir)),
         ..spec.clone()
     }
+}
+
+/// The file's `region` and `[peers]`, validated: names by
+/// [`check_region`], URLs http:// with a host, no peer named after this
+/// gateway's own region.
+fn regions(file: &FileConfig) -> Result<Regions, (String, String)> {
+    if let Some(region) = &file.region {
+        check_region(region).map_err(|r| ("region".to_owned(), r))?;
+    }
+    if file.peers.len() > crate::regions::PEERS_MAX {
+        let reason = format!(
+            "{} peers; at most {}",
+            file.peers.len(),
+            crate::regions::PEERS_MAX
+        );
+        return Err(("peers".into(), reason));
+    }
+    let mut peers = BTreeMap::new();
+    for (name, url) in &file.peers {
+        let field = format!("peers.{name}");
+        check_region(name).map_err(|r| (field.clone(), r))?;
+        if file.region.as_deref() == Some(name.as_str()) {
+            return Err((
+                field,
+                "is this gateway's own region; a peer is another region".into(),
+            ));
+        }
+        if file.region.is_none() {
+            return Err((
+                field,
+                "peers need this gateway's region: set region = \"...\"".into(),
+            ));
+        }
+        let uri =
+            parse_upstream(url).map_err(|r| (field.clone(), r.replace("upstream", "peer")))?;
+        peers.insert(name.clone(), uri);
+    }
+    Ok(Regions {
+        region: file.region.clone(),
+        peers,
+    })
 }
 
 fn parse_admin_listen(raw: &str) -> Result<SocketAddr, String> {

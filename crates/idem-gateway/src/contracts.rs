@@ -6,10 +6,12 @@ use std::path::PathBuf;
 
 use idem_contract::{
     ContractError, Finding, ForwardedReference, GatewayFacts, PrincipalSource, Report,
+    RouteRegionMode,
 };
 use idem_http::{ForwardedScope, PrincipalKind, Route};
 
 use crate::GatewayConfig;
+use crate::regions::RegionMode;
 
 /// One route's contract and its verdicts.
 #[derive(Debug)]
@@ -117,5 +119,20 @@ fn facts(config: &GatewayConfig, route: &Route) -> GatewayFacts {
         on_lease_expiry_takeover: policy.on_lease_expiry() == idem_core::LeaseExpiry::Takeover,
         upstream_dedups: route.upstream_dedups(),
         has_lookup: has_lookup(config, route),
+        region_mode: Some(region_mode(config, route)),
     }
+}
+
+/// The route's region mode, in the contract crate's terms.
+fn region_mode(config: &GatewayConfig, route: &Route) -> RouteRegionMode {
+    config
+        .routes
+        .iter()
+        .position(|r| std::ptr::eq(r, route))
+        .and_then(|i| config.route_regions.get(i))
+        .map_or(RouteRegionMode::Single, |mode| match mode {
+            RegionMode::HomeRegion(_) => RouteRegionMode::HomeRegion,
+            RegionMode::Synchronous => RouteRegionMode::Synchronous,
+            _ => RouteRegionMode::Single,
+        })
 }

@@ -11,6 +11,7 @@ mod config;
 pub mod contracts;
 mod proxy;
 mod purge;
+pub mod regions;
 mod server;
 mod view;
 mod watched;

@@ -45,7 +45,9 @@ impl Proxy {
         }
     }
 
-    async fn forward(&self, req: Request<Body>) -> Response<Body> {
+    /// Forwards `req` once; a failure is a problem response carrying its
+    /// [`AttemptOutcome`] and [`ProblemKind`] as extensions.
+    pub(crate) async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let uri = match self.target(&parts.uri) {
             Ok(uri) => uri,
@@ -205,8 +207,15 @@ const FIXED_HOP_BY_HOP: [&str; 9] = [
 impl HopByHop {
     /// The edge for `routes`: their contract headers are never removed.
     pub fn for_routes(routes: &[Route]) -> HopByHop {
+        HopByHop::keeping(routes, &[])
+    }
+
+    /// [`HopByHop::for_routes`], also keeping `more` (the gateway's
+    /// home-region headers).
+    pub fn keeping(routes: &[Route], more: &[HeaderName]) -> HopByHop {
         let mut end_to_end: Vec<HeaderName> = END_TO_END.to_vec();
         end_to_end.extend(routes.iter().flat_map(Route::contract_headers).cloned());
+        end_to_end.extend(more.iter().cloned());
         end_to_end.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         end_to_end.dedup();
         HopByHop { end_to_end }

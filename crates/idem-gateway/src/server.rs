@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
+use crate::regions::{self, HomeSource, RegionGate, RegionMode};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
@@ -80,6 +81,14 @@ pub async fn serve_with(
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("region: {e}"))
         })?;
     }
+    if let Some(gate) = RegionGate::new(
+        &config.regions(),
+        &config.route_regions,
+        config.connect_timeout,
+        config.response_timeout,
+    ) {
+        layer = layer.with_gate(gate);
+    }
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -106,7 +115,7 @@ pub async fn serve_with(
     );
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
-    let edge = HopByHop::for_routes(&config.routes);
+    let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));
     // `load_shed` answers at once when `concurrency_limit` has no permit
     // left, instead of queueing the request (and its body) behind it.
     let limited = ServiceBuilder::new()
@@ -118,7 +127,9 @@ pub async fn serve_with(
         .concurrency_limit(config.requests_in_flight_max)
         .map_request(move |mut req: Request<axum::body::Body>| {
             edge.strip_request(req.headers_mut());
-            req
+            let (mut parts, body) = req.into_parts();
+            regions::take_forwarded_from(&mut parts.headers, &mut parts.extensions);
+            Request::from_parts(parts, body)
         })
         .service(layer.layer(proxy));
     let app = axum::Router::new().fallback_service(limited);
@@ -167,6 +178,21 @@ fn shed(metrics: &Metrics, e: &BoxError) -> Response {
     )
     .retry_after(1)
     .into_response()
+}
+
+/// The headers `home-region` routes read a key's home from: end-to-end,
+/// whatever a client's `Connection` names.
+fn home_headers(modes: &[RegionMode]) -> Vec<http::HeaderName> {
+    modes
+        .iter()
+        .filter_map(|mode| match mode {
+            RegionMode::HomeRegion(routing) => match &routing.home {
+                HomeSource::Header(name) => Some(name.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
 }
 
 /// Starts the reconciler when any route has a lookup; it resolves ambiguous

@@ -41,6 +41,7 @@
 //! ```
 
 mod completion;
+mod gate;
 mod metrics;
 mod path;
 mod principal;
@@ -50,6 +51,7 @@ mod route;
 mod service;
 
 pub use completion::CompletionSpec;
+pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,

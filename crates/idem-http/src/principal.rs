@@ -179,19 +179,30 @@ impl Principal {
     /// value, always a digest (or [`ANONYMOUS`] for a credential digest
     /// with no credential), so it holds no `|`, no control character and
     /// has a fixed length.
+    #[cfg(test)]
     pub(crate) fn of(&self, headers: &HeaderMap) -> Result<String, Problem> {
+        self.identify(headers).map(|(digest, _)| digest)
+    }
+
+    /// The principal's digest (as [`Principal::of`]) and, for a trusted
+    /// header or a verified claim, the value it digests: what a gateway's
+    /// principal → region table is keyed by. A credential digest has no
+    /// such value: a raw credential names no tenant.
+    pub(crate) fn identify(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<(String, Option<String>), Problem> {
         match self {
             Principal::TrustedHeader(name) => {
                 let value = trusted_value(headers, name)?;
-                Ok(digest(&[
-                    b"header",
-                    name.as_str().as_bytes(),
-                    value.as_bytes(),
-                ]))
+                let digest = digest(&[b"header", name.as_str().as_bytes(), value.as_bytes()]);
+                Ok((digest, Some(value.to_owned())))
             }
-            Principal::Jwt(verifier) => verifier.principal(headers),
+            Principal::Jwt(verifier) => verifier
+                .principal(headers)
+                .map(|(digest, value)| (digest, Some(value))),
             Principal::CredentialDigest { headers: names, .. } => {
-                Ok(credential_digest_of(headers, names))
+                Ok((credential_digest_of(headers, names), None))
             }
         }
     }
@@ -223,7 +234,8 @@ impl JwtVerifier {
         })
     }
 
-    fn principal(&self, headers: &HeaderMap) -> Result<String, Problem> {
+    /// The digest of the verified claim, and the claim's text.
+    fn principal(&self, headers: &HeaderMap) -> Result<(String, String), Problem> {
         let token = bearer_token(headers)?;
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| unauthenticated(format!("the bearer token is not a JWT ({e})")))?;
@@ -269,13 +281,14 @@ impl JwtVerifier {
                 self.claim
             )));
         }
-        Ok(digest(&[
+        let digest = digest(&[
             b"jwt",
             self.issuer.as_bytes(),
             self.claim.as_bytes(),
             tag,
             text.as_bytes(),
-        ]))
+        ]);
+        Ok((digest, text))
     }
 
     /// The key named by `kid`, or the one key that fits `alg` when the

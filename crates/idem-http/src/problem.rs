@@ -49,6 +49,17 @@ pub enum ProblemKind {
     /// 503: the gateway is at its limit of requests in flight; nothing was
     /// claimed or forwarded.
     Overloaded,
+    /// 421: the key's home is another region and this gateway does not
+    /// forward it there (the route says `on_foreign = "problem"`, or the
+    /// request was already forwarded once); nothing was claimed here.
+    WrongRegion,
+    /// 400: the key's home region cannot be derived (no region prefix, an
+    /// unknown region, no home header, a principal in no region); nothing
+    /// was claimed.
+    UnknownHomeRegion,
+    /// 503: the key's home region's gateway could not be reached or did not
+    /// answer in time; nothing was claimed here.
+    PeerUnavailable,
 }
 
 impl ProblemKind {
@@ -72,6 +83,9 @@ impl ProblemKind {
             ProblemKind::UpstreamFailed => "upstream-failed",
             ProblemKind::ResultNotStored => "result-not-stored",
             ProblemKind::Overloaded => "overloaded",
+            ProblemKind::WrongRegion => "wrong-region",
+            ProblemKind::UnknownHomeRegion => "unknown-home-region",
+            ProblemKind::PeerUnavailable => "peer-unavailable",
         }
     }
 
@@ -97,6 +111,9 @@ impl ProblemKind {
             ProblemKind::UpstreamFailed => "Upstream failed",
             ProblemKind::ResultNotStored => "The result was too large to store",
             ProblemKind::Overloaded => "The gateway is serving as many requests as it may",
+            ProblemKind::WrongRegion => "The key's home is another region",
+            ProblemKind::UnknownHomeRegion => "The key's home region cannot be derived",
+            ProblemKind::PeerUnavailable => "The key's home region cannot be reached",
         }
     }
 
@@ -107,14 +124,16 @@ impl ProblemKind {
             | ProblemKind::InvalidKey
             | ProblemKind::InvalidBody
             | ProblemKind::InvalidPath
-            | ProblemKind::InvalidPrincipal => StatusCode::BAD_REQUEST,
+            | ProblemKind::InvalidPrincipal
+            | ProblemKind::UnknownHomeRegion => StatusCode::BAD_REQUEST,
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
-            ProblemKind::StoreUnavailable | ProblemKind::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProblemKind::StoreUnavailable
+            | ProblemKind::Overloaded
+            | ProblemKind::PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::WrongRegion => StatusCode::MISDIRECTED_REQUEST,
             ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamFailed
             | ProblemKind::ResultNotStored => StatusCode::BAD_GATEWAY,
@@ -128,7 +147,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 17] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -146,6 +165,9 @@ impl ProblemKind {
         ProblemKind::UpstreamFailed,
         ProblemKind::ResultNotStored,
         ProblemKind::Overloaded,
+        ProblemKind::WrongRegion,
+        ProblemKind::UnknownHomeRegion,
+        ProblemKind::PeerUnavailable,
     ];
 }
 
@@ -158,6 +180,8 @@ pub struct Problem {
     pub detail: String,
     /// Seconds for `Retry-After`, if the client should retry later.
     pub retry_after_s: Option<u64>,
+    /// Extension members (RFC 9457 §3.2), e.g. `home_region`.
+    pub members: Vec<(&'static str, String)>,
 }
 
 impl Problem {
@@ -167,7 +191,17 @@ impl Problem {
             kind,
             detail: detail.into(),
             retry_after_s: None,
+            members: Vec::new(),
         }
+    }
+
+    /// Adds an extension member with a string value; the standard members
+    /// (`type`, `title`, `status`, `detail`) cannot be replaced.
+    pub fn member(mut self, name: &'static str, value: impl Into<String>) -> Problem {
+        if !["type", "title", "status", "detail"].contains(&name) {
+            self.members.push((name, value.into()));
+        }
+        self
     }
 
     /// Adds `Retry-After`, in whole seconds (at least 1).
@@ -178,12 +212,17 @@ impl Problem {
 
     /// The JSON body.
     pub fn body(&self) -> Bytes {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "type": self.kind.type_uri(),
             "title": self.kind.title(),
             "status": self.kind.status().as_u16(),
             "detail": self.detail,
         });
+        if let Some(object) = doc.as_object_mut() {
+            for (name, value) in &self.members {
+                object.insert((*name).to_owned(), serde_json::Value::from(value.as_str()));
+            }
+        }
         Bytes::from(doc.to_string())
     }
 

@@ -38,8 +38,9 @@ pub(crate) fn key(headers: &HeaderMap, route: &Route) -> Result<Option<Idempoten
 }
 
 /// The scope: operation plus the route's principal (always a digest, so
-/// raw credentials and tenant names never reach the store).
-pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
+/// raw credentials and tenant names never reach the store); and the
+/// principal's own value when it is a trusted header or a verified claim.
+pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<String>), Problem> {
     let operation = match &route.operation {
         Operation::Named(name) => name.clone(),
         Operation::MethodAndPath => {
@@ -52,9 +53,10 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<Scope, Problem> {
             }
         }
     };
-    let principal = route.principal.of(&parts.headers)?;
-    Scope::from_parts(&operation, &principal, None)
-        .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("cannot form a scope: {e}")))
+    let (principal, value) = route.principal.identify(&parts.headers)?;
+    let scope = Scope::from_parts(&operation, &principal, None)
+        .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("cannot form a scope: {e}")))?;
+    Ok((scope, value))
 }
 
 /// A short digest of the scope, for key templates that prefix it.

@@ -11,6 +11,7 @@ use idem_core::{
 use serde::Deserialize;
 
 use crate::completion::CompletionSpec;
+use crate::gate::RegionsSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
 use crate::request;
@@ -71,6 +72,9 @@ pub struct RouteSpec {
     /// The operation's contract file (`idem check` format), relative to the
     /// config file; `idem serve` refuses to start when it fails.
     pub contract: Option<String>,
+    /// The route's region mode (`single`, `home-region`, `synchronous`);
+    /// validated and enforced by the gateway, not by the layer.
+    pub regions: Option<RegionsSpec>,
 }
 
 /// How the key is passed on to the upstream, as declared.

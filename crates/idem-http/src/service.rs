@@ -19,6 +19,7 @@ use idem_core::{
 };
 use tower::{Layer, Service};
 
+use crate::gate::{BeforeClaim, ClaimGate, Gate};
 use crate::metrics::{Metrics, StoreOp};
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
@@ -54,6 +55,7 @@ struct Shared {
     owner: String,
     region: Option<String>,
     metrics: Arc<Metrics>,
+    gate: Option<Arc<dyn ClaimGate>>,
 }
 
 impl IdempotencyLayer {
@@ -67,6 +69,7 @@ impl IdempotencyLayer {
                 owner: format!("idem-{}", std::process::id()),
                 region: None,
                 metrics: Arc::default(),
+                gate: None,
             }),
         }
     }
@@ -92,6 +95,13 @@ impl IdempotencyLayer {
     /// them (the gateway's admin API, your own `/metrics` handler).
     pub fn with_metrics(self, metrics: Arc<Metrics>) -> IdempotencyLayer {
         self.edit(|shared| shared.metrics = metrics)
+    }
+
+    /// Asks `gate` before every claim whether to claim here at all (a
+    /// gateway's home-region routing); without one, every request with a
+    /// key is claimed here.
+    pub fn with_gate(self, gate: Arc<dyn ClaimGate>) -> IdempotencyLayer {
+        self.edit(|shared| shared.gate = Some(gate))
     }
 
     /// The metrics this layer counts into.
@@ -153,10 +163,11 @@ where
             let route = shared
                 .routes
                 .iter()
-                .find(|r| r.matches(req.method(), req.uri().path()));
+                .enumerate()
+                .find(|(_, r)| r.matches(req.method(), req.uri().path()));
             match route {
-                Some(route) => {
-                    let response = protect(&shared, route, inner, req).await;
+                Some((index, route)) => {
+                    let response = protect(&shared, (index, route), inner, req).await;
                     // Problems made here and by the proxy carry their kind.
                     if let Some(kind) = response.extensions().get::<ProblemKind>() {
                         shared.metrics.problem(*kind);
@@ -203,7 +214,7 @@ fn normalize_uri(uri: &mut Uri) -> Result<(), Problem> {
 /// upstream failures are responses.
 async fn protect<S, ReqBody, ResBody>(
     shared: &Shared,
-    route: &Route,
+    (index, route): (usize, &Route),
     mut inner: S,
     req: Request<ReqBody>,
 ) -> Response<ResBody>
@@ -236,10 +247,22 @@ where
     };
     let prepared = request::scope(&parts, route)
         .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)));
-    let (scope, fingerprint) = match prepared {
+    let ((scope, principal), fingerprint) = match prepared {
         Ok(found) => found,
         Err(p) => return problem(p),
     };
+    if let Some(gate) = &shared.gate {
+        let before = BeforeClaim {
+            route: index,
+            parts: &parts,
+            key: &key,
+            principal: principal.as_deref(),
+            body: &body,
+        };
+        if let Gate::Answer(answer) = gate.before_claim(&before) {
+            return answer.await.map(ResBody::from);
+        }
+    }
     let mut claim_request = ClaimRequest {
         id: RecordId { scope, key },
         fingerprint,

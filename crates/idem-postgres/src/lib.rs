@@ -80,6 +80,7 @@
 mod config;
 mod error;
 mod ops;
+pub mod replication;
 mod row;
 mod schema;
 
@@ -116,6 +117,7 @@ pub struct PgStore {
     ctx: Ctx,
     timeout: Duration,
     operation_timeout: Duration,
+    synchronous: replication::Required,
 }
 
 impl PgStore {
@@ -189,6 +191,33 @@ impl PgStore {
         ops::modify(&Exec::Foreign(tx), &self.ctx, id, transition).await
     }
 
+    /// From now on, every new pooled connection is checked with
+    /// [`replication::check`] and refused when the server does not wait for
+    /// a synchronous standby (the operation that wanted it fails as
+    /// [`StoreError::Unavailable`]); the connections already pooled are
+    /// dropped, and one new connection is checked now. A gateway route in
+    /// `synchronous` mode calls this before it serves.
+    pub async fn require_synchronous_replication(
+        &self,
+    ) -> Result<replication::ReplicationSettings, replication::ReplicationError> {
+        self.pool.retain(|_, _| false);
+        let client =
+            self.client()
+                .await
+                .map_err(|e| replication::ReplicationError::Unreadable {
+                    store: self.ctx.store.clone(),
+                    reason: e.to_string(),
+                })?;
+        let settings = replication::check(&client, &self.ctx.store).await;
+        // Checked on this caller's runtime: not kept for the operations.
+        drop(Object::take(client));
+        // Only now does the hook check every new connection, so a refusal
+        // here names the settings rather than a pool failure.
+        self.synchronous.set();
+        self.pool.retain(|_, _| false);
+        settings
+    }
+
     /// The schema holding the store's tables.
     pub fn schema(&self) -> &str {
         &self.ctx.schema.name
@@ -223,7 +252,11 @@ impl PgStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let synchronous = replication::Required::default();
         let pool = Pool::builder(manager)
+            .post_create(deadpool_postgres::Hook::async_fn(
+                synchronous.hook(store.clone()),
+            ))
             .max_size(target.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(target.timeout))
@@ -236,6 +269,7 @@ impl PgStore {
             ctx,
             timeout: target.timeout,
             operation_timeout: target.operation_timeout,
+            synchronous,
         };
         Ok((pg, found))
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use idem_gateway::regions::RegionMode;
 use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
 use idem_http::PrincipalKind;
 
@@ -59,7 +60,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     judge_contracts(&config, args.allow_unsafe_contract)?;
     warn_fragile_principals(&config);
     let url = StoreUrl::parse(&config.store)?;
-    let store = url.open()?;
+    let synchronous: Vec<String> = config
+        .routes
+        .iter()
+        .zip(&config.route_regions)
+        .filter(|(_, mode)| **mode == RegionMode::Synchronous)
+        .map(|(route, _)| format!("{:?}", idem_gateway::contracts::route_name(route)))
+        .collect();
+    let store = if synchronous.is_empty() {
+        url.open()?
+    } else {
+        url.open_synchronous(&synchronous)?
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

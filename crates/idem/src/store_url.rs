@@ -47,6 +47,29 @@ impl StoreUrl {
         }
     }
 
+    /// Opens the store for routes in `synchronous` mode: refused on SQLite
+    /// (one file on one machine is not replicated); on PostgreSQL the
+    /// replication settings are checked now and on every new connection
+    /// ([`idem_postgres::replication`]).
+    pub fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>> {
+        let names = routes.join(", ");
+        match self {
+            StoreUrl::Sqlite(_) => bail!(
+                "route {names} has regions = {{ mode = \"synchronous\" }}, but the store {self} \
+                 is one SQLite file on one machine, not replicated: use a PostgreSQL primary \
+                 with a synchronous standby, or another mode"
+            ),
+            StoreUrl::Postgres(url) => match connect_postgres(url, true, true) {
+                Ok(Some(store)) => Ok(Arc::new(store)),
+                Ok(None) => bail!("store {self} was not created"),
+                Err(e) => Err(e.context(format!(
+                    "route {names} has regions = {{ mode = \"synchronous\" }}, and the store \
+                     {self} is refused"
+                ))),
+            },
+        }
+    }
+
     /// Opens the store, creating an empty one if there is none.
     pub fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         match self {
@@ -55,7 +78,7 @@ impl StoreUrl {
                     .with_context(|| format!("cannot open store {self}"))?;
                 Ok(Arc::new(store))
             }
-            StoreUrl::Postgres(url) => match connect_postgres(url, true)? {
+            StoreUrl::Postgres(url) => match connect_postgres(url, true, false)? {
                 Some(store) => Ok(Arc::new(store)),
                 None => bail!("store {self} was not created"),
             },
@@ -79,7 +102,7 @@ impl StoreUrl {
                 Ok(Some(Arc::new(store)))
             }
             StoreUrl::Postgres(url) => {
-                let store = connect_postgres(url, false)?;
+                let store = connect_postgres(url, false, false)?;
                 Ok(store.map(|s| Arc::new(s) as Arc<dyn Store>))
             }
         }
@@ -90,20 +113,29 @@ impl StoreUrl {
 /// its own, so that this synchronous call works inside or outside the
 /// caller's runtime; the pool opens its connections later, on the runtime
 /// of the operations that use them.
-fn connect_postgres(url: &str, create: bool) -> anyhow::Result<Option<PgStore>> {
+fn connect_postgres(url: &str, create: bool, synchronous: bool) -> anyhow::Result<Option<PgStore>> {
     let options = PgOptions::default();
     let connect = || -> anyhow::Result<Result<Option<PgStore>, StoreError>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("cannot start a runtime to connect to PostgreSQL")?;
-        Ok(runtime.block_on(async {
-            if create {
+        runtime.block_on(async {
+            let store = if create {
                 PgStore::connect(url, options.clone()).await.map(Some)
             } else {
                 PgStore::connect_existing(url, options.clone()).await
+            };
+            if synchronous && let Ok(Some(store)) = &store {
+                let settings = store.require_synchronous_replication().await?;
+                tracing::info!(
+                    synchronous_commit = %settings.synchronous_commit,
+                    synchronous_standby_names = %settings.synchronous_standby_names,
+                    "the store is synchronously replicated"
+                );
             }
-        }))
+            Ok::<_, anyhow::Error>(store)
+        })
     };
     let connected = std::thread::scope(|s| s.spawn(connect).join())
         .map_err(|_| anyhow::anyhow!("connecting to {} panicked", redact_url(url)))??;

@@ -281,7 +281,13 @@ impl Gateway {
         admin_token: Option<&str>,
     ) -> (Gateway, Option<SocketAddr>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        cmd.arg("serve");
+        // A caller that must know the port before the start (two gateways
+        // naming each other as peers) passes its own --listen.
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(["--upstream", upstream])
             .args(extra)
             .arg("--store")
             .arg(store_url)
