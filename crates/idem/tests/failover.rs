@@ -258,12 +258,15 @@ fn tail(cluster: &PgCluster) -> (usize, i64) {
     )
 }
 
+/// An intent's key and its final answer, if it got one.
+type Answer = (String, Option<Reply>);
+
 /// The clients: each sends fresh keys one after another, each retried on
 /// 409, 503 and connection errors until it has another answer.
 struct Load {
     stop: Arc<AtomicBool>,
     unavailable: Arc<AtomicUsize>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<(String, Option<Reply>)>>>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Answer>>>,
 }
 
 impl Load {
