@@ -9,6 +9,9 @@
 //!   [--messages 20000] [--concurrency 8] [--broker rabbitmq|nats] [--store postgres://…]
 //!   [--idem PATH] [--dir DIR]`
 //!
+//! - `cargo run --release -p idem-bench -- sync-commit [--commits 500]` (builds a throwaway
+//!   primary and synchronous standby from the machine's PostgreSQL binaries)
+//!
 //! `bare-consume` is not for people: `consume` starts it as its baseline.
 
 mod args;
@@ -24,6 +27,7 @@ mod queue;
 mod rabbit;
 mod server;
 mod sqlite;
+mod sync_commit;
 mod upstream;
 
 use anyhow::bail;
@@ -32,7 +36,8 @@ const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir
      idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]\n       \
      idem-bench postgres [--connections N] [--seconds S] [--url URL]\n       \
      idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq|nats] [--store URL] \
-     [--idem PATH] [--dir DIR]";
+     [--idem PATH] [--dir DIR]\n       \
+     idem-bench sync-commit [--commits N]";
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -41,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         Some("gateway") => gateway::main(args),
         Some("postgres") => postgres::main(args),
         Some("consume") => consume::main(args),
+        Some("sync-commit") => sync_commit::main(args),
         Some("bare-consume") => bare::main(args),
         _ => bail!(USAGE),
     }

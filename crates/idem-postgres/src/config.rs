@@ -436,11 +436,27 @@ mod tests {
 
     #[test]
     fn checks_urls_and_options_before_connecting() {
-        let cases: [(&str, &str, Result<&str, &str>); 8] = [
+        let cases: [(&str, &str, Result<&str, &str>); 11] = [
             (
                 "postgres://app:pw@db:6543/payments",
                 "idem",
                 Ok("postgres://app@db:6543/payments (schema idem)"),
+            ),
+            // A primary and its standby: every host named with its own port.
+            (
+                "postgres://app:pw@10.0.0.1:5433,10.0.0.2:5434/payments?target_session_attrs=read-write",
+                "idem",
+                Ok("postgres://app@10.0.0.1:5433,10.0.0.2:5434/payments (schema idem)"),
+            ),
+            (
+                "postgresql://app:pw@db-a,db-b:6000/payments?target_session_attrs=read-write&schema=gw",
+                "idem",
+                Ok("postgres://app@db-a:5432,db-b:6000/payments (schema gw)"),
+            ),
+            (
+                "postgres://app:pw@db-a,db-b/x?target_session_attrs=primary",
+                "idem",
+                Err("target_session_attrs"),
             ),
             (
                 "postgresql://app@db/payments",

@@ -6,7 +6,10 @@
 //!   stdout, so a test can kill it at any instant and check the file.
 //! - [`relay::Relay`]: a loopback TCP relay that can stop forwarding, to
 //!   freeze one client's server (PostgreSQL) without freezing it for all.
+//! - [`pg_cluster::PgCluster`]: a throwaway PostgreSQL primary and
+//!   streaming standby on spare ports, to kill one and promote the other.
 
+pub mod pg_cluster;
 pub mod relay;
 
 use idem_core::Token;

@@ -50,7 +50,11 @@ pub struct Ledger {
 /// - `POST /slow?ms=N`: pays at once, answers 201 after N ms;
 /// - `POST /fail`: pays, then answers 500;
 /// - `POST /busy-once`: first call per key 503 without paying, then pays;
-/// - `POST /reject`: 400 (final), no payment.
+/// - `POST /reject`: 400 (final), no payment;
+/// - `POST /transfers`: pays, 200 + JSON; its lookup
+///   `GET /transfers/by-key/{key}` answers exactly what the first payment
+///   with that key answered, so a record the reconciler completes replays
+///   the client's first answer.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub ledger: Arc<Mutex<Ledger>>,
@@ -70,6 +74,11 @@ impl Upstream {
             .route("/reject", axum::routing::post(reject))
             .route("/slow-before", axum::routing::post(slow_before))
             .route("/payouts/by-key/{key}", axum::routing::get(lookup))
+            .route("/transfers", axum::routing::post(transfer))
+            .route(
+                "/transfers/by-key/{key}",
+                axum::routing::get(transfer_lookup),
+            )
             .with_state(ledger.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -195,6 +204,40 @@ async fn lookup(
             format!("{{\"payout\":{},\"found_by\":\"lookup\"}}", i + 1),
         )
             .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+fn transferred(n: usize) -> Response {
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        format!("{{\"transfer\":{n}}}"),
+    )
+        .into_response()
+}
+
+async fn transfer(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    transferred(record(&l, "/transfers", &headers, &body))
+}
+
+/// What the first transfer with this key answered, or 404.
+async fn transfer_lookup(
+    State(l): State<Shared>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    let mut ledger = l.lock().unwrap();
+    ledger.lookups += 1;
+    if ledger.lookup_down {
+        return (StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response();
+    }
+    match ledger
+        .effects
+        .iter()
+        .position(|e| e.path == "/transfers" && e.key.as_deref() == Some(key.as_str()))
+    {
+        Some(i) => transferred(i + 1),
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }
