@@ -53,6 +53,11 @@ pub enum ClusterError {
         /// Its stdout and stderr.
         output: String,
     },
+    /// The cluster is not in the state the call needs.
+    Precondition {
+        /// What is missing.
+        what: String,
+    },
     /// A condition was not reached in time.
     Timeout {
         /// What was waited for.
@@ -74,6 +79,7 @@ impl fmt::Display for ClusterError {
             ClusterError::Command { command, output } => {
                 write!(f, "{command} failed:\n{output}")
             }
+            ClusterError::Precondition { what } => write!(f, "{what}"),
             ClusterError::Timeout { what, waited_ms } => {
                 write!(f, "{what}: not reached within {waited_ms} ms")
             }
@@ -95,6 +101,7 @@ const POLL_MS: u64 = 50;
 #[derive(Debug)]
 struct Node {
     data: PathBuf,
+    log: PathBuf,
     port: u16,
     running: bool,
 }
@@ -106,6 +113,8 @@ pub struct PgCluster {
     replication: Replication,
     primary: Node,
     standby: Option<Node>,
+    /// Standbys made so far, so a second one gets its own dir and log.
+    standbys_made: u32,
     // Last, so it is removed after the servers are stopped.
     dir: tempfile::TempDir,
 }
@@ -126,6 +135,7 @@ impl PgCluster {
         }
         let primary = Node {
             data: dir.path().join("primary"),
+            log: dir.path().join("primary.log"),
             port: spare_port()?,
             running: false,
         };
@@ -135,6 +145,7 @@ impl PgCluster {
             replication,
             primary,
             standby: None,
+            standbys_made: 0,
             dir,
         };
         cluster.init_primary()?;
@@ -147,7 +158,13 @@ impl PgCluster {
     /// on a spare port and waits until the primary sees it streaming (and,
     /// in synchronous mode, as its synchronous standby).
     pub fn add_standby(&mut self, replication_via: SocketAddr) -> Result<(), ClusterError> {
-        let data = self.dir.path().join("standby");
+        let name = match self.standbys_made {
+            0 => "standby".to_owned(),
+            n => format!("standby-{}", n + 1),
+        };
+        self.standbys_made += 1;
+        let data = self.dir.path().join(&name);
+        let log = self.dir.path().join(format!("{name}.log"));
         let port = spare_port()?;
         let primary_port = self.primary.port.to_string();
         let data_arg = data.display().to_string();
@@ -187,6 +204,7 @@ impl PgCluster {
         )?;
         self.standby = Some(Node {
             data,
+            log,
             port,
             running: false,
         });
@@ -278,6 +296,37 @@ impl PgCluster {
         self.wait_for("the promoted standby to accept writes", || {
             Ok(self.psql(Role::Standby, "SELECT pg_is_in_recovery()")? == "f")
         })
+    }
+
+    /// After the primary was stopped and the standby promoted: the promoted
+    /// node becomes the primary and, in synchronous mode, waits for a
+    /// synchronous standby again (`synchronous_standby_names`,
+    /// `remote_apply`), as a strict synchronous setup does after a
+    /// failover. Until [`PgCluster::add_standby`] gives it one, its commits
+    /// wait.
+    pub fn adopt_promoted_standby(&mut self) -> Result<(), ClusterError> {
+        if self.primary.running {
+            return Err(ClusterError::Precondition {
+                what: "the old primary is still running".to_owned(),
+            });
+        }
+        let Some(promoted) = self.standby.take() else {
+            return Err(ClusterError::Precondition {
+                what: "there is no standby to adopt".to_owned(),
+            });
+        };
+        self.primary = promoted;
+        if self.replication == Replication::Synchronous {
+            // One statement per call: ALTER SYSTEM refuses a transaction.
+            for sql in [
+                format!("ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"),
+                "ALTER SYSTEM SET synchronous_commit = 'remote_apply'".to_owned(),
+                "SELECT pg_reload_conf()".to_owned(),
+            ] {
+                self.psql(Role::Primary, &sql)?;
+            }
+        }
+        Ok(())
     }
 
     /// The cluster's temp dir (server logs are `*.log` in it).
@@ -375,11 +424,7 @@ impl PgCluster {
     }
 
     fn log_path(&self, role: Role) -> PathBuf {
-        let name = match role {
-            Role::Primary => "primary.log",
-            Role::Standby => "standby.log",
-        };
-        self.dir.path().join(name)
+        self.node(role).log.clone()
     }
 
     /// Runs one of the server's programs, as `postgres` when we are root.

@@ -41,15 +41,18 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// failover leaves in progress are resolved within seconds.
 fn gateway_config(site: &Site, up: &Upstream, replication: Replication) -> PathBuf {
     let lookup = format!("{}/transfers/by-key/{{forwarded_key}}", up.url());
-    // Where the synchronous scenario will name its regions mode once routes
-    // declare one.
-    let _ = replication;
+    // The synchronous scenario's route asks for it: `idem serve` checks the
+    // store at start and every new connection after the failover.
+    let mode = match replication {
+        Replication::Synchronous => "regions = { mode = \"synchronous\" }\n",
+        _ => "",
+    };
     site.config(&format!(
         "response_timeout_ms = 1500\n\
          [reconcile]\ninterval_s = 1\nbatch = 1000\nbackoff_ms = 50\nbackoff_max_ms = 200\n\
          max_tries = 100\nconcurrency = 8\nrate_per_s = 1000\n\
          [[route]]\nname = \"transfers\"\nmethods = [\"POST\"]\npath = \"/transfers\"\n\
-         lease_ms = 2000\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         {mode}lease_ms = 2000\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
          [[lookup]]\nroute = \"transfers\"\nurl = \"{lookup}\"\ntimeout_ms = 500\n\
          connect_timeout_ms = 200\n"
     ))
@@ -71,6 +74,12 @@ async fn synchronous_replication_fails_over_without_duplicates_or_losses() {
     assert_eq!(report.duplicates, Vec::<String>::new(), "duplicates");
     assert_eq!(report.lost, Vec::<String>::new(), "lost intents");
     assert_eq!(report.executed_again, 0, "redeliveries that executed");
+    let reply = report.unreplicated_primary.as_ref().unwrap();
+    assert_eq!(
+        (reply.status, reply.problem().as_deref()),
+        (503, Some("urn:idem:problem:store-unavailable")),
+        "a synchronous route with no synchronous standby: {reply:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,6 +116,9 @@ struct Report {
     effects_without_primary: usize,
     /// A fresh key executed through the same gateway after the promotion.
     reconnected: bool,
+    /// Synchronous only: the answer to a fresh key while the promoted node
+    /// had no synchronous standby.
+    unreplicated_primary: Option<Reply>,
 }
 
 impl Report {
@@ -166,6 +178,20 @@ async fn failover(replication: Replication) -> Report {
     report.no_primary = probe.ok();
 
     tokio::task::block_in_place(|| cluster.promote_standby()).unwrap();
+    if replication == Replication::Synchronous {
+        // The promoted node has no synchronous standby yet: a synchronous
+        // route refuses its connections (503) rather than commit unreplicated.
+        report.unreplicated_primary = Some(
+            send(&support::client(), &url, "unreplicated-primary-probe")
+                .await
+                .unwrap(),
+        );
+        tokio::task::block_in_place(|| {
+            cluster.adopt_promoted_standby()?;
+            cluster.add_standby(cluster.primary_addr())
+        })
+        .unwrap();
+    }
     report.reconnected = settle(&support::client(), &url, "after-promotion-probe")
         .await
         .is_some_and(|r| r.status == 200);
