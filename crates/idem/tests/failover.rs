@@ -8,7 +8,7 @@
 //! With a synchronous standby (`remote_apply`) nothing may run twice and
 //! nothing may be lost. With asynchronous replication the records in the
 //! unreplicated tail are gone: their redelivery executes again, and the
-//! test counts those duplicates (docs/regions-failover.md has the figures).
+//! test counts those duplicates (docs/regions.md has the figures).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
