@@ -483,11 +483,12 @@ impl ClaimGate for RegionGate {
             // Refused at load: a forwarding route names only regions with peers.
             return wrong_region(format!("no peer is configured for {home:?}"));
         };
-        let mut forwarded = Request::builder()
-            .method(parts.method.clone())
-            .uri(parts.uri.clone())
-            .body(axum::body::Body::from(request.body.clone()))
-            .unwrap_or_default();
+        // Built field by field, which cannot fail: a builder's error would
+        // need a fallback, and any fallback request is a wrong one.
+        let mut forwarded = Request::new(axum::body::Body::from(request.body.clone()));
+        *forwarded.method_mut() = parts.method.clone();
+        *forwarded.uri_mut() = parts.uri.clone();
+        *forwarded.version_mut() = parts.version;
         *forwarded.headers_mut() = parts.headers.clone();
         if let Ok(value) = HeaderValue::from_str(&self.region) {
             forwarded.headers_mut().insert(FORWARDED_FROM_HEADER, value);
