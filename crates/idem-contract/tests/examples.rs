@@ -133,3 +133,43 @@ fn json_carries_verdicts_and_horizon() {
     );
     assert!(json["findings"][0]["change"].is_null());
 }
+
+/// Asynchronous home-region routing passes only while every provider that
+/// performs the effect dedups by the forwarded key: a hard failover loses
+/// the replication lag's records, and the provider is the last line.
+#[test]
+fn home_region_over_async_replication_leans_on_the_providers_dedup() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/sim/active-active-home-region.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("dedups = true"),
+        "the example declares the dedup"
+    );
+    let cases = [
+        (
+            text.clone(),
+            P,
+            "the provider's dedup by the forwarded key is the last line",
+        ),
+        (
+            text.replace("dedups = true", "dedups = false")
+                .lines()
+                .filter(|l| !l.starts_with("dedup_window_s"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            F,
+            "no provider is declared to dedup by the forwarded key",
+        ),
+    ];
+    for (contract, verdict, needle) in cases {
+        let report = check(&idem_contract::parse(&contract, &path).unwrap());
+        let finding = report.finding(Question::Failover).unwrap();
+        assert_eq!(finding.verdict, verdict, "{finding:?}");
+        assert!(
+            finding.why.contains(needle),
+            "{:?} lacks {needle:?}",
+            finding.why
+        );
+    }
+}

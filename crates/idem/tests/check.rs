@@ -93,8 +93,19 @@ fn unreadable_and_invalid_files_exit_2_naming_file_line_and_field() {
 }
 
 fn gateway_config(site: &Site, contract: &str, retention_s: u64) -> PathBuf {
+    gateway_config_with(site, contract, retention_s, "", "")
+}
+
+/// [`gateway_config`] with `top` before the route and `route` in it.
+fn gateway_config_with(
+    site: &Site,
+    contract: &str,
+    retention_s: u64,
+    top: &str,
+    route: &str,
+) -> PathBuf {
     let text = format!(
-        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\nretention_s = {retention_s}\n\
+        "{top}[[route]]\n{route}name = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\nretention_s = {retention_s}\n\
          principal = {{ header = \"x-tenant-id\" }}\n\
          forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
          tombstone_s = 31536000\ncontract = {:?}\n\
@@ -150,6 +161,51 @@ async fn a_gateway_refuses_a_route_whose_contract_fails() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     let gw = Gateway::start(&up.url(), &site.store(), Some(&long));
     assert!(!gw.logs().contains("UNSAFE CONTRACT"));
+}
+
+/// `idem check --gateway` holds each route's region mode to its contract's
+/// `[regions]` (payouts: one region): a synchronous route or home-region
+/// routing is a promise the contract does not make, and is named.
+#[test]
+fn a_route_region_mode_is_held_to_its_contract() {
+    let site = Site::new();
+    let peers = "region = \"eu\"\n[peers]\nus = \"http://127.0.0.1:9\"\n";
+    let cases = [
+        ("", "", Some(0), "PASS        one region"),
+        (
+            "",
+            "regions = { mode = \"synchronous\" }\n",
+            Some(1),
+            "replication = \"sync\"",
+        ),
+        (
+            peers,
+            "regions = { mode = \"home-region\", home = { from = \"key_prefix\" } }\n",
+            Some(1),
+            "home_region",
+        ),
+    ];
+    for (top, route, code, needle) in cases {
+        let extra = format!("{top}{route}");
+        let config = gateway_config_with(&site, "payouts.toml", 31_536_000, top, route);
+        let out = idem(&["check", "--gateway", config.to_str().unwrap()]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            code,
+            "{extra}: {stdout}{}",
+            text(&out.stderr)
+        );
+        // The finding's line and its "change:" line.
+        let lines = stdout
+            .lines()
+            .skip_while(|l| !l.contains("gateway.regions"));
+        let shown = lines.take(2).collect::<Vec<_>>().join("\n");
+        assert!(
+            shown.contains(needle),
+            "{extra}: {needle:?} not in {shown:?}"
+        );
+    }
 }
 
 /// The corrected payout consumer passes against the corrected contract;
