@@ -188,24 +188,31 @@ async fn lookup(
     State(l): State<Shared>,
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
-    let mut ledger = l.lock().unwrap();
-    ledger.lookups += 1;
-    if ledger.lookup_down {
-        return (StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response();
-    }
-    match ledger
-        .effects
-        .iter()
-        .position(|e| e.key.as_deref() == Some(key.as_str()))
-    {
-        Some(i) => (
+    match look_up(&l, &key, None) {
+        Err(down) => down,
+        Ok(Some(i)) => (
             StatusCode::OK,
             [("content-type", "application/json")],
             format!("{{\"payout\":{},\"found_by\":\"lookup\"}}", i + 1),
         )
             .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
     }
+}
+
+/// A lookup at the provider, counted: the position of the first effect
+/// with `key` (on `path`, when given), or the 503 of a lookup API that is
+/// down.
+fn look_up(l: &Shared, key: &str, path: Option<&str>) -> Result<Option<usize>, Response> {
+    let mut ledger = l.lock().unwrap();
+    ledger.lookups += 1;
+    if ledger.lookup_down {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response());
+    }
+    Ok(ledger
+        .effects
+        .iter()
+        .position(|e| e.key.as_deref() == Some(key) && path.is_none_or(|p| e.path == p)))
 }
 
 fn transferred(n: usize) -> Response {
@@ -227,18 +234,10 @@ async fn transfer_lookup(
     State(l): State<Shared>,
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
-    let mut ledger = l.lock().unwrap();
-    ledger.lookups += 1;
-    if ledger.lookup_down {
-        return (StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response();
-    }
-    match ledger
-        .effects
-        .iter()
-        .position(|e| e.path == "/transfers" && e.key.as_deref() == Some(key.as_str()))
-    {
-        Some(i) => transferred(i + 1),
-        None => StatusCode::NOT_FOUND.into_response(),
+    match look_up(&l, &key, Some("/transfers")) {
+        Err(down) => down,
+        Ok(Some(i)) => transferred(i + 1),
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
