@@ -29,6 +29,11 @@ pub const HOME_TABLE_ENTRIES_MAX: usize = 10_000;
 pub const PEERS_MAX: usize = 64;
 /// The longest key-prefix separator, in bytes.
 pub const SEPARATOR_BYTES_MAX: usize = 8;
+/// Time a peer gets beyond its own upstream's connect and response
+/// timeouts: it claims and completes around its forward, so a forward
+/// given only the upstream's timeout would give up on every slow answer the
+/// peer still delivers, and the client would see 503 for an intent that ran.
+pub const PEER_MARGIN_MS: u64 = 5_000;
 
 /// A route's validated region mode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,7 +433,10 @@ impl RegionGate {
             .peers
             .iter()
             .map(|(name, uri)| {
-                let proxy = Proxy::new(uri.clone(), connect_timeout, response_timeout);
+                let peer_timeout = connect_timeout
+                    + response_timeout
+                    + std::time::Duration::from_millis(PEER_MARGIN_MS);
+                let proxy = Proxy::new(uri.clone(), connect_timeout, peer_timeout);
                 (name.clone(), (uri.clone(), proxy))
             })
             .collect();

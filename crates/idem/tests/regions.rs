@@ -101,7 +101,41 @@ async fn each_key_is_claimed_once_and_only_in_its_home_region() {
     assert_eq!(stored_keys(&eu_site.store()), vec!["eu:pay-1"]);
     assert_eq!(stored_keys(&us_site.store()), vec!["us:pay-2"]);
     // The marker never reaches the upstream: it was taken off at the edge.
-    assert!(effects.iter().all(|e| e.key.is_some()));
+    assert!(
+        effects
+            .iter()
+            .all(|e| e.key.is_some() && e.forwarded_from.is_none()),
+        "{effects:?}"
+    );
+}
+
+/// A forwarded request waits for the home gateway's whole answer: the home
+/// claims, waits up to its upstream's response timeout, and records the
+/// outcome, so a forward cut at that same timeout would answer 503
+/// `peer-unavailable` for a request the home did run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forward_outlasts_the_home_gateways_own_upstream_timeout() {
+    let up = Upstream::start().await;
+    let (eu_site, us_site) = (Site::new(), Site::new());
+    let (eu_port, us_port) = (free_port(), free_port());
+    let text = |region: &str, peer: &str, port: u16| {
+        format!(
+            "response_timeout_ms = 500\nregion = \"{region}\"\n[peers]\n\
+             {peer} = \"http://127.0.0.1:{port}\"\n[[route]]\nname = \"slow\"\n\
+             path = \"/slow-before\"\nregions = {PREFIX}\n"
+        )
+    };
+    let _eu = start(&up, &eu_site, eu_port, &text("eu", "us", us_port));
+    let _us = start(&up, &us_site, us_port, &text("us", "eu", eu_port));
+    let url = format!("http://127.0.0.1:{eu_port}/slow-before?ms=1500");
+    let reply = post(&url, &[key("us:slow-1")], "{}").await;
+    assert_ne!(
+        reply.problem().as_deref(),
+        Some("urn:idem:problem:peer-unavailable"),
+        "{reply:?}"
+    );
+    assert_eq!(stored_keys(&us_site.store()), vec!["us:slow-1"]);
+    assert_eq!(stored_keys(&eu_site.store()), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread")]

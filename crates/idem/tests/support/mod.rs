@@ -32,6 +32,8 @@ pub struct Effect {
     pub key: Option<String>,
     /// `X-Upstream-Key`, for routes that forward the key under another name.
     pub upstream_key: Option<String>,
+    /// `Idem-Forwarded-From`, which a gateway must never pass upstream.
+    pub forwarded_from: Option<String>,
     pub body: String,
 }
 
@@ -129,6 +131,9 @@ fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usi
         upstream_key: headers
             .get("x-upstream-key")
             .map(|v| v.to_str().unwrap().to_owned()),
+        forwarded_from: headers
+            .get("idem-forwarded-from")
+            .map(|v| v.to_str().unwrap_or("(not text)").to_owned()),
         body: String::from_utf8_lossy(body).into_owned(),
     });
     l.effects.len()
