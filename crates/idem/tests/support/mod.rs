@@ -194,7 +194,7 @@ async fn lookup(
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
     match look_up(&l, &key, None) {
-        Err(down) => down,
+        Err(down) => down.into_response(),
         Ok(Some(i)) => (
             StatusCode::OK,
             [("content-type", "application/json")],
@@ -205,14 +205,22 @@ async fn lookup(
     }
 }
 
+/// The provider's lookup API is down (`Ledger::lookup_down`).
+struct LookupDown;
+
+impl IntoResponse for LookupDown {
+    fn into_response(self) -> Response {
+        (StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response()
+    }
+}
+
 /// A lookup at the provider, counted: the position of the first effect
-/// with `key` (on `path`, when given), or the 503 of a lookup API that is
-/// down.
-fn look_up(l: &Shared, key: &str, path: Option<&str>) -> Result<Option<usize>, Response> {
+/// with `key` (on `path`, when given).
+fn look_up(l: &Shared, key: &str, path: Option<&str>) -> Result<Option<usize>, LookupDown> {
     let mut ledger = l.lock().unwrap();
     ledger.lookups += 1;
     if ledger.lookup_down {
-        return Err((StatusCode::SERVICE_UNAVAILABLE, "lookup unavailable").into_response());
+        return Err(LookupDown);
     }
     Ok(ledger
         .effects
@@ -240,7 +248,7 @@ async fn transfer_lookup(
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
     match look_up(&l, &key, Some("/transfers")) {
-        Err(down) => down,
+        Err(down) => down.into_response(),
         Ok(Some(i)) => transferred(i + 1),
         Ok(None) => StatusCode::NOT_FOUND.into_response(),
     }
