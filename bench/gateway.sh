@@ -293,15 +293,16 @@ check_replay() { # NAME
 
 # Sends the replay modes' keys once: hot-NONCE and many-NONCE-1..KEYS.
 seed() { # NAME
-    local url="http://127.0.0.1:${gateway_port[$1]}/payouts" cfg="$work/seed-$1.curl" i bad
+    local url="http://127.0.0.1:${gateway_port[$1]}/payouts" cfg="$work/seed-$1.curl" i good
     [[ $(post "$url" "hot-$nonce") == "201 "* ]] || die "idem serve ($1): seeding the hot key failed"
     : >"$cfg"
     for ((i = 1; i <= keys; i++)); do
-        printf 'url = "%s"\nrequest = "POST"\nheader = "Content-Type: application/json"\nheader = "x-tenant-id: %s"\nheader = "Idempotency-Key: many-%s-%d"\ndata-binary = "@%s"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\nnext\n' \
+        if ((i > 1)); then echo next >>"$cfg"; fi
+        printf 'url = "%s"\nrequest = "POST"\nheader = "Content-Type: application/json"\nheader = "x-tenant-id: %s"\nheader = "Idempotency-Key: many-%s-%d"\ndata-binary = "@%s"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\n' \
             "$url" "$tenant" "$nonce" "$i" "$body" >>"$cfg"
     done
-    bad=$(curl -s -K "$cfg" | grep -vc '^201$' || true)
-    [[ $bad == 0 ]] || die "idem serve ($1): $bad of $keys seeded keys were not answered 201"
+    good=$(curl -s -K "$cfg" | grep -c '^201$' || true)
+    [[ $good == "$keys" ]] || die "idem serve ($1): only $good of $keys seeded keys were answered 201"
 }
 
 start_gateway sqlite "sqlite://$work/idem.db"
