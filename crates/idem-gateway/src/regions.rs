@@ -21,8 +21,8 @@ use crate::Proxy;
 /// own region. A gateway never forwards a request that carries it, and the
 /// edge removes it before anything reaches the upstream.
 pub const FORWARDED_FROM_HEADER: &str = "idem-forwarded-from";
-/// The longest region name, in bytes.
-pub const REGION_BYTES_MAX: usize = 64;
+/// The longest region name, in bytes: the record's own limit.
+pub use idem_core::REGION_BYTES_MAX;
 /// The most entries a principal → region table may hold.
 pub const HOME_TABLE_ENTRIES_MAX: usize = 10_000;
 /// The most `[peers]` a gateway may declare.
@@ -102,8 +102,7 @@ pub struct Regions {
 /// has one spelling. Every such name also passes [`idem_core::check_region`],
 /// the looser rule a record's region is stored under.
 pub fn check_region(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= REGION_BYTES_MAX
+    let ok = idem_core::check_region(name).is_ok()
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .bytes()

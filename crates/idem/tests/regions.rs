@@ -87,18 +87,25 @@ async fn each_key_is_claimed_once_and_only_in_its_home_region() {
     let body = "{\"amount\":100}";
     // Each key is sent to the gateway of the other region first, retried
     // there, then retried on its home gateway.
-    let plan = [("eu:pay-1", &us, &eu), ("us:pay-2", &eu, &us)];
-    for (k, foreign, home) in plan {
-        let first = post(&foreign.url("/payouts"), &[key(k)], body).await;
+    // The third key is first sent in the draft's quoted sf-string form: the
+    // same key, so the same home and the same record, whichever spelling a
+    // retry uses.
+    let plan = [
+        ("eu:pay-1", "eu:pay-1", &us, &eu),
+        ("us:pay-2", "us:pay-2", &eu, &us),
+        ("\"eu:pay-3\"", "eu:pay-3", &us, &eu),
+    ];
+    for (first_spelling, k, foreign, home) in plan {
+        let first = post(&foreign.url("/payouts"), &[key(first_spelling)], body).await;
         assert_eq!(first.status, 201, "{k}: {}", first.body);
         let again = post(&foreign.url("/payouts"), &[key(k)], body).await;
         again.assert_replay_of(&first);
-        let at_home = post(&home.url("/payouts"), &[key(k)], body).await;
+        let at_home = post(&home.url("/payouts"), &[key(first_spelling)], body).await;
         at_home.assert_replay_of(&first);
     }
     let effects = up.effects();
-    assert_eq!(effects.len(), 2, "{effects:?}");
-    assert_eq!(stored_keys(&eu_site.store()), vec!["eu:pay-1"]);
+    assert_eq!(effects.len(), 3, "{effects:?}");
+    assert_eq!(stored_keys(&eu_site.store()), vec!["eu:pay-1", "eu:pay-3"]);
     assert_eq!(stored_keys(&us_site.store()), vec!["us:pay-2"]);
     // The marker never reaches the upstream: it was taken off at the edge.
     assert!(
@@ -135,6 +142,49 @@ async fn a_forward_outlasts_the_home_gateways_own_upstream_timeout() {
         "{reply:?}"
     );
     assert_eq!(stored_keys(&us_site.store()), vec!["us:slow-1"]);
+    assert_eq!(stored_keys(&eu_site.store()), Vec::<String>::new());
+}
+
+/// Many copies of one intent at once, half to each region's gateway: the
+/// foreign copies are forwarded, every copy is decided by the home store,
+/// and the effect happens once; every answer is that effect's or a 409.
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_racing_through_both_gateways_run_once() {
+    let up = Upstream::start().await;
+    let (eu_site, us_site) = (Site::new(), Site::new());
+    let (eu_port, us_port) = (free_port(), free_port());
+    let eu = start(
+        &up,
+        &eu_site,
+        eu_port,
+        &config("eu", &[("us", us_port)], PREFIX, ""),
+    );
+    let us = start(
+        &up,
+        &us_site,
+        us_port,
+        &config("us", &[("eu", eu_port)], PREFIX, ""),
+    );
+    let (eu_url, us_url) = (eu.url("/payouts"), us.url("/payouts"));
+    let copies = (0..16).map(|i| {
+        let url = if i % 2 == 0 {
+            eu_url.clone()
+        } else {
+            us_url.clone()
+        };
+        tokio::spawn(async move { post(&url, &[key("us:race-1")], "{\"amount\":7}").await })
+    });
+    let mut answered = Vec::new();
+    for copy in copies.collect::<Vec<_>>() {
+        answered.push(copy.await.unwrap());
+    }
+    let effects = up.effects();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert!(
+        answered.iter().all(|r| r.status == 201 || r.status == 409),
+        "{answered:?}"
+    );
+    assert_eq!(stored_keys(&us_site.store()), vec!["us:race-1"]);
     assert_eq!(stored_keys(&eu_site.store()), Vec::<String>::new());
 }
 
