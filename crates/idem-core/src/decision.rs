@@ -217,6 +217,23 @@ pub fn plan(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> Pl
     Plan::Answer(answer, Write::None)
 }
 
+/// The claim's answer when it writes nothing (a replay, a 409, a 422, a
+/// late replay, an outcome still unknown), `None` when it would write (a
+/// new key, a takeover, an expired lease marked ambiguous). A store may
+/// answer this from a read that takes no lock: the record it read held at
+/// an instant of the read, and the claim, which changes nothing, takes
+/// effect at that instant. Every other claim must take the store's lock.
+pub fn answer_without_write(
+    existing: Option<&Record>,
+    req: &ClaimRequest,
+    now: Timestamp,
+) -> Option<Claim> {
+    match plan(existing, req, now) {
+        Plan::Answer(claim, Write::None) => Some(claim),
+        Plan::Answer(..) | Plan::Acquire { .. } => None,
+    }
+}
+
 /// [`plan`] finished with a token from `next_token`, called only when the
 /// claim acquires; it must return a token no attempt has held before.
 pub fn claim(
