@@ -5,6 +5,8 @@
 //! - `cargo run --release -p idem-bench -- sqlite [--callers 64] [--seconds 5] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- gateway [--connections 32] [--seconds 5] [--keys 4096] [--dir DIR]`
 //! - `cargo run --release -p idem-bench -- postgres [--connections 16] [--seconds 5] [--url URL]`
+//! - `cargo run --release -p idem-bench -- purge [--records 1000000] [--callers 32] [--seconds 5]
+//!   [--dir DIR]`
 //! - `cargo build --release -p idem && cargo run --release -p idem-bench -- consume
 //!   [--messages 20000] [--concurrency 8] [--broker rabbitmq|nats] [--store postgres://…]
 //!   [--idem PATH] [--dir DIR]`
@@ -23,6 +25,7 @@ mod load;
 mod measured;
 mod nats;
 mod postgres;
+mod purge;
 mod queue;
 mod rabbit;
 mod server;
@@ -35,6 +38,7 @@ use anyhow::bail;
 const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir DIR]\n       \
      idem-bench gateway [--connections N] [--seconds S] [--keys N] [--dir DIR]\n       \
      idem-bench postgres [--connections N] [--seconds S] [--url URL]\n       \
+     idem-bench purge [--records N] [--callers N] [--seconds S] [--dir DIR]\n       \
      idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq|nats] [--store URL] \
      [--idem PATH] [--dir DIR]\n       \
      idem-bench sync-commit [--commits N]";
@@ -45,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Some("sqlite") => sqlite::main(args),
         Some("gateway") => gateway::main(args),
         Some("postgres") => postgres::main(args),
+        Some("purge") => purge::main(args),
         Some("consume") => consume::main(args),
         Some("sync-commit") => sync_commit::main(args),
         Some("bare-consume") => bare::main(args),

@@ -64,6 +64,7 @@ mod key;
 mod memory;
 mod policy;
 mod record;
+mod replay_cache;
 mod scope;
 mod store;
 mod time;
@@ -81,6 +82,7 @@ pub use record::{
     REGION_BYTES_MAX, RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, Record, RecordId,
     Resolution, Resolved, State, StoredResult, Token, check_owner, check_region,
 };
+pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
     DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError,

@@ -12,8 +12,17 @@
 //! - **A new key in one round trip**: `INSERT … SELECT … ON CONFLICT (scope,
 //!   key) DO NOTHING RETURNING …` builds exactly the record
 //!   `decision::claim(None, …)` builds, with a token from a sequence.
-//! - **Existing keys** by a locked read-decide-write in one transaction:
-//!   `SELECT … FOR UPDATE`, the shared decision, its write, `COMMIT`.
+//! - **A replay without a lock.** The same statement returns the record
+//!   as its snapshot holds it when the key exists; a claim that writes
+//!   nothing there (a replay, a 409, a 422, a late replay, an unknown
+//!   outcome: `decision::answer_without_write`) is answered from it, so a
+//!   replay of a hot key never queues behind its row lock.
+//! - **A completion in one round trip**: one statement locks the record,
+//!   reads it, writes the completion where `decision::complete`'s fencing
+//!   check passes, and returns both, which are held to the decision.
+//! - **Every other change** by a locked read-decide-write in one
+//!   transaction: `SELECT … FOR UPDATE`, the shared decision, its write,
+//!   `COMMIT`.
 //! - **Tokens** from a `SEQUENCE`: unique and increasing across nodes,
 //!   releases and deletes.
 //! - **A claim in the caller's transaction** ([`PgStore::claim_in`],
@@ -187,8 +196,7 @@ impl PgStore {
         token: Token,
         result: StoredResult,
     ) -> Result<Record, StoreError> {
-        let transition = ops::complete(id, token, result);
-        ops::modify(&Exec::Foreign(tx), &self.ctx, id, transition).await
+        ops::complete_one(&Exec::Foreign(tx), &self.ctx, id, token, result).await
     }
 
     /// From now on, every new pooled connection is checked with
@@ -326,13 +334,16 @@ impl PgStore {
     }
 
     /// The fast path on the pooled connection in autocommit (one round
-    /// trip), then the locked path in a transaction, retried if the record
+    /// trip: a new key, or an answer that writes nothing, read without a
+    /// lock), then the locked path in a transaction, retried if the record
     /// vanished in between.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
         self.bounded(async |client| {
             for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
-                if let Some(claim) = ops::insert_new(&Exec::Pooled(client), &self.ctx, req).await? {
+                let exec = Exec::Pooled(client);
+                let fast = ops::insert_new(&exec, &self.ctx, req).await?;
+                if let Some(claim) = fast.answer_unlocked(&exec, req) {
                     return Ok(claim);
                 }
                 let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
@@ -372,7 +383,9 @@ impl Store for PgStore {
         token: Token,
         result: StoredResult,
     ) -> StoreFuture<'a, Record> {
-        Box::pin(self.modify(id, ops::complete(id, token, result)))
+        Box::pin(self.bounded(async move |client| {
+            ops::complete_one(&Exec::Pooled(client), &self.ctx, id, token, result).await
+        }))
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {

@@ -98,14 +98,45 @@ impl Ctx {
     }
 }
 
+/// What the fast path's statement found.
+pub(crate) enum Fast {
+    /// The key was new: acquired.
+    Acquired(Claim),
+    /// The key has a record: the store's time read in the statement and
+    /// the record as the statement's snapshot held it, read without a
+    /// lock; `None` when the snapshot did not see it (a transaction that
+    /// committed after the snapshot inserted it), it does not read back
+    /// (the locked path reports it), or the new record changed before its
+    /// lease could restart.
+    Existing(Option<(Timestamp, Record)>),
+}
+
+impl Fast {
+    /// The claim's answer without a lock, when it writes nothing
+    /// (`decision::answer_without_write`). Only for a statement in
+    /// autocommit: its snapshot is taken after the claim began, so the
+    /// record it read held at an instant of the claim. A caller's
+    /// transaction may hold an older snapshot.
+    pub(crate) fn answer_unlocked(self, exec: &Exec<'_, '_>, req: &ClaimRequest) -> Option<Claim> {
+        match (self, exec) {
+            (Fast::Acquired(claim), _) => Some(claim),
+            (Fast::Existing(Some((now, seen))), Exec::Pooled(_)) => {
+                decision::answer_without_write(Some(&seen), req, now)
+            }
+            (Fast::Existing(_), _) => None,
+        }
+    }
+}
+
 /// The fast path: a new key in one statement, the values those of
 /// `decision::claim(None, …)` at the statement's now with a token from the
-/// sequence. `None` when a record exists (the statement changed nothing).
+/// sequence. When a record exists the statement changes nothing and
+/// returns it as its snapshot holds it.
 pub(crate) async fn insert_new(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,
     req: &ClaimRequest,
-) -> Result<Option<Claim>, StoreError> {
+) -> Result<Fast, StoreError> {
     let now = ctx.now();
     let fingerprint: &[u8] = req.fingerprint.as_bytes();
     let (lease, retention, tombstone) = (
@@ -125,14 +156,26 @@ pub(crate) async fn insert_new(
         (&tombstone, Type::INT8),
         (&region, Type::TEXT),
     ];
-    let sql = &ctx.schema.insert_new;
-    let Some((claim, token, waited_ms)) = acquired(exec, ctx, req, sql, &params).await? else {
-        return Ok(None);
-    };
-    if waited_ms > FAST_PATH_WAIT_MS_MAX {
-        return restart_lease(exec, ctx, req, token).await;
+    let rows = ctx.query(exec, &ctx.schema.insert_new, &params).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| ctx.damaged(&req.id.to_string(), "the claim returned no row".into()))?;
+    let inserted: Option<i64> = row
+        .try_get(0)
+        .map_err(|e| ctx.damaged("a new record", error::chain(&e)))?;
+    if inserted.is_none() {
+        let now = row::time(row, 4, "now_ms").map_err(|why| ctx.damaged("the claim", why))?;
+        let seen = row::decode(row, 5, &ctx.store).ok().flatten();
+        return Ok(Fast::Existing(seen.map(|record| (now, record))));
     }
-    Ok(Some(claim))
+    let (claim, token, waited_ms) = acquired(ctx, req, row)?;
+    if waited_ms > FAST_PATH_WAIT_MS_MAX {
+        return match restart_lease(exec, ctx, req, token).await? {
+            Some(claim) => Ok(Fast::Acquired(claim)),
+            None => Ok(Fast::Existing(None)),
+        };
+    }
+    Ok(Fast::Acquired(claim))
 }
 
 /// The locked read-decide-write for a key that has a record: the shared
@@ -159,16 +202,17 @@ pub(crate) async fn claim_locked(
     Ok(Some(claim))
 }
 
-/// A claim: the fast path, then the locked path, again if the record
-/// vanished in between (bounded by [`CLAIM_ATTEMPTS_MAX`]). On one
-/// connection, so in the caller's transaction this is the whole claim.
+/// A claim: the fast path (a new key, or in autocommit an answer that
+/// writes nothing), then the locked path, again if the record vanished in
+/// between (bounded by [`CLAIM_ATTEMPTS_MAX`]). On one connection, so in
+/// the caller's transaction this is the whole claim.
 pub(crate) async fn claim_on(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,
     req: &ClaimRequest,
 ) -> Result<Claim, StoreError> {
     for _ in 0..CLAIM_ATTEMPTS_MAX {
-        if let Some(claim) = insert_new(exec, ctx, req).await? {
+        if let Some(claim) = insert_new(exec, ctx, req).await?.answer_unlocked(exec, req) {
             return Ok(claim);
         }
         if let Some(claim) = claim_locked(exec, ctx, req).await? {
@@ -278,16 +322,50 @@ pub(crate) async fn tries(
     }))
 }
 
-/// `decision::complete` as a transition for [`modify`]: the completed
-/// record, answered and written.
-pub(crate) fn complete<'a>(
-    id: &'a RecordId,
+/// `decision::complete` in one statement and one round trip: the SQL locks
+/// the record, reads it as it was and writes the completion only where the
+/// decision's fencing check passes; the row it returns is then held to the
+/// decision on the record as read, so a statement that ever disagreed with
+/// `decision::complete` is reported as a bug instead of answered.
+pub(crate) async fn complete_one(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
     token: Token,
     result: StoredResult,
-) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Record>, StoreError> + Send + 'a {
-    move |existing, now| {
-        let done = decision::complete(existing, id, token, result, now)?;
-        Ok((done.clone(), Write::Put(done), None))
+) -> Result<Record, StoreError> {
+    let now = ctx.now();
+    let token_param = int(token.0);
+    let status = i32::from(result.status());
+    let headers = serde_json::to_string(result.headers())
+        .map_err(|e| ctx.damaged("a result to write", format!("cannot encode it: {e}")))?;
+    let body = result.body();
+    let params: [Param<'_>; 7] = [
+        now_param(&now),
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+        (&token_param, Type::INT8),
+        (&status, Type::INT4),
+        (&headers, Type::TEXT),
+        (&body, Type::BYTEA),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.complete, &params).await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| ctx.damaged(&id.to_string(), "the completion returned no row".into()))?;
+    let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&id.to_string(), why))?;
+    let old = row::decode(row, 1, &ctx.store)?;
+    let written = row::decode(row, 1 + row::COLUMNS.len(), &ctx.store)?;
+    match (decision::complete(old.as_ref(), id, token, result, now), written) {
+        (Ok(done), Some(written)) if done == written => Ok(done),
+        (Err(refused), None) => Err(refused),
+        (decided, written) => Err(StoreError::Incompatible {
+            store: ctx.store.clone(),
+            reason: format!(
+                "the completion of {id} wrote {written:?}, but the decision answers \
+                 {decided:?}; this is a bug in idem-postgres"
+            ),
+        }),
     }
 }
 
@@ -509,22 +587,12 @@ fn state_clause(state: State) -> &'static str {
     }
 }
 
-/// Runs the fast path's insert or lease restart and reads what it returned
-/// (token, `created_at_ms`, `lease_until_ms`, the time after the statement):
-/// the answer of the shared decision for those values, checked against the
+/// Reads what the fast path's insert or a lease restart returned (token,
+/// `created_at_ms`, `lease_until_ms`, the time after the statement): the
+/// answer of the shared decision for those values, checked against the
 /// lease the SQL stored, the token, and how long the statement waited in
-/// milliseconds. `None` when the statement wrote nothing.
-async fn acquired(
-    exec: &Exec<'_, '_>,
-    ctx: &Ctx,
-    req: &ClaimRequest,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<Option<(Claim, Token, u64)>, StoreError> {
-    let rows = ctx.query(exec, sql, params).await?;
-    let Some(row) = rows.first() else {
-        return Ok(None);
-    };
+/// milliseconds.
+fn acquired(ctx: &Ctx, req: &ClaimRequest, row: &Row) -> Result<(Claim, Token, u64), StoreError> {
     let mut values = [0u64; 4];
     for (idx, name) in ["token", "created_at_ms", "lease_until_ms", "now_ms"]
         .into_iter()
@@ -537,9 +605,9 @@ async fn acquired(
     let (token, created_at) = (Token(token), Timestamp::from_millis(created_at));
     let (claim, _) = decision::acquire(req, created_at, token, None);
     match claim {
-        Claim::Acquired { lease_until, .. } if lease_until.as_millis() == stored_lease_until => Ok(
-            Some((claim, token, after.saturating_sub(created_at.as_millis()))),
-        ),
+        Claim::Acquired { lease_until, .. } if lease_until.as_millis() == stored_lease_until => {
+            Ok((claim, token, after.saturating_sub(created_at.as_millis())))
+        }
         other => Err(StoreError::Incompatible {
             store: ctx.store.clone(),
             reason: format!(
@@ -570,9 +638,11 @@ async fn restart_lease(
         (&token_param, Type::INT8),
         (&lease, Type::INT8),
     ];
-    let sql = &ctx.schema.restart_lease;
-    let restarted = acquired(exec, ctx, req, sql, &params).await?;
-    Ok(restarted.map(|(claim, _, _)| claim))
+    let rows = ctx.query(exec, &ctx.schema.restart_lease, &params).await?;
+    match rows.first() {
+        Some(row) => acquired(ctx, req, row).map(|(claim, _, _)| Some(claim)),
+        None => Ok(None),
+    }
 }
 
 /// The record (if any), locked until the transaction ends, and the time

@@ -98,17 +98,32 @@ const MIGRATION_LOCK_CLASS: i32 = 0x6964_656d;
 const STORE_NOW_MS: &str =
     "COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)";
 
+/// The most seconds whose milliseconds fit a `bigint`: a retention or
+/// tombstone horizon beyond it saturates, as `Timestamp::plus_millis` does.
+const SECONDS_MAX: i64 = i64::MAX / 1000;
+
 /// A validated schema name and every statement the store runs in it.
 pub(crate) struct Schema {
     pub(crate) name: String,
-    /// The fast path: a new key in one statement, or no row on conflict;
-    /// it also returns the time after the insert, to notice a wait.
+    /// The fast path: a new key in one statement. One row: the insert's
+    /// token, `created_at_ms`, `lease_until_ms` and the time after it (to
+    /// notice a wait), all NULL when nothing was inserted; then the time
+    /// before it and the record as the statement's snapshot holds it, read
+    /// without a lock. The insert is not tried when the snapshot holds a
+    /// record, so a claim of an existing key never waits on a transaction
+    /// changing it; a record the snapshot missed (committed after it, or
+    /// being inserted) makes the insert conflict, and both parts are NULL.
     pub(crate) insert_new: String,
     /// Restarts the lease of a record the fast path just inserted.
     pub(crate) restart_lease: String,
     /// The locked read: the record (if any), locked, and the time after the
     /// lock was granted.
     pub(crate) lock: String,
+    /// A completion in one statement: the record locked and read as it
+    /// was, the time after the lock, and the record as written, written
+    /// only when `$4` holds it `in_progress` (the fencing check of
+    /// `decision::complete`, which the caller checks the row against).
+    pub(crate) complete: String,
     pub(crate) next_token: String,
     /// Insert or replace records given as one array per column.
     pub(crate) put: String,
@@ -154,14 +169,19 @@ impl Schema {
         Schema {
             name: name.to_owned(),
             insert_new: format!(
-                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+                "WITH now AS MATERIALIZED (SELECT {now} AS ms), \
+                 seen AS MATERIALIZED (SELECT {cols} FROM {s}.records \
+                 WHERE scope = $2 AND key = $3), \
+                 ins AS (INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
                  lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
                  SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
                  now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
                  $9::text \
-                 FROM (SELECT {now} AS ms) AS now \
+                 FROM now WHERE NOT EXISTS (SELECT 1 FROM seen) \
                  ON CONFLICT (scope, key) DO NOTHING \
-                 RETURNING token, created_at_ms, lease_until_ms, {now}"
+                 RETURNING token, created_at_ms, lease_until_ms, {now} AS after_ms) \
+                 SELECT ins.token, ins.created_at_ms, ins.lease_until_ms, ins.after_ms, \
+                 now.ms, seen.* FROM now LEFT JOIN ins ON true LEFT JOIN seen ON true"
             ),
             restart_lease: format!(
                 "UPDATE {s}.records AS r SET created_at_ms = now.ms, \
@@ -174,6 +194,24 @@ impl Schema {
                 "WITH locked AS MATERIALIZED (\
                  SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE) \
                  SELECT {now} AS now_ms, locked.* FROM (SELECT) AS one LEFT JOIN locked ON true"
+            ),
+            complete: format!(
+                "WITH old AS MATERIALIZED (\
+                 SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE), \
+                 now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
+                 done AS (UPDATE {s}.records AS r SET state = 'completed', \
+                 completed_at_ms = now.ms, \
+                 expires_at_ms = now.ms + LEAST(LEAST(old.retention_s, {SECONDS_MAX}) * 1000, \
+                 9223372036854775807 - now.ms), \
+                 tombstone_until_ms = now.ms + LEAST(LEAST(old.tombstone_s, {SECONDS_MAX}) * 1000, \
+                 9223372036854775807 - now.ms), \
+                 result_status = $5, result_headers = $6, result_body = $7 \
+                 FROM old, now \
+                 WHERE r.scope = old.scope AND r.key = old.key \
+                 AND old.token = $4 AND old.state = 'in_progress' \
+                 RETURNING {}) \
+                 SELECT now.ms, old.*, done.* FROM now LEFT JOIN old ON true LEFT JOIN done ON true",
+                COLUMNS.map(|c| format!("r.{c}")).join(", ")
             ),
             next_token: format!("SELECT nextval('{s}.tokens')"),
             put: format!(

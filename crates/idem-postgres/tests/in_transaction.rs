@@ -205,24 +205,24 @@ async fn claims_in_a_transaction_decide_like_the_store() {
 
 /// The locked path reads the time after the row lock is granted: a claim
 /// that waited for a transaction holding the record, past the record's
-/// lease, finds the lease expired.
+/// lease, finds the lease expired. (A claim that finds a committed record
+/// with its lease running answers 409 from its read and waits for nothing,
+/// so the record here is one the holding transaction inserted and has not
+/// committed: the claim's insert waits on it, then the claim locks.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_locked_path_reads_the_time_after_the_lock() {
     let (store, _schema, _admin) = setup().await;
     let lease_ms = 200;
     let req = request("held", 1, lease_ms);
-    assert!(matches!(
-        store.claim(&req).await.unwrap(),
-        Claim::Acquired { .. }
-    ));
     let mut client = store.client().await.unwrap();
     let tx = client.transaction().await.unwrap();
     let held = store.claim_in(&tx, &req).await.unwrap();
-    assert!(matches!(held, Claim::InFlight { .. }), "{held:?}");
+    assert!(matches!(held, Claim::Acquired { .. }), "{held:?}");
     let (other, other_req) = (Arc::clone(&store), req.clone());
     let waiter = tokio::spawn(async move { other.claim(&other_req).await });
-    // Hold the row lock past the lease.
+    // Hold the row past the lease.
     tokio::time::sleep(Duration::from_millis(2 * lease_ms)).await;
+    assert!(!waiter.is_finished(), "the claim waits for the holder");
     tx.commit().await.unwrap();
     assert_eq!(
         waiter.await.unwrap().unwrap(),
