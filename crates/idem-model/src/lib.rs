@@ -3,8 +3,16 @@
 //! upstream that commits before or after it answers, a clock, a reconciler,
 //! an operator and the purge, where every step that touches the record calls
 //! the production functions of `idem_core::decision`. The explorer is
-//! `stateright`'s breadth-first checker, so a counterexample is a shortest
-//! trace.
+//! `stateright`'s breadth-first checker, on one thread, and each safety
+//! property is reported at the first world found breaking it, so a
+//! counterexample is a shortest trace.
+//!
+//! A claim is either made under the store's lock in one step, or through
+//! the stores' fast path: a read that takes no lock, its record and clock
+//! possibly from different moments with any steps in between, answered by
+//! `decision::answer_without_write` when the claim writes nothing and
+//! otherwise claimed under the lock ([`Bound::fast_path_clients`] says
+//! which clients may use it).
 //!
 //! ```
 //! use idem_model::{Bound, Protocol, check};
@@ -17,6 +25,8 @@
 mod trace;
 mod world;
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use idem_core::decision::{self, Claim, ClaimRequest, Write};
@@ -27,7 +37,8 @@ use idem_core::{
 use stateright::{Checker, Model, Property};
 
 pub use world::{
-    Action, Answer, Attempt, Client, Effect, Gateway, Kept, Resolver, Told, Verdict, World,
+    Action, Answer, Attempt, Client, Effect, Gateway, Kept, Read, ReadFirst, Resolver, Told,
+    Verdict, World,
 };
 
 /// The protocol the model runs: the real one, or a mutant the checker must
@@ -66,11 +77,19 @@ pub enum Protocol {
     FailureAsFound,
     /// A failed lookup read as "not found".
     FailureAsNotFound,
+    /// An unlocked fast path that answers every claim from its read, even
+    /// one that must write: a new acquisition or a takeover is answered
+    /// `Acquired` and the store's write is never made.
+    FastPathAnswersAcquire,
+    /// A fast path whose fallback claims under the lock but decides on the
+    /// unlocked read instead of reading the record again: a record written
+    /// since the read is overwritten.
+    LockedClaimOnStaleRead,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 9] = [
+    pub const ALL: [Protocol; 11] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -80,6 +99,8 @@ impl Protocol {
         Protocol::ShortTombstone,
         Protocol::FailureAsFound,
         Protocol::FailureAsNotFound,
+        Protocol::FastPathAnswersAcquire,
+        Protocol::LockedClaimOnStaleRead,
     ];
 
     /// The name used on the command line and in reports.
@@ -94,6 +115,8 @@ impl Protocol {
             Protocol::ShortTombstone => "short-tombstone",
             Protocol::FailureAsFound => "failure-as-found",
             Protocol::FailureAsNotFound => "failure-as-not-found",
+            Protocol::FastPathAnswersAcquire => "fast-path-answers-acquire",
+            Protocol::LockedClaimOnStaleRead => "locked-claim-on-stale-read",
         }
     }
 
@@ -110,16 +133,26 @@ pub struct Bound {
     pub clients: usize,
     /// Requests each client sends at most (the first and its retries).
     pub requests_per_client: usize,
-    /// Steps explored from the start; states this deep are not expanded.
+    /// Clients that may also claim through the unlocked fast path (the
+    /// first ones); every client may claim under the lock. The clients
+    /// being alike, one covers every trace in which one client reads
+    /// without the lock; two add the traces where both do, at 1.6 times
+    /// the states.
+    pub fast_path_clients: usize,
+    /// How deep the checker looks, the start being at depth 1: states
+    /// this deep are neither checked nor expanded, so depth 12 checks
+    /// every trace of up to 10 steps.
     pub depth_max: usize,
 }
 
 impl Bound {
-    /// The bound `cargo test` checks: two clients, two requests each, and
-    /// deep enough for the shortest trace of every mutant.
+    /// The bound `cargo test` checks: two clients, two requests each, one
+    /// of them on the fast path, and deep enough for the shortest trace of
+    /// every mutant.
     pub const DEFAULT: Bound = Bound {
         clients: 2,
         requests_per_client: 2,
+        fast_path_clients: 1,
         depth_max: 12,
     };
 }
@@ -152,12 +185,21 @@ pub mod property {
     /// the truth about the attempt holding it, given by an operator once
     /// its lease is over, is accepted by the store.
     pub const UNKNOWN_CAN_END_RESOLVED: &str = "every unknown outcome can still end resolved";
+    /// Wherever the fast path answers a claim without the lock, for the
+    /// record and the clock as they are, the locked claim there gives the
+    /// same answer and writes nothing: `decision::answer_without_write`'s
+    /// contract, in every reachable world.
+    pub const FAST_PATH_IS_THE_CLAIM: &str =
+        "an unlocked answer is the locked claim's, which writes nothing";
     /// Reachability: an unknown outcome ends resolved.
     pub const UNKNOWN_ENDS_RESOLVED: &str = "an unknown outcome is resolved";
     /// Reachability: a failed lookup is counted in the store.
     pub const LOOKUP_FAILS: &str = "a failed lookup is counted";
     /// Reachability: a retry is answered by a replay.
     pub const RETRY_REPLAYS: &str = "a retry can be answered by a replay";
+    /// Reachability: the fast path answers from a read whose record or
+    /// clock is no longer the store's.
+    pub const STALE_READ_ANSWERED: &str = "a stale unlocked read can be answered";
 }
 
 /// What one check found.
@@ -187,6 +229,8 @@ pub struct Report {
 pub struct Violation {
     /// Its name (see [`property`]).
     pub property: &'static str,
+    /// Steps from the start to the first world that breaks it.
+    pub steps: usize,
     /// The steps from the start, one per line, each with the world after it.
     pub trace: String,
 }
@@ -205,11 +249,16 @@ pub struct IdemModel {
     /// What a failed lookup answered (an error page): effect index 255,
     /// which no bound commits.
     failed_body: StoredResult,
+    /// The safety properties already found broken (see
+    /// [`IdemModel::first_break`]).
+    broken: Mutex<HashSet<&'static str>>,
 }
 
 /// The lease every attempt gets, in milliseconds.
 pub const LEASE_MS: u64 = 100;
-/// How long clients keep retrying, from the start, in milliseconds.
+/// How long clients keep retrying, from the start, in milliseconds. A
+/// tombstone (2 s from completion) outlives it with no margin for a record
+/// completed at the start.
 pub const REPLAY_HORIZON_MS: u64 = 2_000;
 /// Failed lookups of one attempt before the reconciler leaves it to the
 /// operator.
@@ -259,6 +308,7 @@ impl IdemModel {
             results,
             not_found,
             failed_body,
+            broken: Mutex::new(HashSet::new()),
         })
     }
 
@@ -267,7 +317,9 @@ impl IdemModel {
         self.protocol
     }
 
-    /// Clients send no request at or after this time.
+    /// Clients send no request at or after this time, and every request
+    /// sent has taken effect at the store before it (its unlocked read and
+    /// the claim that ends it included).
     pub fn replay_horizon(&self) -> Timestamp {
         self.start.plus_millis(REPLAY_HORIZON_MS)
     }
@@ -345,6 +397,105 @@ impl IdemModel {
         claim
     }
 
+    /// Whether `client` may claim through the unlocked fast path.
+    fn fast_path(&self, client: usize) -> bool {
+        client < self.bound.fast_path_clients
+    }
+
+    /// The fast path's answer from an unlocked read of `record` and `now`:
+    /// the production `decision::answer_without_write`, or the mutant's
+    /// answer to every claim. A token the mutant hands out comes from the
+    /// store's counter, `last_token`.
+    fn answer_unlocked(
+        &self,
+        record: Option<&idem_core::Record>,
+        now: Timestamp,
+        last_token: &mut u64,
+    ) -> Option<Claim> {
+        match self.protocol {
+            Protocol::FastPathAnswersAcquire => {
+                let (claim, _unwritten) = decision::claim(record, &self.request, now, || {
+                    *last_token = last_token.saturating_add(1);
+                    Token(*last_token)
+                });
+                Some(claim)
+            }
+            _ => decision::answer_without_write(record, &self.request, now),
+        }
+    }
+
+    /// The claim under the lock after the fast path did not answer from
+    /// its read of `record` and `now`: the store's claim on the record as
+    /// it is, or, in the mutant, on the read.
+    fn claim_after_read(
+        &self,
+        w: &mut World,
+        record: Option<&idem_core::Record>,
+        now: Timestamp,
+    ) -> Claim {
+        if self.protocol != Protocol::LockedClaimOnStaleRead {
+            return self.claim(w);
+        }
+        let mut last = w.last_token;
+        let (claim, write) = decision::claim(record, &self.request, now, || {
+            last = last.saturating_add(1);
+            Token(last)
+        });
+        w.last_token = last;
+        w.apply(write);
+        claim
+    }
+
+    /// Whether the fast path keeps its contract in `w`: where it answers
+    /// from the record and clock as they are, the production claim there
+    /// answers the same and writes nothing.
+    fn fast_path_is_the_claim(&self, w: &World) -> bool {
+        self.fast_path_beside_lock(w)
+            .is_none_or(|(fast, locked, write)| fast == locked && write == Write::None)
+    }
+
+    /// The fast path's answer from the record and clock as they are in
+    /// `w`, with the production claim's answer and write there; `None`
+    /// where the fast path does not answer.
+    fn fast_path_beside_lock(&self, w: &World) -> Option<(Claim, Claim, Write)> {
+        let mut last = w.last_token;
+        let fast = self.answer_unlocked(w.record(), w.now, &mut last)?;
+        let next = Token(w.last_token.saturating_add(1));
+        let (locked, write) = decision::claim(w.record(), &self.request, w.now, || next);
+        Some((fast, locked, write))
+    }
+
+    /// Whether some client's unlocked read, begun and not yet decided, can
+    /// be finished with one half no longer the store's (the clock moved,
+    /// or the record changed) and the fast path would still answer from it.
+    fn stale_read_answered(&self, w: &World) -> bool {
+        let answers = |record: Option<&world::Kept>, now: Timestamp| {
+            let mut last = w.last_token;
+            self.answer_unlocked(record.map(|k| &k.0), now, &mut last)
+                .is_some()
+        };
+        w.clients.iter().flat_map(|c| &c.reading).any(|read| {
+            (read.at != w.now && answers(w.record.as_ref(), read.at))
+                || (read.record != w.record && answers(read.record.as_ref(), w.now))
+        })
+    }
+
+    /// Whether the checker may count safety property `name` as holding in
+    /// a state where it `holds` or not: false only in the first state found
+    /// breaking it. `stateright` 0.31 keeps the last state it finds
+    /// breaking a property, which breadth first is one of the deepest; the
+    /// first, on one thread, ends a shortest trace.
+    fn first_break(&self, name: &'static str, holds: bool) -> bool {
+        if holds {
+            return true;
+        }
+        let mut broken = match self.broken.lock() {
+            Ok(broken) => broken,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        !broken.insert(name)
+    }
+
     /// The store's resolve, fenced by the token the resolver read.
     fn resolve(&self, w: &World, token: Token, verdict: Resolution) -> Result<Write, StoreError> {
         world::resolve_in(self.protocol, w, &self.id, token, verdict)
@@ -369,22 +520,45 @@ impl Model for IdemModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always(property::ONE_EFFECT, |_, w: &World| w.effects.len() <= 1),
-            Property::always(property::REPLAY_IS_THE_EFFECT, |_, w: &World| {
-                told_effects(w).all(|(effect, replayed)| !replayed || effect == 0)
+            Property::always(property::ONE_EFFECT, |m: &IdemModel, w: &World| {
+                m.first_break(property::ONE_EFFECT, w.effects.len() <= 1)
             }),
-            Property::always(property::NO_SUCCESS_WITHOUT_EFFECT, |_, w: &World| {
-                told_effects(w).all(|(effect, _)| effect < w.effects.len())
-            }),
-            Property::always(property::VERDICT_ON_ITS_ATTEMPT, |_, w: &World| {
-                w.verdicts.iter().all(|v| v.about == v.landed_on)
-            }),
+            Property::always(
+                property::REPLAY_IS_THE_EFFECT,
+                |m: &IdemModel, w: &World| {
+                    let holds = told_effects(w).all(|(effect, replayed)| !replayed || effect == 0);
+                    m.first_break(property::REPLAY_IS_THE_EFFECT, holds)
+                },
+            ),
+            Property::always(
+                property::NO_SUCCESS_WITHOUT_EFFECT,
+                |m: &IdemModel, w: &World| {
+                    let holds = told_effects(w).all(|(effect, _)| effect < w.effects.len());
+                    m.first_break(property::NO_SUCCESS_WITHOUT_EFFECT, holds)
+                },
+            ),
+            Property::always(
+                property::VERDICT_ON_ITS_ATTEMPT,
+                |m: &IdemModel, w: &World| {
+                    let holds = w.verdicts.iter().all(|v| v.about == v.landed_on);
+                    m.first_break(property::VERDICT_ON_ITS_ATTEMPT, holds)
+                },
+            ),
             Property::always(
                 property::UNKNOWN_CAN_END_RESOLVED,
                 |m: &IdemModel, w: &World| {
-                    w.record()
+                    let holds = w
+                        .record()
                         .filter(|r| r.state == idem_core::State::Ambiguous)
-                        .is_none_or(|r| m.resolvable(w, r))
+                        .is_none_or(|r| m.resolvable(w, r));
+                    m.first_break(property::UNKNOWN_CAN_END_RESOLVED, holds)
+                },
+            ),
+            Property::always(
+                property::FAST_PATH_IS_THE_CLAIM,
+                |m: &IdemModel, w: &World| {
+                    let holds = m.fast_path_is_the_claim(w);
+                    m.first_break(property::FAST_PATH_IS_THE_CLAIM, holds)
                 },
             ),
             Property::sometimes(property::UNKNOWN_ENDS_RESOLVED, |_, w: &World| {
@@ -393,6 +567,9 @@ impl Model for IdemModel {
             Property::sometimes(property::LOOKUP_FAILS, |_, w: &World| w.tries.is_some()),
             Property::sometimes(property::RETRY_REPLAYS, |_, w: &World| {
                 told_effects(w).any(|(_, replayed)| replayed)
+            }),
+            Property::sometimes(property::STALE_READ_ANSWERED, |m: &IdemModel, w: &World| {
+                m.stale_read_answered(w)
             }),
         ]
     }
@@ -425,10 +602,14 @@ pub fn check(protocol: Protocol, bound: Bound) -> Result<Report, ModelError> {
         match (p.expectation, found) {
             (stateright::Expectation::Sometimes, None) => unreached.push(p.name),
             (stateright::Expectation::Sometimes, Some(_)) | (_, None) => {}
-            (_, Some(path)) => violations.push(Violation {
-                property: p.name,
-                trace: trace::render(&model, path),
-            }),
+            (_, Some(path)) => {
+                let (trace, steps) = trace::render(&model, p.name, path);
+                violations.push(Violation {
+                    property: p.name,
+                    steps,
+                    trace,
+                });
+            }
         }
     }
     Ok(Report {
@@ -447,7 +628,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {:.1?}",
+            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {} on the fast path, {:.1?}",
             self.protocol.name(),
             self.unique_states,
             self.states,
@@ -455,6 +636,7 @@ impl std::fmt::Display for Report {
             self.bound.depth_max,
             self.bound.clients,
             self.bound.requests_per_client,
+            self.bound.fast_path_clients.min(self.bound.clients),
             self.elapsed,
         )?;
         for name in &self.unreached {

@@ -21,6 +21,9 @@ struct Args {
     /// Requests each client sends at most (the first and its retries).
     #[arg(long, default_value_t = Bound::DEFAULT.requests_per_client)]
     requests: usize,
+    /// Clients that may also claim through the unlocked fast path.
+    #[arg(long, default_value_t = Bound::DEFAULT.fast_path_clients)]
+    fast_path_clients: usize,
     /// Which protocol: real, a mutant's name, or all.
     #[arg(long, default_value = "all", value_parser = parse_protocols)]
     protocol: Protocols,
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let bound = Bound {
         clients: args.clients,
         requests_per_client: args.requests,
+        fast_path_clients: args.fast_path_clients,
         depth_max: args.depth,
     };
     let mut failed = false;

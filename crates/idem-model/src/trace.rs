@@ -4,15 +4,22 @@
 use std::fmt::Write as _;
 
 use idem_core::Record;
+use idem_core::decision::{Claim, Write};
 use stateright::Path;
 
-use crate::world::{Action, Answer, Gateway, Resolver, Told, World};
+use crate::world::{Action, Answer, Gateway, ReadFirst, Resolver, Told, World};
 use crate::{IdemModel, world};
 
 const ACTORS: [&str; 2] = ["reconciler", "operator"];
 
-/// The steps of `path`, each followed by the world it led to.
-pub(crate) fn render(model: &IdemModel, path: Path<World, Action>) -> String {
+/// The steps of `path`, each followed by the world it led to, and how
+/// many there are. A trace that breaks `property` ends with what it was
+/// about, where the world alone does not say.
+pub(crate) fn render(
+    model: &IdemModel,
+    property: &str,
+    path: Path<World, Action>,
+) -> (String, usize) {
     let mut out = String::new();
     let steps = path.into_vec();
     if let Some((start, _)) = steps.first() {
@@ -22,15 +29,19 @@ pub(crate) fn render(model: &IdemModel, path: Path<World, Action>) -> String {
     // with none), so each action is printed with the world it produces.
     let actions = steps.iter().filter_map(|(w, a)| a.map(|a| (w, a)));
     for (step, (world, action)) in actions.enumerate() {
-        let _ = writeln!(out, "  {:>2}. {}", step + 1, describe(world, action));
+        let _ = writeln!(out, "  {:>2}. {}", step + 1, describe(model, world, action));
         if let Some(next) = world.after(model, action) {
             let _ = writeln!(out, "      -> {}", summary(model, &next));
         }
     }
-    out
+    let last = steps.last().map(|(w, _)| w);
+    if let Some(w) = last.filter(|_| property == crate::property::FAST_PATH_IS_THE_CLAIM) {
+        let _ = writeln!(out, "      {}", fast_path_text(model, w));
+    }
+    (out, steps.len().saturating_sub(1))
 }
 
-fn describe(w: &World, action: Action) -> String {
+fn describe(model: &IdemModel, w: &World, action: Action) -> String {
     let attempt_of = |i: usize| {
         w.attempts.get(i).map_or_else(String::new, |a| {
             format!("client {}'s attempt (token {})", a.client, a.token)
@@ -40,6 +51,10 @@ fn describe(w: &World, action: Action) -> String {
         Action::Request { client } => {
             format!("client {client} sends the request; the gateway claims")
         }
+        Action::Snapshot { client } => {
+            format!("client {client} sends the request; the store begins a read without the lock")
+        }
+        Action::Decide { client, first } => decide_text(model, w, client, first),
         Action::Forward { attempt } => format!("gateway forwards {}", attempt_of(attempt)),
         Action::NotSent { attempt } => {
             format!("gateway: {} never left; release", attempt_of(attempt))
@@ -93,6 +108,70 @@ fn describe(w: &World, action: Action) -> String {
     }
 }
 
+/// What the store does with a client's unlocked read: which half is as it
+/// was at the snapshot, and whether the fast path answers or the claim
+/// takes the lock.
+fn decide_text(model: &IdemModel, w: &World, client: usize, first: ReadFirst) -> String {
+    let Some(read) = w.clients.get(client).and_then(|c| c.reading.as_ref()) else {
+        return format!("client {client}'s claim is decided");
+    };
+    let (record, now, half) = match first {
+        ReadFirst::Clock => (
+            w.record(),
+            read.at,
+            format!(
+                "the clock as at the snapshot (+{}ms)",
+                model.since_start_ms(read.at)
+            ),
+        ),
+        ReadFirst::Record => (
+            read.record.as_ref().map(|k| &k.0),
+            w.now,
+            format!(
+                "the record as at the snapshot ({})",
+                read.record
+                    .as_ref()
+                    .map_or("none".into(), |k| record_text(model, &k.0))
+            ),
+        ),
+    };
+    let mut last = w.last_token;
+    let how = match model.answer_unlocked(record, now, &mut last) {
+        Some(answer) => format!("the fast path answers {}", claim_text(&answer)),
+        None => "the claim would write: the gateway claims under the lock".into(),
+    };
+    format!("the store's read for client {client} ends with {half}; {how}")
+}
+
+/// The fast path's answer in `w` beside the locked claim's, and its write.
+fn fast_path_text(model: &IdemModel, w: &World) -> String {
+    let Some((fast, locked, write)) = model.fast_path_beside_lock(w) else {
+        return "the fast path does not answer here".into();
+    };
+    let write = match write {
+        Write::None => "writes nothing",
+        Write::Put(_) => "writes the record",
+        Write::Delete => "deletes the record",
+    };
+    format!(
+        "the fast path answers {}; the locked claim answers {} and {write}",
+        claim_text(&fast),
+        claim_text(&locked)
+    )
+}
+
+fn claim_text(claim: &Claim) -> String {
+    match claim {
+        Claim::Acquired { token, .. } => format!("acquired (token {token})"),
+        Claim::Replay { .. } => "a replay".into(),
+        Claim::Mismatch { .. } => "422".into(),
+        Claim::InFlight { .. } => "409".into(),
+        Claim::OutcomeUnknown { .. } => "outcome unknown".into(),
+        Claim::Expired { .. } => "expired".into(),
+        _ => "another answer".into(),
+    }
+}
+
 fn summary(model: &IdemModel, w: &World) -> String {
     let record = w.record().map_or("none".into(), |r| record_text(model, r));
     let effects: Vec<String> = w
@@ -106,7 +185,17 @@ fn summary(model: &IdemModel, w: &World) -> String {
         .enumerate()
         .map(|(i, c)| {
             let answers: Vec<String> = c.told.iter().map(told_text).collect();
-            format!("c{i}: [{}]", answers.join(", "))
+            let reading = c.reading.as_ref().map_or(String::new(), |read| {
+                let record = read
+                    .record
+                    .as_ref()
+                    .map_or("none".into(), |k| record_text(model, &k.0));
+                format!(
+                    " (reading: record {record} at +{}ms)",
+                    model.since_start_ms(read.at)
+                )
+            });
+            format!("c{i}: [{}]{reading}", answers.join(", "))
         })
         .collect();
     let gateways: Vec<String> = w

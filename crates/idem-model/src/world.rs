@@ -2,6 +2,12 @@
 //! record calls one production function of `idem_core::decision` and applies
 //! the `Write` it returns, as every store does; the only code here is who
 //! may act when, and what each actor remembers.
+//!
+//! A claim is made in one of two ways. `Request` claims under the store's
+//! lock in one step. `Snapshot` then `Decide` is the stores' fast path: a
+//! read that takes no lock, whose record and clock may be from different
+//! moments, answered by `decision::answer_without_write` when the claim
+//! writes nothing, and otherwise a claim under the lock made at `Decide`.
 
 use idem_core::decision::{self, Claim, Write};
 use idem_core::verdict::{self, Triage};
@@ -77,6 +83,32 @@ pub struct Client {
     pub sent: u8,
     /// What each answered request was told, in order.
     pub told: Vec<Told>,
+    /// The unlocked read begun for the request in hand, not yet decided.
+    pub reading: Option<Read>,
+}
+
+/// Which half of an unlocked read the store took first: that half is as
+/// it was at the client's `Snapshot`, the other as it is at `Decide`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadFirst {
+    /// The clock; the record is read when the claim is decided.
+    Clock,
+    /// The record; the clock is read when the claim is decided.
+    Record,
+}
+
+/// An unlocked read begun: the record and the clock as they were when the
+/// client's request arrived. The store reads one of them then and the
+/// other later ([`ReadFirst`]): PostgreSQL reads both in one statement,
+/// the record from the statement's snapshot, so either may be older than
+/// the other; a cache of completed records answers from a record read
+/// long before the clock.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Read {
+    /// The record then (none, if there was none).
+    pub record: Option<Kept>,
+    /// The clock then.
+    pub at: Timestamp,
 }
 
 /// What a client was told.
@@ -155,10 +187,26 @@ pub struct Verdict {
 /// One step of one actor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// A client sends its request; the gateway claims the key at once.
+    /// A client sends its request; the gateway claims the key under the
+    /// store's lock at once.
     Request {
         /// Which client.
         client: usize,
+    },
+    /// A client sends its request; the store starts a read that takes no
+    /// lock.
+    Snapshot {
+        /// Which client.
+        client: usize,
+    },
+    /// The store finishes the client's unlocked read, whose `first` half is
+    /// as it was at the `Snapshot`, and answers from it; or it claims under
+    /// the lock when the claim would write.
+    Decide {
+        /// Which client.
+        client: usize,
+        /// The half read at the `Snapshot`.
+        first: ReadFirst,
     },
     /// The gateway forwards an acquired attempt to the upstream.
     Forward {
@@ -257,8 +305,20 @@ impl World {
     /// Every action enabled in this world.
     pub fn actions(&self, model: &IdemModel, out: &mut Vec<Action>) {
         for (client, c) in self.clients.iter().enumerate() {
-            if self.may_request(model, client, c) {
-                out.push(Action::Request { client });
+            // A request takes effect at the store before the replay
+            // horizon, the read and the claim that ends it alike: that is
+            // what the tombstone horizon is measured against.
+            if c.reading.is_some() && self.now < model.replay_horizon() {
+                for first in [ReadFirst::Clock, ReadFirst::Record] {
+                    out.push(Action::Decide { client, first });
+                }
+            }
+            if !self.may_request(model, client, c) {
+                continue;
+            }
+            out.push(Action::Request { client });
+            if model.fast_path(client) {
+                out.push(Action::Snapshot { client });
             }
         }
         for (attempt, a) in self.attempts.iter().enumerate() {
@@ -313,7 +373,9 @@ impl World {
     pub fn after(&self, model: &IdemModel, action: Action) -> Option<World> {
         let mut w = self.clone();
         match action {
-            Action::Request { client } => w.request(model, client),
+            Action::Request { client } => w.request(model, client)?,
+            Action::Snapshot { client } => w.snapshot(client)?,
+            Action::Decide { client, first } => w.decide(model, client, first)?,
             Action::Forward { attempt } => w.attempts.get_mut(attempt)?.sent = true,
             Action::NotSent { attempt } => w.not_sent(model, attempt)?,
             Action::Commit { attempt } => w.commit(attempt)?,
@@ -359,12 +421,59 @@ impl World {
         let satisfied = c.told.iter().any(|t| matches!(t, Told::Effect { .. }));
         !waiting
             && !satisfied
+            && c.reading.is_none()
             && usize::from(c.sent) < model.bound.requests_per_client
             && self.now < model.replay_horizon()
     }
 
-    fn request(&mut self, model: &IdemModel, client: usize) {
+    fn request(&mut self, model: &IdemModel, client: usize) -> Option<()> {
+        self.send(client)?;
         let claim = model.claim(self);
+        self.tell(client, claim)
+    }
+
+    /// The store begins an unlocked read for the client's request.
+    fn snapshot(&mut self, client: usize) -> Option<()> {
+        let read = Read {
+            record: self.record.clone(),
+            at: self.now,
+        };
+        self.send(client)?;
+        self.clients.get_mut(client)?.reading = Some(read);
+        Some(())
+    }
+
+    /// The store reads the other half of the client's unlocked read and
+    /// answers from the read when the protocol's fast path answers;
+    /// otherwise it claims under the lock.
+    fn decide(&mut self, model: &IdemModel, client: usize, first: ReadFirst) -> Option<()> {
+        let read = self.clients.get_mut(client)?.reading.take()?;
+        let (record, now) = match first {
+            ReadFirst::Clock => (self.record.clone(), read.at),
+            ReadFirst::Record => (read.record, self.now),
+        };
+        let record = record.map(|k| k.0);
+        let mut last = self.last_token;
+        let claim = match model.answer_unlocked(record.as_ref(), now, &mut last) {
+            Some(answer) => {
+                self.last_token = last;
+                answer
+            }
+            None => model.claim_after_read(self, record.as_ref(), now),
+        };
+        self.tell(client, claim)
+    }
+
+    /// Counts a request the client sends.
+    fn send(&mut self, client: usize) -> Option<()> {
+        let c = self.clients.get_mut(client)?;
+        c.sent = c.sent.saturating_add(1);
+        Some(())
+    }
+
+    /// Tells the client the claim's answer; an acquisition starts an
+    /// attempt, whose gateway answers later.
+    fn tell(&mut self, client: usize, claim: Claim) -> Option<()> {
         let told = match claim {
             Claim::Acquired {
                 token, lease_until, ..
@@ -377,24 +486,22 @@ impl World {
                     effect: None,
                     gateway: Gateway::Holding,
                 });
-                None
+                return Some(());
             }
-            Claim::Replay { record } => Some(match effect_of(&record) {
+            Claim::Replay { record } => match effect_of(&record) {
                 Some(effect) => Told::Effect {
                     effect,
                     replayed: true,
                 },
                 None => Told::Error,
-            }),
-            Claim::InFlight { .. } | Claim::Mismatch { .. } => Some(Told::InFlight),
-            Claim::OutcomeUnknown { .. } => Some(Told::Unknown),
-            Claim::Expired { .. } => Some(Told::Expired),
-            _ => Some(Told::Error),
+            },
+            Claim::InFlight { .. } | Claim::Mismatch { .. } => Told::InFlight,
+            Claim::OutcomeUnknown { .. } => Told::Unknown,
+            Claim::Expired { .. } => Told::Expired,
+            _ => Told::Error,
         };
-        if let Some(c) = self.clients.get_mut(client) {
-            c.sent = c.sent.saturating_add(1);
-            c.told.extend(told);
-        }
+        self.clients.get_mut(client)?.told.push(told);
+        Some(())
     }
 
     fn not_sent(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
