@@ -79,7 +79,9 @@ fn ms(d: Duration) -> f64 {
 /// Runs `idem-bench purge` with the flags that follow the subcommand.
 pub fn main(args: impl Iterator<Item = String>) -> anyhow::Result<()> {
     let args = parse_args(args)?;
-    let dir = args.dir.join(format!("idem-bench-purge-{}", std::process::id()));
+    let dir = args
+        .dir
+        .join(format!("idem-bench-purge-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let outcome = bench(&args, &dir.join("purge.db"));
     let cleanup = std::fs::remove_dir_all(&dir);
@@ -115,9 +117,19 @@ fn bench(args: &Args, path: &Path) -> anyhow::Result<()> {
 
     let seconds = Duration::from_secs(args.seconds);
     let callers = args.callers;
-    let before = runtime.block_on(claims(&store, callers, ("without purge (before)", "before"), seconds))?;
+    let before = runtime.block_on(claims(
+        &store,
+        callers,
+        ("without purge (before)", "before"),
+        seconds,
+    ))?;
     let (during, report, purge_took) = runtime.block_on(claims_during_purge(&store, callers))?;
-    let after = runtime.block_on(claims(&store, callers, ("without purge (after)", "after"), seconds))?;
+    let after = runtime.block_on(claims(
+        &store,
+        callers,
+        ("without purge (after)", "after"),
+        seconds,
+    ))?;
     for phase in [&before, &during, &after] {
         phase.print();
     }

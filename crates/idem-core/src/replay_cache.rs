@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::decision::{self, Claim, ClaimRequest};
-use crate::{Record, RecordId, State, Timestamp};
+use crate::{Clock, Record, RecordId, State};
 
 /// What a kept record is counted as besides its key, scope, owner, region
 /// and result: the fixed fields and the map's own bookkeeping.
@@ -53,15 +53,16 @@ impl ReplayCache {
         }
     }
 
-    /// The claim's answer from a kept completed record, when the decision
-    /// on it writes nothing; `None` sends the claim to the store. A record
-    /// whose key may be acquired again is dropped.
-    pub fn answer(&self, req: &ClaimRequest, now: Timestamp) -> Option<Claim> {
+    /// The claim's answer from a kept completed record, by the decision at
+    /// `clock`'s now (read only when a record is kept), when that decision
+    /// writes nothing; `None` sends the claim to the store. A record whose
+    /// key may be acquired again is dropped.
+    pub fn answer(&self, req: &ClaimRequest, clock: &dyn Clock) -> Option<Claim> {
         if self.bytes_max == 0 {
             return None;
         }
         let record = self.lock().records.get(&req.id).cloned()?;
-        let answer = decision::answer_without_write(Some(&record), req, now);
+        let answer = decision::answer_without_write(Some(&record), req, clock.now());
         if answer.is_none() {
             self.forget(&req.id);
         }
@@ -92,7 +93,8 @@ impl ReplayCache {
         }
         kept.bytes += size;
         kept.order.push_back(record.id.clone());
-        kept.records.insert(record.id.clone(), Arc::new(record.clone()));
+        kept.records
+            .insert(record.id.clone(), Arc::new(record.clone()));
     }
 
     /// Drops the record of `id`, if kept.
@@ -145,8 +147,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        Clock, Fingerprint, IdempotencyKey, LeaseExpiry, MemoryStore, Policy, Scope, Store,
-        StoredResult,
+        Fingerprint, IdempotencyKey, LeaseExpiry, MemoryStore, Policy, Scope, Store, StoredResult,
+        Timestamp,
     };
 
     /// The memory store answers at once: one poll completes every call.
@@ -195,7 +197,7 @@ mod tests {
         for step_ms in [0, 500, 600, 1_000] {
             clock.advance_millis(step_ms);
             for r in [&req, &other] {
-                let cached = cache.answer(r, clock.now());
+                let cached = cache.answer(r, &clock);
                 let stored = now(store.claim(r)).unwrap();
                 match cached {
                     Some(answer) => assert_eq!(answer, stored, "at +{step_ms} ms"),
@@ -231,11 +233,11 @@ mod tests {
         let (records, bytes) = cache.usage();
         assert!(records > 0 && bytes <= 4 * (RECORD_OVERHEAD_BYTES + 1_000));
         assert!(
-            cache.answer(&request("k0"), Timestamp::from_millis(0)).is_none(),
+            cache.answer(&request("k0"), &crate::SystemClock).is_none(),
             "the oldest left first"
         );
         assert!(
-            cache.answer(&request("k9"), Timestamp::from_millis(0)).is_some(),
+            cache.answer(&request("k9"), &crate::SystemClock).is_some(),
             "the newest is kept"
         );
     }

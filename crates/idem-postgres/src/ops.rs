@@ -356,7 +356,10 @@ pub(crate) async fn complete_one(
     let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&id.to_string(), why))?;
     let old = row::decode(row, 1, &ctx.store)?;
     let written = row::decode(row, 1 + row::COLUMNS.len(), &ctx.store)?;
-    match (decision::complete(old.as_ref(), id, token, result, now), written) {
+    match (
+        decision::complete(old.as_ref(), id, token, result, now),
+        written,
+    ) {
         (Ok(done), Some(written)) if done == written => Ok(done),
         (Err(refused), None) => Err(refused),
         (decided, written) => Err(StoreError::Incompatible {

@@ -294,7 +294,7 @@ impl Store for SqliteStore {
         // A replay of a completed record this store wrote or replayed is
         // answered from memory, by the decision and the writer's clock
         // (`ReplayCache` says why that is the writer's answer).
-        if let Some(answer) = self.replays.answer(req, self.clock.now()) {
+        if let Some(answer) = self.replays.answer(req, &*self.clock) {
             return Box::pin(std::future::ready(Ok(answer)));
         }
         // Every other claim goes to the writer: its fresh-key fast path is
