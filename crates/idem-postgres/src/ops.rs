@@ -99,6 +99,9 @@ impl Ctx {
 }
 
 /// What the fast path's statement found.
+// Like `Plan`, it lives for one store operation: boxing would only add an
+// allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Fast {
     /// The key was new: acquired.
     Acquired(Claim),
