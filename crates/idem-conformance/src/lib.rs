@@ -92,6 +92,7 @@ macro_rules! conformance_suite {
             legal_values_round_trip_byte_for_byte,
             concurrent_claims_on_one_key_acquire_once,
             concurrent_claims_on_distinct_keys_all_acquire,
+            every_answer_is_the_reference_stores,
         );
     };
     (@tests $make_store:path; $($case:ident),+ $(,)?) => {

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use idem_conformance::{START, cases};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing, LookupTries,
-    ManualClock, MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId, Resolution, Resolved,
-    State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token, check_region,
+    Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing,
+    LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId,
+    Resolution, Resolved, State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    check_region,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -166,6 +167,18 @@ async fn every_fault_is_caught() {
             Fault::TriesNotKept,
             vec![case!(failed_lookups_are_counted_per_attempt)],
         ),
+        (
+            Fault::ReplaysFromStaleCache,
+            vec![case!(every_answer_is_the_reference_stores)],
+        ),
+        (
+            Fault::InFlightFromStaleCache,
+            vec![case!(every_answer_is_the_reference_stores)],
+        ),
+        (
+            Fault::FencedNamesStoredState,
+            vec![case!(every_answer_is_the_reference_stores)],
+        ),
     ];
     let quiet = QuietPanics::new();
     let mut escaped = Vec::new();
@@ -245,6 +258,16 @@ enum Fault {
     TriesForgetNextAt,
     /// Failed lookups are answered but never kept.
     TriesNotKept,
+    /// Claim replays from a cache of completed records that neither time
+    /// nor the purge invalidates (a fast path that skips the decision).
+    ReplaysFromStaleCache,
+    /// Claim answers `InFlight` from a cache of the leases it handed out,
+    /// which completion, release and marking do not invalidate.
+    InFlightFromStaleCache,
+    /// A refused completion names the state the record holds, not its
+    /// state at the store's clock: a completed record past retention is
+    /// reported `completed` instead of `tombstone`.
+    FencedNamesStoredState,
 }
 
 /// `MemoryStore`, wrapped, with at most one fault.
@@ -255,6 +278,10 @@ struct Broken {
     fake_tokens: AtomicU64,
     /// The wrapper's own failed-lookup counts, for the faults that keep them.
     tries: Mutex<HashMap<RecordId, LookupTries>>,
+    /// Every record completed through the wrapper, never evicted.
+    completed: Mutex<HashMap<RecordId, Record>>,
+    /// The fingerprint and lease end of every acquisition, never evicted.
+    leases: Mutex<HashMap<RecordId, (Fingerprint, Timestamp)>>,
 }
 
 /// The test's clock plus a skew the wrapper may turn on.
@@ -278,10 +305,71 @@ impl Broken {
             fault,
             fake_tokens: AtomicU64::new(1_000_000),
             tries: Mutex::default(),
+            completed: Mutex::default(),
+            leases: Mutex::default(),
         }
     }
 
+    /// The answer a stale cache gives to `req`, under the cache faults.
+    fn cached_claim(&self, req: &ClaimRequest) -> Option<Claim> {
+        match self.fault {
+            Fault::ReplaysFromStaleCache => {
+                let completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+                let record = completed.get(&req.id)?;
+                req.matches(&record.fingerprint).then(|| Claim::Replay {
+                    record: Box::new(record.clone()),
+                })
+            }
+            Fault::InFlightFromStaleCache => {
+                let leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+                let (fingerprint, lease_until) = *leases.get(&req.id)?;
+                let now = self.clock.now();
+                (req.matches(&fingerprint) && now < lease_until).then(|| Claim::InFlight {
+                    lease_until,
+                    retry_after_ms: now.millis_until(lease_until),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps the lease of an acquisition, for the cache faults.
+    fn remember_lease(&self, req: &ClaimRequest, claim: &Claim) {
+        if let Claim::Acquired { lease_until, .. } = claim {
+            let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            leases.insert(req.id.clone(), (req.fingerprint, *lease_until));
+        }
+    }
+
+    /// Keeps a record that was just completed, for the cache faults.
+    fn remember_completed(&self, record: &Record) {
+        let mut completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        completed.insert(record.id.clone(), record.clone());
+    }
+
+    /// `e` naming the state the record holds rather than its state at the
+    /// store's clock, as a refusal that reads back a raw state column would.
+    async fn with_stored_state(&self, e: StoreError) -> Result<StoreError, StoreError> {
+        let StoreError::Fenced {
+            id,
+            presented,
+            current: Some((token, _)),
+        } = e
+        else {
+            return Ok(e);
+        };
+        let stored = self.inner.get(&id).await?.map(|r| (token, r.state));
+        Ok(StoreError::Fenced {
+            id,
+            presented,
+            current: stored,
+        })
+    }
+
     async fn claim_broken(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        if let Some(claim) = self.cached_claim(req) {
+            return Ok(claim);
+        }
         match self.fault {
             Fault::TruncatesOwner => {
                 let mut req = req.clone();
@@ -342,6 +430,7 @@ impl Broken {
             _ => {}
         }
         let claim = self.inner.claim(req).await?;
+        self.remember_lease(req, &claim);
         Ok(match (self.fault, claim) {
             (Fault::AlwaysAcquires, claim @ Claim::Acquired { .. }) => claim,
             (Fault::AlwaysAcquires, _) => Claim::Acquired {
@@ -382,7 +471,12 @@ impl Store for Broken {
                 (Fault::UnfencedComplete, Some(current)) => current.token,
                 _ => token,
             };
-            self.inner.complete(id, token, result).await
+            let done = match (self.fault, self.inner.complete(id, token, result).await) {
+                (Fault::FencedNamesStoredState, Err(e)) => Err(self.with_stored_state(e).await?),
+                (_, done) => done,
+            }?;
+            self.remember_completed(&done);
+            Ok(done)
         })
     }
 
@@ -418,6 +512,9 @@ impl Store for Broken {
                 self.clock.skew_ms.store(lease_ms as i64, Ordering::SeqCst);
             }
             let resolved = self.inner.resolve(id, token, resolution).await;
+            if let Ok(Some(done)) = &resolved {
+                self.remember_completed(done);
+            }
             self.clock.skew_ms.store(0, Ordering::SeqCst);
             match (self.fault, resolved) {
                 (Fault::ResolveSkipsStateCheck, Err(StoreError::WrongState { .. })) => Ok(None),

@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod claim;
+mod differential;
 mod fencing;
 mod isolation;
 mod journal;
@@ -26,6 +27,7 @@ mod support;
 mod tries;
 
 pub use claim::*;
+pub use differential::*;
 pub use fencing::*;
 pub use isolation::*;
 pub use journal::*;
