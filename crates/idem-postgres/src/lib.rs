@@ -12,8 +12,8 @@
 //! - **A new key in one round trip**: `INSERT … SELECT … ON CONFLICT (scope,
 //!   key) DO NOTHING RETURNING …` builds exactly the record
 //!   `decision::claim(None, …)` builds, with a token from a sequence.
-//! - **A replay without a lock.** The same statement returns the record
-//!   as its snapshot holds it when the key exists; a claim that writes
+//! - **A replay without a lock.** When the key exists, one `SELECT` in
+//!   autocommit reads the record and the clock; a claim that writes
 //!   nothing there (a replay, a 409, a 422, a late replay, an unknown
 //!   outcome: `decision::answer_without_write`) is answered from it, so a
 //!   replay of a hot key never queues behind its row lock.
@@ -334,16 +334,18 @@ impl PgStore {
     }
 
     /// The fast path on the pooled connection in autocommit (one round
-    /// trip: a new key, or an answer that writes nothing, read without a
-    /// lock), then the locked path in a transaction, retried if the record
-    /// vanished in between.
+    /// trip for a new key; a second, without a lock, for an answer that
+    /// writes nothing), then the locked path in a transaction, retried if
+    /// the record vanished in between.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
         self.bounded(async |client| {
             for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
                 let exec = Exec::Pooled(client);
-                let fast = ops::insert_new(&exec, &self.ctx, req).await?;
-                if let Some(claim) = fast.answer_unlocked(&exec, req) {
+                if let Some(claim) = ops::insert_new(&exec, &self.ctx, req).await? {
+                    return Ok(claim);
+                }
+                if let Some(claim) = ops::answer_unlocked(&exec, &self.ctx, req).await? {
                     return Ok(claim);
                 }
                 let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;

@@ -98,48 +98,14 @@ impl Ctx {
     }
 }
 
-/// What the fast path's statement found.
-// Like `Plan`, it lives for one store operation: boxing would only add an
-// allocation.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Fast {
-    /// The key was new: acquired.
-    Acquired(Claim),
-    /// The key has a record: the store's time read in the statement and
-    /// the record as the statement's snapshot held it, read without a
-    /// lock; `None` when the snapshot did not see it (a transaction that
-    /// committed after the snapshot inserted it), it does not read back
-    /// (the locked path reports it), or the new record changed before its
-    /// lease could restart.
-    Existing(Option<(Timestamp, Record)>),
-}
-
-impl Fast {
-    /// The claim's answer without a lock, when it writes nothing
-    /// (`decision::answer_without_write`). Only for a statement in
-    /// autocommit: its snapshot is taken after the claim began, so the
-    /// record it read held at an instant of the claim. A caller's
-    /// transaction may hold an older snapshot.
-    pub(crate) fn answer_unlocked(self, exec: &Exec<'_, '_>, req: &ClaimRequest) -> Option<Claim> {
-        match (self, exec) {
-            (Fast::Acquired(claim), _) => Some(claim),
-            (Fast::Existing(Some((now, seen))), Exec::Pooled(_)) => {
-                decision::answer_without_write(Some(&seen), req, now)
-            }
-            (Fast::Existing(_), _) => None,
-        }
-    }
-}
-
 /// The fast path: a new key in one statement, the values those of
 /// `decision::claim(None, …)` at the statement's now with a token from the
-/// sequence. When a record exists the statement changes nothing and
-/// returns it as its snapshot holds it.
+/// sequence. `None` when a record exists (the statement changed nothing).
 pub(crate) async fn insert_new(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,
     req: &ClaimRequest,
-) -> Result<Fast, StoreError> {
+) -> Result<Option<Claim>, StoreError> {
     let now = ctx.now();
     let fingerprint: &[u8] = req.fingerprint.as_bytes();
     let (lease, retention, tombstone) = (
@@ -160,25 +126,47 @@ pub(crate) async fn insert_new(
         (&region, Type::TEXT),
     ];
     let rows = ctx.query(exec, &ctx.schema.insert_new, &params).await?;
-    let row = rows
-        .first()
-        .ok_or_else(|| ctx.damaged(&req.id.to_string(), "the claim returned no row".into()))?;
-    let inserted: Option<i64> = row
-        .try_get(0)
-        .map_err(|e| ctx.damaged("a new record", error::chain(&e)))?;
-    if inserted.is_none() {
-        let now = row::time(row, 4, "now_ms").map_err(|why| ctx.damaged("the claim", why))?;
-        let seen = row::decode(row, 5, &ctx.store).ok().flatten();
-        return Ok(Fast::Existing(seen.map(|record| (now, record))));
-    }
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
     let (claim, token, waited_ms) = acquired(ctx, req, row)?;
     if waited_ms > FAST_PATH_WAIT_MS_MAX {
-        return match restart_lease(exec, ctx, req, token).await? {
-            Some(claim) => Ok(Fast::Acquired(claim)),
-            None => Ok(Fast::Existing(None)),
-        };
+        return restart_lease(exec, ctx, req, token).await;
     }
-    Ok(Fast::Acquired(claim))
+    Ok(Some(claim))
+}
+
+/// The claim's answer from a read that takes no lock, when the decision on
+/// the record it finds writes nothing (`decision::answer_without_write`: a
+/// replay, a 409, a 422, a late replay, an unknown outcome); `None` sends
+/// the claim to the locked path. Only in autocommit: the statement's
+/// snapshot is taken after the claim began, so the record it read held at
+/// an instant of the claim, and its clock is read in the same statement.
+/// A caller's transaction may hold an older snapshot, so `claim_in` locks.
+pub(crate) async fn answer_unlocked(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+) -> Result<Option<Claim>, StoreError> {
+    if !matches!(exec, Exec::Pooled(_)) {
+        return Ok(None);
+    }
+    let now = ctx.now();
+    let params: [Param<'_>; 3] = [
+        now_param(&now),
+        (&req.id.scope.as_str(), Type::TEXT),
+        (&req.id.key.as_str(), Type::TEXT),
+    ];
+    let rows = ctx.query(exec, &ctx.schema.peek, &params).await?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&req.id.to_string(), why))?;
+    // A row that does not read back is for the locked path to report.
+    let Ok(Some(seen)) = row::decode(row, 1, &ctx.store) else {
+        return Ok(None);
+    };
+    Ok(decision::answer_without_write(Some(&seen), req, now))
 }
 
 /// The locked read-decide-write for a key that has a record: the shared
@@ -215,7 +203,10 @@ pub(crate) async fn claim_on(
     req: &ClaimRequest,
 ) -> Result<Claim, StoreError> {
     for _ in 0..CLAIM_ATTEMPTS_MAX {
-        if let Some(claim) = insert_new(exec, ctx, req).await?.answer_unlocked(exec, req) {
+        if let Some(claim) = insert_new(exec, ctx, req).await? {
+            return Ok(claim);
+        }
+        if let Some(claim) = answer_unlocked(exec, ctx, req).await? {
             return Ok(claim);
         }
         if let Some(claim) = claim_locked(exec, ctx, req).await? {

@@ -105,15 +105,12 @@ const SECONDS_MAX: i64 = i64::MAX / 1000;
 /// A validated schema name and every statement the store runs in it.
 pub(crate) struct Schema {
     pub(crate) name: String,
-    /// The fast path: a new key in one statement. One row: the insert's
-    /// token, `created_at_ms`, `lease_until_ms` and the time after it (to
-    /// notice a wait), all NULL when nothing was inserted; then the time
-    /// before it and the record as the statement's snapshot holds it, read
-    /// without a lock. The insert is not tried when the snapshot holds a
-    /// record, so a claim of an existing key never waits on a transaction
-    /// changing it; a record the snapshot missed (committed after it, or
-    /// being inserted) makes the insert conflict, and both parts are NULL.
+    /// The fast path: a new key in one statement, or no row on conflict;
+    /// it also returns the time after the insert, to notice a wait.
     pub(crate) insert_new: String,
+    /// The record read without a lock, and the time in the same
+    /// statement: no row when there is no record.
+    pub(crate) peek: String,
     /// Restarts the lease of a record the fast path just inserted.
     pub(crate) restart_lease: String,
     /// The locked read: the record (if any), locked, and the time after the
@@ -169,19 +166,17 @@ impl Schema {
         Schema {
             name: name.to_owned(),
             insert_new: format!(
-                "WITH now AS MATERIALIZED (SELECT {now} AS ms), \
-                 seen AS MATERIALIZED (SELECT {cols} FROM {s}.records \
-                 WHERE scope = $2 AND key = $3), \
-                 ins AS (INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
                  lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
                  SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
                  now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
                  $9::text \
-                 FROM now WHERE NOT EXISTS (SELECT 1 FROM seen) \
+                 FROM (SELECT {now} AS ms) AS now \
                  ON CONFLICT (scope, key) DO NOTHING \
-                 RETURNING token, created_at_ms, lease_until_ms, {now} AS after_ms) \
-                 SELECT ins.token, ins.created_at_ms, ins.lease_until_ms, ins.after_ms, \
-                 now.ms, seen.* FROM now LEFT JOIN ins ON true LEFT JOIN seen ON true"
+                 RETURNING token, created_at_ms, lease_until_ms, {now}"
+            ),
+            peek: format!(
+                "SELECT {now} AS now_ms, {cols} FROM {s}.records WHERE scope = $2 AND key = $3"
             ),
             restart_lease: format!(
                 "UPDATE {s}.records AS r SET created_at_ms = now.ms, \

@@ -1,8 +1,8 @@
 //! A claim that writes nothing never waits on the record's row lock: while
-//! another transaction holds it (a completion, a resolve, an operator's
-//! `SELECT … FOR UPDATE`), a replay, a 409 and a 422 are answered from the
-//! statement's snapshot; a claim that must write still waits for the lock
-//! and decides on the record as it is after it.
+//! another transaction holds it (the store's own locked read-decide-write,
+//! an operator's `SELECT … FOR UPDATE`), a replay, a 409 and a 422 are
+//! answered from a read without a lock; a claim that must write still waits
+//! for the lock and decides on the record as it is after it.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
@@ -19,31 +19,17 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// The lease of the attempt whose expiry makes a retry write.
 const LEASE_MS: u64 = 100;
 
-/// How another transaction holds a record's row.
-#[derive(Clone, Copy, Debug)]
-enum Hold {
-    /// `SELECT … FOR UPDATE`, as an operator's script or a locked read.
-    Locked,
-    /// An update not yet committed, as a completion or a purge in flight.
-    Updating,
-}
-
-/// Holds the row of `(scope, key)` in schema `schema` on a connection of
-/// its own, in an open transaction, until the returned client is dropped.
-async fn hold_row(schema: &str, scope: &str, key: &str, hold: Hold) -> tokio_postgres::Client {
+/// Holds the row lock of `(scope, key)` in schema `schema` (`SELECT … FOR
+/// UPDATE`, as the store's own locked read-decide-write and an operator's
+/// script take it) on a connection of its own, in an open transaction,
+/// until the returned client is dropped.
+async fn hold_row_lock(schema: &str, scope: &str, key: &str) -> tokio_postgres::Client {
     let holder = admin().await;
     holder.batch_execute("BEGIN").await.unwrap();
-    let sql = match hold {
-        Hold::Locked => "SELECT token FROM {s}.records WHERE scope = $1 AND key = $2 FOR UPDATE",
-        Hold::Updating => {
-            "UPDATE {s}.records SET owner = owner WHERE scope = $1 AND key = $2 RETURNING token"
-        }
-    };
-    let held = holder
-        .query(&sql.replace("{s}", schema), &[&scope, &key])
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 1, "the record exists and is held");
+    let sql =
+        format!("SELECT token FROM {schema}.records WHERE scope = $1 AND key = $2 FOR UPDATE");
+    let held = holder.query(&sql, &[&scope, &key]).await.unwrap();
+    assert_eq!(held.len(), 1, "the record exists and is locked");
     holder
 }
 
@@ -67,40 +53,37 @@ async fn answers_that_write_nothing_do_not_wait_on_the_row_lock() {
     ));
 
     let scope = done.id.scope.as_str().to_owned();
-    for hold in [Hold::Locked, Hold::Updating] {
-        let held_done = hold_row(schema.name(), &scope, done.id.key.as_str(), hold).await;
-        let held_flight = hold_row(schema.name(), &scope, flight.id.key.as_str(), hold).await;
-        answers_while_held(&store, &done, &flight, hold).await;
-        drop((held_done, held_flight));
-    }
+    let held_done = hold_row_lock(schema.name(), &scope, done.id.key.as_str()).await;
+    let held_flight = hold_row_lock(schema.name(), &scope, flight.id.key.as_str()).await;
+    answers_while_locked(&store, &done, &flight).await;
+    drop((held_done, held_flight));
 }
 
 /// The replay, 422 and 409 of `done` and `flight`, each within
-/// [`PATIENCE`] while their rows are held.
-async fn answers_while_held(
+/// [`PATIENCE`] while their rows are locked.
+async fn answers_while_locked(
     store: &idem_postgres::PgStore,
     done: &idem_core::ClaimRequest,
     flight: &idem_core::ClaimRequest,
-    hold: Hold,
 ) {
     let replay = tokio::time::timeout(PATIENCE, store.claim(done)).await;
     match replay {
         Ok(Ok(Claim::Replay { record })) => {
             assert_eq!(record.result.unwrap().body(), b"paid");
         }
-        other => panic!("a replay is answered while the row is held ({hold:?}), got {other:?}"),
+        other => panic!("a replay is answered while the row is locked, got {other:?}"),
     }
     let mut changed = done.clone();
     changed.fingerprint = Fingerprint::from_bytes([9; 32]);
     let mismatch = tokio::time::timeout(PATIENCE, store.claim(&changed)).await;
     assert!(
         matches!(mismatch, Ok(Ok(Claim::Mismatch { .. }))),
-        "a 422 is answered while the row is held ({hold:?}), got {mismatch:?}"
+        "a 422 is answered while the row is locked, got {mismatch:?}"
     );
     let in_flight = tokio::time::timeout(PATIENCE, store.claim(flight)).await;
     assert!(
         matches!(in_flight, Ok(Ok(Claim::InFlight { .. }))),
-        "a 409 is answered while the row is held ({hold:?}), got {in_flight:?}"
+        "a 409 is answered while the row is locked, got {in_flight:?}"
     );
 }
 
@@ -118,7 +101,7 @@ async fn a_claim_that_writes_waits_for_the_lock_and_decides_on_what_it_finds() {
     tokio::time::sleep(Duration::from_millis(2 * LEASE_MS)).await;
 
     let scope = req.id.scope.as_str().to_owned();
-    let holder = hold_row(schema.name(), &scope, req.id.key.as_str(), Hold::Locked).await;
+    let holder = hold_row_lock(schema.name(), &scope, req.id.key.as_str()).await;
     let retry = {
         let store = std::sync::Arc::clone(&store);
         let req = req.clone();
