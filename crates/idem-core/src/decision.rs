@@ -412,6 +412,18 @@ pub fn tries_of_attempt(tries: Option<&LookupTries>, token: Token) -> Option<Loo
     tries.filter(|t| t.token == token).copied()
 }
 
+/// Since when `record` has been due for the purge, by its stored state: a
+/// completed record from the end of its retention, a tombstone from the
+/// end of its horizon (`None`: never). The purge takes the records it would
+/// change in this order, ties in (scope, key) order.
+pub fn purge_due(record: &Record) -> Option<Timestamp> {
+    match record.state {
+        State::Completed => record.expires_at,
+        State::Tombstone => record.tombstone_until,
+        State::InProgress | State::Ambiguous => None,
+    }
+}
+
 /// What the purge does with one record at `now`.
 pub fn purge(record: &Record, now: Timestamp) -> Write {
     if record.state_at(now) != State::Tombstone {

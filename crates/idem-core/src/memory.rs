@@ -216,15 +216,18 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         let now = self.clock.now();
         let mut report = PurgeReport::default();
-        let writes: Vec<(RecordId, Write)> = inner
+        let mut writes: Vec<(Option<Timestamp>, RecordId, Write)> = inner
             .records
             .iter()
             .filter(|(_, r)| r.state_at(now) == State::Tombstone)
-            .map(|(id, r)| (id.clone(), decision::purge(r, now)))
-            .filter(|(_, w)| *w != Write::None)
-            .take(limit.min(crate::store::LIST_LIMIT_MAX))
+            .map(|(id, r)| (decision::purge_due(r), id.clone(), decision::purge(r, now)))
+            .filter(|(_, _, w)| *w != Write::None)
             .collect();
-        for (id, write) in writes {
+        // The longest due first, then (scope, key): the map iterates in
+        // (scope, key) order and the sort is stable.
+        writes.sort_by_key(|(due, _, _)| *due);
+        writes.truncate(limit.min(crate::store::LIST_LIMIT_MAX));
+        for (_, id, write) in writes {
             match write {
                 Write::Delete => report.deleted += 1,
                 Write::Put(_) => report.tombstoned += 1,

@@ -100,7 +100,13 @@ pub trait Store: Send + Sync {
     /// Turns completed records past retention into tombstones and deletes
     /// tombstones past their horizon, changing at most `limit` records in all
     /// (capped at [`LIST_LIMIT_MAX`]; 0 changes nothing). Call it until the
-    /// report is empty to catch up.
+    /// report is empty to catch up. The records changed are the first in
+    /// the order of [`decision::purge_due`] (the longest due first), then
+    /// (scope, key): every store changes the same ones, and a store can
+    /// find them through an index on the due instant instead of scanning
+    /// past everything it already purged.
+    ///
+    /// [`decision::purge_due`]: crate::decision::purge_due
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport>;
 }
 

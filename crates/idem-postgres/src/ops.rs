@@ -530,9 +530,10 @@ pub(crate) async fn list(
     ))
 }
 
-/// Applies `decision::purge` to the first `limit` records in (scope, key)
-/// order that it would change, locked, as the memory store does. Run it in
-/// a transaction so the locks hold until the writes commit.
+/// Applies `decision::purge` to the first `limit` records it would change,
+/// the longest due first (`decision::purge_due`), then in (scope, key)
+/// order, locked, as the memory store does. Run it in a transaction so the
+/// locks hold until the writes commit.
 pub(crate) async fn purge(
     exec: &Exec<'_, '_>,
     ctx: &Ctx,

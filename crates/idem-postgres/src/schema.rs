@@ -127,7 +127,8 @@ pub(crate) struct Schema {
     /// Delete records given as arrays of scopes and keys.
     pub(crate) delete: String,
     pub(crate) get: String,
-    /// Purge candidates, locked, in (scope, key) order, with the time.
+    /// Purge candidates, locked, the longest due first (`decision::purge_due`),
+    /// then in (scope, key) order, with the time.
     pub(crate) purge: String,
     /// Appends one resolution, numbered after the record's last, and drops
     /// the record's entries older than its newest `$9`.
@@ -225,7 +226,8 @@ impl Schema {
                  SELECT now.ms, {} FROM {s}.records r, now \
                  WHERE (r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
                     OR (r.state = 'completed' AND r.expires_at_ms <= now.ms) \
-                 ORDER BY r.scope, r.key LIMIT $2 FOR UPDATE OF r",
+                 ORDER BY CASE WHEN r.state = 'completed' THEN r.expires_at_ms \
+                 ELSE r.tombstone_until_ms END, r.scope, r.key LIMIT $2 FOR UPDATE OF r",
                 COLUMNS.map(|c| format!("r.{c}")).join(", ")
             ),
             journal_append: format!(

@@ -337,21 +337,26 @@ impl Writer {
         Ok(claim)
     }
 
-    /// Applies `decision::purge` to the first `limit` records in (scope,
-    /// key) order that it would change, as the memory store does.
+    /// Applies `decision::purge` to the first `limit` records it would
+    /// change, the longest due first (`decision::purge_due`), then in
+    /// (scope, key) order, as the memory store does.
     fn purge(&mut self, limit: usize) -> Result<PurgeReport, StoreError> {
         let now = self.clock.now();
         let limit = limit.min(LIST_LIMIT_MAX);
         // The rows `decision::purge` changes: tombstones past their horizon
-        // and completed records past retention (see `Record::state_at`).
+        // and completed records past retention (see `Record::state_at`),
+        // the longest due first (`decision::purge_due`), each part read in
+        // that order from its partial index and merged.
         let candidates = self
             .conn
             .prepare_cached(&format!(
-                "SELECT {} FROM records \
-                 WHERE (state = 'tombstone' AND tombstone_until_ms <= ?1) \
-                    OR (state = 'completed' AND expires_at_ms <= ?1) \
-                 ORDER BY scope, key LIMIT ?2",
-                row::COLUMNS
+                "SELECT {cols}, expires_at_ms AS due FROM records \
+                 WHERE state = 'completed' AND expires_at_ms <= ?1 \
+                 UNION ALL \
+                 SELECT {cols}, tombstone_until_ms AS due FROM records \
+                 WHERE state = 'tombstone' AND tombstone_until_ms <= ?1 \
+                 ORDER BY due, scope, key LIMIT ?2",
+                cols = row::COLUMNS
             ))
             .and_then(|mut stmt| {
                 let rows = stmt

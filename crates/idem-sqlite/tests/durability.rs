@@ -224,7 +224,7 @@ fn refused_files_are_named_with_the_reason() {
             setup: newer_schema,
             create: true,
             incompatible: true,
-            reason: "schema version 7 is newer than this idem supports (4); upgrade idem",
+            reason: "schema version 7 is newer than this idem supports (5); upgrade idem",
         },
         Refusal {
             name: "missing directory",
@@ -255,7 +255,7 @@ fn refused_files_are_named_with_the_reason() {
             reason: "is a directory, not a database file",
         },
     ];
-    assert_eq!(SCHEMA_VERSION, 4, "update the newer-schema case");
+    assert_eq!(SCHEMA_VERSION, 5, "update the newer-schema case");
     for case in cases {
         let dir = tempfile::tempdir().unwrap();
         let path = (case.setup)(dir.path());
