@@ -1,8 +1,8 @@
 //! The retention purge under load: a durable SQLite store holding
 //! `--records` completed records past retention (one million by default),
 //! claims continuing from concurrent callers, and the purge the gateway
-//! runs (`purge(1000)` calls until one changes fewer) working through all
-//! of them. Claim latency is measured without the purge, during it, and
+//! runs (`purge(PURGE_BATCH)` calls, or `--batch`, until one changes
+//! fewer) working through all of them. Claim latency is measured without the purge, during it, and
 //! without it again; the ratio of the p99 during the purge to the p99
 //! without it (the mean of the two phases around it) is printed against
 //! the target. It reports; it never asserts.
@@ -13,7 +13,7 @@
 //! row the store reads as its own.
 //!
 //! Usage: `cargo run --release -p idem-bench -- purge [--records 1000000]
-//! [--callers 32] [--seconds 5] [--dir DIR]`
+//! [--batch N] [--callers 32] [--seconds 5] [--dir DIR]`
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +24,8 @@ use anyhow::{Context, bail};
 use idem_core::{Clock, ManualClock, Policy, PurgeReport, Scope, Store, SystemClock};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
+use idem_gateway::PURGE_BATCH;
+
 use crate::args::Flags;
 use crate::fixtures;
 use crate::measured::verdict;
@@ -31,13 +33,12 @@ use crate::measured::verdict;
 /// The p99 during the purge may be at most this many times the p99
 /// without it.
 const TARGET_P99_RATIO: f64 = 2.0;
-/// Records one purge call changes, as the gateway's purge task asks.
-const PURGE_BATCH: usize = 1000;
 /// The key of the record the expired copies are made from.
 const TEMPLATE_KEY: &str = "expired-template";
 
 struct Args {
     records: u64,
+    batch: usize,
     callers: usize,
     seconds: u64,
     dir: PathBuf,
@@ -123,7 +124,8 @@ fn bench(args: &Args, path: &Path) -> anyhow::Result<()> {
         ("without purge (before)", "before"),
         seconds,
     ))?;
-    let (during, report, purge_took) = runtime.block_on(claims_during_purge(&store, callers))?;
+    let (during, report, purge_took) =
+        runtime.block_on(claims_during_purge(&store, callers, args.batch))?;
     let after = runtime.block_on(claims(
         &store,
         callers,
@@ -275,6 +277,7 @@ async fn claims(
 async fn claims_during_purge(
     store: &Arc<SqliteStore>,
     callers: usize,
+    batch: usize,
 ) -> anyhow::Result<(Phase, PurgeReport, Duration)> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -286,11 +289,11 @@ async fn claims_during_purge(
     ));
     let mut total = PurgeReport::default();
     loop {
-        let report = store.purge(PURGE_BATCH).await?;
+        let report = store.purge(batch).await?;
         total.tombstoned += report.tombstoned;
         total.deleted += report.deleted;
         total.damaged += report.damaged;
-        if report.tombstoned + report.deleted < PURGE_BATCH as u64 {
+        if report.tombstoned + report.deleted < batch as u64 {
             break;
         }
     }
@@ -307,14 +310,15 @@ async fn claims_during_purge(
 
 fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
     const USAGE: &str =
-        "usage: idem-bench purge [--records N] [--callers N] [--seconds S] [--dir DIR]";
+        "usage: idem-bench purge [--records N] [--batch N] [--callers N] [--seconds S] [--dir DIR]";
     let flags = Flags::parse(
         args,
-        &["--records", "--callers", "--seconds", "--dir"],
+        &["--records", "--batch", "--callers", "--seconds", "--dir"],
         USAGE,
     )?;
     Ok(Args {
         records: flags.number("--records", 1_000_000, 1..=100_000_000)?,
+        batch: flags.number("--batch", PURGE_BATCH, 1..=idem_core::LIST_LIMIT_MAX)?,
         callers: flags.number("--callers", 32, 1..=10_000)?,
         seconds: flags.number("--seconds", 5, 1..=3_600)?,
         dir: flags.path("--dir", std::env::temp_dir()),

@@ -10,11 +10,16 @@ use idem_core::{PurgeReport, Store};
 use idem_http::Metrics;
 use tokio::sync::watch;
 
-/// Records changed by one purge call.
-pub const PURGE_BATCH: usize = 1000;
-/// Purge calls in one run at most: a store far behind catches up over
-/// several runs instead of holding the writer for one long stretch.
-pub const PURGE_BATCHES_MAX: usize = 100;
+/// Records changed by one purge call. Small, so that claims queued behind
+/// it wait little: `idem-bench purge` measured claim p99 during the purge
+/// of a million records at 1.77x its p99 without it with 100, 2.4x with
+/// 250 and 5.2x with 1000 (the embedded store's writer runs one call at a
+/// time between claims).
+pub const PURGE_BATCH: usize = 100;
+/// Purge calls in one run at most (100,000 records): a store far behind
+/// catches up over several runs instead of holding the writer for one
+/// long stretch.
+pub const PURGE_BATCHES_MAX: usize = 1000;
 
 /// Purges every `interval` until `stop` turns true (or its sender is gone).
 pub async fn run(
