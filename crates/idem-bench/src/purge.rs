@@ -248,12 +248,14 @@ async fn claim_until(
     Ok(all)
 }
 
-async fn claims(
+/// Claims from `callers` tasks (keys starting `prefix`) while `work` runs,
+/// then stops them: the claims as phase `name`, and what `work` returned.
+async fn claims_while<T>(
     store: &Arc<SqliteStore>,
     callers: usize,
     (name, prefix): (&'static str, &'static str),
-    seconds: Duration,
-) -> anyhow::Result<Phase> {
+    work: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(Phase, T)> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let claiming = tokio::spawn(claim_until(
@@ -262,14 +264,29 @@ async fn claims(
         Arc::clone(&stop),
         prefix,
     ));
-    tokio::time::sleep(seconds).await;
+    let out = work.await;
     stop.store(true, Ordering::Relaxed);
     let latencies = claiming.await??;
-    Ok(Phase {
+    let phase = Phase {
         name,
         latencies,
         elapsed: started.elapsed(),
-    })
+    };
+    Ok((phase, out?))
+}
+
+/// Claims for `seconds`, without the purge.
+async fn claims(
+    store: &Arc<SqliteStore>,
+    callers: usize,
+    names: (&'static str, &'static str),
+    seconds: Duration,
+) -> anyhow::Result<Phase> {
+    let wait = async {
+        tokio::time::sleep(seconds).await;
+        Ok(())
+    };
+    Ok(claims_while(store, callers, names, wait).await?.0)
 }
 
 /// Claims while the purge runs as the gateway's purge task does, until it
@@ -279,33 +296,23 @@ async fn claims_during_purge(
     callers: usize,
     batch: usize,
 ) -> anyhow::Result<(Phase, PurgeReport, Duration)> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let claiming = tokio::spawn(claim_until(
-        Arc::clone(store),
-        callers,
-        Arc::clone(&stop),
-        "during",
-    ));
-    let mut total = PurgeReport::default();
-    loop {
-        let report = store.purge(batch).await?;
-        total.tombstoned += report.tombstoned;
-        total.deleted += report.deleted;
-        total.damaged += report.damaged;
-        if report.tombstoned + report.deleted < batch as u64 {
-            break;
+    let purge = async {
+        let started = Instant::now();
+        let mut total = PurgeReport::default();
+        loop {
+            let report = store.purge(batch).await?;
+            total.tombstoned += report.tombstoned;
+            total.deleted += report.deleted;
+            total.damaged += report.damaged;
+            if report.tombstoned + report.deleted < batch as u64 {
+                break;
+            }
         }
-    }
-    let purge_took = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let latencies = claiming.await??;
-    let phase = Phase {
-        name: "during the purge",
-        latencies,
-        elapsed: started.elapsed(),
+        anyhow::Ok((total, started.elapsed()))
     };
-    Ok((phase, total, purge_took))
+    let names = ("during the purge", "during");
+    let (phase, (total, took)) = claims_while(store, callers, names, purge).await?;
+    Ok((phase, total, took))
 }
 
 fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
