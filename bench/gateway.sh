@@ -18,6 +18,10 @@ Measures, interleaved within each round and at each connection count:
   sqlite-many     ... KEYS keys sent before the run, cycled
   pg-fresh/-hot/-many   the same with the PostgreSQL store
   pg2-fresh/-many  two gateways on one PostgreSQL schema, one wrk each, summed
+  pg-insert       the raw-insert baseline: pgbench, 16 clients (one gateway's pool),
+                  a prepared INSERT … ON CONFLICT DO NOTHING into a bare table keyed
+                  like idem's records, once per round; pg-fresh and pg2-fresh are
+                  also printed as a ratio to it
   and the same upstream answering after 20 ms: direct-20ms, nginx-hop-20ms,
   sqlite-fresh-20ms, pg-fresh-20ms.
 Prints a table per round and a summary: req/s, p50/p99, ratios against
@@ -94,7 +98,8 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v nginx >/dev/null || missing+=(nginx)
 [[ -f $echo_module ]] || missing+=(libnginx-mod-http-echo)
 command -v curl >/dev/null || missing+=(curl)
-((use_postgres == 0)) || command -v psql >/dev/null || missing+=(postgresql-client)
+((use_postgres == 0)) || { command -v psql >/dev/null && command -v pgbench >/dev/null; } ||
+    missing+=(postgresql-client)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} with apt-get" >&2
     sudo=()
@@ -322,7 +327,23 @@ if ((use_postgres)); then
     check_replay pg2
     seed pg1
     gateways+=(pg1 pg2)
+    # The raw-insert baseline: a bare table keyed like idem's records, and
+    # the prepared INSERT … ON CONFLICT DO NOTHING a claim of a new key is,
+    # run by pgbench with as many clients as one gateway has connections.
+    psql -q "$postgres_url" -c "CREATE TABLE $schema.bench_insert (
+        scope TEXT COLLATE \"C\" NOT NULL, key TEXT COLLATE \"C\" NOT NULL,
+        fingerprint BYTEA NOT NULL, state TEXT NOT NULL, token BIGINT NOT NULL,
+        owner TEXT NOT NULL, lease_until_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL,
+        retention_s BIGINT NOT NULL, tombstone_s BIGINT NOT NULL, PRIMARY KEY (scope, key))" ||
+        die "cannot create the raw-insert baseline's table in schema $schema"
+    cat >"$work/insert.sql" <<SQL
+\set k random(1, 9000000000000000)
+INSERT INTO $schema.bench_insert VALUES ('POST /payouts|$tenant', :client_id || '-' || :k, '\x5a', 'in_progress', :k, 'bench', 30000, 0, 86400, 2592000) ON CONFLICT DO NOTHING;
+SQL
 fi
+# Connections of each PostgreSQL gateway's pool: the raw-insert baseline's
+# clients.
+pg_pool=16
 
 # --- measurements ------------------------------------------------------------
 
@@ -411,6 +432,19 @@ measure() { # ROUND CONNS NAME BASE TARGETS MODE
     fi
 }
 
+# The raw-insert baseline of a round: pgbench, prepared statements,
+# $pg_pool clients, the measurement's duration; recorded as mode pg-insert
+# (latency columns: pgbench's mean, for both).
+measure_insert() { # ROUND
+    local out="$work/pgbench-$1.out" tps mean_us
+    pgbench -n -M prepared -c "$pg_pool" -j 2 -T "$duration_s" -f "$work/insert.sql" "$postgres_url" >"$out" 2>&1 ||
+        { cat "$out" >&2; die "pgbench failed"; }
+    tps=$(awk '/^tps = / { print int($3) }' "$out")
+    mean_us=$(awk '/^latency average = / { print int($4 * 1000) }' "$out")
+    [[ -n $tps && -n $mean_us ]] || { cat "$out" >&2; die "no figures from pgbench"; }
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t0\t0\n' "$1" "$pg_pool" pg-insert fast "$tps" "$mean_us" "$mean_us" >>"$results"
+}
+
 sample_rss() { # ROUND
     local g
     for g in "${gateways[@]}"; do
@@ -430,6 +464,10 @@ print_round() { # ROUND
 
 echo "idem: $idem_bin; work dir: $work; $(nproc) CPUs shared by wrk, nginx, idem and PostgreSQL"
 for ((round = 1; round <= rounds; round++)); do
+    if ((use_postgres)); then
+        echo "round $round: pg-insert (pgbench, $pg_pool clients)" >&2
+        measure_insert "$round"
+    fi
     for conns in $connections; do
         for m in "${modes[@]}"; do
             read -r name base targets mode <<<"$m"
@@ -476,6 +514,25 @@ awk -F'\t' '
                 median(lxd), median(lxh), median(la50) / 1000, median(la99) / 1000
         }
     }' "$results"
+if ((use_postgres)); then
+    echo
+    echo "PostgreSQL fresh keys against the raw-insert baseline of the same round (pg-insert, median over rounds)"
+    awk -F'\t' '
+        function median(list,   n, a, i, j, t) {
+            n = split(list, a, " ")
+            for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        $3 == "pg-insert" { ins[$1] = $5 }
+        $3 == "pg-fresh" || $3 == "pg2-fresh" { fresh[$1, $2, $3] = $5; if (!(($2, $3) in seen)) { seen[$2, $3] = 1; order[++n] = $2 SUBSEP $3 } }
+        END {
+            for (k = 1; k <= n; k++) {
+                split(order[k], cm, SUBSEP); l = ""
+                for (key in fresh) { split(key, rcm, SUBSEP); if (rcm[2] == cm[1] && rcm[3] == cm[2] && ins[rcm[1]] > 0) l = l " " fresh[key] / ins[rcm[1]] }
+                if (l != "") printf "%-18s %6d %9.2f x pg-insert\n", cm[2], cm[1], median(l)
+            }
+        }' "$results"
+fi
 echo
 echo "gateway RSS after the 256-connection runs (VmHWM: the peak since start)"
 awk -F'\t' '{ if ($3 > rss[$2]) rss[$2] = $3; if ($4 > hwm[$2]) hwm[$2] = $4; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
