@@ -81,6 +81,16 @@ const MIGRATIONS: &[&str] = &[
     // this step (a nullable column without a default rewrites no row and
     // holds the table's lock only for the catalog change).
     "ALTER TABLE {s}.records ADD COLUMN region TEXT;",
+    // 5: the purge's candidates in the order it takes them
+    // (`decision::purge_due`, then (scope, key)), one partial index per
+    // state it changes, so a purge call reads the records it changes
+    // instead of sorting every record in the table. Built once, holding
+    // writes to the table while it is (a plain CREATE INDEX: migrations
+    // run in one transaction).
+    "CREATE INDEX records_expiring ON {s}.records (expires_at_ms, scope, key)
+        WHERE state = 'completed';
+    CREATE INDEX records_tombstones ON {s}.records (tombstone_until_ms, scope, key)
+        WHERE state = 'tombstone';",
 ];
 
 /// The schema version this build writes and reads.
@@ -127,8 +137,10 @@ pub(crate) struct Schema {
     /// Delete records given as arrays of scopes and keys.
     pub(crate) delete: String,
     pub(crate) get: String,
-    /// Purge candidates, locked, the longest due first (`decision::purge_due`),
-    /// then in (scope, key) order, with the time.
+    /// Purge candidates, the longest due first (`decision::purge_due`),
+    /// then in (scope, key) order: the first `$2` of each state read from
+    /// its partial index, merged, then locked and checked again as they
+    /// are after the lock; with the time.
     pub(crate) purge: String,
     /// Appends one resolution, numbered after the record's last, and drops
     /// the record's entries older than its newest `$9`.
@@ -222,12 +234,21 @@ impl Schema {
             ),
             get: format!("SELECT {cols} FROM {s}.records WHERE scope = $1 AND key = $2"),
             purge: format!(
-                "WITH now AS MATERIALIZED (SELECT {now} AS ms) \
-                 SELECT now.ms, {} FROM {s}.records r, now \
+                "WITH now AS MATERIALIZED (SELECT {now} AS ms), \
+                 due AS MATERIALIZED (SELECT * FROM (\
+                 (SELECT r.scope, r.key, r.expires_at_ms AS at FROM {s}.records r \
+                 WHERE r.state = 'completed' AND r.expires_at_ms <= (SELECT ms FROM now) \
+                 ORDER BY r.expires_at_ms, r.scope, r.key LIMIT $2) \
+                 UNION ALL \
+                 (SELECT r.scope, r.key, r.tombstone_until_ms FROM {s}.records r \
+                 WHERE r.state = 'tombstone' AND r.tombstone_until_ms <= (SELECT ms FROM now) \
+                 ORDER BY r.tombstone_until_ms, r.scope, r.key LIMIT $2)) AS both_states \
+                 ORDER BY at, scope, key LIMIT $2) \
+                 SELECT now.ms, {} FROM {s}.records r \
+                 JOIN due ON r.scope = due.scope AND r.key = due.key, now \
                  WHERE (r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
                     OR (r.state = 'completed' AND r.expires_at_ms <= now.ms) \
-                 ORDER BY CASE WHEN r.state = 'completed' THEN r.expires_at_ms \
-                 ELSE r.tombstone_until_ms END, r.scope, r.key LIMIT $2 FOR UPDATE OF r",
+                 ORDER BY due.at, r.scope, r.key FOR UPDATE OF r",
                 COLUMNS.map(|c| format!("r.{c}")).join(", ")
             ),
             journal_append: format!(
