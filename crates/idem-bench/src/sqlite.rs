@@ -20,7 +20,7 @@ use crate::fixtures;
 use crate::measured::verdict;
 
 /// Pairs per second the group-commit mode should reach.
-const TARGET_PAIRS_PER_S: f64 = 25_000.0;
+const TARGET_PAIRS_PER_S: f64 = 35_000.0;
 /// How many times faster than one transaction per operation it should be.
 const TARGET_RATIO: f64 = 5.0;
 
