@@ -483,15 +483,18 @@ done
 
 # --- summary -----------------------------------------------------------------
 
-echo
-echo "summary: median over $rounds round(s); each ratio and added latency is taken against"
-echo "direct (and the nginx hop) of the same round and connection count, on the same upstream"
-awk -F'\t' '
+# The median of a space-separated list, for both summaries' awk programs.
+awk_median='
     function median(list,   n, a, i, j, t) {
         n = split(list, a, " ")
         for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
         return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
+    }'
+
+echo
+echo "summary: median over $rounds round(s); each ratio and added latency is taken against"
+echo "direct (and the nginx hop) of the same round and connection count, on the same upstream"
+awk -F'\t' "$awk_median"'
     { r = $1; c = $2; m = $3; b = $4
       rps[r, c, m] = $5; p50[r, c, m] = $6; p99[r, c, m] = $7; base[m] = b
       if (!((c, m) in seen)) { seen[c, m] = 1; order[++n] = c SUBSEP m }
@@ -517,12 +520,7 @@ awk -F'\t' '
 if ((use_postgres)); then
     echo
     echo "PostgreSQL fresh keys against the raw-insert baseline of the same round (pg-insert, median over rounds)"
-    awk -F'\t' '
-        function median(list,   n, a, i, j, t) {
-            n = split(list, a, " ")
-            for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-        }
+    awk -F'\t' "$awk_median"'
         $3 == "pg-insert" { ins[$1] = $5 }
         $3 == "pg-fresh" || $3 == "pg2-fresh" { fresh[$1, $2, $3] = $5; if (!(($2, $3) in seen)) { seen[$2, $3] = 1; order[++n] = $2 SUBSEP $3 } }
         END {

@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::decision::{self, Claim, ClaimRequest};
 use crate::{Clock, Record, RecordId, State};
 
-/// What a kept record is counted as besides its key, scope, owner, region
-/// and result: the fixed fields and the map's own bookkeeping.
+/// Bytes a kept record is counted as besides its key, scope, owner, region
+/// and result: an estimate of the fixed fields and the map's bookkeeping.
+/// The bound is on these counted bytes, not on the process's memory.
 const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// A bounded map from record to its completed record; the oldest kept
