@@ -39,6 +39,9 @@
 //!   the even one included). `tests/data/jcs/ecmascript-numbers.txt` pins
 //!   its output, ties among them, to what the formatter it replaced wrote.
 //! * Strings are escaped by `serde_json`, whose escaping is RFC 8785's.
+//! * [`JsonPointer`]s are decoded, and array indexes read, by `jsonptr`;
+//!   what an exclusion removes (every pointer resolved against the document
+//!   as it was before any removal) is written here.
 //! * The parser is written here. `serde_json` driven by a custom `Visitor`
 //!   sees duplicate names and, with its own limit disabled, lets the visitor
 //!   bound the depth, but it cannot keep the other rules. Without its
@@ -132,26 +135,16 @@ impl JsonPointer {
                 "cannot exclude the whole body (the empty pointer addresses the entire document)",
             ));
         }
-        let Some(rest) = s.strip_prefix('/') else {
-            return Err(invalid("a JSON pointer must start with '/'"));
-        };
-        let mut segments = Vec::new();
-        for raw in rest.split('/') {
-            let mut segment = String::with_capacity(raw.len());
-            let mut chars = raw.chars();
-            while let Some(c) = chars.next() {
-                if c == '~' {
-                    match chars.next() {
-                        Some('0') => segment.push('~'),
-                        Some('1') => segment.push('/'),
-                        _ => return Err(invalid("'~' must be followed by '0' or '1'")),
-                    }
-                } else {
-                    segment.push(c);
-                }
-            }
-            segments.push(segment);
-        }
+        let pointer = jsonptr::Pointer::parse(s).map_err(|e| {
+            invalid(match e {
+                jsonptr::ParseError::NoLeadingSlash => "a JSON pointer must start with '/'",
+                jsonptr::ParseError::InvalidEncoding { .. } => "'~' must be followed by '0' or '1'",
+            })
+        })?;
+        let segments = pointer
+            .tokens()
+            .map(|token| token.decoded().into_owned())
+            .collect();
         Ok(JsonPointer {
             text: s.to_owned(),
             segments,
@@ -840,16 +833,9 @@ fn abbreviate(s: &str) -> String {
 /// The array index a pointer segment denotes, per RFC 6901 (`0` or a decimal
 /// without leading zeros); `None` for anything else, including `-`.
 fn array_index(segment: &str) -> Option<usize> {
-    let bytes = segment.as_bytes();
-    let canonical = match bytes {
-        [b'0'] => true,
-        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-        _ => false,
-    };
-    if canonical {
-        segment.parse().ok()
-    } else {
-        None
+    match segment.parse() {
+        Ok(jsonptr::index::Index::Num(index)) => Some(index),
+        Ok(jsonptr::index::Index::Next) | Err(_) => None,
     }
 }
 
