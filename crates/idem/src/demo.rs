@@ -33,6 +33,16 @@ use tokio::task::JoinHandle;
 
 use crate::store_url::StoreUrl;
 
+/// `println!` that carries on when stdout is closed (`idem demo | head`):
+/// the steps still run, the gateway still stops, and the exit code still
+/// tells whether every step behaved.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// `idem demo`.
 #[derive(Debug, Args)]
 #[command(after_long_help = AFTER_HELP)]
@@ -49,7 +59,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let out = Out::new();
     let stage = Stage::start(args.store).await?;
     out.intro(&stage);
-    let walked = walk(&stage, &out).await;
+    // Interrupted, it still stops the gateway and removes the temporary store.
+    let walked = tokio::select! {
+        walked = walk(&stage, &out) => walked,
+        Ok(()) = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+    };
     let stopped = stage.stop().await;
     let tally = walked?;
     stopped?;
@@ -368,6 +382,12 @@ impl Reply {
     }
 }
 
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.body)
+    }
+}
+
 impl Expect {
     const fn fresh(status: u16) -> Expect {
         Expect {
@@ -435,37 +455,45 @@ impl Out {
     }
 
     fn intro(&self, stage: &Stage) {
-        println!(
+        say!(
             "{}",
             self.paint("1", "idem demo: a payout API behind the idem gateway")
         );
-        println!(
+        say!(
             "  payout API   http://{}   counts every payout it really executes",
             stage.upstream
         );
-        println!(
-            "  gateway      http://{}   store {}",
-            stage.gateway, stage.store
+        let temporary = match stage.dir {
+            Some(_) => " (temporary, removed at the end)",
+            None => "",
+        };
+        say!(
+            "  gateway      http://{}   store {}{temporary}",
+            stage.gateway,
+            stage.store
         );
-        println!(
+        say!(
             "  admin API    http://{}   behind a bearer token",
             stage.admin
         );
     }
 
     fn step(&self, number: u8, title: &str) {
-        println!();
-        println!("{}", self.paint("1", &format!("{number}. {title}")));
+        say!();
+        say!("{}", self.paint("1", &format!("{number}. {title}")));
     }
 
     fn request(&self, key: &str, body: &str, note: &str) {
-        println!("   → POST /payouts  Idempotency-Key: {key}  {body}{note}");
+        say!("   → POST /payouts  Idempotency-Key: {key}  {body}{note}");
     }
 
     fn reply(&self, reply: &Reply) {
         let mut line = format!("   ← {}", reply.status);
         if reply.replay() == Replay::Replayed {
-            line.push_str(&format!("  {}", self.paint("36", "Idempotent-Replayed: true")));
+            line.push_str(&format!(
+                "  {}",
+                self.paint("36", "Idempotent-Replayed: true")
+            ));
         }
         if let Some(after) = reply.header("retry-after") {
             line.push_str(&format!("  Retry-After: {after}"));
@@ -474,24 +502,24 @@ impl Out {
             Some(problem) => line.push_str(&format!("  type {}", self.paint("33", &problem))),
             None => line.push_str(&format!("  {}", reply.body.trim())),
         }
-        println!("{line}");
+        say!("{line}");
     }
 
     fn note(&self, text: &str) {
-        println!("   {text}");
+        say!("   {text}");
     }
 
     fn executed(&self, api: &PayoutApi) {
-        println!("   payouts the API executed so far: {}", api.executed());
+        say!("   payouts the API executed so far: {}", api.executed());
     }
 
     fn ok(&self, text: &str) {
-        println!("   {} {text}", self.paint("32", "ok:"));
+        say!("   {} {text}", self.paint("32", "ok:"));
     }
 
     fn summary(&self, tally: &Tally) {
-        println!();
-        println!(
+        say!();
+        say!(
             "{}",
             self.paint(
                 "1;32",
@@ -503,14 +531,14 @@ impl Out {
             )
         );
         for key in &tally.keys {
-            println!("  {key}: executed once");
+            say!("  {key}: executed once");
         }
-        println!();
-        println!("Next:");
-        println!(
+        say!();
+        say!("Next:");
+        say!(
             "  idem serve --upstream http://127.0.0.1:9000   the gateway in front of your own API"
         );
-        println!(
+        say!(
             "  docs/operations.md                            the admin API, metrics, and the \
              runbook for an unknown outcome"
         );
@@ -567,7 +595,10 @@ async fn replay(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
     expect_executed("1 (a payout with a key)", stage, 1)?;
     out.ok("executed once; the gateway stored the answer under the key");
 
-    out.step(2, "The same request again (a client retrying after a timeout)");
+    out.step(
+        2,
+        "The same request again (a client retrying after a timeout)",
+    );
     out.request(key, BODY_847, "");
     let again = stage.payout(key, BODY_847).await?;
     out.reply(&again);
@@ -641,7 +672,10 @@ async fn reused(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
 async fn unknown_outcome(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
     let step = "5 (an unknown outcome)";
     stage.api.set(key, Behaviour::PayThenUnavailable);
-    out.step(5, "The API answers 503 after paying: the outcome is unknown");
+    out.step(
+        5,
+        "The API answers 503 after paying: the outcome is unknown",
+    );
     out.request(key, BODY_849, "   (the API pays, then answers 503)");
     let reply = stage.payout(key, BODY_849).await?;
     out.reply(&reply);
@@ -718,12 +752,6 @@ async fn resolve(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
         answer.status, answer_json["outcome"], answer_json["by"], answer_json["reason"]
     ));
     Ok(())
-}
-
-impl std::fmt::Debug for Reply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.status, self.body)
-    }
 }
 
 /// The demo payout API's `POST /payouts`: executes the payout (counts it),
