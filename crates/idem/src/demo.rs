@@ -587,32 +587,23 @@ const BODY_849: &str = r#"{"seller":849,"amount":4500,"currency":"EUR"}"#;
 async fn replay(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
     stage.api.set(key, Behaviour::Pay);
     out.step(1, "A payout with an Idempotency-Key");
-    out.request(key, BODY_847, "");
-    let reply = stage.payout(key, BODY_847).await?;
-    out.reply(&reply);
-    out.executed(&stage.api);
-    Expect::fresh(201).check("1 (a payout with a key)", &reply)?;
-    expect_executed("1 (a payout with a key)", stage, 1)?;
+    let step = "1 (a payout with a key)";
+    let first = checked(stage, out, step, (key, BODY_847), Expect::fresh(201), 1).await?;
     out.ok("executed once; the gateway stored the answer under the key");
 
     out.step(
         2,
         "The same request again (a client retrying after a timeout)",
     );
-    out.request(key, BODY_847, "");
-    let again = stage.payout(key, BODY_847).await?;
-    out.reply(&again);
-    out.executed(&stage.api);
     let step = "2 (the same request again)";
-    Expect::replayed(201).check(step, &again)?;
-    if again.body != reply.body {
+    let again = checked(stage, out, step, (key, BODY_847), Expect::replayed(201), 1).await?;
+    if again.body != first.body {
         bail!(
             "step {step}: the replay is {:?}, the first answer was {:?}",
             again.body,
-            reply.body
+            first.body
         );
     }
-    expect_executed(step, stage, 1)?;
     out.ok("the stored answer, replayed; the API did not pay again");
     Ok(())
 }
@@ -636,10 +627,9 @@ async fn in_flight(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
         }
         held = held => held.map_err(|_| anyhow!("step {step}: the first attempt never reached the API"))?,
     }
-    out.request(key, BODY_848, "   (the retry)");
-    let retry = stage.payout(key, BODY_848).await?;
-    out.reply(&retry);
-    Expect::problem(409, ProblemKind::RequestInProgress).check(step, &retry)?;
+    out.note("the client gives up waiting and retries:");
+    let in_progress = Expect::problem(409, ProblemKind::RequestInProgress);
+    let retry = checked(stage, out, step, (key, BODY_848), in_progress, 2).await?;
     if retry.header("retry-after").is_none() {
         bail!("step {step}: the 409 has no Retry-After");
     }
@@ -658,12 +648,8 @@ async fn in_flight(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
 async fn reused(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
     let step = "4 (the same key with a different body)";
     out.step(4, "The same key with a different body (a client bug)");
-    out.request(key, BODY_847_OTHER, "");
-    let reply = stage.payout(key, BODY_847_OTHER).await?;
-    out.reply(&reply);
-    out.executed(&stage.api);
-    Expect::problem(422, ProblemKind::KeyReused).check(step, &reply)?;
-    expect_executed(step, stage, 2)?;
+    let key_reused = Expect::problem(422, ProblemKind::KeyReused);
+    checked(stage, out, step, (key, BODY_847_OTHER), key_reused, 2).await?;
     out.ok("refused: a key names one intent; nothing was executed");
     Ok(())
 }
@@ -671,34 +657,43 @@ async fn reused(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
 /// Step 5: an unknown outcome, held until an operator resolves it.
 async fn unknown_outcome(stage: &Stage, out: &Out, key: &str) -> anyhow::Result<()> {
     let step = "5 (an unknown outcome)";
+    let payout = (key, BODY_849);
     stage.api.set(key, Behaviour::PayThenUnavailable);
     out.step(
         5,
         "The API answers 503 after paying: the outcome is unknown",
     );
-    out.request(key, BODY_849, "   (the API pays, then answers 503)");
-    let reply = stage.payout(key, BODY_849).await?;
-    out.reply(&reply);
-    out.executed(&stage.api);
-    Expect::fresh(503).check(step, &reply)?;
-    expect_executed(step, stage, 3)?;
+    out.note("this time the API pays, then answers 503:");
+    checked(stage, out, step, payout, Expect::fresh(503), 3).await?;
     out.note("the client cannot tell whether it was paid, and retries:");
-    out.request(key, BODY_849, "");
-    let retry = stage.payout(key, BODY_849).await?;
-    out.reply(&retry);
-    out.executed(&stage.api);
-    Expect::problem(409, ProblemKind::OutcomeUnknown).check(step, &retry)?;
-    expect_executed(step, stage, 3)?;
+    let unknown = Expect::problem(409, ProblemKind::OutcomeUnknown);
+    checked(stage, out, step, payout, unknown, 3).await?;
     out.ok("not executed blindly again: the record is ambiguous until it is resolved");
     resolve(stage, out, key).await?;
-    out.request(key, BODY_849, "   (the retry, once more)");
-    let resolved = stage.payout(key, BODY_849).await?;
-    out.reply(&resolved);
-    out.executed(&stage.api);
-    Expect::replayed(201).check(step, &resolved)?;
-    expect_executed(step, stage, 3)?;
+    out.note("the client retries once more:");
+    checked(stage, out, step, payout, Expect::replayed(201), 3).await?;
     out.ok("the retry gets the resolved answer; the payout executed once");
     Ok(())
+}
+
+/// One payout through the gateway, printed, then checked: the answer
+/// against `expect`, and the payouts the API executed so far against
+/// `executed`.
+async fn checked(
+    stage: &Stage,
+    out: &Out,
+    step: &str,
+    (key, body): (&str, &str),
+    expect: Expect,
+    executed: usize,
+) -> anyhow::Result<Reply> {
+    out.request(key, body, "");
+    let reply = stage.payout(key, body).await?;
+    out.reply(&reply);
+    out.executed(&stage.api);
+    expect.check(step, &reply)?;
+    expect_executed(step, stage, executed)?;
+    Ok(reply)
 }
 
 /// What an operator does: finds the ambiguous record, asks the payout API's
