@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::store_url::StoreUrl;
+use crate::store_url::OpenStore;
 
 /// `println!` that carries on when stdout is closed (`idem demo | head`):
 /// the steps still run, the gateway still stops, and the exit code still
@@ -230,8 +230,8 @@ impl Stage {
         };
         let config = GatewayConfig::load(None, &overrides)
             .map_err(|e| anyhow!("the demo's gateway configuration is refused: {e}"))?;
-        let url = StoreUrl::parse(&config.store)?;
-        let opened = url.open()?;
+        let opened = config.store.open()?;
+        let store_shown = config.store.to_string();
         let admin_token = random_hex();
         let token = AdminToken::new(&admin_token).map_err(|e| anyhow!("admin token: {e}"))?;
         let router = api.router();
@@ -261,7 +261,7 @@ impl Stage {
             gateway,
             admin,
             admin_token,
-            store: url.to_string(),
+            store: store_shown,
             dir,
             sent: AtomicUsize::new(0),
             stop,
