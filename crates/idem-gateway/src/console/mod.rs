@@ -540,7 +540,10 @@ fn html(status: StatusCode, page: Markup) -> Response {
 }
 
 /// Headers on every console answer: no script, style only from the
-/// console, no framing, no caching of pages that show records.
+/// console, no framing, no caching of pages that show records. The
+/// referrer stays within the console (`same-origin`, not `no-referrer`:
+/// under `no-referrer` Chromium sends `Origin: null` with the console's
+/// own forms, which the origin check must refuse).
 async fn protect(mut response: Response) -> Response {
     let headers = response.headers_mut();
     let set = [
@@ -550,7 +553,7 @@ async fn protect(mut response: Response) -> Response {
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
         (header::CACHE_CONTROL, "no-store"),
     ];
     for (name, value) in set {
