@@ -48,6 +48,14 @@ struct Unsure {
     hits: Arc<AtomicUsize>,
 }
 
+/// A running console and a browser on it.
+struct Scene {
+    browser: Client,
+    admin: SocketAddr,
+    /// The principal digest of tenant acme.
+    acme: String,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     let driver = Driver::start();
@@ -60,12 +68,8 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
          [[route]]\nname = \"refunds\"\nmethods = [\"POST\"]\npath = \"/refunds\"\n\
          principal = {{ header = \"x-tenant\" }}\n"
     ));
-    let (gw, admin) = Gateway::start_admin(
-        &format!("http://{}", upstream.addr),
-        &site.store(),
-        Some(&config),
-        TOKEN,
-    );
+    let upstream_url = format!("http://{}", upstream.addr);
+    let (gw, admin) = Gateway::start_admin(&upstream_url, &site.store(), Some(&config), TOKEN);
     for (path, tenant, key) in [
         ("/payouts", "acme", PAY_1),
         ("/payouts", "globex", "pay-2"),
@@ -76,126 +80,156 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
         assert_eq!(first.status, 503, "{first:?}");
     }
     assert_eq!(upstream.hits(), 4);
-    let acme = principal_of(admin, PAY_1).await;
-    let browser = driver.browser().await;
-    let ui = |path: &str| format!("http://{admin}{path}");
+    let scene = Scene {
+        browser: driver.browser().await,
+        admin,
+        acme: principal_of(admin, PAY_1).await,
+    };
 
-    // A wrong token is refused and opens nothing; the right one does.
-    browser.goto(&ui("/ui")).await.unwrap();
-    assert!(browser.current_url().await.unwrap().path() == "/ui/sign-in");
-    sign_in(&browser, "console-browser-token-3c9e1f7b").await;
-    let refused = text_of(&browser, "main").await;
-    assert!(refused.contains("not the admin token"), "{refused}");
-    snap(&browser, "sign-in").await;
-    sign_in(&browser, TOKEN).await;
-    assert_eq!(browser.current_url().await.unwrap().path(), "/ui");
-    assert_eq!(text_of(&browser, "#backlog-count").await, "4");
-    snap(&browser, "overview").await;
-
-    // Filter the list down to acme's payouts, open pay-1.
-    follow(&browser, Locator::LinkText("Review the ambiguous records")).await;
-    fill(&browser, "#route", "payouts").await;
-    fill(&browser, "#principal", &acme[..12]).await;
-    follow(&browser, Locator::Css("form.filter button")).await;
-    let listed = text_of(&browser, "main").await;
-    for (key, shown) in [
-        (PAY_1, true),
-        ("pay-3", true),
-        ("pay-2", false),
-        ("ref-1", false),
-    ] {
-        assert_eq!(listed.contains(key), shown, "{key}: {listed}");
-    }
-    snap(&browser, "records").await;
-    follow(&browser, Locator::Css("a[href*='key=pay-1']")).await;
-    assert_eq!(text_of(&browser, "#state").await, "ambiguous");
-    let record = text_of(&browser, "main").await;
-    assert!(
-        record.contains(&format!("idempotency-key: {PAY_1}")),
-        "the forwarded key: {record}"
-    );
-    snap(&browser, "record").await;
-
-    // Resolve it as completed, with a reason and the confirmation.
-    follow(&browser, Locator::LinkText("Resolve this record")).await;
-    fill(&browser, "#status", "201").await;
-    fill(&browser, "#body", r#"{"payout":"manual-7"}"#).await;
-    fill(&browser, "#reason", "provider ledger shows payout manual-7").await;
-    click(&browser, Locator::Id("confirm")).await;
-    snap(&browser, "resolve").await;
-    follow(&browser, Locator::Css("main form button[type=submit]")).await;
-    assert_eq!(text_of(&browser, "#state").await, "completed");
-    let resolved = text_of(&browser, "main").await;
-    assert!(
-        resolved.contains("Resolved as completed by operator:console"),
-        "{resolved}"
-    );
-    assert!(
-        resolved.contains("provider ledger shows payout manual-7"),
-        "{resolved}"
-    );
-
+    scene.sign_in_after_a_wrong_token().await;
+    scene.filter_and_open_pay_1().await;
+    scene.resolve_as_completed().await;
     // The client's retry, through the gateway, replays the resolution.
     let retry = pay(&gw, "/payouts", "acme", PAY_1).await;
-    assert_eq!(
-        (retry.status, retry.body.as_str()),
-        (201, r#"{"payout":"manual-7"}"#)
-    );
+    let replayed = (retry.status, retry.body.as_str());
+    assert_eq!(replayed, (201, r#"{"payout":"manual-7"}"#), "{retry:?}");
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(upstream.hits(), 4, "the retry never reached the upstream");
-
-    // Every page fits a phone and a desktop without horizontal scrolling.
-    let pages = [
-        "/ui/sign-in",
-        "/ui",
-        "/ui/records",
-        "/ui/record?scope=payouts%7C{acme}&key=pay-1%3Asettlement_2026_W36%3Aseller_000847%3Abatch_0001%3Arun_0001",
-        "/ui/resolve?scope=payouts%7C{acme}&key=pay-3",
-    ];
-    for width in WIDTHS {
-        browser.set_window_size(width, 900).await.unwrap();
-        for page in pages {
-            browser
-                .goto(&ui(&page.replace("{acme}", &acme)))
-                .await
-                .unwrap();
-            let (scroll, inner) = widths(&browser).await;
-            assert!(
-                inner <= width && inner > width * 3 / 4,
-                "{page}: viewport {inner} at {width}"
-            );
-            assert!(
-                scroll <= inner,
-                "{page} at {width} px scrolls sideways: {scroll} > {inner}"
-            );
-            if width == 390 && page.starts_with("/ui/record?") {
-                snap(&browser, "record-390").await;
-            }
-        }
-    }
-    browser.set_window_size(1280, 900).await.unwrap();
-
-    // An idle session ends.
-    tokio::time::sleep(Duration::from_secs(IDLE_S + 1)).await;
-    browser.goto(&ui("/ui")).await.unwrap();
-    assert_eq!(browser.current_url().await.unwrap().path(), "/ui/sign-in");
-
-    // Signed in again, a page of another origin (same host, another port:
-    // same-site, so the strict cookie goes along) posts a resolution of
-    // pay-3. It is refused and nothing changes.
-    sign_in(&browser, TOKEN).await;
-    let pay3 = format!("/records/payouts%7C{acme}/pay-3");
-    let token = admin_get(admin, &pay3).await["token"].to_string();
-    let attacker = attacker(admin, &acme, &token).await;
-    browser.goto(&format!("http://{attacker}/")).await.unwrap();
-    let landed = wait_for_text(&browser, "Refused").await;
-    assert!(landed.contains("another origin"), "{landed}");
-    let pay3 = admin_get(admin, &pay3).await;
-    assert_eq!(pay3["state"], "ambiguous", "{pay3}");
-    assert_eq!(pay3["resolution"], Value::Null, "{pay3}");
+    scene.every_page_fits_without_sideways_scrolling().await;
+    scene.an_idle_session_ends().await;
+    scene.a_form_from_another_origin_changes_nothing().await;
 
     assert!(!gw.logs().contains(TOKEN), "the token is never logged");
-    browser.close().await.unwrap();
+    scene.browser.close().await.unwrap();
+}
+
+impl Scene {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// A wrong token is refused and opens nothing; the right one does.
+    async fn sign_in_after_a_wrong_token(&self) {
+        let browser = &self.browser;
+        browser.goto(&self.url("/ui")).await.unwrap();
+        assert_eq!(browser.current_url().await.unwrap().path(), "/ui/sign-in");
+        sign_in(browser, "console-browser-token-3c9e1f7b").await;
+        let refused = text_of(browser, "main").await;
+        assert!(refused.contains("not the admin token"), "{refused}");
+        snap(browser, "sign-in").await;
+        sign_in(browser, TOKEN).await;
+        assert_eq!(browser.current_url().await.unwrap().path(), "/ui");
+        assert_eq!(text_of(browser, "#backlog-count").await, "4");
+        snap(browser, "overview").await;
+    }
+
+    /// Filters the list down to acme's payouts and opens pay-1.
+    async fn filter_and_open_pay_1(&self) {
+        let browser = &self.browser;
+        follow(browser, Locator::LinkText("Review the ambiguous records")).await;
+        fill(browser, "#route", "payouts").await;
+        fill(browser, "#principal", &self.acme[..12]).await;
+        follow(browser, Locator::Css("form.filter button")).await;
+        let listed = text_of(browser, "main").await;
+        let expected = [
+            (PAY_1, true),
+            ("pay-3", true),
+            ("pay-2", false),
+            ("ref-1", false),
+        ];
+        for (key, shown) in expected {
+            assert_eq!(listed.contains(key), shown, "{key}: {listed}");
+        }
+        snap(browser, "records").await;
+        follow(browser, Locator::Css("a[href*='key=pay-1']")).await;
+        assert_eq!(text_of(browser, "#state").await, "ambiguous");
+        let record = text_of(browser, "main").await;
+        let forwarded = format!("idempotency-key: {PAY_1}");
+        assert!(record.contains(&forwarded), "the forwarded key: {record}");
+        snap(browser, "record").await;
+    }
+
+    /// Resolves the open record as completed, with a reason and the
+    /// confirmation.
+    async fn resolve_as_completed(&self) {
+        let browser = &self.browser;
+        follow(browser, Locator::LinkText("Resolve this record")).await;
+        fill(browser, "#status", "201").await;
+        fill(browser, "#body", r#"{"payout":"manual-7"}"#).await;
+        fill(browser, "#reason", "provider ledger shows payout manual-7").await;
+        click(browser, Locator::Id("confirm")).await;
+        snap(browser, "resolve").await;
+        follow(browser, Locator::Css("main form button[type=submit]")).await;
+        assert_eq!(text_of(browser, "#state").await, "completed");
+        let resolved = text_of(browser, "main").await;
+        for said in [
+            "Resolved as completed by operator:console",
+            "provider ledger shows payout manual-7",
+        ] {
+            assert!(resolved.contains(said), "{said}: {resolved}");
+        }
+    }
+
+    /// Every page fits a phone and a desktop.
+    async fn every_page_fits_without_sideways_scrolling(&self) {
+        let browser = &self.browser;
+        let acme = &self.acme;
+        let pay_1 = format!(
+            "/ui/record?scope=payouts%7C{acme}&key={}",
+            PAY_1.replace(':', "%3A")
+        );
+        let pages = [
+            "/ui/sign-in".to_owned(),
+            "/ui".to_owned(),
+            "/ui/records".to_owned(),
+            pay_1.clone(),
+            format!("/ui/resolve?scope=payouts%7C{acme}&key=pay-3"),
+        ];
+        for width in WIDTHS {
+            browser.set_window_size(width, 900).await.unwrap();
+            for page in &pages {
+                browser.goto(&self.url(page)).await.unwrap();
+                let (scroll, inner) = widths(browser).await;
+                let resized = inner <= width && inner > width * 3 / 4;
+                assert!(resized, "{page}: viewport {inner} at {width}");
+                let fits = scroll <= inner;
+                assert!(
+                    fits,
+                    "{page} at {width} px scrolls sideways: {scroll} > {inner}"
+                );
+                if width == 390 && *page == pay_1 {
+                    snap(browser, "record-390").await;
+                }
+            }
+        }
+        browser.set_window_size(1280, 900).await.unwrap();
+    }
+
+    async fn an_idle_session_ends(&self) {
+        tokio::time::sleep(Duration::from_secs(IDLE_S + 1)).await;
+        self.browser.goto(&self.url("/ui")).await.unwrap();
+        let landed = self.browser.current_url().await.unwrap();
+        assert_eq!(landed.path(), "/ui/sign-in");
+    }
+
+    /// Signed in again, a page of another origin (same host, another port:
+    /// same-site, so the strict cookie goes along) posts a resolution of
+    /// pay-3 with its right token. It is refused and nothing changes.
+    async fn a_form_from_another_origin_changes_nothing(&self) {
+        sign_in(&self.browser, TOKEN).await;
+        let pay_3 = format!("/records/payouts%7C{}/pay-3", self.acme);
+        let token = admin_get(self.admin, &pay_3).await["token"].to_string();
+        let attacker = attacker(self.admin, &self.acme, &token).await;
+        self.browser
+            .goto(&format!("http://{attacker}/"))
+            .await
+            .unwrap();
+        let landed = wait_for_text(&self.browser, "Refused").await;
+        assert!(landed.contains("another origin"), "{landed}");
+        let record = admin_get(self.admin, &pay_3).await;
+        assert_eq!(record["state"], "ambiguous", "{record}");
+        assert_eq!(record["resolution"], Value::Null, "{record}");
+    }
 }
 
 impl Driver {

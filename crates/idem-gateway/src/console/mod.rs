@@ -95,6 +95,17 @@ impl ConsoleState {
     }
 }
 
+impl std::fmt::Debug for ConsoleState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleState")
+            .field("token", &self.token)
+            .field("routes", &self.routes.len())
+            .field("transport", &self.transport)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The console's routes, all under `/ui`. Called inside a Tokio runtime,
 /// it also samples the metrics once a minute for as long as the router
 /// lives.

@@ -298,3 +298,44 @@ async fn stored_text_is_escaped_never_markup() {
         );
     }
 }
+
+#[test]
+fn the_session_limits_come_from_the_config_file_named_in_errors() {
+    let load = |idle: Option<u64>, absolute: Option<u64>| {
+        let file = crate::FileConfig {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            console_session_idle_s: idle,
+            console_session_absolute_s: absolute,
+            ..crate::FileConfig::default()
+        };
+        let path = std::path::Path::new("idem.toml");
+        crate::GatewayConfig::from_parts(file, Some(path), &crate::Overrides::default())
+    };
+    let limits = load(Some(5), Some(60)).unwrap().console_sessions;
+    assert_eq!((limits.idle.as_secs(), limits.absolute.as_secs()), (5, 60));
+    assert_eq!(
+        load(None, None).unwrap().console_sessions,
+        SessionLimits::default()
+    );
+    let cases = [
+        (
+            Some(0),
+            None,
+            "idem.toml: console_session_idle_s: 0 is out of range",
+        ),
+        (
+            None,
+            Some(SESSION_S_MAX + 1),
+            "idem.toml: console_session_absolute_s:",
+        ),
+        (
+            Some(61),
+            Some(60),
+            "idem.toml: console_session_idle_s: 61 s is longer",
+        ),
+    ];
+    for (idle, absolute, want) in cases {
+        let e = load(idle, absolute).unwrap_err().to_string();
+        assert!(e.starts_with(want), "{e}");
+    }
+}
