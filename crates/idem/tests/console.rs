@@ -235,13 +235,6 @@ impl Scene {
 impl Driver {
     /// chromedriver on a free loopback port, once it answers.
     fn start() -> Driver {
-        let missing = |what: &str| {
-            panic!(
-                "{what} is not installed: the console test drives a real browser. \
-                 Install Debian's chromium and chromium-driver \
-                 (apt-get install -y chromium chromium-driver) or run .ci/run"
-            )
-        };
         if chromium().is_none() {
             missing("chromium");
         }
@@ -250,8 +243,10 @@ impl Driver {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|_| missing("chromedriver"));
+            .spawn();
+        let Ok(child) = child else {
+            missing("chromedriver")
+        };
         let driver = Driver { child, port };
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -460,6 +455,15 @@ async fn snap(browser: &Client, name: &str) {
     };
     let png = browser.screenshot().await.unwrap();
     std::fs::write(Path::new(&dir).join(format!("console-{name}.png")), png).unwrap();
+}
+
+/// Stops the test: the browser it needs is not installed.
+fn missing(what: &str) -> ! {
+    panic!(
+        "{what} is not installed: the console test drives a real browser. \
+         Install Debian's chromium and chromium-driver \
+         (apt-get install -y chromium chromium-driver) or run .ci/run"
+    )
 }
 
 fn chromium() -> Option<PathBuf> {
