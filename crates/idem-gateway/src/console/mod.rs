@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Form;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -159,6 +159,25 @@ struct Console {
 
 type Shared = State<Arc<Console>>;
 
+/// The live session of a page request; without one the browser is sent
+/// to the sign-in page.
+struct SignedIn(Live);
+
+impl FromRequestParts<Arc<Console>> for SignedIn {
+    type Rejection = Redirect;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        console: &Arc<Console>,
+    ) -> Result<SignedIn, Redirect> {
+        console
+            .sessions
+            .find(&parts.headers, Instant::now())
+            .map(SignedIn)
+            .ok_or_else(|| Redirect::to("/ui/sign-in"))
+    }
+}
+
 #[derive(Deserialize)]
 struct SignInForm {
     #[serde(default)]
@@ -230,10 +249,7 @@ async fn sign_out(State(c): Shared, headers: HeaderMap, Form(form): Form<CsrfFor
     with_cookie(Redirect::to("/ui/sign-in").into_response(), &cookie)
 }
 
-async fn overview(State(c): Shared, headers: HeaderMap) -> Response {
-    let Some(live) = c.sessions.find(&headers, Instant::now()) else {
-        return to_sign_in();
-    };
+async fn overview(State(c): Shared, SignedIn(live): SignedIn) -> Response {
     let chrome = Chrome { csrf: &live.csrf };
     let backlog = match records::backlog(&*c.state.store).await {
         Ok(backlog) => backlog,
@@ -244,10 +260,11 @@ async fn overview(State(c): Shared, headers: HeaderMap) -> Response {
     html(StatusCode::OK, page)
 }
 
-async fn list(State(c): Shared, headers: HeaderMap, Query(params): Query<ListParams>) -> Response {
-    let Some(live) = c.sessions.find(&headers, Instant::now()) else {
-        return to_sign_in();
-    };
+async fn list(
+    State(c): Shared,
+    SignedIn(live): SignedIn,
+    Query(params): Query<ListParams>,
+) -> Response {
     let chrome = Chrome { csrf: &live.csrf };
     let older = params.older_than_min.trim();
     let older_than_min = match older {
@@ -283,21 +300,13 @@ async fn list(State(c): Shared, headers: HeaderMap, Query(params): Query<ListPar
 
 async fn show(
     State(c): Shared,
-    headers: HeaderMap,
+    SignedIn(live): SignedIn,
     Query(params): Query<RecordParams>,
 ) -> Response {
-    let Some(live) = c.sessions.find(&headers, Instant::now()) else {
-        return to_sign_in();
-    };
     let chrome = Chrome { csrf: &live.csrf };
     let id = match records::record_id(&params.scope, &params.key) {
         Ok(id) => id,
-        Err(why) => {
-            return html(
-                StatusCode::BAD_REQUEST,
-                pages::refused(Some(chrome), "No such record", &why),
-            );
-        }
+        Err(why) => return no_such_record(chrome, &why),
     };
     let detail = match records::detail(&*c.state.store, &c.state.routes, &id).await {
         Ok(detail) => detail,
@@ -318,12 +327,9 @@ async fn show(
 
 async fn resolve_page(
     State(c): Shared,
-    headers: HeaderMap,
+    SignedIn(live): SignedIn,
     Query(params): Query<RecordParams>,
 ) -> Response {
-    let Some(live) = c.sessions.find(&headers, Instant::now()) else {
-        return to_sign_in();
-    };
     let chrome = Chrome { csrf: &live.csrf };
     let form = ResolveForm {
         content_type: "application/json".into(),
@@ -331,12 +337,7 @@ async fn resolve_page(
     };
     let id = match records::record_id(&params.scope, &params.key) {
         Ok(id) => id,
-        Err(why) => {
-            return html(
-                StatusCode::BAD_REQUEST,
-                pages::refused(Some(chrome), "No such record", &why),
-            );
-        }
+        Err(why) => return no_such_record(chrome, &why),
     };
     c.form_again(chrome, &id, &form, None, StatusCode::OK).await
 }
@@ -349,12 +350,7 @@ async fn resolve(State(c): Shared, headers: HeaderMap, Form(form): Form<ResolveF
     let chrome = Chrome { csrf: &live.csrf };
     let id = match records::record_id(&form.scope, &form.key) {
         Ok(id) => id,
-        Err(why) => {
-            return html(
-                StatusCode::BAD_REQUEST,
-                pages::refused(Some(chrome), "No such record", &why),
-            );
-        }
+        Err(why) => return no_such_record(chrome, &why),
     };
     let invalid = StatusCode::UNPROCESSABLE_ENTITY;
     if form.confirm != "yes" {
@@ -525,6 +521,12 @@ fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
     format!("/ui/records?{query}")
 }
 
+/// The answer to a link or form whose scope or key is not valid.
+fn no_such_record(chrome: Chrome, why: &str) -> Response {
+    let page = pages::refused(Some(chrome), "No such record", why);
+    html(StatusCode::BAD_REQUEST, page)
+}
+
 fn store_failed(chrome: Chrome, e: &StoreError) -> Response {
     tracing::error!(error = %e, "console: store operation failed");
     let page = pages::refused(
@@ -533,10 +535,6 @@ fn store_failed(chrome: Chrome, e: &StoreError) -> Response {
         &format!("The store failed: {e}. Nothing was changed; try again."),
     );
     html(StatusCode::SERVICE_UNAVAILABLE, page)
-}
-
-fn to_sign_in() -> Response {
-    Redirect::to("/ui/sign-in").into_response()
 }
 
 fn with_cookie(mut response: Response, cookie: &str) -> Response {

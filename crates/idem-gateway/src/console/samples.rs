@@ -13,6 +13,17 @@ pub const SAMPLES_MAX: usize = 60;
 /// Time between two samples.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
 
+/// Picks one family's total.
+type Pick = fn(&Totals) -> u64;
+
+/// Each chart: its name and its total.
+const SERIES: [(&str, Pick); 4] = [
+    ("Decisions", |t| t.decisions),
+    ("Problems", |t| t.problems),
+    ("Completions", |t| t.completions),
+    ("Late replays", |t| t.late_replays),
+];
+
 /// The counter families the overview charts, as summed totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Totals {
@@ -79,30 +90,13 @@ impl Samples {
     pub(crate) fn series(&self, now: Totals) -> [Series; 4] {
         let ring = self.lock();
         let points: Vec<Totals> = ring.iter().copied().chain([now]).collect();
-        let per = |pick: fn(&Totals) -> u64| -> Vec<u64> {
-            points
+        SERIES.map(|(name, pick)| Series {
+            name,
+            per_minute: points
                 .windows(2)
                 .map(|w| pick(&w[1]).saturating_sub(pick(&w[0])))
-                .collect()
-        };
-        [
-            Series {
-                name: "Decisions",
-                per_minute: per(|t| t.decisions),
-            },
-            Series {
-                name: "Problems",
-                per_minute: per(|t| t.problems),
-            },
-            Series {
-                name: "Completions",
-                per_minute: per(|t| t.completions),
-            },
-            Series {
-                name: "Late replays",
-                per_minute: per(|t| t.late_replays),
-            },
-        ]
+                .collect(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Totals>> {
