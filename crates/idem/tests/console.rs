@@ -3,8 +3,9 @@
 //! SQLite file in front of an upstream that answers 503, so every payout
 //! is left ambiguous. An operator signs in (after a wrong token), filters
 //! the ambiguous list, opens a record, resolves it, and the client's retry
-//! through the gateway replays the answer; the session ends when idle; a
-//! form auto-submitted from another origin changes nothing; every page
+//! through the gateway replays the answer; the session ends when idle;
+//! another record is signed in for and resolved with the keyboard alone,
+//! every focused control outlined; a form auto-submitted from another origin changes nothing; every page
 //! fits 390 px and 1280 px without horizontal scrolling.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs
@@ -97,6 +98,7 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     assert_eq!(upstream.hits(), 4, "the retry never reached the upstream");
     scene.every_page_fits_without_sideways_scrolling().await;
     scene.an_idle_session_ends().await;
+    scene.a_keyboard_alone_resolves_a_record().await;
     scene.a_form_from_another_origin_changes_nothing().await;
 
     assert!(!gw.logs().contains(TOKEN), "the token is never logged");
@@ -210,6 +212,56 @@ impl Scene {
         self.browser.goto(&self.url("/ui")).await.unwrap();
         let landed = self.browser.current_url().await.unwrap();
         assert_eq!(landed.path(), "/ui/sign-in");
+    }
+
+    /// Without a mouse: from the sign-in page the idle session left, the
+    /// token and Enter sign in; Tab and Enter reach the list, pay-2 and its
+    /// resolve form; arrow keys move between the outcomes, typing fills the
+    /// body and the reason, Space confirms, and Enter resolves. Every control Tab lands on is outlined.
+    async fn a_keyboard_alone_resolves_a_record(&self) {
+        let browser = &self.browser;
+        assert_eq!(
+            focused(browser).await.0,
+            "token",
+            "the token field has focus"
+        );
+        press_to_next_page(browser, &format!("{TOKEN}{ENTER}")).await;
+        assert_eq!(browser.current_url().await.unwrap().path(), "/ui");
+        tab_to(browser, |id, text| {
+            id.is_empty() && text == "Review the ambiguous records"
+        })
+        .await;
+        press_to_next_page(browser, ENTER).await;
+        tab_to(browser, |_, text| text == "Key pay-2").await;
+        press_to_next_page(browser, ENTER).await;
+        tab_to(browser, |_, text| text == "Resolve this record").await;
+        press_to_next_page(browser, ENTER).await;
+        tab_to(browser, |id, _| id == "completed").await;
+        press(browser, ARROW_DOWN).await;
+        assert_eq!(focused(browser).await.0, "not_executed");
+        press(browser, ARROW_UP).await;
+        assert_eq!(focused(browser).await.0, "completed");
+        tab_to(browser, |id, _| id == "body").await;
+        press(browser, r#"{"payout":"manual-9"}"#).await;
+        tab_to(browser, |id, _| id == "reason").await;
+        press(browser, "provider ledger shows payout manual-9").await;
+        tab_to(browser, |id, _| id == "confirm").await;
+        press(browser, " ").await;
+        tab_to(browser, |_, text| text == "Resolve").await;
+        press_to_next_page(browser, ENTER).await;
+        let said = text_of(browser, "main").await;
+        assert!(
+            said.contains("provider ledger shows payout manual-9"),
+            "{said}"
+        );
+        let left = admin_get(self.admin, "/records?state=ambiguous").await;
+        let keys: Vec<&str> = left["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap())
+            .collect();
+        assert!(!keys.contains(&"pay-2"), "pay-2 is resolved: {keys:?}");
     }
 
     /// Signed in again, a page of another origin (same host, another port:
@@ -388,6 +440,77 @@ async fn fill(browser: &Client, css: &str, text: &str) {
     let field = browser.find(Locator::Css(css)).await.unwrap();
     field.clear().await.unwrap();
     field.send_keys(text).await.unwrap();
+}
+
+const TAB: &str = "\u{E004}";
+const ENTER: &str = "\u{E007}";
+const ARROW_UP: &str = "\u{E013}";
+const ARROW_DOWN: &str = "\u{E015}";
+
+/// Types `keys` (WebDriver key codes allowed) into the focused element.
+async fn press(browser: &Client, keys: &str) {
+    browser
+        .active_element()
+        .await
+        .unwrap()
+        .send_keys(keys)
+        .await
+        .unwrap();
+}
+
+/// [`press`], then waits (5 s at most) until the next page replaced this one.
+async fn press_to_next_page(browser: &Client, keys: &str) {
+    let old = browser.find(Locator::Css("html")).await.unwrap();
+    press(browser, keys).await;
+    for _ in 0..250 {
+        if old.tag_name().await.is_err() && loaded(browser).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the key press led to no new page");
+}
+
+async fn loaded(browser: &Client) -> bool {
+    let state = browser.execute("return document.readyState;", vec![]).await;
+    state.is_ok_and(|s| s == "complete")
+}
+
+/// The focused element's id and text, and whether it is drawn with an
+/// outline (the page itself, focused before the first Tab, counts as
+/// outlined: it is no control).
+async fn focused(browser: &Client) -> (String, String, bool) {
+    let got = browser
+        .execute(
+            "const e = document.activeElement; \
+             if (e === document.body) return ['', '', true]; \
+             return [e.id || '', (e.innerText || e.value || '').trim(), \
+                     getComputedStyle(e).outlineStyle !== 'none'];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let text = |i: usize| got[i].as_str().unwrap().to_owned();
+    (text(0), text(1), got[2].as_bool().unwrap())
+}
+
+/// Presses Tab until the focused element is the one `wanted` picks by id
+/// and text (60 presses at most); each element on the way must be outlined.
+async fn tab_to(browser: &Client, wanted: impl Fn(&str, &str) -> bool) {
+    let mut visited = Vec::new();
+    for _ in 0..60 {
+        press(browser, TAB).await;
+        let (id, text, outlined) = focused(browser).await;
+        visited.push(format!("{id}:{text}"));
+        assert!(
+            outlined,
+            "the focused element {id:?} {text:?} shows no outline"
+        );
+        if wanted(&id, &text) {
+            return;
+        }
+    }
+    panic!("Tab never reached the wanted control; it visited {visited:?}");
 }
 
 async fn click(browser: &Client, locator: Locator<'_>) {
