@@ -4,9 +4,10 @@
 //! is left ambiguous. An operator signs in (after a wrong token), filters
 //! the ambiguous list, opens a record, resolves it, and the client's retry
 //! through the gateway replays the answer; the session ends when idle;
-//! another record is signed in for and resolved with the keyboard alone,
-//! every focused control outlined; a form auto-submitted from another origin changes nothing; every page
-//! fits 390 px and 1280 px without horizontal scrolling.
+//! the operator signs in again and resolves another record with the
+//! keyboard alone, every focused control outlined; a form auto-submitted
+//! from another origin changes nothing; every page fits 390 px and
+//! 1280 px without horizontal scrolling.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs
 //! them). With `IDEM_CONSOLE_SCREENSHOTS=DIR` it saves a PNG of each page.
