@@ -205,6 +205,7 @@ impl Admin {
     }
 
     /// `POST /records/{scope}/{key}/resolve`.
+    #[tracing::instrument(name = "idem.resolve", skip_all, fields(idem.scope = scope, idem.key = key, idem.resolver = "operator"))]
     async fn resolve(&self, scope: &str, key: &str, body: Body) -> Result<Response, AdminProblem> {
         let id = record_id(scope, key)?;
         let body = read_body(body).await?;
