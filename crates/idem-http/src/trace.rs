@@ -93,6 +93,9 @@ pub(crate) fn propagate(span: &Span, headers: &mut HeaderMap) {
 
 /// Records the answer on the request span.
 pub(crate) fn record_response<B>(span: &Span, response: &Response<B>) {
+    if span.is_disabled() {
+        return;
+    }
     let status = response.status();
     span.record("http.response.status_code", status.as_u16());
     if let Some(kind) = response.extensions().get::<ProblemKind>() {
@@ -154,6 +157,9 @@ pub(crate) fn forward_span(id: &RecordId) -> Span {
 /// Records the inner service's answer on the forward span: its status, or
 /// how the attempt failed (`not_sent`, `lost`, `failed`).
 pub(crate) fn record_forward<B, E>(span: &Span, outcome: &Result<Response<B>, E>) {
+    if span.is_disabled() {
+        return;
+    }
     let failure = match outcome {
         Ok(response) => match response.extensions().get::<AttemptOutcome>() {
             None => {

@@ -151,7 +151,8 @@ mod tests {
     /// the message).
     #[test]
     fn traces_follow_the_standard_variables() {
-        let cases: [(&[(&str, &str)], Result<Traces, &str>); 14] = [
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: [(Vars, Result<Traces, &str>); 14] = [
             (&[], Ok(Traces::Off)),
             (&[("OTEL_SERVICE_NAME", "payouts-gw")], Ok(Traces::Off)),
             (
