@@ -829,4 +829,59 @@ mod tests {
         );
         assert_eq!(series(&m, "idem_store_errors_total"), Some(0));
     }
+
+    /// Without an OpenTelemetry layer the inner service receives the
+    /// caller's valid trace context as it came, a malformed one not at
+    /// all, on protected and unprotected paths alike.
+    #[tokio::test]
+    async fn the_inner_service_gets_only_a_valid_trace_context() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let upper = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
+        let cases: [(&str, &[&str], Option<&str>); 5] = [
+            ("valid", &[valid], Some(valid)),
+            ("none", &[], None),
+            ("uppercase", &[upper], None),
+            ("two", &[valid, valid], None),
+            (
+                "all-zero parent",
+                &["00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"],
+                None,
+            ),
+        ];
+        let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+        let layer = IdempotencyLayer::new(store, vec![Route::default_catch_all()]);
+        let upstream = service_fn(|req: Request<Full<Bytes>>| async move {
+            let seen: Vec<_> = req
+                .headers()
+                .get_all("traceparent")
+                .iter()
+                .cloned()
+                .collect();
+            let mut res = Response::new(Full::new(Bytes::new()));
+            res.extensions_mut().insert(seen);
+            Ok::<_, std::convert::Infallible>(res)
+        });
+        let service = layer.layer(upstream);
+        for (i, (name, sent, expect)) in cases.iter().enumerate() {
+            for method in ["POST", "GET"] {
+                let mut req = Request::builder()
+                    .method(method)
+                    .uri("/payouts")
+                    .header("idempotency-key", format!("k{i}"));
+                for value in *sent {
+                    req = req.header("traceparent", *value);
+                }
+                let req = req.body(Full::new(Bytes::new())).unwrap();
+                let res = service.clone().oneshot(req).await.unwrap();
+                let seen = res.extensions().get::<Vec<HeaderValue>>().cloned();
+                let seen: Vec<_> = seen.unwrap_or_default();
+                let seen: Vec<&str> = seen.iter().map(|v| v.to_str().unwrap()).collect();
+                assert_eq!(
+                    seen,
+                    expect.iter().copied().collect::<Vec<_>>(),
+                    "{name} {method}"
+                );
+            }
+        }
+    }
 }
