@@ -85,9 +85,9 @@ pub(crate) fn request_span(method: &Method, incoming: Option<SpanContext>) -> Sp
 /// is exported; otherwise `headers` keep the context they hold.
 pub(crate) fn propagate(span: &Span, headers: &mut HeaderMap) {
     let context = span.context();
-    let own = context.span().span_context().clone();
-    if own.is_valid() {
-        write(headers, &own);
+    let own = context.span();
+    if own.span_context().is_valid() {
+        write(headers, own.span_context());
     }
 }
 

@@ -8,9 +8,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +23,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use support::{Site, eventually, post, segment, send};
+use support::{Gateway, Site, eventually, post, segment, send};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 const ADMIN_TOKEN: &str = "admin-token-7c1e5b9f03a2";
@@ -70,7 +68,31 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
     )
     .await;
     let site = Site::new();
-    let gw = start(&site, upstream, otlp);
+    let (gw, admin) = start(&site, upstream, otlp);
+    send_every_kind(&gw, admin, &hops).await;
+
+    // Nothing is exported before the end (a 60 s batch delay): every span
+    // below was flushed at SIGTERM.
+    let logs = terminate(gw);
+    let spans = collector.spans.lock().unwrap().clone();
+    assert!(!spans.is_empty(), "no spans flushed at exit:\n{logs}");
+    let hops = hops.lock().unwrap().clone();
+
+    check_continued_trace(&spans, &hops);
+    check_new_traces(&spans, &hops);
+    check_verdicts(&spans);
+    check_no_secret(&spans, &collector.resource.lock().unwrap());
+    let service = attr(&collector.resource.lock().unwrap(), "service.name");
+    assert_eq!(service.as_deref(), Some("idem-trace-test"));
+    assert!(
+        !logs.contains("idem.request") && !logs.contains("idem.claim"),
+        "log lines keep their shape, without span prefixes:\n{logs}"
+    );
+}
+
+/// t-1 continues the caller's trace; t-2 has none; t-3…t-5 send a
+/// malformed one; then the unknown outcomes.
+async fn send_every_kind(gw: &Gateway, admin: SocketAddr, hops: &Hops) {
     let auth = ("authorization", CREDENTIAL);
 
     let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
@@ -113,6 +135,13 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
             "{key}"
         );
     }
+    send_unknown_outcomes(gw, admin, hops).await;
+}
+
+/// t-6 is ambiguous and resolved by the reconciler's lookup, t-7 by hand
+/// through the admin API.
+async fn send_unknown_outcomes(gw: &Gateway, admin: SocketAddr, hops: &Hops) {
+    let auth = ("authorization", CREDENTIAL);
     // Ambiguous, then resolved by the reconciler's lookup.
     let failing = format!("00-{TRACE_FAIL}-{CALLER_SPAN}-01");
     let headers = [
@@ -138,7 +167,7 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
         post(&gw.url("/fail-manual"), &headers, PAYOUT).await.status,
         500
     );
-    resolve_by_hand(gw.admin, "t-7").await;
+    resolve_by_hand(admin, "t-7").await;
     let mut replay = post(
         &gw.url("/fail"),
         &[("idempotency-key", "t-6"), auth],
@@ -160,24 +189,6 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
     assert_eq!(
         replay.status, 200,
         "the reconciler completed t-6: {replay:?}"
-    );
-
-    // Nothing is exported before the end (a 60 s batch delay): every span
-    // below was flushed at SIGTERM.
-    let logs = gw.terminate();
-    let spans = collector.spans.lock().unwrap().clone();
-    assert!(!spans.is_empty(), "no spans flushed at exit:\n{logs}");
-    let hops = hops.lock().unwrap().clone();
-
-    check_continued_trace(&spans, &hops);
-    check_new_traces(&spans, &hops);
-    check_verdicts(&spans);
-    check_no_secret(&spans, &collector.resource.lock().unwrap());
-    let service = attr(&collector.resource.lock().unwrap(), "service.name");
-    assert_eq!(service.as_deref(), Some("idem-trace-test"));
-    assert!(
-        !logs.contains("idem.request") && !logs.contains("idem.claim"),
-        "log lines keep their shape, without span prefixes:\n{logs}"
     );
 }
 
@@ -401,95 +412,27 @@ fn config(site: &Site, upstream: SocketAddr) -> std::path::PathBuf {
 }
 
 /// `idem serve` exporting traces to `otlp`, with its admin API.
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
+fn start(site: &Site, upstream: SocketAddr, otlp: SocketAddr) -> (Gateway, SocketAddr) {
+    let endpoint = format!("http://{otlp}");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_SERVICE_NAME", "idem-trace-test"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
+    ];
+    let config = config(site, upstream);
+    let upstream = format!("http://{upstream}");
+    Gateway::start_admin_env(&upstream, &site.store(), Some(&config), ADMIN_TOKEN, &env)
 }
 
-fn start(site: &Site, upstream: SocketAddr, otlp: SocketAddr) -> Gateway {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--upstream")
-        .arg(format!("http://{upstream}"))
-        .arg("--store")
-        .arg(format!("sqlite://{}", site.store().display()))
-        .arg("--config")
-        .arg(config(site, upstream))
-        .env("IDEM_LOG", "info")
-        .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
-        .env("OTEL_SERVICE_NAME", "idem-trace-test")
-        .env("OTEL_BSP_SCHEDULE_DELAY", "60000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            for field in ["local_addr=", "admin_addr="] {
-                if let Some(rest) = line.split(field).nth(1) {
-                    let addr: SocketAddr = rest.split_whitespace().next().unwrap().parse().unwrap();
-                    let _ = tx.send((field, addr));
-                }
-            }
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let (mut addr, mut admin) = (None, None);
-    while addr.is_none() || admin.is_none() {
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(("local_addr=", a)) => addr = Some(a),
-            Ok((_, a)) => admin = Some(a),
-            Err(_) => panic!("idem serve did not start: {:#?}", log.lock().unwrap()),
-        }
-    }
-    let (addr, admin) = (addr.unwrap(), admin.unwrap());
-    Gateway {
-        child,
-        addr,
-        admin,
-        log,
-    }
-}
-
-impl Gateway {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn logs(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    /// SIGTERM, waits for a clean exit, returns the log.
-    fn terminate(mut self) -> String {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let status = self.child.wait().unwrap();
-        // The reader thread may still hold the last lines.
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(status.success(), "{status}: {}", self.logs());
-        self.logs()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, a clean exit, and the whole log.
+fn terminate(gw: Gateway) -> String {
+    let log = gw.log.clone();
+    let status = gw.terminate();
+    // The reader thread may still hold the last lines.
+    std::thread::sleep(Duration::from_millis(100));
+    let log = log.lock().unwrap().join("\n");
+    assert!(status.success(), "{status}: {log}");
+    log
 }
 
 async fn serve(app: axum::Router) -> SocketAddr {
