@@ -31,6 +31,7 @@ use http::Uri;
 use http::header::HeaderName;
 use idem_consume::{IntentSpec, KeyTemplate, PayloadFingerprint};
 use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
+use idem_gateway::StoreUrl;
 use idem_http::CompletionSpec;
 use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
 use serde::Deserialize;
@@ -200,8 +201,8 @@ pub struct Subscription {
 /// A validated `idem consume` configuration.
 #[derive(Clone, Debug)]
 pub struct ConsumeConfig {
-    /// Store URL, opened by the caller.
-    pub store: String,
+    /// The store, checked; opened by the caller.
+    pub store: StoreUrl,
     /// Record owner label.
     pub owner: String,
     /// Region written on acquired records, checked by
@@ -257,6 +258,8 @@ impl ConsumeConfig {
 
     /// Validates a parsed file; errors are `(field, reason)`.
     pub fn from_file(file: FileConfig, base_dir: &Path) -> Result<ConsumeConfig, (String, String)> {
+        let store = StoreUrl::parse(file.store.as_deref().unwrap_or(STORE_DEFAULT))
+            .map_err(|e| ("store".to_owned(), e.to_string()))?;
         if file.subscriptions.is_empty() {
             return Err((
                 "subscription".into(),
@@ -323,7 +326,7 @@ impl ConsumeConfig {
             ));
         }
         Ok(ConsumeConfig {
-            store: file.store.unwrap_or_else(|| STORE_DEFAULT.to_owned()),
+            store,
             owner: file
                 .owner
                 .unwrap_or_else(|| format!("idem-consume-{}", std::process::id())),
@@ -589,6 +592,33 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         let path = dir.path().join("consume.toml");
         std::fs::write(&path, text).unwrap();
         ConsumeConfig::load(&path)
+    }
+
+    #[test]
+    fn a_bad_store_is_refused_naming_the_field() {
+        let cases = [
+            (
+                "sqlite:/x",
+                "store: the URL lacks the // after \"sqlite:\"; write sqlite:///x",
+            ),
+            (
+                "mysql://app:s3cret@h/db",
+                "store: \"mysql://app:***@h/db\" has scheme \"mysql\"",
+            ),
+            (
+                "postgres://app:s3cret@h/db?bogus=1",
+                "store: invalid PostgreSQL URL postgres://app:***@h/db?bogus=1",
+            ),
+        ];
+        for (url, expect) in cases {
+            let text = GOOD.replace("sqlite://idem.db", url);
+            let Err(e) = load(&text) else {
+                panic!("{url} is refused");
+            };
+            let e = e.to_string();
+            assert!(e.contains(&format!("consume.toml: {expect}")), "{url}: {e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
     }
 
     #[test]

@@ -446,34 +446,31 @@ fn put_media_type(sink: &mut impl Sink, value: &[u8], json: bool) {
 /// percent-encodings are uppercased, and nothing else changes (a `%` not
 /// followed by two hex digits is kept as it is).
 fn normalize_path(path: &str) -> String {
-    let bytes = path.as_bytes();
     let mut out = String::with_capacity(path.len());
-    let mut i = 0;
-    let mut run_start = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hi = bytes.get(i + 1).and_then(|&b| char::from(b).to_digit(16));
-            let lo = bytes.get(i + 2).and_then(|&b| char::from(b).to_digit(16));
-            if let (Some(hi), Some(lo)) = (hi, lo) {
-                // Both < 16, so the value fits a byte.
-                let decoded = (hi * 16 + lo) as u8;
-                // `i` is at an ASCII '%', hence a character boundary.
-                out.push_str(&path[run_start..i]);
-                if decoded.is_ascii_alphanumeric() || matches!(decoded, b'-' | b'.' | b'_' | b'~') {
-                    out.push(char::from(decoded));
+    let mut rest = path;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        // The crate decodes a valid escape to one byte and keeps an invalid
+        // one as it is, three bytes; the policy (which bytes to decode, the
+        // case of the rest) is the canonical form's, so it stays here.
+        let escape = rest.get(at..at + 3);
+        let decoded = escape.map(|e| percent_decode_str(e).collect::<Vec<u8>>());
+        match (escape, decoded.as_deref()) {
+            (Some(escape), Some(&[byte])) => {
+                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                    out.push(char::from(byte));
                 } else {
-                    out.push('%');
-                    out.push(char::from(bytes[i + 1].to_ascii_uppercase()));
-                    out.push(char::from(bytes[i + 2].to_ascii_uppercase()));
+                    out.push_str(&escape.to_ascii_uppercase());
                 }
-                i += 3;
-                run_start = i;
-                continue;
+                rest = &rest[at + 3..];
+            }
+            _ => {
+                out.push('%');
+                rest = &rest[at + 1..];
             }
         }
-        i += 1;
     }
-    out.push_str(&path[run_start..]);
+    out.push_str(rest);
     out
 }
 
@@ -991,6 +988,9 @@ mod tests {
             ("/é/~", "/é/~"),
             ("/a+b", "/a+b"),
             ("/A%42c", "/ABc"),
+            ("/%é", "/%é"),
+            ("/%4é%4", "/%4é%4"),
+            ("/%%%2f%", "/%%%2F%"),
         ] {
             assert_eq!(normalize_path(input), expected, "{input:?}");
         }

@@ -2,19 +2,21 @@
 //! that mean the same thing (member order, whitespace, number spelling, string
 //! escapes) produce the same bytes, and therefore the same fingerprint.
 //!
-//! The module carries its own small RFC 8259 parser instead of relying on a
-//! general-purpose JSON library, because canonicalisation needs guarantees a
-//! lenient parser does not give:
+//! Canonicalisation needs guarantees a lenient parser does not give:
 //!
-//! * duplicate member names are rejected (I-JSON, RFC 7493), since "which
-//!   duplicate wins" differs between consumers;
+//! * the input is one RFC 8259 JSON text in UTF-8 with only JSON whitespace
+//!   around it: no byte order mark, nothing after the value;
+//! * duplicate member names, compared after unescaping, are rejected
+//!   (I-JSON, RFC 7493), since "which duplicate wins" differs between
+//!   consumers;
 //! * lone surrogates in `\u` escapes are rejected, since they cannot be
 //!   represented in UTF-8 output;
 //! * numbers are never read into a double unless [`Numbers`] asks for
 //!   RFC 8785's ECMAScript form; the default form for fingerprints,
 //!   [`Numbers::Exact`], compares them as exact decimals of any size;
-//! * nesting depth is bounded ([`MAX_DEPTH`]), so hostile input cannot
-//!   overflow the stack.
+//! * nesting depth is bounded ([`MAX_DEPTH`]) and checked before it is
+//!   recursed into, so hostile input cannot overflow the stack;
+//! * every refusal is a [`JcsError`] that names the rule and the byte offset.
 //!
 //! Numbers in [`Numbers::Exact`] form are written as `[-]DIGITS[eEXP]`: the
 //! significant digits with leading and trailing zeros removed, and the
@@ -25,13 +27,44 @@
 //! only limit is the exponent: one beyond ±9223372036854775807 (an i64) is
 //! refused with [`JcsError::ExponentOutOfRange`]; no body needs it, and
 //! computing with it exactly would cost time a hostile client chooses.
-//! No decimal or big-number crate is used for this: the form only strips
-//! zeros and adds two small integers, and a general decimal type would parse
-//! what it does not need to and bound the exponent anyway.
 //!
 //! Before canonicalising, members or array elements addressed by
 //! [`JsonPointer`]s (RFC 6901) can be removed, for fields such as client
 //! timestamps or nonces that must not take part in the fingerprint.
+//!
+//! # What crates do, and what is written here
+//!
+//! * Numbers in ECMAScript form are written by `ryu-js`
+//!   (`Number.prototype.toString`, ties between two shortest spellings to
+//!   the even one included). `tests/data/jcs/ecmascript-numbers.txt` pins
+//!   its output, ties among them, to what the formatter it replaced wrote.
+//! * Strings are escaped by `serde_json`, whose escaping is RFC 8785's.
+//! * [`JsonPointer`]s are decoded, and array indexes read, by `jsonptr`;
+//!   what an exclusion removes (every pointer resolved against the document
+//!   as it was before any removal) is written here.
+//! * The parser is written here. `serde_json` driven by a custom `Visitor`
+//!   sees duplicate names and, with its own limit disabled, lets the visitor
+//!   bound the depth, but it cannot keep the other rules. Without its
+//!   `arbitrary_precision` feature it hands numbers over as u64, i64 or
+//!   f64: `10.0000000000000001` arrives as the same double as `10`,
+//!   `18446744073709551616` as the same as `18446744073709551617`, and
+//!   `1e400` is refused. With that feature (which would change
+//!   `serde_json::Number` for every crate in the workspace) numbers arrive
+//!   as text inside a private marker object, so the document
+//!   `{"$serde_json::private::Number":"1"}` arrives as the number `1`.
+//!   Reading every value as a `RawValue` (its `raw_value` feature) gives
+//!   numbers as written, but scans each level's contents again: about 25
+//!   times this parser's time for 22 kB nested 127 deep. In every way, its
+//!   errors carry a line, a column and a message rather than the rule
+//!   broken (`"\ud83d"` is "unexpected end of hex escape", `"\ude00"`
+//!   "lone leading surrogate", `-` "EOF while parsing a value"), so
+//!   [`JcsError`] could not be built from them; and its own nesting limit
+//!   is 127 levels, one short of [`MAX_DEPTH`].
+//! * Exact decimals are written here. `bigdecimal` reads the same values
+//!   but refuses `-1e-9223372036854775808`, which this form accepts, and
+//!   took about 9 s (release build) for one literal of a million digits,
+//!   which fits the default 1 MiB body limit, where stripping zeros took
+//!   2 ms: the form only strips zeros and adds two small integers.
 //!
 //! Nothing here does I/O.
 
@@ -102,26 +135,16 @@ impl JsonPointer {
                 "cannot exclude the whole body (the empty pointer addresses the entire document)",
             ));
         }
-        let Some(rest) = s.strip_prefix('/') else {
-            return Err(invalid("a JSON pointer must start with '/'"));
-        };
-        let mut segments = Vec::new();
-        for raw in rest.split('/') {
-            let mut segment = String::with_capacity(raw.len());
-            let mut chars = raw.chars();
-            while let Some(c) = chars.next() {
-                if c == '~' {
-                    match chars.next() {
-                        Some('0') => segment.push('~'),
-                        Some('1') => segment.push('/'),
-                        _ => return Err(invalid("'~' must be followed by '0' or '1'")),
-                    }
-                } else {
-                    segment.push(c);
-                }
-            }
-            segments.push(segment);
-        }
+        let pointer = jsonptr::Pointer::parse(s).map_err(|e| {
+            invalid(match e {
+                jsonptr::ParseError::NoLeadingSlash => "a JSON pointer must start with '/'",
+                jsonptr::ParseError::InvalidEncoding { .. } => "'~' must be followed by '0' or '1'",
+            })
+        })?;
+        let segments = pointer
+            .tokens()
+            .map(|token| token.decoded().into_owned())
+            .collect();
         Ok(JsonPointer {
             text: s.to_owned(),
             segments,
@@ -810,16 +833,9 @@ fn abbreviate(s: &str) -> String {
 /// The array index a pointer segment denotes, per RFC 6901 (`0` or a decimal
 /// without leading zeros); `None` for anything else, including `-`.
 fn array_index(segment: &str) -> Option<usize> {
-    let bytes = segment.as_bytes();
-    let canonical = match bytes {
-        [b'0'] => true,
-        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-        _ => false,
-    };
-    if canonical {
-        segment.parse().ok()
-    } else {
-        None
+    match segment.parse() {
+        Ok(jsonptr::index::Index::Num(index)) => Some(index),
+        Ok(jsonptr::index::Index::Next) | Err(_) => None,
     }
 }
 
@@ -897,155 +913,27 @@ fn write_value(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// Writes `s` as a JSON string per RFC 8785 §3.2.2.2.
+/// Writes `s` as a JSON string per RFC 8785 §3.2.2.2, which is how
+/// `serde_json` escapes (ECMAScript's `JSON.stringify`): `"` and `\\`, and
+/// U+0000 to U+001F as `\b \t \n \f \r` or lowercase `\u00xx`; nothing else.
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    for &b in s.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x09 => out.extend_from_slice(b"\\t"),
-            0x0a => out.extend_from_slice(b"\\n"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            0x0d => out.extend_from_slice(b"\\r"),
-            0x00..=0x1f => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
-            }
-            _ => out.push(b),
-        }
-    }
-    out.push(b'"');
+    // serde_json fails only when its writer does, and a Vec never does.
+    let written = serde_json::to_writer(&mut *out, s);
+    debug_assert!(written.is_ok(), "{written:?}");
 }
 
 /// Formats a double as ECMAScript's `Number.prototype.toString` does
-/// (RFC 8785 §3.2.2.3); `None` for NaN and the infinities, which JSON cannot
-/// represent.
+/// (RFC 8785 §3.2.2.3), ties between two shortest spellings to the even one
+/// included; `None` for NaN and the infinities, which JSON cannot represent.
 fn format_number(x: f64) -> Option<String> {
-    if !x.is_finite() {
-        return None;
-    }
-    if x == 0.0 {
-        // Both zeros.
-        return Some("0".to_owned());
-    }
-    let mut out = String::new();
-    if x < 0.0 {
-        out.push('-');
-    }
-    // Rust's `{:e}` gives the shortest digit string that round-trips, as
-    // ECMAScript requires, e.g. "1.2345e-7" or "5e-324".
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exponent) = sci.split_once('e')?;
-    let exponent: i32 = exponent.parse().ok()?;
-    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
-    let digits = round_tie_to_even(x.abs(), digits, exponent);
-    // ECMAScript's k (number of digits) and n (decimal point position).
-    let k = i32::try_from(digits.len()).ok()?;
-    let n = exponent + 1;
-    let zeros = |count: i32| "0".repeat(usize::try_from(count).unwrap_or(0));
-    if k <= n && n <= 21 {
-        out.push_str(&digits);
-        out.push_str(&zeros(n - k));
-    } else if 0 < n && n <= 21 {
-        let (int_part, frac_part) = digits.split_at(usize::try_from(n).ok()?);
-        out.push_str(int_part);
-        out.push('.');
-        out.push_str(frac_part);
-    } else if -6 < n && n <= 0 {
-        out.push_str("0.");
-        out.push_str(&zeros(-n));
-        out.push_str(&digits);
-    } else {
-        let (first, rest) = digits.split_at(1);
-        out.push_str(first);
-        if !rest.is_empty() {
-            out.push('.');
-            out.push_str(rest);
-        }
-        out.push('e');
-        out.push(if n > 0 { '+' } else { '-' });
-        out.push_str(&(n - 1).abs().to_string());
-    }
-    Some(out)
-}
-
-/// ECMAScript picks, among the shortest digit strings that round-trip, the
-/// one closest to the value and, between two equally close ones, the even
-/// one; Rust's shortest formatting breaks that tie upwards. Given Rust's
-/// `digits` (significand digits) and decimal `exponent` for the positive
-/// finite `x`, returns the digits ECMAScript would choose.
-fn round_tie_to_even(x: f64, digits: String, exponent: i32) -> String {
-    let k = digits.len();
-    // ASCII digits have the parity of their value.
-    if digits.as_bytes().last().is_none_or(|d| d % 2 == 0) {
-        return digits;
-    }
-    // A tie needs the exact value of `x` to be a k-digit decimal plus half a
-    // unit in the last place: k + 1 significant digits ending in 5. Rounded
-    // to k + 2 digits that ends in "50"; check that cheaply first.
-    let probe = format!("{:.*e}", k + 1, x);
-    if !probe
-        .split_once('e')
-        .is_some_and(|(m, _)| m.ends_with("50"))
-    {
-        return digits;
-    }
-    // Every double has an exact decimal expansion of at most 767 significant
-    // digits, which fixed-precision formatting produces exactly.
-    let exact = format!("{x:.767e}");
-    let Some((mantissa, exact_exponent)) = exact.split_once('e') else {
-        return digits;
-    };
-    if exact_exponent.parse::<i32>().ok() != Some(exponent) {
-        return digits;
-    }
-    let exact_digits: String = mantissa.chars().filter(|&c| c != '.').collect();
-    let exact_digits = exact_digits.trim_end_matches('0');
-    if exact_digits.len() != k + 1 || !exact_digits.ends_with('5') {
-        return digits;
-    }
-    let (lower, _) = exact_digits.split_at(k);
-    let other = if digits == lower {
-        match increment_decimal(lower) {
-            Some(upper) => upper,
-            None => return digits,
-        }
-    } else {
-        lower.to_owned()
-    };
-    if other.len() != k || other.as_bytes().last().is_none_or(|d| d % 2 == 1) {
-        return digits;
-    }
-    let (first, rest) = other.split_at(1);
-    if format!("{first}.{rest}0e{exponent}").parse::<f64>() == Ok(x) {
-        other
-    } else {
-        digits
-    }
-}
-
-/// Adds one to a string of ASCII decimal digits; `None` if it would need an
-/// extra digit.
-fn increment_decimal(digits: &str) -> Option<String> {
-    let mut bytes = digits.as_bytes().to_vec();
-    for b in bytes.iter_mut().rev() {
-        if *b == b'9' {
-            *b = b'0';
-        } else {
-            *b += 1;
-            return String::from_utf8(bytes).ok();
-        }
-    }
-    None
+    x.is_finite()
+        .then(|| ryu_js::Buffer::new().format_finite(x).to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn canon(input: &str) -> Result<String, JcsError> {
         canonicalize(input.as_bytes(), &[], Numbers::Ecmascript)
@@ -1708,5 +1596,439 @@ mod tests {
         assert_eq!(a, b);
         let c = canon(r#"{"amount": 1.51, "currency": "EUR", "note": "café"}"#).unwrap();
         assert_ne!(a, c);
+    }
+
+    /// Input a hostile client chooses, in every number form: what is
+    /// accepted and how it is written, what is refused and with which error.
+    #[test]
+    fn hostile_inputs() {
+        use JcsError::*;
+        use Numbers::*;
+        let deep =
+            |open: &str, close: &str| format!("{}1{}", open.repeat(100_000), close.repeat(100_000));
+        let ten_k = |digit: &str| format!("1{}", digit.repeat(9_999));
+        let tiny = format!("0.{}1", "0".repeat(9_998));
+        let huge = format!("{}.5", ten_k("0"));
+        let too_deep = |offset| {
+            Err(TooDeep {
+                limit: MAX_DEPTH,
+                offset,
+            })
+        };
+        // Errors about a number that is the whole input.
+        let whole =
+            |make: fn(String, usize) -> JcsError, input: &str| Err(make(abbreviate(input), 0));
+        let imprecise = |literal, offset| ImpreciseInteger { literal, offset };
+        let out_of_range = |literal, offset| NumberOutOfRange { literal, offset };
+        let exponent = |literal, offset| ExponentOutOfRange { literal, offset };
+        let rounded = |literal, offset| RoundedNumber { literal, offset };
+        let dup = |name: &str, offset| {
+            Err(DuplicateMember {
+                name: name.into(),
+                offset,
+            })
+        };
+        let lone = |code_unit, offset| Err(LoneSurrogate { code_unit, offset });
+        let trailing = |found, offset| Err(TrailingData { found, offset });
+        let ok = |out: &str| Ok(out.to_owned());
+        let cases: Vec<(String, Numbers, Result<String, JcsError>)> = vec![
+            // Nesting: refused at the limit, never recursed into.
+            (deep("[", "]"), Exact, too_deep(MAX_DEPTH)),
+            (deep("{\"a\":", "}"), Exact, too_deep(MAX_DEPTH * 5)),
+            (
+                deep("[{\"\":", "}]"),
+                Ecmascript,
+                too_deep(MAX_DEPTH / 2 * 5),
+            ),
+            // Ten thousand digits: exact in the fingerprint form.
+            (ten_k("0"), Exact, ok("1e9999")),
+            (ten_k("7"), Exact, Ok(ten_k("7"))),
+            (ten_k("7"), Ecmascript, whole(imprecise, &ten_k("7"))),
+            (huge.clone(), Ecmascript, whole(out_of_range, &huge)),
+            (tiny.clone(), Exact, ok("1e-9999")),
+            (tiny.clone(), Ecmascript, ok("0")),
+            (tiny.clone(), EcmascriptExactOnly, whole(rounded, &tiny)),
+            // Exponents: any i64.
+            ("1e999999999".into(), Exact, ok("1e999999999")),
+            (
+                "-1e-9223372036854775808".into(),
+                Exact,
+                ok("-1e-9223372036854775808"),
+            ),
+            (
+                "1e999999999".into(),
+                Ecmascript,
+                whole(out_of_range, "1e999999999"),
+            ),
+            (
+                "10e9223372036854775807".into(),
+                Exact,
+                whole(exponent, "10e9223372036854775807"),
+            ),
+            (
+                "1e9223372036854775808".into(),
+                Exact,
+                whole(exponent, "1e9223372036854775808"),
+            ),
+            // Minus zero is zero.
+            ("[-0,-0.0,-0e-7,0E+3]".into(), Exact, ok("[0,0,0,0]")),
+            (
+                "[-0,-0.0,-0e-7,0E+3]".into(),
+                EcmascriptExactOnly,
+                ok("[0,0,0,0]"),
+            ),
+            // Names compared after unescaping.
+            ("{\"a\":1,\"\\u0061\":1}".into(), Exact, dup("a", 7)),
+            (
+                "{\"\\ud83d\\ude00\":1,\"😀\":1}".into(),
+                Exact,
+                dup("😀", 18),
+            ),
+            // Surrogates, byte order mark, trailing bytes.
+            ("\"\\ud800\"".into(), Exact, lone(0xd800, 1)),
+            ("[\"\\udc00\\ud800\"]".into(), Exact, lone(0xdc00, 2)),
+            (
+                "\u{feff}{}".into(),
+                Exact,
+                Err(UnexpectedChar {
+                    found: '\u{feff}',
+                    expected: "a JSON value",
+                    offset: 0,
+                }),
+            ),
+            ("{}\u{feff}".into(), Exact, trailing('\u{feff}', 2)),
+            ("{} x".into(), Exact, trailing('x', 3)),
+            ("[1]]".into(), Exact, trailing(']', 3)),
+        ];
+        for (input, numbers, expected) in cases {
+            let got = canonicalize(input.as_bytes(), &[], numbers)
+                .map(|out| String::from_utf8(out).unwrap());
+            let shown: String = input.chars().take(40).collect();
+            assert_eq!(got, expected, "{shown:?}… in {numbers:?}");
+        }
+        // A megabyte of digits, the default body limit, is read exactly.
+        let megabyte = format!("[{}]", "9".repeat(1 << 20));
+        let out = canonicalize(megabyte.as_bytes(), &[], Exact).unwrap();
+        assert_eq!(out, megabyte.as_bytes());
+    }
+
+    /// Doubles and their ECMAScript spelling as the hand-written formatter
+    /// gave them before `ryu-js` took over: the boundaries of the plain and
+    /// exponent notations, ties between two shortest spellings (where the
+    /// even one wins), and random bit patterns.
+    #[test]
+    fn numbers_format_as_committed() {
+        let vectors = include_str!("../tests/data/jcs/ecmascript-numbers.txt");
+        let mut count = 0;
+        for line in vectors.lines() {
+            let (bits, expected) = line.split_once(' ').unwrap();
+            let x = f64::from_bits(u64::from_str_radix(bits, 16).unwrap());
+            assert_eq!(format_number(x).as_deref(), Some(expected), "{line}");
+            // The same through the parser, from Rust's (shortest) spelling.
+            let parsed = canonicalize(format!("{x:e}").as_bytes(), &[], Numbers::Ecmascript);
+            assert_eq!(parsed.as_deref(), Ok(expected.as_bytes()), "{line}");
+            count += 1;
+        }
+        assert!(count > 1000, "only {count} vectors");
+    }
+
+    /// A JSON value to be spelt in many ways.
+    #[derive(Debug, Clone)]
+    enum Doc {
+        Null,
+        Bool(bool),
+        /// `digits × 10^exponent`, digits possibly with leading zeros.
+        Number {
+            negative: bool,
+            digits: String,
+            exponent: i32,
+        },
+        String(String),
+        Array(Vec<Doc>),
+        Object(std::collections::BTreeMap<String, Doc>),
+    }
+
+    fn doc() -> impl Strategy<Value = Doc> {
+        let leaf = prop_oneof![
+            Just(Doc::Null),
+            any::<bool>().prop_map(Doc::Bool),
+            (any::<bool>(), "[0-9]{1,30}", -30i32..30).prop_map(|(negative, digits, exponent)| {
+                Doc::Number {
+                    negative,
+                    digits,
+                    exponent,
+                }
+            }),
+            any::<String>().prop_map(Doc::String),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Doc::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..8).prop_map(Doc::Object),
+            ]
+        })
+    }
+
+    /// Choices for spelling a document, drawn from a seed (xorshift).
+    struct Speller(u64);
+
+    impl Speller {
+        fn next(&mut self, below: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % below
+        }
+
+        fn space(&mut self) -> &'static str {
+            ["", "", " ", "\n\t", "\r\n  "][self.next(5) as usize]
+        }
+
+        fn spell(&mut self, doc: &Doc, out: &mut String) {
+            out.push_str(self.space());
+            match doc {
+                Doc::Null => out.push_str("null"),
+                Doc::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                Doc::Number {
+                    negative,
+                    digits,
+                    exponent,
+                } => self.number(*negative, digits, *exponent, out),
+                Doc::String(s) => self.string(s, out),
+                Doc::Array(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        self.spell(item, out);
+                    }
+                    out.push_str(self.space());
+                    out.push(']');
+                }
+                Doc::Object(members) => {
+                    let mut members: Vec<_> = members.iter().collect();
+                    let len = members.len().max(1) as u64;
+                    members.rotate_left(self.next(len) as usize);
+                    if self.next(2) == 0 {
+                        members.reverse();
+                    }
+                    out.push('{');
+                    for (i, (name, value)) in members.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(self.space());
+                        self.string(name, out);
+                        out.push_str(self.space());
+                        out.push(':');
+                        self.spell(value, out);
+                    }
+                    out.push_str(self.space());
+                    out.push('}');
+                }
+            }
+            out.push_str(self.space());
+        }
+
+        /// `digits × 10^exponent` with zeros added on either side, the
+        /// point anywhere and the exponent written in any legal way.
+        fn number(&mut self, negative: bool, digits: &str, exponent: i32, out: &mut String) {
+            let trailing = self.next(3) as i32;
+            let digits = format!("{digits}{}", "0".repeat(trailing as usize));
+            let point = self.next(digits.len() as u64 + 1) as usize;
+            let (int, frac) = digits.split_at(point);
+            let int = int.trim_start_matches('0');
+            let power = exponent - trailing + frac.len() as i32;
+            if negative {
+                out.push('-');
+            }
+            out.push_str(if int.is_empty() { "0" } else { int });
+            if !frac.is_empty() {
+                out.push('.');
+                out.push_str(frac);
+            }
+            if power != 0 || self.next(2) == 0 {
+                out.push(if self.next(2) == 0 { 'e' } else { 'E' });
+                if power >= 0 && self.next(2) == 0 {
+                    out.push('+');
+                }
+                out.push_str(&power.to_string());
+            }
+        }
+
+        /// `s` as a JSON string, each character raw or escaped.
+        fn string(&mut self, s: &str, out: &mut String) {
+            out.push('"');
+            for c in s.chars() {
+                let escape = self.next(3) == 0;
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str(if escape { "\\u005C" } else { "\\\\" }),
+                    '/' if escape => out.push_str("\\/"),
+                    '\n' if !escape => out.push_str("\\n"),
+                    c if escape || u32::from(c) < 0x20 => {
+                        let mut units = [0u16; 2];
+                        for unit in c.encode_utf16(&mut units) {
+                            out.push_str(&format!("\\u{unit:04X}"));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+    }
+
+    /// The escapes RFC 8785 §3.2.2.2 asks for are the only ones in `out`,
+    /// and it holds no raw control character.
+    fn only_required_escapes(out: &[u8]) -> bool {
+        let mut rest = out;
+        while let Some((&b, tail)) = rest.split_first() {
+            rest = tail;
+            match b {
+                0x00..=0x1f => return false,
+                b'\\' => match rest {
+                    [b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't', tail @ ..] => rest = tail,
+                    [b'u', b'0', b'0', hi @ (b'0' | b'1'), lo, tail @ ..]
+                        if lo.is_ascii_digit() || (b'a'..=b'f').contains(lo) =>
+                    {
+                        let code = (hi - b'0') * 16 + (*lo as char).to_digit(16).unwrap() as u8;
+                        if matches!(code, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d) {
+                            return false;
+                        }
+                        rest = tail;
+                    }
+                    _ => return false,
+                },
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// `value` (parsed back by serde_json) holds what `doc` holds: the same
+    /// strings, names and nesting; numbers are checked elsewhere.
+    fn same_shape(doc: &Doc, value: &serde_json::Value) -> bool {
+        use serde_json::Value as V;
+        match (doc, value) {
+            (Doc::Null, V::Null) => true,
+            (Doc::Bool(a), V::Bool(b)) => a == b,
+            (Doc::Number { .. }, V::Number(_)) => true,
+            (Doc::String(a), V::String(b)) => a == b,
+            (Doc::Array(a), V::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_shape(a, b))
+            }
+            (Doc::Object(a), V::Object(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .all(|(name, a)| b.get(name).is_some_and(|b| same_shape(a, b)))
+            }
+            _ => false,
+        }
+    }
+
+    /// Member names of every object in `out`, in order, are sorted as UTF-16
+    /// code units.
+    fn members_sorted(out: &str) -> bool {
+        // serde_json's map does not keep the order: visit the names as read.
+        struct Names;
+        impl<'de> serde::de::Visitor<'de> for Names {
+            type Value = bool;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+                let mut sorted = true;
+                let mut last: Option<String> = None;
+                while let Some(name) = map.next_key::<String>()? {
+                    sorted &= map.next_value::<NamesSorted>()?.0;
+                    if let Some(last) = &last {
+                        sorted &= last.encode_utf16().lt(name.encode_utf16());
+                    }
+                    last = Some(name);
+                }
+                Ok(sorted)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+                let mut sorted = true;
+                while let Some(item) = seq.next_element::<NamesSorted>()? {
+                    sorted &= item.0;
+                }
+                Ok(sorted)
+            }
+            fn visit_unit<E>(self) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+                Ok(true)
+            }
+        }
+        struct NamesSorted(bool);
+        impl<'de> serde::Deserialize<'de> for NamesSorted {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_any(Names).map(NamesSorted)
+            }
+        }
+        serde_json::from_str::<NamesSorted>(out).is_ok_and(|n| n.0)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Two spellings of one document canonicalise to the same bytes,
+        /// which are their own canonical form, hold the document's strings,
+        /// names and nesting, sort names as UTF-16 code units and escape
+        /// only what RFC 8785 asks.
+        #[test]
+        fn spellings_of_one_document_canonicalise_alike(
+            doc in doc(),
+            seeds in (1u64.., 1u64..),
+        ) {
+            let spell = |seed| {
+                let mut out = String::new();
+                Speller(seed).spell(&doc, &mut out);
+                out
+            };
+            let (a, b) = (spell(seeds.0), spell(seeds.1));
+            for numbers in [Numbers::Exact, Numbers::Ecmascript] {
+                let (ca, cb) = (
+                    canonicalize(a.as_bytes(), &[], numbers),
+                    canonicalize(b.as_bytes(), &[], numbers),
+                );
+                // As doubles, an integer literal above 2^53 is refused where
+                // the same number spelt with a point or exponent is not.
+                let refused = |c: &Result<Vec<u8>, JcsError>| {
+                    matches!(c, Err(JcsError::ImpreciseInteger { .. } | JcsError::NumberOutOfRange { .. }))
+                };
+                if numbers == Numbers::Ecmascript && (refused(&ca) || refused(&cb)) {
+                    continue;
+                }
+                let out = ca.unwrap();
+                prop_assert_eq!(&out, &cb.unwrap(), "{:?} against {:?}", a, b);
+                if numbers == Numbers::Exact {
+                    // Not so as doubles: `2.5e18` is written `2500000000000000000`,
+                    // an integer literal above 2^53, refused when read back.
+                    prop_assert_eq!(canonicalize(&out, &[], numbers).unwrap(), out.clone());
+                }
+                prop_assert!(only_required_escapes(&out), "{:?}", String::from_utf8_lossy(&out));
+                let text = String::from_utf8(out).unwrap();
+                let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+                prop_assert!(same_shape(&doc, &value), "{:?} from {:?}", text, doc);
+                prop_assert!(members_sorted(&text), "{:?}", text);
+            }
+        }
     }
 }

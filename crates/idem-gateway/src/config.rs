@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::admin::AdminToken;
 use crate::regions::{RegionMode, Regions, check_region};
+use crate::store_url::StoreUrl;
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
@@ -140,8 +141,8 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// Upstream base URL (`http://host:port[/base]`).
     pub upstream: Uri,
-    /// Store URL, opened by the caller.
-    pub store: String,
+    /// The store, checked; opened by the caller.
+    pub store: StoreUrl,
     /// Record owner label.
     pub owner: String,
     /// Connect timeout.
@@ -281,7 +282,9 @@ impl GatewayConfig {
                 ));
             }
         };
-        let (store, _) = pick(&overrides.store, &file.store, STORE_DEFAULT);
+        let (store, from_file) = pick(&overrides.store, &file.store, STORE_DEFAULT);
+        let field = if from_file { "store" } else { "--store" };
+        let store = StoreUrl::parse(store).map_err(|e| err(field, e.to_string(), from_file))?;
         let owner = file
             .owner
             .clone()
@@ -464,7 +467,7 @@ impl GatewayConfig {
             reconcile,
             listen,
             upstream,
-            store: store.to_owned(),
+            store,
             owner,
             connect_timeout,
             response_timeout,
@@ -932,6 +935,57 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_store_is_refused_naming_the_file_or_the_flag() {
+        let up = |store: Option<&str>| Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            store: store.map(str::to_owned),
+            ..Default::default()
+        };
+        let cases = [
+            (
+                "store = \"sqlite:/x\"",
+                None,
+                "idem.toml: store: the URL lacks the // after \"sqlite:\"; write sqlite:///x",
+            ),
+            (
+                "store = \"mysql://app:s3cret@h/db\"",
+                None,
+                "idem.toml: store: \"mysql://app:***@h/db\" has scheme \"mysql\"",
+            ),
+            (
+                "store = \"postgres://app:s3cret@h/db?bogus=1\"",
+                None,
+                "idem.toml: store: invalid PostgreSQL URL postgres://app:***@h/db?bogus=1: ",
+            ),
+            (
+                "store = \"postgres://h/db\"",
+                None,
+                "idem.toml: store: invalid PostgreSQL URL postgres://h/db: it names no user",
+            ),
+            ("", Some("idem.db"), "--store: \"idem.db\" has no scheme"),
+            (
+                "store = \"sqlite://ok.db\"",
+                Some("postgres://app:s3cret@h/db?schema=1x"),
+                "--store: invalid schema name \"1x\"",
+            ),
+        ];
+        for (text, flag, expect) in cases {
+            let got = load(text, &up(flag)).map(|_| ()).unwrap_err();
+            assert!(got.starts_with(expect), "{text:?} {flag:?}: {got}");
+            assert!(!got.contains("s3cret"), "{got}");
+        }
+        let good = load(
+            "store = \"postgres://app:s3cret@h/db?schema=pay&operation_timeout_ms=900\"",
+            &up(None),
+        )
+        .unwrap();
+        assert_eq!(
+            good.store.to_string(),
+            "postgres://app:***@h/db?schema=pay&operation_timeout_ms=900"
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_named_with_their_line() {
         let dir = std::env::temp_dir().join(format!("idem-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -963,7 +1017,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
-        assert_eq!(c.store, STORE_DEFAULT);
+        assert_eq!(c.store.to_string(), STORE_DEFAULT);
         assert_eq!(c.routes.len(), 1);
         assert_eq!(
             c.response_timeout,

@@ -13,6 +13,7 @@ mod proxy;
 mod purge;
 pub mod regions;
 mod server;
+mod store_url;
 mod view;
 mod watched;
 
@@ -20,9 +21,10 @@ pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_heade
 pub use config::{
     ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LookupEntry, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
-    REQUESTS_IN_FLIGHT_MAX_LIMIT,
+    REQUESTS_IN_FLIGHT_MAX_LIMIT, STORE_DEFAULT,
 };
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
+pub use store_url::{StoreUrl, StoreUrlError};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

@@ -1,11 +1,30 @@
 //! RFC 9457 problem responses: every refusal the contract makes has a stable
 //! `type` URI, a fixed title and an HTTP status, documented in docs/http.md.
+//! [`Problem`] is the one writer of problem documents in idem: the layer and
+//! the gateway write [`ProblemKind`]s, the admin API its own catalog through
+//! [`ProblemType`].
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 /// The prefix of every problem `type` URI.
 pub const PROBLEM_TYPE_PREFIX: &str = "urn:idem:problem:";
+
+/// A catalog of problems: each has a stable `type` slug, a fixed title and
+/// an HTTP status, and may always carry some headers.
+pub trait ProblemType: Copy {
+    /// The slug after [`PROBLEM_TYPE_PREFIX`].
+    fn slug(self) -> &'static str;
+    /// The fixed title.
+    fn title(self) -> &'static str;
+    /// The HTTP status.
+    fn status(self) -> StatusCode;
+    /// Headers every response of this kind carries (a challenge, `Allow`),
+    /// besides `Content-Type` and `Retry-After`, which [`Problem`] writes.
+    fn headers(self, headers: &mut HeaderMap) {
+        let _ = headers;
+    }
+}
 
 /// A refusal, or a failure the gateway reports instead of an upstream answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -171,11 +190,32 @@ impl ProblemKind {
     ];
 }
 
+impl ProblemType for ProblemKind {
+    fn slug(self) -> &'static str {
+        ProblemKind::slug(self)
+    }
+
+    fn title(self) -> &'static str {
+        ProblemKind::title(self)
+    }
+
+    fn status(self) -> StatusCode {
+        ProblemKind::status(self)
+    }
+
+    fn headers(self, headers: &mut HeaderMap) {
+        if self == ProblemKind::Unauthenticated {
+            // RFC 9110 §11.6.1: a 401 carries a challenge.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+    }
+}
+
 /// A problem with its instance detail, ready to become a response.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
+pub struct Problem<K = ProblemKind> {
     /// Which problem.
-    pub kind: ProblemKind,
+    pub kind: K,
     /// What happened in this instance, for a person.
     pub detail: String,
     /// Seconds for `Retry-After`, if the client should retry later.
@@ -184,9 +224,9 @@ pub struct Problem {
     pub members: Vec<(&'static str, String)>,
 }
 
-impl Problem {
+impl<K: ProblemType> Problem<K> {
     /// A problem without `Retry-After`.
-    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
+    pub fn new(kind: K, detail: impl Into<String>) -> Problem<K> {
         Problem {
             kind,
             detail: detail.into(),
@@ -197,7 +237,7 @@ impl Problem {
 
     /// Adds an extension member with a string value; the standard members
     /// (`type`, `title`, `status`, `detail`) cannot be replaced.
-    pub fn member(mut self, name: &'static str, value: impl Into<String>) -> Problem {
+    pub fn member(mut self, name: &'static str, value: impl Into<String>) -> Problem<K> {
         if !["type", "title", "status", "detail"].contains(&name) {
             self.members.push((name, value.into()));
         }
@@ -205,7 +245,7 @@ impl Problem {
     }
 
     /// Adds `Retry-After`, in whole seconds (at least 1).
-    pub fn retry_after(mut self, seconds: u64) -> Problem {
+    pub fn retry_after(mut self, seconds: u64) -> Problem<K> {
         self.retry_after_s = Some(seconds.max(1));
         self
     }
@@ -213,7 +253,7 @@ impl Problem {
     /// The JSON body.
     pub fn body(&self) -> Bytes {
         let mut doc = serde_json::json!({
-            "type": self.kind.type_uri(),
+            "type": format!("{PROBLEM_TYPE_PREFIX}{}", self.kind.slug()),
             "title": self.kind.title(),
             "status": self.kind.status().as_u16(),
             "detail": self.detail,
@@ -226,7 +266,8 @@ impl Problem {
         Bytes::from(doc.to_string())
     }
 
-    /// The response, with `Content-Type: application/problem+json`.
+    /// The response, with `Content-Type: application/problem+json`, the
+    /// kind's own headers and `Retry-After` when set.
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = self.kind.status();
@@ -235,10 +276,7 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if self.kind == ProblemKind::Unauthenticated {
-            // RFC 9110 §11.6.1: a 401 carries a challenge.
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
+        self.kind.headers(headers);
         if let Some(seconds) = self.retry_after_s {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

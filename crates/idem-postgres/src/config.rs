@@ -216,6 +216,14 @@ pub(crate) fn target(url: &str, options: &PgOptions) -> Result<Target, StoreErro
     })
 }
 
+/// Checks `url` as [`crate::PgStore::connect`] would, without connecting:
+/// the scheme, the driver's parameters, idem's own ([`URL_PARAMETERS`]),
+/// a host, a user, the schema name. The error (a configuration a person
+/// must fix, password masked) says what to write instead.
+pub fn check_url(url: &str) -> Result<(), StoreError> {
+    target(url, &PgOptions::default()).map(|_| ())
+}
+
 /// Sets the server's `statement_timeout` in the startup packet (no extra
 /// round trip, and no session can run without it), and TCP keepalives
 /// unless the URL chose its own.

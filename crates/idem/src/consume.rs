@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use idem_bridge::config::ConsumeConfig;
 
-use crate::store_url::StoreUrl;
+use crate::store_url::{self, OpenStore};
 
 /// `idem consume`.
 #[derive(Debug, Args)]
@@ -31,13 +31,12 @@ pub struct ConsumeArgs {
 /// Runs the consumer.
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let mut config = ConsumeConfig::load(&args.config)?;
-    if let Some(store) = args.store {
-        config.store = store;
+    if let Some(store) = &args.store {
+        config.store = store_url::from_flag(store)?;
     }
     judge_contracts(&config, args.allow_unsafe_contract)?;
-    let url = StoreUrl::parse(&config.store)?;
-    let store = url.open()?;
-    tracing::info!(store = %url, subscriptions = config.subscriptions.len(), "idem consume starting");
+    let store = config.store.open()?;
+    tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
         .await
         .map_err(anyhow::Error::msg)

@@ -3,6 +3,7 @@
 
 mod check;
 mod consume;
+mod demo;
 mod reconcile;
 mod records;
 mod serve;
@@ -43,6 +44,9 @@ enum Command {
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
     #[command(subcommand)]
     Records(RecordsCommand),
+    /// Walk through the contract in a few seconds: a demo payout API behind
+    /// the gateway, on loopback, every step checked.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,10 +64,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Only the commands that serve, consume or reconcile make spans.
     let traces = match &cli.command {
-        Command::Check(_) | Command::Sim(_) | Command::Records(_) => Ok(Traces::Off),
-        _ => Traces::from_env(|name| std::env::var(name).ok()),
+        Command::Serve(_) | Command::Consume(_) | Command::Reconcile(_) => {
+            Traces::from_env(|name| std::env::var(name).ok())
+        }
+        _ => Ok(Traces::Off),
     };
-    let telemetry = match traces.and_then(Telemetry::init) {
+    // The demo's own output tells the story; the gateway's log only on request.
+    let quiet = matches!(cli.command, Command::Demo(_)) && std::env::var_os("IDEM_LOG").is_none();
+    let telemetry = match traces.and_then(|traces| {
+        if quiet {
+            Ok(None)
+        } else {
+            Telemetry::init(traces).map(Some)
+        }
+    }) {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -90,8 +104,11 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::List(args)) => block_on(records::list(args)),
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
+        Command::Demo(args) => block_on(demo::run(args)),
     };
-    telemetry.shutdown();
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     code
 }
 

@@ -14,7 +14,7 @@ use idem_http::Metrics;
 use idem_reconcile::{ReconcileReport, Reconciler};
 
 use crate::records::Format;
-use crate::store_url::StoreUrl;
+use crate::store_url::OpenStore;
 
 /// `idem reconcile`.
 #[derive(Debug, Args)]
@@ -82,7 +82,7 @@ fn prepare(args: &ReconcileArgs) -> anyhow::Result<Reconciler> {
     };
     // The reconciler talks to the lookup URLs, never to the upstream.
     let config = GatewayConfig::load_offline(&args.config, &overrides)?;
-    let url = StoreUrl::parse(&config.store)?;
+    let url = &config.store;
     // A mistyped store must not look like a store with nothing to do.
     let Some(store) = url.open_existing()? else {
         bail!("there is no store at {url}; nothing was ever claimed there (check --store)");

@@ -13,7 +13,7 @@ use idem_core::{
 };
 use idem_gateway::{RecordView, outcome_name, rfc3339};
 
-use crate::store_url::{DEFAULT_STORE, StoreUrl};
+use crate::store_url::{self, DEFAULT_STORE, OpenStore};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -101,7 +101,7 @@ pub struct ResolveArgs {
 
 /// Lists records.
 pub async fn list(args: ListArgs) -> anyhow::Result<()> {
-    let url = StoreUrl::parse(&args.store)?;
+    let url = store_url::from_flag(&args.store)?;
     let records = match url.open_existing()? {
         Some(store) => {
             let query = ListQuery {
@@ -143,7 +143,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
 
 /// Shows one record.
 pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
-    let url = StoreUrl::parse(&args.store)?;
+    let url = store_url::from_flag(&args.store)?;
     let id = record_id(&args.scope, &args.key)?;
     let Some(store) = url.open_existing()? else {
         bail!(
@@ -207,7 +207,7 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
 
 /// Resolves an ambiguous record by hand, and says what it did.
 pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
-    let url = StoreUrl::parse(&args.store)?;
+    let url = store_url::from_flag(&args.store)?;
     let id = record_id(&args.scope, &args.key)?;
     let (scope, key) = (&args.scope, &args.key);
     if args.reason.trim().is_empty() {

@@ -10,7 +10,7 @@ use idem_gateway::regions::RegionMode;
 use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
 use idem_http::PrincipalKind;
 
-use crate::store_url::StoreUrl;
+use crate::store_url::OpenStore;
 
 /// `idem serve`.
 #[derive(Debug, Args)]
@@ -59,7 +59,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     judge_contracts(&config, args.allow_unsafe_contract)?;
     warn_fragile_principals(&config);
-    let url = StoreUrl::parse(&config.store)?;
+    let url = &config.store;
     let synchronous: Vec<String> = config
         .routes
         .iter()

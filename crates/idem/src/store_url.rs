@@ -1,57 +1,36 @@
-//! Store URLs (`sqlite://PATH`, `postgres://…`) parsed once into a
-//! validated type, and opened.
+//! Opening a store named by a checked [`StoreUrl`] (parsed with the rest
+//! of a configuration, or from `--store`), creating it or only if it exists.
 
-use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use idem_core::{Store, StoreError};
+pub use idem_gateway::{STORE_DEFAULT as DEFAULT_STORE, StoreUrl};
 use idem_postgres::{PgOptions, PgStore, redact_url};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
-/// The default store: an SQLite file in the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://idem.db";
-
-/// A parsed store URL.
-#[derive(Clone, PartialEq, Eq)]
-pub enum StoreUrl {
-    /// `sqlite://PATH`: relative paths as given, `sqlite:///abs/path` absolute.
-    Sqlite(PathBuf),
-    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…]` (or `postgresql://`),
-    /// as given. It may hold a password, so `Display` and `Debug` mask it.
-    /// idem's own query parameters (`schema`, `operation_timeout_ms`, …,
-    /// see [`idem_postgres::URL_PARAMETERS`]) are read by the store.
-    Postgres(String),
+/// `--store URL`, checked; the error names the flag.
+pub fn from_flag(raw: &str) -> anyhow::Result<StoreUrl> {
+    StoreUrl::parse(raw).map_err(|e| anyhow::anyhow!("--store: {e}"))
 }
 
-impl StoreUrl {
-    /// Parses `sqlite://PATH`, `postgres://…` or `postgresql://…`.
-    pub fn parse(raw: &str) -> anyhow::Result<StoreUrl> {
-        if let Some(path) = raw.strip_prefix("sqlite://") {
-            if path.is_empty() {
-                bail!("store URL {raw:?} names no file; write e.g. sqlite://idem.db");
-            }
-            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
-        }
-        if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
-            return Ok(StoreUrl::Postgres(raw.to_owned()));
-        }
-        let shown = redact_url(raw);
-        match raw.split_once("://") {
-            Some((scheme, _)) => bail!(
-                "store URL {shown:?} has scheme {scheme:?}; \
-                 supported: sqlite://PATH, postgres://USER@HOST/DB"
-            ),
-            None => bail!("store URL {shown:?} has no scheme; write e.g. sqlite://{shown}"),
-        }
-    }
-
+/// Opening what a [`StoreUrl`] names.
+pub trait OpenStore {
     /// Opens the store for routes in `synchronous` mode: refused on SQLite
     /// (one file on one machine is not replicated); on PostgreSQL the
     /// replication settings are checked now and on every new connection
     /// ([`idem_postgres::replication`]).
-    pub fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>> {
+    fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>>;
+    /// Opens the store, creating an empty one if there is none.
+    fn open(&self) -> anyhow::Result<Arc<dyn Store>>;
+    /// Opens an existing store for inspection, or `None` if there is none
+    /// yet (inspecting must not create a database or a schema as a side
+    /// effect).
+    fn open_existing(&self) -> anyhow::Result<Option<Arc<dyn Store>>>;
+}
+
+impl OpenStore for StoreUrl {
+    fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>> {
         let names = routes.join(", ");
         match self {
             StoreUrl::Sqlite(_) => bail!(
@@ -70,8 +49,7 @@ impl StoreUrl {
         }
     }
 
-    /// Opens the store, creating an empty one if there is none.
-    pub fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+    fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         match self {
             StoreUrl::Sqlite(path) => {
                 let store = SqliteStore::open(path, SqliteOptions::default())
@@ -85,9 +63,7 @@ impl StoreUrl {
         }
     }
 
-    /// Opens an existing store for inspection, or `None` if there is none yet
-    /// (inspecting must not create a database or a schema as a side effect).
-    pub fn open_existing(&self) -> anyhow::Result<Option<Arc<dyn Store>>> {
+    fn open_existing(&self) -> anyhow::Result<Option<Arc<dyn Store>>> {
         match self {
             StoreUrl::Sqlite(path) => {
                 if !path.exists() {
@@ -142,90 +118,34 @@ fn connect_postgres(url: &str, create: bool, synchronous: bool) -> anyhow::Resul
     Ok(connected?)
 }
 
-impl fmt::Display for StoreUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
-            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
-        }
-    }
-}
-
-impl fmt::Debug for StoreUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
-            StoreUrl::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parses_store_urls() {
-        let pg = |url: &str| Ok(StoreUrl::Postgres(url.to_owned()));
+    fn the_flag_is_named_and_no_password_shown() {
         let cases = [
-            ("sqlite://idem.db", Ok(StoreUrl::Sqlite("idem.db".into()))),
             (
-                "sqlite:///var/lib/idem.db",
-                Ok(StoreUrl::Sqlite("/var/lib/idem.db".into())),
+                "mysql://app:s3cret@h/db",
+                "--store: \"mysql://app:***@h/db\" has scheme",
             ),
-            ("sqlite://", Err("names no file")),
-            ("postgres://h/db", pg("postgres://h/db")),
             (
-                "postgresql://app:pw@h:5433/db?sslmode=disable",
-                pg("postgresql://app:pw@h:5433/db?sslmode=disable"),
+                "postgres://app:s3cret@h/db?bogus=1",
+                "--store: invalid PostgreSQL URL postgres://app:***@h/db?bogus=1",
             ),
-            ("mysql://app:pw@h/db", Err("has scheme \"mysql\"")),
-            ("idem.db", Err("has no scheme")),
+            (
+                "sqlite:idem.db",
+                "--store: the URL lacks the // after \"sqlite:\"; write sqlite://idem.db",
+            ),
         ];
         for (raw, expect) in cases {
-            match (StoreUrl::parse(raw), expect) {
-                (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
-                (Err(e), Err(part)) => {
-                    assert!(e.to_string().contains(part), "{raw}: {e}");
-                    assert!(!e.to_string().contains("pw"), "{raw} leaks: {e}");
-                }
-                (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn never_shows_a_password() {
-        let cases = [
-            ("sqlite://idem.db", "sqlite://idem.db"),
-            (
-                "postgres://app:s3cret@db:5432/payments",
-                "postgres://app:***@db:5432/payments",
-            ),
-            (
-                "postgresql://app@db/payments?password=s3cret",
-                "postgresql://app@db/payments?password=***",
-            ),
-        ];
-        for (raw, shown) in cases {
-            let Ok(url) = StoreUrl::parse(raw) else {
-                panic!("{raw} parses");
+            let Err(e) = from_flag(raw) else {
+                panic!("{raw} is refused");
             };
-            assert_eq!(url.to_string(), shown, "{raw}");
-            assert!(!format!("{url:?}").contains("s3cret"), "{url:?}");
+            let text = e.to_string();
+            assert!(text.starts_with(expect), "{raw}: {text}");
+            assert!(!text.contains("s3cret"), "{text}");
         }
-    }
-
-    #[test]
-    fn refuses_a_bad_postgres_url_when_opening() {
-        let Ok(url) = StoreUrl::parse("postgres://app:s3cret@db:notaport/payments") else {
-            panic!("the scheme is postgres");
-        };
-        let Err(e) = url.open() else {
-            panic!("a bad URL must not open");
-        };
-        let text = format!("{e:#}");
-        assert!(text.contains("invalid PostgreSQL URL"), "{text}");
-        assert!(!text.contains("s3cret"), "{text}");
+        assert!(from_flag(DEFAULT_STORE).is_ok());
     }
 }

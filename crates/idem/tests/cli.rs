@@ -111,3 +111,98 @@ fn serve_refuses_a_store_it_cannot_create() {
     let err = text(&out.stderr);
     assert!(err.contains("/nonexistent-dir/x/idem.db"), "{err}");
 }
+
+/// Every command that takes a store refuses a bad URL before it opens,
+/// binds or connects anything, naming the file and field, or the flag, and
+/// saying what to write; a password never shows.
+#[test]
+fn a_bad_store_url_stops_every_command_naming_where_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let gateway = |store: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nstore = \"{store}\"\n"
+        )
+    };
+    let consumer = |store: &str| {
+        format!(
+            "store = \"{store}\"\n[[subscription]]\nname = \"payouts\"\n\
+             key = \"payout:{{/id}}\"\ndeliver = \"http://127.0.0.1:9/payouts\"\n\
+             [subscription.rabbitmq]\nqueue = \"payouts\"\n"
+        )
+    };
+    let good = format!("sqlite://{}", dir.path().join("good.db").display());
+    let bad = [
+        (
+            "sqlite:/x",
+            "the URL lacks the // after \"sqlite:\"; write sqlite:///x",
+        ),
+        (
+            "mysql://app:s3cret@h/db",
+            "\"mysql://app:***@h/db\" has scheme \"mysql\"",
+        ),
+        (
+            "postgres://app:s3cret@h/db?bogus=1",
+            "invalid PostgreSQL URL postgres://app:***@h/db?bogus=1: ",
+        ),
+    ];
+    for (i, (url, says)) in bad.into_iter().enumerate() {
+        let serve_toml = write(&format!("serve-{i}.toml"), gateway(url));
+        let good_serve = write(&format!("good-serve-{i}.toml"), gateway(&good));
+        let consume_toml = write(&format!("consume-{i}.toml"), consumer(url));
+        let good_consume = write(&format!("good-consume-{i}.toml"), consumer(&good));
+        let runs: [(Vec<&str>, String); 7] = [
+            (
+                vec!["serve", "--config", &serve_toml],
+                format!("{serve_toml}: store: {says}"),
+            ),
+            (
+                vec!["serve", "--config", &good_serve, "--store", url],
+                format!("--store: {says}"),
+            ),
+            (
+                vec!["consume", "--config", &consume_toml],
+                format!("{consume_toml}: store: {says}"),
+            ),
+            (
+                vec!["consume", "--config", &good_consume, "--store", url],
+                format!("--store: {says}"),
+            ),
+            (
+                vec!["records", "list", "--store", url],
+                format!("--store: {says}"),
+            ),
+            (
+                vec!["records", "show", "s", "k", "--store", url],
+                format!("--store: {says}"),
+            ),
+            (
+                vec![
+                    "reconcile",
+                    "--once",
+                    "--config",
+                    &good_serve,
+                    "--store",
+                    url,
+                ],
+                format!("--store: {says}"),
+            ),
+        ];
+        for (args, expect) in runs {
+            let out = idem(&args);
+            let err = text(&out.stderr);
+            assert!(!out.status.success(), "{args:?}");
+            assert!(err.contains(&expect), "{args:?}: {err}");
+            assert!(!err.contains("s3cret"), "{args:?} leaks: {err}");
+            assert!(!err.contains("listening"), "{args:?} started: {err}");
+        }
+    }
+    assert!(
+        !dir.path().join("good.db").exists(),
+        "no command opened a store"
+    );
+}

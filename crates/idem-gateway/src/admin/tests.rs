@@ -209,7 +209,47 @@ async fn refusals_are_problems_that_say_what_to_fix() {
     ambiguous(&f.store, &id("s", "k")).await;
     let auth = bearer();
     let auth = Some(auth.as_str());
-    let cases: [(&str, &str, &str, u16, &str, &str); 13] = [
+    let cases: [(&str, &str, &str, u16, &str, &str); 18] = [
+        (
+            "GET",
+            "/records?after_scope=a%2&after_key=k",
+            "",
+            400,
+            "invalid-request",
+            "query parameter `after_scope` \"a%2\" has a %",
+        ),
+        (
+            "GET",
+            "/records?after_scope=%ff&after_key=k",
+            "",
+            400,
+            "invalid-request",
+            "query parameter `after_scope` \"%ff\" is not UTF-8",
+        ),
+        (
+            "GET",
+            "/records?state=ambiguous&state=completed",
+            "",
+            400,
+            "invalid-request",
+            "duplicate field `state`",
+        ),
+        (
+            "GET",
+            "/records/s%ff/k",
+            "",
+            400,
+            "invalid-request",
+            "path segment scope \"s%ff\" is not UTF-8",
+        ),
+        (
+            "POST",
+            "/records/%/k/resolve",
+            "{}",
+            400,
+            "invalid-request",
+            "path segment scope \"%\" has a %",
+        ),
         (
             "GET",
             "/records?state=done",
@@ -324,24 +364,160 @@ async fn refusals_are_problems_that_say_what_to_fix() {
 }
 
 #[test]
-fn percent_decoding() {
+fn escapes_are_checked_strictly() {
     let cases = [
-        ("abc", false, Ok("abc")),
-        ("a%20b%7Cc", false, Ok("a b|c")),
-        ("a+b", false, Ok("a+b")),
-        ("a+b", true, Ok("a b")),
-        ("%e2%82%ac", false, Ok("€")),
-        ("%", false, Err("not followed by two hex digits")),
-        ("%+1", false, Err("not followed by two hex digits")),
-        ("%ff", false, Err("not UTF-8")),
+        ("abc", Ok(())),
+        ("a%20b%7Cc", Ok(())),
+        ("a+b", Ok(())),
+        ("%e2%82%ac", Ok(())),
+        ("%", Err("not followed by two hex digits")),
+        ("%+1", Err("not followed by two hex digits")),
+        ("a%2", Err("not followed by two hex digits")),
+        ("%ff", Err("not UTF-8")),
     ];
-    for (raw, plus, want) in cases {
-        match (percent_decode(raw, plus), want) {
-            (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
+    for (raw, want) in cases {
+        match (extract::strict_escapes(raw), want) {
+            (Ok(()), Ok(())) => {}
             (Err(e), Err(part)) => assert!(e.contains(part), "{raw}: {e}"),
             (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+/// Keys and scopes that need escaping reach the record they name through
+/// the router: axum decodes `%2F` inside a segment, and keeps `+`.
+#[tokio::test]
+async fn escaped_segments_address_the_right_record() {
+    let f = fixture();
+    let auth = bearer();
+    let auth = Some(auth.as_str());
+    let cases = [
+        ("POST /a|t", "a/b", "/records/POST%20%2Fa%7Ct/a%2Fb"),
+        ("s", "\"q\"", "/records/s/%22q%22"),
+        ("s", "a\\b", "/records/s/a%5Cb"),
+        ("s", "a+b", "/records/s/a+b"),
+        ("s", "c+d", "/records/s/c%2Bd"),
+        ("s p", "%41", "/records/s%20p/%2541"),
+    ];
+    for (scope, key, _) in cases {
+        let rid = RecordId {
+            scope: Scope::new(scope).unwrap(),
+            key: IdempotencyKey::new(key).unwrap(),
+        };
+        ambiguous(&f.store, &rid).await;
+    }
+    for (scope, key, path) in cases {
+        let (status, _, body) = send(&f.app, "GET", path, auth, "").await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (shown["scope"].as_str(), shown["key"].as_str()),
+            (Some(scope), Some(key)),
+            "{path}"
+        );
+    }
+    // `+` is a plus in a path, not a space.
+    let (status, _, body) = send(&f.app, "GET", "/records/s%20p/a%20b", auth, "").await;
+    assert_eq!(status, 400, "{body}");
+    // In a query, `+` is a space.
+    let (status, _, body) = send(
+        &f.app,
+        "GET",
+        "/records?after_scope=s+p&after_key=%41",
+        auth,
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(page["records"].as_array().map(Vec::len), Some(0), "{body}");
+}
+
+#[tokio::test]
+async fn refusals_carry_their_headers_and_bodies_are_bounded() {
+    let f = fixture();
+    let auth = bearer();
+    let req = |method: &str, uri: &str, body: Body| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", &auth)
+            .body(body)
+            .unwrap()
+    };
+    let cases = [
+        ("DELETE", "/records/s/k", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("GET", "/records/s/k/resolve", "POST"),
+    ];
+    for (method, uri, allow) in cases {
+        let res = f
+            .app
+            .clone()
+            .oneshot(req(method, uri, Body::empty()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 405, "{method} {uri}");
+        assert_eq!(res.headers()["allow"], allow, "{method} {uri}");
+    }
+    let res = f
+        .app
+        .clone()
+        .oneshot(Request::get("/nowhere").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["www-authenticate"],
+        "Bearer realm=\"idem-admin\""
+    );
+
+    let big = Body::from(vec![b' '; ADMIN_BODY_BYTES_MAX + 1]);
+    let res = f
+        .app
+        .clone()
+        .oneshot(req("POST", "/records/s/k/resolve", big))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(doc["type"], "urn:idem:problem:body-too-large");
+    assert_eq!(doc["title"], "Request body is too large");
+    // Just under the bound, the body is read (and refused as JSON).
+    let fits = Body::from(vec![b' '; ADMIN_BODY_BYTES_MAX]);
+    let res = f
+        .app
+        .clone()
+        .oneshot(req("POST", "/records/s/k/resolve", fits))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+}
+
+/// A router merged or nested beside the admin API is outside its token
+/// check, while every admin path and the fallback stay behind it.
+#[tokio::test]
+async fn routers_mounted_beside_it_authenticate_by_themselves() {
+    let f = fixture();
+    let ui = axum::Router::new().route("/ui", axum::routing::get(|| async { "console" }));
+    let nested = axum::Router::new().route("/", axum::routing::get(|| async { "nested" }));
+    let app = f.app.clone().merge(ui).nest("/console", nested);
+    for (path, status) in [
+        ("/ui", 200),
+        ("/console", 200),
+        ("/records", 401),
+        ("/nowhere", 401),
+        ("/records/s/k/resolve", 401),
+    ] {
+        let (got, _, body) = send(&app, "GET", path, None, "").await;
+        assert_eq!(got, status, "{path}: {body}");
+    }
+    let auth = bearer();
+    let (got, _, body) = send(&app, "GET", "/nowhere", Some(&auth), "").await;
+    assert_eq!(
+        (got, problem_type(&body).as_str()),
+        (404, "urn:idem:problem:not-found")
+    );
 }
 
 #[test]

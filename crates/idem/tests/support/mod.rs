@@ -744,14 +744,12 @@ pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str)
 /// Percent-encodes everything but RFC 3986's unreserved characters: one
 /// path segment of the admin API.
 pub fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, ESCAPED).to_string()
 }
 
 /// Runs the `idem` command to completion.
