@@ -15,6 +15,7 @@ use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, Reconc
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
+use crate::console::SessionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
 use crate::store_url::StoreUrl;
 
@@ -83,6 +84,10 @@ pub struct FileConfig {
     pub lookups: Vec<LookupEntry>,
     /// Reconciler settings.
     pub reconcile: Option<ReconcileSpec>,
+    /// Seconds a console session may sit unused before it ends.
+    pub console_session_idle_s: Option<u64>,
+    /// Seconds after sign-in a console session ends, however busy.
+    pub console_session_absolute_s: Option<u64>,
 }
 
 /// One `[[lookup]]`: the route it serves (by `name`) and the lookup request
@@ -176,6 +181,8 @@ pub struct GatewayConfig {
     pub base_dir: PathBuf,
     /// Reconciler settings.
     pub reconcile: ReconcileSettings,
+    /// How long console sessions live.
+    pub console_sessions: SessionLimits,
 }
 
 /// What loading does with a `[[lookup]]` whose route forwards the same
@@ -459,6 +466,9 @@ impl GatewayConfig {
                     .map_err(|e| err(&format!("lookup[{i}].{}", e.field), e.reason, true))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let console_sessions =
+            SessionLimits::new(file.console_session_idle_s, file.console_session_absolute_s)
+                .map_err(|e| err(e.field, e.reason, true))?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         Ok(GatewayConfig {
@@ -479,6 +489,7 @@ impl GatewayConfig {
             admin_token_env,
             purge_interval,
             requests_in_flight_max,
+            console_sessions,
         })
     }
 

@@ -2,12 +2,14 @@
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
 //! upstream; the proxy itself never retries and tells the layer whether a
 //! failed request was ever sent. Next to it: the admin API (its own
-//! listener, behind a bearer token), the retention purge, the reconciler
-//! (when routes declare lookups), and the operator's
+//! listener, behind a bearer token), the operator's console in the browser
+//! (`/ui` on the same listener, behind a session cookie), the retention
+//! purge, the reconciler (when routes declare lookups), and the operator's
 //! view of a record shared with `idem records`.
 
 pub mod admin;
 mod config;
+pub mod console;
 pub mod contracts;
 mod proxy;
 mod purge;

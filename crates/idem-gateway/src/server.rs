@@ -1,5 +1,5 @@
-//! Runs the gateway: binds, serves the layered proxy, the admin API (when
-//! configured) and the retention purge, and on SIGTERM or SIGINT stops
+//! Runs the gateway: binds, serves the layered proxy, the admin API and
+//! its console (when configured) and the retention purge, and on SIGTERM or SIGINT stops
 //! accepting and lets in-flight requests finish and be recorded. Requests
 //! beyond `requests_in_flight_max` are shed at once, before anything is
 //! read, claimed or forwarded, so a burst of large bodies cannot exhaust
@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
+use crate::console::{self, ConsoleState, Transport};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
@@ -100,7 +101,21 @@ pub async fn serve_with(
     ));
     let reconciler = start_reconciler(config, &store, &metrics, stop_rx.clone());
     let admin = options.admin.map(|admin| {
-        let app = admin::router(store.clone(), metrics.clone(), admin.token);
+        // The console authenticates by its own cookie; the admin API's
+        // fallback answers every path outside `/ui`.
+        let state = ConsoleState::new(
+            store.clone(),
+            metrics.clone(),
+            admin.token.clone(),
+            config.routes.clone(),
+        )
+        .with_transport(Transport::Plain)
+        .with_session_limits(config.console_sessions);
+        let app = console::router(state).merge(admin::router(
+            store.clone(),
+            metrics.clone(),
+            admin.token,
+        ));
         let stopped = stopped(stop_rx.clone());
         tokio::spawn(async move {
             axum::serve(admin.listener, app)

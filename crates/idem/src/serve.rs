@@ -30,8 +30,9 @@ pub struct ServeArgs {
     /// TOML file declaring routes and settings; command-line values win.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address of the admin API, e.g. 127.0.0.1:9090 [default: off]. Its
-    /// bearer token is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
+    /// Address of the admin API, e.g. 127.0.0.1:9090 [default: off], and of
+    /// its browser console at /ui. Its bearer token (the console's sign-in)
+    /// is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
     #[arg(long)]
     admin_listen: Option<String>,
     /// Start even when a route's contract file fails `idem check` (each

@@ -5,7 +5,7 @@
 
 mod extract;
 mod problem;
-mod resolve;
+pub(crate) mod resolve;
 
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ impl AdminToken {
 
     /// Whether `presented` is the token, in time that depends only on the
     /// token's length, never on where the first difference is.
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         let mut diff = u8::from(presented.len() != self.0.len());
         for (i, expected) in self.0.iter().enumerate() {
             diff |= expected ^ presented.get(i).copied().unwrap_or(0);

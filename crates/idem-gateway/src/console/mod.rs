@@ -1,0 +1,575 @@
+//! The operator's console: server-rendered pages under `/ui` on the admin
+//! listener, for the person who resolves an ambiguous payout at night.
+//! Sign in with the admin token (a form, never a URL) to get a session
+//! cookie; see the backlog and the last hour's counters, page through the
+//! ambiguous records, read one record's timeline and resolve it with the
+//! same fencing as the admin API. Every state change carries the session's
+//! CSRF token and is refused when the browser says it came from another
+//! origin. The console keeps its own cookie authentication, apart from
+//! the admin API's bearer token, so the two routers combine by a merge.
+
+mod pages;
+mod records;
+mod samples;
+mod session;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Form;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{any, get, post};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use idem_core::{
+    Clock, ListCursor, Record, RecordId, Resolution, State as RecordState, Store, StoreError,
+    SystemClock, Token,
+};
+use idem_http::{Metrics, Resolver, Route};
+use maud::Markup;
+use serde::Deserialize;
+
+use crate::admin::AdminToken;
+use crate::view::outcome_name;
+use pages::{Chrome, ResolveForm};
+use records::Filter;
+use samples::{Samples, Totals};
+use session::{Live, Sessions};
+
+pub use records::{PAGE_ROWS, SCAN_ROWS_MAX};
+pub use session::{
+    LimitsError, SESSION_ABSOLUTE_S_DEFAULT, SESSION_COOKIE, SESSION_IDLE_S_DEFAULT, SESSION_S_MAX,
+    SESSIONS_MAX, SessionLimits, Transport,
+};
+
+/// The `by` of every resolution made in the console.
+pub const CONSOLE_ACTOR: &str = "operator:console";
+/// The largest form the console reads, in bytes: a stored body of 1 MiB,
+/// percent-encoded, fits.
+pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// How long a refused sign-in waits before it is answered. Refusals wait
+/// one after another, so wrong tokens are tried at most one per this long.
+pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
+
+/// What the console works with.
+#[derive(Clone)]
+pub struct ConsoleState {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    token: AdminToken,
+    routes: Vec<Route>,
+    transport: Transport,
+    limits: SessionLimits,
+}
+
+impl ConsoleState {
+    /// A console over `store`, counting into and charting `metrics`,
+    /// signed into with `token`; `routes` render the key each record
+    /// was forwarded with. Plain HTTP and the default session limits.
+    pub fn new(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        token: AdminToken,
+        routes: Vec<Route>,
+    ) -> ConsoleState {
+        ConsoleState {
+            store,
+            metrics,
+            token,
+            routes,
+            transport: Transport::Plain,
+            limits: SessionLimits::default(),
+        }
+    }
+
+    /// Over `transport`, which decides the cookie's `Secure` attribute.
+    pub fn with_transport(mut self, transport: Transport) -> ConsoleState {
+        self.transport = transport;
+        self
+    }
+
+    /// Sessions end after `limits`.
+    pub fn with_session_limits(mut self, limits: SessionLimits) -> ConsoleState {
+        self.limits = limits;
+        self
+    }
+}
+
+impl std::fmt::Debug for ConsoleState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleState")
+            .field("token", &self.token)
+            .field("routes", &self.routes.len())
+            .field("transport", &self.transport)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The console's routes, all under `/ui`. Called inside a Tokio runtime,
+/// it also samples the metrics once a minute for as long as the router
+/// lives.
+pub fn router(state: ConsoleState) -> axum::Router {
+    let samples = Arc::new(Samples::default());
+    samples.push(Totals::of(&state.metrics));
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(samples::run(
+            Arc::downgrade(&samples),
+            Arc::downgrade(&state.metrics),
+        ));
+    }
+    let console = Arc::new(Console {
+        sessions: Sessions::new(state.limits),
+        refusals: tokio::sync::Mutex::new(()),
+        samples,
+        state,
+    });
+    axum::Router::new()
+        .route("/ui", get(overview))
+        .route("/ui/", get(overview))
+        .route("/ui/sign-in", get(sign_in_page).post(sign_in))
+        .route("/ui/sign-out", post(sign_out))
+        .route("/ui/records", get(list))
+        .route("/ui/record", get(show))
+        .route("/ui/resolve", get(resolve_page).post(resolve))
+        .route("/ui/style.css", get(style))
+        .route("/ui/{*rest}", any(not_found))
+        .layer(DefaultBodyLimit::max(CONSOLE_FORM_BYTES_MAX))
+        .layer(axum::middleware::map_response(protect))
+        .with_state(console)
+}
+
+/// Why a state-changing request was refused; nothing was changed.
+enum Refusal {
+    /// `Origin` or `Sec-Fetch-Site` names another origin.
+    CrossSite(String),
+    /// No live session: never signed in, signed out or expired.
+    NoSession,
+    /// The form does not carry the session's CSRF token.
+    Csrf,
+}
+
+struct Console {
+    state: ConsoleState,
+    sessions: Sessions,
+    samples: Arc<Samples>,
+    /// Held by a refused sign-in while it waits, so refusals queue.
+    refusals: tokio::sync::Mutex<()>,
+}
+
+type Shared = State<Arc<Console>>;
+
+/// The live session of a page request; without one the browser is sent
+/// to the sign-in page.
+struct SignedIn(Live);
+
+impl FromRequestParts<Arc<Console>> for SignedIn {
+    type Rejection = Redirect;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        console: &Arc<Console>,
+    ) -> Result<SignedIn, Redirect> {
+        console
+            .sessions
+            .find(&parts.headers, Instant::now())
+            .map(SignedIn)
+            .ok_or_else(|| Redirect::to("/ui/sign-in"))
+    }
+}
+
+#[derive(Deserialize)]
+struct SignInForm {
+    #[serde(default)]
+    token: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct CsrfForm {
+    csrf: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ListParams {
+    route: String,
+    principal: String,
+    older_than_min: String,
+    after_scope: Option<String>,
+    after_key: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct RecordParams {
+    scope: String,
+    key: String,
+    done: String,
+}
+
+async fn sign_in_page() -> Response {
+    html(StatusCode::OK, pages::sign_in(None))
+}
+
+async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInForm>) -> Response {
+    if let Some(why) = session::cross_site(&headers) {
+        return Refusal::CrossSite(why).into_response();
+    }
+    if !c.state.token.matches(form.token.as_bytes()) {
+        let _queued = c.refusals.lock().await;
+        tokio::time::sleep(SIGN_IN_REFUSAL_DELAY).await;
+        tracing::warn!("console: refused a sign-in with a wrong token");
+        let page = pages::sign_in(Some(
+            "That is not the admin token. Check the gateway's admin_token_env variable and try again.",
+        ));
+        return html(StatusCode::UNAUTHORIZED, page);
+    }
+    let Some(live) = c.sessions.open(Instant::now()) else {
+        tracing::error!("console: no randomness for a session id");
+        let page = pages::refused(
+            None,
+            "Not signed in",
+            "The system could not make a session id; try again.",
+        );
+        return html(StatusCode::SERVICE_UNAVAILABLE, page);
+    };
+    tracing::info!("console: signed in");
+    let cookie = session::set_cookie(&live.id, c.state.transport, &c.state.limits);
+    with_cookie(Redirect::to("/ui").into_response(), &cookie)
+}
+
+async fn sign_out(State(c): Shared, headers: HeaderMap, Form(form): Form<CsrfForm>) -> Response {
+    let live = match c.authorize_change(&headers, &form.csrf) {
+        Ok(live) => live,
+        Err(refusal) => return refusal.into_response(),
+    };
+    c.sessions.close(&live.id);
+    let cookie = session::clear_cookie(c.state.transport);
+    with_cookie(Redirect::to("/ui/sign-in").into_response(), &cookie)
+}
+
+async fn overview(State(c): Shared, SignedIn(live): SignedIn) -> Response {
+    let chrome = Chrome { csrf: &live.csrf };
+    let backlog = match records::backlog(&*c.state.store).await {
+        Ok(backlog) => backlog,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let series = c.samples.series(Totals::of(&c.state.metrics));
+    let page = pages::overview(chrome, &backlog, &series, SystemClock.now());
+    html(StatusCode::OK, page)
+}
+
+async fn list(
+    State(c): Shared,
+    SignedIn(live): SignedIn,
+    Query(params): Query<ListParams>,
+) -> Response {
+    let chrome = Chrome { csrf: &live.csrf };
+    let older = params.older_than_min.trim();
+    let older_than_min = match older {
+        "" => None,
+        text => match text.parse::<u64>() {
+            Ok(minutes) => Some(minutes),
+            Err(_) => {
+                let why = format!("Older than must be a whole number of minutes, not {text:?}.");
+                return html(
+                    StatusCode::BAD_REQUEST,
+                    pages::refused(Some(chrome), "Invalid filter", &why),
+                );
+            }
+        },
+    };
+    let filter = Filter {
+        route: params.route,
+        principal: params.principal,
+        older_than_min,
+    };
+    let after = match (params.after_scope, params.after_key) {
+        (Some(scope), Some(key)) => Some(ListCursor { scope, key }),
+        _ => None,
+    };
+    let page =
+        match records::ambiguous_page(&*c.state.store, &filter, after, SystemClock.now()).await {
+            Ok(page) => page,
+            Err(e) => return store_failed(chrome, &e),
+        };
+    let next = page.next.as_ref().map(|at| next_link(&filter, older, at));
+    html(StatusCode::OK, pages::records(chrome, &filter, &page, next))
+}
+
+async fn show(
+    State(c): Shared,
+    SignedIn(live): SignedIn,
+    Query(params): Query<RecordParams>,
+) -> Response {
+    let chrome = Chrome { csrf: &live.csrf };
+    let id = match records::record_id(&params.scope, &params.key) {
+        Ok(id) => id,
+        Err(why) => return no_such_record(chrome, &why),
+    };
+    let detail = match records::detail(&*c.state.store, &c.state.routes, &id).await {
+        Ok(detail) => detail,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let notice = match params.done.as_str() {
+        "completed" => Some(format!(
+            "Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer."
+        )),
+        "not_executed" => Some(format!(
+            "Resolved as not executed by {CONSOLE_ACTOR}: the key is released, a retry runs."
+        )),
+        _ => None,
+    };
+    let page = pages::record(chrome, &id, &detail, SystemClock.now(), notice.as_deref());
+    html(StatusCode::OK, page)
+}
+
+async fn resolve_page(
+    State(c): Shared,
+    SignedIn(live): SignedIn,
+    Query(params): Query<RecordParams>,
+) -> Response {
+    let chrome = Chrome { csrf: &live.csrf };
+    let form = ResolveForm {
+        content_type: "application/json".into(),
+        ..ResolveForm::default()
+    };
+    let id = match records::record_id(&params.scope, &params.key) {
+        Ok(id) => id,
+        Err(why) => return no_such_record(chrome, &why),
+    };
+    c.form_again(chrome, &id, &form, None, StatusCode::OK).await
+}
+
+async fn resolve(State(c): Shared, headers: HeaderMap, Form(form): Form<ResolveForm>) -> Response {
+    let live = match c.authorize_change(&headers, &form.csrf) {
+        Ok(live) => live,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let chrome = Chrome { csrf: &live.csrf };
+    let id = match records::record_id(&form.scope, &form.key) {
+        Ok(id) => id,
+        Err(why) => return no_such_record(chrome, &why),
+    };
+    let invalid = StatusCode::UNPROCESSABLE_ENTITY;
+    if form.confirm != "yes" {
+        let why = "Tick the confirmation: a resolution cannot be undone.";
+        return c.form_again(chrome, &id, &form, Some(why), invalid).await;
+    }
+    let (token, resolution) = match resolution_of(&form) {
+        Ok(parsed) => parsed,
+        Err(why) => return c.form_again(chrome, &id, &form, Some(&why), invalid).await,
+    };
+    let outcome = resolution.outcome.clone();
+    let reason = resolution.reason.clone();
+    match c.state.store.resolve(&id, token, resolution).await {
+        Ok(_) => {
+            c.state.metrics.resolution(Resolver::Operator, &outcome);
+            let outcome = outcome_name(&outcome);
+            tracing::info!(scope = %id.scope, key = %id.key, outcome, by = CONSOLE_ACTOR, reason, "ambiguous record resolved in the console");
+            let done = format!("{}&done={outcome}", pages::link("/ui/record", &id));
+            Redirect::to(&done).into_response()
+        }
+        Err(e) => c.refused_verdict(chrome, &id, &e),
+    }
+}
+
+async fn style() -> Response {
+    let mut response = include_str!("style.css").into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/css; charset=utf-8"),
+    );
+    response
+}
+
+async fn not_found() -> Response {
+    let page = pages::refused(None, "Not found", "There is no console page here.");
+    html(StatusCode::NOT_FOUND, page)
+}
+
+impl Console {
+    /// The session of a state-changing request, or why it is refused:
+    /// from another origin, without a live session, or without the
+    /// session's CSRF token.
+    fn authorize_change(&self, headers: &HeaderMap, csrf: &str) -> Result<Live, Refusal> {
+        if let Some(why) = session::cross_site(headers) {
+            return Err(Refusal::CrossSite(why));
+        }
+        let Some(live) = self.sessions.find(headers, Instant::now()) else {
+            return Err(Refusal::NoSession);
+        };
+        if !self.sessions.csrf_matches(&live.id, csrf) {
+            return Err(Refusal::Csrf);
+        }
+        Ok(live)
+    }
+
+    /// The resolve form for the record as it is now, or the conflict page
+    /// when it is not ambiguous any more.
+    async fn form_again(
+        &self,
+        chrome: Chrome<'_>,
+        id: &RecordId,
+        form: &ResolveForm,
+        error: Option<&str>,
+        status: StatusCode,
+    ) -> Response {
+        let record: Record = match self.state.store.get(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                return self.refused_verdict(chrome, id, &StoreError::NotFound { id: id.clone() });
+            }
+            Err(e) => return store_failed(chrome, &e),
+        };
+        let state = record.state_at(SystemClock.now());
+        if state != RecordState::Ambiguous {
+            let e = StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "resolve",
+            };
+            return self.refused_verdict(chrome, id, &e);
+        }
+        html(status, pages::resolve(chrome, &record, form, error))
+    }
+
+    /// The page for a verdict the store refused; nothing was written.
+    fn refused_verdict(&self, chrome: Chrome, id: &RecordId, e: &StoreError) -> Response {
+        let message = match e {
+            StoreError::NotFound { .. } => "No record is stored for this scope and key any more.".to_owned(),
+            StoreError::WrongState { state, .. } => format!("The record is {state} now, not ambiguous: someone or something resolved it, or a new attempt took it."),
+            StoreError::Fenced { .. } => "The record belongs to another attempt than the one this form was about (its token changed).".to_owned(),
+            StoreError::MayStillCommit { .. } => format!("{e}. Not executed can be chosen only once the attempt's lease is over."),
+            StoreError::Limit(_) => format!("{e}"),
+            _ => return store_failed(chrome, e),
+        };
+        html(StatusCode::CONFLICT, pages::conflict(chrome, id, &message))
+    }
+}
+
+/// The token and resolution of a resolve form, through the admin API's own
+/// parser (so both refuse the same input with the same words), made by
+/// [`CONSOLE_ACTOR`].
+fn resolution_of(form: &ResolveForm) -> Result<(Token, Resolution), String> {
+    let token: u64 = form
+        .token
+        .trim()
+        .parse()
+        .map_err(|_| "The form lost the record's token; open the record again.".to_owned())?;
+    let mut doc = serde_json::json!({
+        "token": token,
+        "outcome": form.outcome,
+        "reason": form.reason,
+    });
+    if form.outcome == "completed" {
+        let status = form.status.trim();
+        let status: u64 = status.parse().map_err(|_| {
+            format!("field `status` is {status:?}; expected an HTTP status 100-599")
+        })?;
+        doc["status"] = status.into();
+        doc["body"] = form.body.clone().into();
+        if !form.content_type.trim().is_empty() {
+            doc["headers"] = serde_json::json!([["content-type", form.content_type]]);
+        }
+    }
+    let body = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
+    let (token, parsed) = crate::admin::resolve::parse_resolution(&body)?;
+    let resolution = Resolution::new(parsed.outcome, CONSOLE_ACTOR, &parsed.reason)
+        .map_err(|e| format!("field `reason`: {e}"))?;
+    Ok((token, resolution))
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::CrossSite(why) => {
+                tracing::warn!(why, "console: refused a cross-site request");
+                let message = format!("Refused: {why}. Nothing was changed.");
+                html(
+                    StatusCode::FORBIDDEN,
+                    pages::refused(None, "Refused", &message),
+                )
+            }
+            Refusal::NoSession => {
+                let message = "Your session ended; sign in again. Nothing was changed.";
+                html(StatusCode::UNAUTHORIZED, pages::sign_in(Some(message)))
+            }
+            Refusal::Csrf => {
+                tracing::warn!("console: refused a form without this session's CSRF token");
+                let message = "This form is stale or did not come from this console (its CSRF \
+                               token does not match). Nothing was changed; reload the page and \
+                               try again.";
+                html(
+                    StatusCode::FORBIDDEN,
+                    pages::refused(None, "Refused", message),
+                )
+            }
+        }
+    }
+}
+
+fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("route", &filter.route)
+        .append_pair("principal", &filter.principal)
+        .append_pair("older_than_min", older)
+        .append_pair("after_scope", &at.scope)
+        .append_pair("after_key", &at.key)
+        .finish();
+    format!("/ui/records?{query}")
+}
+
+/// The answer to a link or form whose scope or key is not valid.
+fn no_such_record(chrome: Chrome, why: &str) -> Response {
+    let page = pages::refused(Some(chrome), "No such record", why);
+    html(StatusCode::BAD_REQUEST, page)
+}
+
+fn store_failed(chrome: Chrome, e: &StoreError) -> Response {
+    tracing::error!(error = %e, "console: store operation failed");
+    let page = pages::refused(
+        Some(chrome),
+        "Store unavailable",
+        &format!("The store failed: {e}. Nothing was changed; try again."),
+    );
+    html(StatusCode::SERVICE_UNAVAILABLE, page)
+}
+
+fn with_cookie(mut response: Response, cookie: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+fn html(status: StatusCode, page: Markup) -> Response {
+    (status, axum::response::Html(page.into_string())).into_response()
+}
+
+/// Headers on every console answer: no script, style only from the
+/// console, no framing, no caching of pages that show records. The
+/// referrer stays within the console (`same-origin`, not `no-referrer`:
+/// under `no-referrer` Chromium sends `Origin: null` with the console's
+/// own forms, which the origin check must refuse).
+async fn protect(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    let set = [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    for (name, value) in set {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,439 @@
+//! The console's HTML, written with `maud`: every value is escaped when it
+//! is interpolated, so a stored body or a key full of markup shows as text.
+//! The pages need no script; every control is a link, a button or a
+//! labelled field, reachable with the keyboard.
+
+use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp};
+use maud::{DOCTYPE, Markup, html};
+
+use super::records::{self, Backlog, Detail, Filter, Page, SCAN_ROWS_MAX, ScopeParts};
+use super::samples::Series;
+use crate::view::{RecordView, rfc3339};
+
+/// What every signed-in page needs: the session's CSRF token for the
+/// sign-out button.
+#[derive(Clone, Copy)]
+pub(crate) struct Chrome<'a> {
+    pub csrf: &'a str,
+}
+
+/// The values of the resolve form, kept when it is shown again with an
+/// error.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub(crate) struct ResolveForm {
+    pub scope: String,
+    pub key: String,
+    pub token: String,
+    pub csrf: String,
+    pub outcome: String,
+    pub status: String,
+    pub content_type: String,
+    pub body: String,
+    pub reason: String,
+    pub confirm: String,
+}
+
+/// The sign-in page, with what went wrong last time.
+pub(crate) fn sign_in(message: Option<&str>) -> Markup {
+    let body = html! {
+        h1 { "Sign in" }
+        p { "Sign in with the gateway's admin token (the value of its admin_token_env variable)." }
+        @if let Some(message) = message {
+            p.error role="alert" { (message) }
+        }
+        form method="post" action="/ui/sign-in" {
+            label for="token" { "Admin token" }
+            input #token type="password" name="token" autocomplete="current-password" required autofocus;
+            button type="submit" { "Sign in" }
+        }
+    };
+    layout("Sign in", None, body)
+}
+
+/// The overview: the backlog and the last hour's charts.
+pub(crate) fn overview(
+    chrome: Chrome,
+    backlog: &Backlog,
+    series: &[Series],
+    now: Timestamp,
+) -> Markup {
+    let count = if backlog.more {
+        format!("more than {}", backlog.count)
+    } else {
+        backlog.count.to_string()
+    };
+    let body = html! {
+        h1 { "Overview" }
+        section aria-labelledby="backlog" {
+            h2 #backlog { "Ambiguous backlog" }
+            dl.facts {
+                dt { "Records awaiting resolution" }
+                dd #backlog-count { (count) }
+                dt { "Oldest" }
+                dd {
+                    @match backlog.oldest {
+                        Some(at) => { (age(at, now)) " old (acquired " (rfc3339(at)) ")" }
+                        None => "none",
+                    }
+                }
+            }
+            p { a href="/ui/records" { "Review the ambiguous records" } }
+        }
+        section aria-labelledby="charts" {
+            h2 #charts { "The last hour, per minute" }
+            p.hint { "Counted by this gateway process since it started; the last bar is the minute in progress." }
+            div.charts {
+                @for s in series { (chart(s)) }
+            }
+        }
+    };
+    layout("Overview", Some(chrome), body)
+}
+
+/// A page of the ambiguous list with its filter form.
+pub(crate) fn records(
+    chrome: Chrome,
+    filter: &Filter,
+    page: &Page,
+    next_link: Option<String>,
+) -> Markup {
+    let older = filter
+        .older_than_min
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    let body = html! {
+        h1 { "Ambiguous records" }
+        form.filter method="get" action="/ui/records" {
+            div {
+                label for="route" { "Route (operation)" }
+                input #route name="route" value=(filter.route) placeholder="payouts";
+            }
+            div {
+                label for="principal" { "Principal digest starts with" }
+                input #principal name="principal" value=(filter.principal);
+            }
+            div {
+                label for="older" { "Older than (minutes)" }
+                input #older name="older_than_min" inputmode="numeric" pattern="[0-9]*" value=(older);
+            }
+            button type="submit" { "Filter" }
+        }
+        p.hint {
+            "Each page reads at most " (SCAN_ROWS_MAX) " ambiguous records from the store and keeps those that match; "
+            "a filter that matches few may show a short page with a link to read on."
+        }
+        p #list-summary {
+            (page.records.len()) " shown of " (page.scanned) " read"
+            @if page.damaged > 0 { "; " (page.damaged) " unreadable (see idem records list)" }
+            @if page.scan_bounded { "; the scan stopped at its bound" }
+            "."
+        }
+        @if page.records.is_empty() {
+            p { "No ambiguous record matches on this page." }
+        } @else {
+            ul.records {
+                @for r in &page.records { (record_item(r)) }
+            }
+        }
+        nav aria-label="Pages" {
+            @if let Some(link) = next_link { a href=(link) { "Next page" } }
+        }
+    };
+    layout("Ambiguous records", Some(chrome), body)
+}
+
+/// One record: its timeline, stored answer and forwarded key.
+pub(crate) fn record(
+    chrome: Chrome,
+    id: &RecordId,
+    detail: &Detail,
+    now: Timestamp,
+    notice: Option<&str>,
+) -> Markup {
+    let body = html! {
+        h1 { "Record" }
+        @if let Some(notice) = notice { p.notice role="status" { (notice) } }
+        (identity(id))
+        @match &detail.record {
+            Some(r) => {
+                @let view = RecordView::new(r, now);
+                p { "State: " strong #state { (state_name(view.state)) } " · token " (r.token.0) }
+                @if view.state == State::Ambiguous {
+                    p { a.button href=(link("/ui/resolve", id)) { "Resolve this record" } }
+                }
+                (timeline(r, detail, now))
+                (answer(&view))
+            }
+            None => p #state { "No record is stored for this scope and key (never acquired, released as not executed, or purged)." },
+        }
+        (journal(&detail.journal))
+    };
+    layout("Record", Some(chrome), body)
+}
+
+/// The resolve form for `r`, with `form`'s values and an error, if any.
+pub(crate) fn resolve(
+    chrome: Chrome,
+    r: &Record,
+    form: &ResolveForm,
+    error: Option<&str>,
+) -> Markup {
+    let completed = form.outcome != "not_executed";
+    let status = if form.status.is_empty() {
+        "200"
+    } else {
+        &form.status
+    };
+    let body = html! {
+        h1 { "Resolve" }
+        (identity(&r.id))
+        p { "Token " (r.token.0) ": the verdict is refused if the record has moved on to another attempt since." }
+        @if let Some(error) = error { p.error role="alert" { (error) } }
+        form method="post" action="/ui/resolve" {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            input type="hidden" name="scope" value=(r.id.scope.as_str());
+            input type="hidden" name="key" value=(r.id.key.as_str());
+            input type="hidden" name="token" value=(r.token.0);
+            fieldset {
+                legend { "What happened at the provider?" }
+                div.choice {
+                    input #completed type="radio" name="outcome" value="completed" checked[completed];
+                    label for="completed" { "Completed: the effect happened; store this answer and replay it" }
+                }
+                div.choice {
+                    input #not_executed type="radio" name="outcome" value="not_executed" checked[!completed];
+                    label for="not_executed" { "Not executed: the effect did not happen; release the key so a retry runs" }
+                }
+            }
+            fieldset {
+                legend { "The answer to store (completed only)" }
+                label for="status" { "Status" }
+                input #status name="status" inputmode="numeric" value=(status);
+                label for="content_type" { "Content type" }
+                input #content_type name="content_type" value=(form.content_type);
+                label for="body" { "Body" }
+                textarea #body name="body" rows="6" { (form.body) }
+            }
+            label for="reason" { "Reason (required: what you checked, e.g. the provider's reference)" }
+            textarea #reason name="reason" rows="3" required { (form.reason) }
+            div.choice {
+                input #confirm type="checkbox" name="confirm" value="yes" required;
+                label for="confirm" { "I checked the provider and confirm this resolution" }
+            }
+            button type="submit" { "Resolve" }
+        }
+        p { a href=(link("/ui/record", &r.id)) { "Back to the record" } }
+    };
+    layout("Resolve", Some(chrome), body)
+}
+
+/// The record moved on (another attempt, resolved meanwhile) or the store
+/// refused the verdict: nothing was written.
+pub(crate) fn conflict(chrome: Chrome, id: &RecordId, message: &str) -> Markup {
+    let body = html! {
+        h1 { "Not resolved" }
+        p.error role="alert" #conflict { (message) }
+        p { "Nothing was overwritten. Look at the record as it is now before deciding again." }
+        (identity(id))
+        p { a href=(link("/ui/record", id)) { "Show the record as it is now" } }
+    };
+    layout("Not resolved", Some(chrome), body)
+}
+
+/// A refusal: a cross-site or stale form (no session shown), a bad
+/// link, a store failure.
+pub(crate) fn refused(chrome: Option<Chrome>, title: &str, message: &str) -> Markup {
+    let body = html! {
+        h1 { (title) }
+        p.error role="alert" #refused { (message) }
+        p { a href="/ui" { "Go to the console" } }
+    };
+    layout(title, chrome, body)
+}
+
+/// A link to a console page about one record.
+pub(crate) fn link(path: &str, id: &RecordId) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("scope", id.scope.as_str())
+        .append_pair("key", id.key.as_str())
+        .finish();
+    format!("{path}?{query}")
+}
+
+/// "3 min", "2 h 5 min": how long ago `at` was.
+pub(crate) fn age(at: Timestamp, now: Timestamp) -> String {
+    let s = at.millis_until(now) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 => format!("{} h {} min", s / 3600, s / 60 % 60),
+        _ => format!("{} d {} h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+fn layout(title: &str, chrome: Option<Chrome>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · idem console" }
+                link rel="stylesheet" href="/ui/style.css";
+            }
+            body {
+                header {
+                    a.brand href="/ui" { "idem console" }
+                    @if let Some(chrome) = chrome {
+                        nav aria-label="Console" {
+                            a href="/ui" { "Overview" }
+                            a href="/ui/records" { "Ambiguous records" }
+                            form.inline method="post" action="/ui/sign-out" {
+                                input type="hidden" name="csrf" value=(chrome.csrf);
+                                button type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+fn record_item(r: &Record) -> Markup {
+    let parts = ScopeParts::of(&r.id.scope);
+    html! {
+        li {
+            a href=(link("/ui/record", &r.id)) { "Key " code { (r.id.key.as_str()) } }
+            dl.facts {
+                dt { "Route" } dd { (parts.operation) }
+                dt { "Principal" } dd { code { (parts.principal) } }
+                dt { "Acquired" } dd { (rfc3339(r.created_at)) }
+                dt { "Token" } dd { (r.token.0) }
+            }
+        }
+    }
+}
+
+fn identity(id: &RecordId) -> Markup {
+    let parts = ScopeParts::of(&id.scope);
+    html! {
+        dl.facts {
+            dt { "Key" } dd #record-key { code { (id.key.as_str()) } }
+            dt { "Route" } dd { (parts.operation) }
+            dt { "Principal digest" } dd { code { (parts.principal) } }
+            dt { "Scope" } dd { code { (id.scope.as_str()) } }
+        }
+    }
+}
+
+fn timeline(r: &Record, detail: &Detail, now: Timestamp) -> Markup {
+    html! {
+        h2 { "Timeline" }
+        ol.timeline {
+            li { (rfc3339(r.created_at)) " — claimed by " code { (r.owner) }
+                @if let Some(region) = &r.region { " in region " (region) }
+                ", token " (r.token.0) " (" (age(r.created_at, now)) " ago)" }
+            li { "Lease until " (rfc3339(r.lease_until)) }
+            li { "Forwarded to the upstream "
+                @match &detail.route {
+                    Some(route) => {
+                        @let (header, value) = records::forwarded(route, &r.id);
+                        "with " code { (header) ": " (value) }
+                        " (route " (crate::contracts::route_name(route)) "'s forward-key template): ask the provider by this reference"
+                    }
+                    None => "(no route of this gateway names this operation, so the forwarded key cannot be rendered)",
+                }
+            }
+            @match (r.state, r.completed_at) {
+                (State::Ambiguous, _) => li { "Marked ambiguous: the upstream's answer did not prove the outcome, or the lease ran out" },
+                (_, Some(at)) => li { (rfc3339(at)) " — completed" },
+                (State::InProgress, None) => li { "In flight: the attempt holds its lease" },
+                _ => {}
+            }
+            @match &detail.tries {
+                Some(t) => li { (t.failures) " provider lookup(s) failed; next try not before " (rfc3339(t.next_at)) },
+                None => li { "No failed provider lookup kept for this attempt" },
+            }
+            @if let Some(res) = &r.resolution {
+                li { (res.at.map(rfc3339).unwrap_or_default()) " — resolved by " code { (res.by) } ": " (res.reason) }
+            }
+        }
+    }
+}
+
+fn answer(view: &RecordView) -> Markup {
+    html! {
+        h2 { "Stored answer" }
+        @match &view.result {
+            None => p { "None stored." },
+            Some(result) => {
+                dl.facts {
+                    dt { "Status" } dd #stored-status { (result.status) }
+                    @for (name, value) in &result.headers { dt { (name) } dd { (value) } }
+                    dt { "Body" } dd { (result.body_bytes) " bytes" }
+                }
+                @if let Some(text) = &result.body { pre #stored-body { (text) } }
+                @if let Some(hex) = &result.body_hex { p { "Not UTF-8; hex:" } pre { (hex) } }
+            }
+        }
+    }
+}
+
+fn journal(entries: &[JournalEntry]) -> Markup {
+    html! {
+        h2 { "Resolution journal" }
+        @if entries.is_empty() {
+            p { "No resolution recorded for this key." }
+        } @else {
+            ol.timeline #journal {
+                @for e in entries {
+                    li {
+                        (rfc3339(e.at)) " — token " (e.token.0) " "
+                        (match e.outcome { Resolved::Completed => "completed", Resolved::NotExecuted => "not executed", })
+                        @if let Some(status) = e.status { " (" (status) ")" }
+                        " by " code { (e.by) } ": " (e.reason)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A bar chart of `s`, one bar per minute, drawn on the server.
+fn chart(s: &Series) -> Markup {
+    let (width, height) = (600u64, 100u64);
+    let max = s.per_minute.iter().copied().max().unwrap_or(0).max(1);
+    let total: u64 = s.per_minute.iter().sum();
+    let slot = width / super::samples::SAMPLES_MAX as u64;
+    let offset = super::samples::SAMPLES_MAX.saturating_sub(s.per_minute.len()) as u64;
+    let label = format!(
+        "{}: {total} in the last hour, at most {max} in one minute",
+        s.name
+    );
+    html! {
+        figure.chart {
+            figcaption { (s.name) ": " strong { (total) } }
+            svg viewBox=(format!("0 0 {width} {height}")) role="img" aria-label=(label) {
+                line.axis x1="0" y1=(height) x2=(width) y2=(height) {}
+                @for (i, n) in s.per_minute.iter().enumerate() {
+                    @let h = n * (height - 4) / max;
+                    rect x=((offset + i as u64) * slot + 1) y=(height - h) width=(slot - 2) height=(h) {
+                        title { (n) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::InProgress => "in progress",
+        State::Completed => "completed",
+        State::Ambiguous => "ambiguous",
+        State::Tombstone => "tombstone",
+    }
+}

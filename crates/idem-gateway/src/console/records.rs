@@ -1,0 +1,283 @@
+//! What the console reads from the store: pages of ambiguous records
+//! filtered by route, principal and age (a bounded scan, since the store
+//! lists by state and position only), the backlog's size and oldest age,
+//! and everything known about one record.
+
+use idem_core::{
+    IdempotencyKey, JournalEntry, LIST_LIMIT_MAX, ListCursor, ListQuery, LookupTries, Record,
+    RecordId, Scope, State, Store, StoreError, Timestamp,
+};
+use idem_http::Route;
+
+/// Matching records shown per page of the ambiguous list.
+pub const PAGE_ROWS: usize = 50;
+/// Rows read from the store per list call while filtering.
+pub const SCAN_BATCH_ROWS: usize = 500;
+/// The most rows one page of the ambiguous list reads, whatever matches:
+/// a filter that matches little never scans the whole store at once.
+pub const SCAN_ROWS_MAX: usize = 5_000;
+/// The most ambiguous rows the overview counts.
+pub const BACKLOG_ROWS_MAX: usize = LIST_LIMIT_MAX;
+
+/// What the ambiguous list is filtered by; empty fields match everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Filter {
+    /// The scope's operation (the route name) exactly.
+    pub route: String,
+    /// The start of the scope's principal digest.
+    pub principal: String,
+    /// Only records acquired at least this many minutes ago.
+    pub older_than_min: Option<u64>,
+}
+
+/// One page of the filtered ambiguous list.
+#[derive(Debug, Default)]
+pub(crate) struct Page {
+    pub records: Vec<Record>,
+    /// Rows read from the store for this page.
+    pub scanned: usize,
+    /// Unreadable rows among them (`idem records list` names them).
+    pub damaged: usize,
+    /// Where the next page starts.
+    pub next: Option<ListCursor>,
+    /// True when the page stopped at [`SCAN_ROWS_MAX`] before filling.
+    pub scan_bounded: bool,
+}
+
+/// The ambiguous backlog.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    /// Ambiguous rows counted (readable or not).
+    pub count: usize,
+    /// True when there are more than [`BACKLOG_ROWS_MAX`].
+    pub more: bool,
+    /// When the oldest one was acquired.
+    pub oldest: Option<Timestamp>,
+}
+
+/// Everything the record page shows.
+pub(crate) struct Detail {
+    /// `None` once released (resolved as not executed) or purged.
+    pub record: Option<Record>,
+    pub tries: Option<LookupTries>,
+    pub journal: Vec<JournalEntry>,
+    /// The route whose forward-key template made the forwarded key.
+    pub route: Option<Route>,
+}
+
+/// The parts of a scope: `operation|principal[|region]`.
+pub(crate) struct ScopeParts<'a> {
+    pub operation: &'a str,
+    pub principal: &'a str,
+}
+
+impl Filter {
+    /// Whether `r` passes the filter at `now`.
+    pub(crate) fn matches(&self, r: &Record, now: Timestamp) -> bool {
+        let parts = ScopeParts::of(&r.id.scope);
+        let route = self.route.trim();
+        let principal = self.principal.trim();
+        let old_enough = self
+            .older_than_min
+            .is_none_or(|min| r.created_at.millis_until(now) >= min.saturating_mul(60_000));
+        (route.is_empty() || parts.operation == route)
+            && (principal.is_empty() || parts.principal.starts_with(principal))
+            && old_enough
+    }
+}
+
+impl<'a> ScopeParts<'a> {
+    pub(crate) fn of(scope: &'a Scope) -> ScopeParts<'a> {
+        let mut parts = scope.as_str().splitn(3, '|');
+        ScopeParts {
+            operation: parts.next().unwrap_or(""),
+            principal: parts.next().unwrap_or(""),
+        }
+    }
+}
+
+/// The page of ambiguous records matching `filter` after `after`: at most
+/// [`PAGE_ROWS`] of them, reading at most [`SCAN_ROWS_MAX`] rows.
+pub(crate) async fn ambiguous_page(
+    store: &dyn Store,
+    filter: &Filter,
+    after: Option<ListCursor>,
+    now: Timestamp,
+) -> Result<Page, StoreError> {
+    let mut page = Page::default();
+    let mut cursor = after;
+    loop {
+        let query = ListQuery {
+            state: Some(State::Ambiguous),
+            after: cursor.clone(),
+            limit: SCAN_BATCH_ROWS,
+        };
+        let listing = store.list(&query).await?;
+        page.scanned += listing.records.len() + listing.damaged.len();
+        page.damaged += listing.damaged.len();
+        let more_in_store = listing.next.is_some();
+        let count = listing.records.len();
+        for (i, record) in listing.records.into_iter().enumerate() {
+            if !filter.matches(&record, now) {
+                continue;
+            }
+            let position = ListCursor::from(&record.id);
+            page.records.push(record);
+            if page.records.len() == PAGE_ROWS {
+                let rest = i + 1 < count || more_in_store;
+                page.next = rest.then_some(position);
+                return Ok(page);
+            }
+        }
+        cursor = listing.next;
+        if cursor.is_none() {
+            return Ok(page);
+        }
+        if page.scanned >= SCAN_ROWS_MAX {
+            page.next = cursor;
+            page.scan_bounded = true;
+            return Ok(page);
+        }
+    }
+}
+
+/// How many records are ambiguous (up to [`BACKLOG_ROWS_MAX`]) and the
+/// oldest acquisition among them.
+pub(crate) async fn backlog(store: &dyn Store) -> Result<Backlog, StoreError> {
+    let query = ListQuery {
+        state: Some(State::Ambiguous),
+        after: None,
+        limit: BACKLOG_ROWS_MAX,
+    };
+    let listing = store.list(&query).await?;
+    Ok(Backlog {
+        count: listing.records.len() + listing.damaged.len(),
+        more: listing.next.is_some(),
+        oldest: listing.records.iter().map(|r| r.created_at).min(),
+    })
+}
+
+/// The record, its kept lookup tries and its resolution journal; the
+/// route is the first of `routes` whose records carry the scope's
+/// operation (the catch-all route when none is named after it).
+pub(crate) async fn detail(
+    store: &dyn Store,
+    routes: &[Route],
+    id: &RecordId,
+) -> Result<Detail, StoreError> {
+    let record = store.get(id).await?;
+    let tries = match &record {
+        Some(r) => store.lookup_tries(id, r.token).await?,
+        None => None,
+    };
+    let journal = store.resolutions(id).await?;
+    let operation = ScopeParts::of(&id.scope).operation;
+    let route = routes
+        .iter()
+        .find(|r| r.operation_name() == Some(operation))
+        .or_else(|| routes.iter().find(|r| r.operation_name().is_none()))
+        .cloned();
+    Ok(Detail {
+        record,
+        tries,
+        journal,
+        route,
+    })
+}
+
+/// A record id from the text of a link or form, with what is wrong.
+pub(crate) fn record_id(scope: &str, key: &str) -> Result<RecordId, String> {
+    Ok(RecordId {
+        scope: Scope::new(scope).map_err(|e| format!("scope {scope:?}: {e}"))?,
+        key: IdempotencyKey::new(key).map_err(|e| format!("key {key:?}: {e}"))?,
+    })
+}
+
+/// The header and value the upstream received the key as: the route's
+/// forward-key template rendered by the layer's own renderer.
+pub(crate) fn forwarded(route: &Route, id: &RecordId) -> (String, String) {
+    // `contract_headers` lists the key header, then the forwarded one.
+    let header = route
+        .contract_headers()
+        .nth(1)
+        .map(|h| h.as_str().to_owned())
+        .unwrap_or_default();
+    (header, route.forwarded_key(id))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use idem_core::{Clock, ManualClock, MemoryStore};
+
+    use super::*;
+
+    const T0: u64 = 1_796_029_200_000;
+
+    /// `n` ambiguous records: operations alternate between `payouts` and
+    /// `refunds`, principals between `aa…` and `bb…`, one minute apart.
+    async fn store_with(n: usize) -> (Arc<MemoryStore>, ManualClock) {
+        let clock = ManualClock::new(Timestamp::from_millis(T0));
+        let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+        for i in 0..n {
+            let operation = if i % 2 == 0 { "payouts" } else { "refunds" };
+            let principal = if i % 3 == 0 { "aa11" } else { "bb22" };
+            let (scope, key) = (format!("{operation}|{principal}"), format!("k-{i:05}"));
+            super::super::tests::ambiguous(&*store, &scope, &key).await;
+            clock.advance_millis(60_000);
+        }
+        (store, clock)
+    }
+
+    #[tokio::test]
+    async fn pages_hold_only_matches_and_chain_through_every_one() {
+        let (store, clock) = store_with(400).await;
+        let filter = Filter {
+            route: "refunds".into(),
+            principal: "aa".into(),
+            older_than_min: Some(10),
+        };
+        let now = clock.now();
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = ambiguous_page(&*store, &filter, after, now).await.unwrap();
+            assert!(page.records.len() <= PAGE_ROWS);
+            assert!(page.records.iter().all(|r| filter.matches(r, now)));
+            seen.extend(page.records.iter().map(|r| r.id.key.to_string()));
+            after = page.next;
+            if after.is_none() {
+                break;
+            }
+        }
+        // Odd i (refunds), i % 3 == 0 (aa11), acquired 10+ minutes before
+        // the end: i in 3, 9, 15, … up to 389.
+        let want: Vec<String> = (0..390)
+            .filter(|i| i % 2 == 1 && i % 3 == 0)
+            .map(|i| format!("k-{i:05}"))
+            .collect();
+        assert_eq!(seen, want);
+    }
+
+    #[tokio::test]
+    async fn a_scan_that_finds_little_stops_at_its_bound() {
+        let (store, clock) = store_with(SCAN_ROWS_MAX + 10).await;
+        let filter = Filter {
+            route: "nothing-matches".into(),
+            ..Filter::default()
+        };
+        let page = ambiguous_page(&*store, &filter, None, clock.now())
+            .await
+            .unwrap();
+        assert!(page.records.is_empty());
+        assert!(page.scan_bounded);
+        assert_eq!(page.scanned, SCAN_ROWS_MAX);
+        assert!(page.next.is_some());
+        let backlog = backlog(&*store).await.unwrap();
+        assert_eq!(backlog.count, SCAN_ROWS_MAX + 10);
+        assert_eq!(backlog.oldest, Some(Timestamp::from_millis(T0)));
+    }
+}

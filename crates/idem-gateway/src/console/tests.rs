@@ -1,0 +1,341 @@
+//! The console in-process, over a memory store: sign-in, the checks on
+//! every state change, escaping, and a resolution fenced like the API's.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use idem_core::{
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, ManualClock, MemoryStore, Policy, Scope,
+};
+use tower::ServiceExt;
+
+use super::*;
+
+const TOKEN: &str = "console-test-token-8d1f0c";
+const HOST: &str = "127.0.0.1:9090";
+
+struct Fixture {
+    store: Arc<MemoryStore>,
+    app: axum::Router,
+}
+
+/// Request headers, as pairs.
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
+/// An answer: status, headers, body.
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+fn fixture() -> Fixture {
+    let clock = ManualClock::new(SystemClock.now());
+    let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+    let state = ConsoleState::new(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        AdminToken::new(TOKEN).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    Fixture {
+        store,
+        app: router(state),
+    }
+}
+
+/// Acquires `key` in `scope` and leaves its outcome unknown.
+pub(super) async fn ambiguous(store: &dyn Store, scope: &str, key: &str) -> RecordId {
+    let id = RecordId {
+        scope: Scope::new(scope).unwrap(),
+        key: IdempotencyKey::new(key).unwrap(),
+    };
+    let req = ClaimRequest {
+        id: id.clone(),
+        fingerprint: Fingerprint::from_bytes([7; 32]),
+        legacy_fingerprint: None,
+        owner: "gw-1".into(),
+        region: None,
+        policy: Policy::DEFAULT,
+    };
+    let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    store.mark_ambiguous(&id, token).await.unwrap();
+    id
+}
+
+impl Fixture {
+    async fn send(&self, method: &str, uri: &str, headers: &[(&str, &str)], form: &str) -> Answer {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", HOST);
+        if method == "POST" {
+            req = req.header("content-type", "application/x-www-form-urlencoded");
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let res = self
+            .app
+            .clone()
+            .oneshot(req.body(Body::from(form.to_owned())).unwrap())
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
+    /// Signs in; returns the `Cookie` header and the session's CSRF token.
+    async fn sign_in(&self) -> (String, String) {
+        let form = format!("token={TOKEN}");
+        let signed = self.send("POST", "/ui/sign-in", &[], &form).await;
+        assert_eq!(signed.status, 303, "{}", signed.body);
+        let set = signed.headers["set-cookie"].to_str().unwrap();
+        let cookie = set.split(';').next().unwrap().to_owned();
+        let page = self.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+        assert_eq!(page.status, 200);
+        let csrf = page
+            .body
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap()
+            .to_owned();
+        (cookie, csrf)
+    }
+}
+
+fn resolve_form(id: &RecordId, csrf: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("csrf", csrf)
+        .append_pair("scope", id.scope.as_str())
+        .append_pair("key", id.key.as_str())
+        .append_pair("token", "1")
+        .append_pair("outcome", "completed")
+        .append_pair("status", "201")
+        .append_pair("content_type", "application/json")
+        .append_pair("body", "{\"payout\":\"<b>m-1</b>\"}")
+        .append_pair("reason", "ledger shows m-1")
+        .append_pair("confirm", "yes")
+        .finish()
+}
+
+#[tokio::test]
+async fn pages_need_a_session_and_a_wrong_token_opens_none() {
+    let f = fixture();
+    for path in [
+        "/ui",
+        "/ui/records",
+        "/ui/record?scope=a&key=b",
+        "/ui/resolve?scope=a&key=b",
+    ] {
+        let page = f.send("GET", path, &[], "").await;
+        assert_eq!(page.status, 303, "{path}");
+        assert_eq!(page.headers["location"], "/ui/sign-in", "{path}");
+    }
+    let wrong = "token=console-test-token-8d1f0d";
+    let refused = f.send("POST", "/ui/sign-in", &[], wrong).await;
+    assert_eq!(refused.status, 401);
+    assert!(refused.headers.get("set-cookie").is_none());
+    assert!(
+        refused.body.contains("not the admin token"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        !refused.body.contains("8d1f0d"),
+        "the token is never echoed"
+    );
+    let (cookie, _) = f.sign_in().await;
+    assert!(cookie.starts_with("idem_console="));
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    assert!(page.body.contains("Ambiguous backlog"));
+    assert!(!page.body.contains(TOKEN));
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+}
+
+#[tokio::test]
+async fn a_state_change_needs_the_csrf_token_and_the_same_origin() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-1").await;
+    let (cookie, csrf) = f.sign_in().await;
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let refusals: [(Headers, &str, &str); 4] = [
+        (&same, "0000", "CSRF token does not match"),
+        (&same, "", "CSRF token does not match"),
+        (
+            &[("cookie", &cookie), ("origin", "http://127.0.0.1:9091")],
+            &csrf,
+            "another origin",
+        ),
+        (
+            &[("cookie", &cookie), ("sec-fetch-site", "same-site")],
+            &csrf,
+            "another origin",
+        ),
+    ];
+    for (headers, token, why) in refusals {
+        let answer = f
+            .send("POST", "/ui/resolve", headers, &resolve_form(&id, token))
+            .await;
+        assert_eq!(answer.status, 403, "{headers:?}");
+        assert!(answer.body.contains(why), "{why}: {}", answer.body);
+        let record = f.store.get(&id).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Ambiguous, "nothing changed");
+    }
+    let done = f
+        .send("POST", "/ui/resolve", &same, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed);
+    let resolution = record.resolution.unwrap();
+    assert_eq!(
+        (resolution.by.as_str(), resolution.reason.as_str()),
+        (CONSOLE_ACTOR, "ledger shows m-1")
+    );
+    let result = record.result.unwrap();
+    assert_eq!(result.status(), 201);
+    assert_eq!(
+        result.headers(),
+        [("content-type".to_owned(), "application/json".to_owned())]
+    );
+    // The same form again: the record moved on, nothing is overwritten.
+    let again = f
+        .send("POST", "/ui/resolve", &same, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("not ambiguous"), "{}", again.body);
+    // Signed out, the cookie opens nothing.
+    let out = f
+        .send("POST", "/ui/sign-out", &same, &format!("csrf={csrf}"))
+        .await;
+    assert_eq!(out.status, 303);
+    assert_eq!(f.send("GET", "/ui", &same, "").await.status, 303);
+}
+
+#[tokio::test]
+async fn a_resolution_needs_a_reason_and_the_confirmation() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-2").await;
+    let (cookie, csrf) = f.sign_in().await;
+    let headers = [("cookie", cookie.as_str())];
+    let form = resolve_form(&id, &csrf);
+    let cases = [
+        (form.replace("&confirm=yes", ""), "Tick the confirmation"),
+        (
+            form.replace("reason=ledger+shows+m-1", "reason=+"),
+            "field `reason` must not be empty",
+        ),
+        (
+            form.replace("status=201", "status=abc"),
+            "field `status` is \"abc\"",
+        ),
+        (form.replace("token=1", "token=2"), "another attempt"),
+    ];
+    for (form, why) in cases {
+        let answer = f.send("POST", "/ui/resolve", &headers, &form).await;
+        assert!(
+            answer.status == 422 || answer.status == 409,
+            "{why}: {}",
+            answer.status
+        );
+        assert!(
+            answer.body.contains(&why.replace('"', "&quot;")),
+            "{why}: {}",
+            answer.body
+        );
+        let record = f.store.get(&id).await.unwrap().unwrap();
+        assert_eq!(
+            record.state,
+            RecordState::Ambiguous,
+            "{why}: nothing changed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stored_text_is_escaped_never_markup() {
+    let f = fixture();
+    let id = ambiguous(
+        &*f.store,
+        "POST /payouts|<i>p</i>",
+        "<script>alert(1)</script>",
+    )
+    .await;
+    let (cookie, _) = f.sign_in().await;
+    let headers = [("cookie", cookie.as_str())];
+    for path in [
+        "/ui/records".to_owned(),
+        pages::link("/ui/record", &id),
+        pages::link("/ui/resolve", &id),
+    ] {
+        let page = f.send("GET", &path, &headers, "").await;
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        assert!(
+            page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{path}: {}",
+            page.body
+        );
+        assert!(
+            !page.body.contains("<script>") && !page.body.contains("<i>p"),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn the_session_limits_come_from_the_config_file_named_in_errors() {
+    let load = |idle: Option<u64>, absolute: Option<u64>| {
+        let file = crate::FileConfig {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            console_session_idle_s: idle,
+            console_session_absolute_s: absolute,
+            ..crate::FileConfig::default()
+        };
+        let path = std::path::Path::new("idem.toml");
+        crate::GatewayConfig::from_parts(file, Some(path), &crate::Overrides::default())
+    };
+    let limits = load(Some(5), Some(60)).unwrap().console_sessions;
+    assert_eq!((limits.idle.as_secs(), limits.absolute.as_secs()), (5, 60));
+    assert_eq!(
+        load(None, None).unwrap().console_sessions,
+        SessionLimits::default()
+    );
+    let cases = [
+        (
+            Some(0),
+            None,
+            "idem.toml: console_session_idle_s: 0 is out of range",
+        ),
+        (
+            None,
+            Some(SESSION_S_MAX + 1),
+            "idem.toml: console_session_absolute_s:",
+        ),
+        (
+            Some(61),
+            Some(60),
+            "idem.toml: console_session_idle_s: 61 s is longer",
+        ),
+    ];
+    for (idle, absolute, want) in cases {
+        let e = load(idle, absolute).unwrap_err().to_string();
+        assert!(e.starts_with(want), "{e}");
+    }
+}

@@ -1,0 +1,489 @@
+//! The operator's console in a real browser: headless Chromium driven by
+//! chromedriver through WebDriver, against a real `idem serve` on an
+//! SQLite file in front of an upstream that answers 503, so every payout
+//! is left ambiguous. An operator signs in (after a wrong token), filters
+//! the ambiguous list, opens a record, resolves it, and the client's retry
+//! through the gateway replays the answer; the session ends when idle; a
+//! form auto-submitted from another origin changes nothing; every page
+//! fits 390 px and 1280 px without horizontal scrolling.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs
+//! them). With `IDEM_CONSOLE_SCREENSHOTS=DIR` it saves a PNG of each page.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Value, json};
+use support::{Gateway, Site, post, send};
+
+const TOKEN: &str = "console-browser-token-3c9e1f7a";
+const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+/// The console's idle limit in this test, in seconds.
+const IDLE_S: u64 = 4;
+const WIDTHS: [u32; 2] = [390, 1280];
+/// The key resolved in the browser: long, without a break opportunity,
+/// as real keys are, so a page that cannot wrap it scrolls sideways.
+const PAY_1: &str = "pay-1:settlement_2026_W36:seller_000847:batch_0001:run_0001";
+
+/// chromedriver, killed when dropped.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+/// An upstream that answers every request 503 and counts them: whatever
+/// it did, the gateway cannot know, so each first attempt is ambiguous.
+struct Unsure {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+}
+
+/// A running console and a browser on it.
+struct Scene {
+    browser: Client,
+    admin: SocketAddr,
+    /// The principal digest of tenant acme.
+    acme: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
+    let driver = Driver::start();
+    let upstream = Unsure::start().await;
+    let site = Site::new();
+    let config = site.config(&format!(
+        "console_session_idle_s = {IDLE_S}\n\
+         [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\n\
+         principal = {{ header = \"x-tenant\" }}\n\
+         [[route]]\nname = \"refunds\"\nmethods = [\"POST\"]\npath = \"/refunds\"\n\
+         principal = {{ header = \"x-tenant\" }}\n"
+    ));
+    let upstream_url = format!("http://{}", upstream.addr);
+    let (gw, admin) = Gateway::start_admin(&upstream_url, &site.store(), Some(&config), TOKEN);
+    for (path, tenant, key) in [
+        ("/payouts", "acme", PAY_1),
+        ("/payouts", "globex", "pay-2"),
+        ("/refunds", "acme", "ref-1"),
+        ("/payouts", "acme", "pay-3"),
+    ] {
+        let first = pay(&gw, path, tenant, key).await;
+        assert_eq!(first.status, 503, "{first:?}");
+    }
+    assert_eq!(upstream.hits(), 4);
+    let scene = Scene {
+        browser: driver.browser().await,
+        admin,
+        acme: principal_of(admin, PAY_1).await,
+    };
+
+    scene.sign_in_after_a_wrong_token().await;
+    scene.filter_and_open_pay_1().await;
+    scene.resolve_as_completed().await;
+    // The client's retry, through the gateway, replays the resolution.
+    let retry = pay(&gw, "/payouts", "acme", PAY_1).await;
+    let replayed = (retry.status, retry.body.as_str());
+    assert_eq!(replayed, (201, r#"{"payout":"manual-7"}"#), "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.hits(), 4, "the retry never reached the upstream");
+    scene.every_page_fits_without_sideways_scrolling().await;
+    scene.an_idle_session_ends().await;
+    scene.a_form_from_another_origin_changes_nothing().await;
+
+    assert!(!gw.logs().contains(TOKEN), "the token is never logged");
+    scene.browser.close().await.unwrap();
+}
+
+impl Scene {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// A wrong token is refused and opens nothing; the right one does.
+    async fn sign_in_after_a_wrong_token(&self) {
+        let browser = &self.browser;
+        browser.goto(&self.url("/ui")).await.unwrap();
+        assert_eq!(browser.current_url().await.unwrap().path(), "/ui/sign-in");
+        sign_in(browser, "console-browser-token-3c9e1f7b").await;
+        let refused = text_of(browser, "main").await;
+        assert!(refused.contains("not the admin token"), "{refused}");
+        snap(browser, "sign-in").await;
+        sign_in(browser, TOKEN).await;
+        assert_eq!(browser.current_url().await.unwrap().path(), "/ui");
+        assert_eq!(text_of(browser, "#backlog-count").await, "4");
+        snap(browser, "overview").await;
+    }
+
+    /// Filters the list down to acme's payouts and opens pay-1.
+    async fn filter_and_open_pay_1(&self) {
+        let browser = &self.browser;
+        follow(browser, Locator::LinkText("Review the ambiguous records")).await;
+        fill(browser, "#route", "payouts").await;
+        fill(browser, "#principal", &self.acme[..12]).await;
+        follow(browser, Locator::Css("form.filter button")).await;
+        let listed = text_of(browser, "main").await;
+        let expected = [
+            (PAY_1, true),
+            ("pay-3", true),
+            ("pay-2", false),
+            ("ref-1", false),
+        ];
+        for (key, shown) in expected {
+            assert_eq!(listed.contains(key), shown, "{key}: {listed}");
+        }
+        snap(browser, "records").await;
+        follow(browser, Locator::Css("a[href*='key=pay-1']")).await;
+        assert_eq!(text_of(browser, "#state").await, "ambiguous");
+        let record = text_of(browser, "main").await;
+        let forwarded = format!("idempotency-key: {PAY_1}");
+        assert!(record.contains(&forwarded), "the forwarded key: {record}");
+        snap(browser, "record").await;
+    }
+
+    /// Resolves the open record as completed, with a reason and the
+    /// confirmation.
+    async fn resolve_as_completed(&self) {
+        let browser = &self.browser;
+        follow(browser, Locator::LinkText("Resolve this record")).await;
+        fill(browser, "#status", "201").await;
+        fill(browser, "#body", r#"{"payout":"manual-7"}"#).await;
+        fill(browser, "#reason", "provider ledger shows payout manual-7").await;
+        click(browser, Locator::Id("confirm")).await;
+        snap(browser, "resolve").await;
+        follow(browser, Locator::Css("main form button[type=submit]")).await;
+        assert_eq!(text_of(browser, "#state").await, "completed");
+        let resolved = text_of(browser, "main").await;
+        for said in [
+            "Resolved as completed by operator:console",
+            "provider ledger shows payout manual-7",
+        ] {
+            assert!(resolved.contains(said), "{said}: {resolved}");
+        }
+    }
+
+    /// Every page fits a phone and a desktop.
+    async fn every_page_fits_without_sideways_scrolling(&self) {
+        let browser = &self.browser;
+        let acme = &self.acme;
+        let pay_1 = format!(
+            "/ui/record?scope=payouts%7C{acme}&key={}",
+            PAY_1.replace(':', "%3A")
+        );
+        let pages = [
+            "/ui/sign-in".to_owned(),
+            "/ui".to_owned(),
+            "/ui/records".to_owned(),
+            pay_1.clone(),
+            format!("/ui/resolve?scope=payouts%7C{acme}&key=pay-3"),
+        ];
+        for width in WIDTHS {
+            browser.set_window_size(width, 900).await.unwrap();
+            for page in &pages {
+                browser.goto(&self.url(page)).await.unwrap();
+                let (scroll, inner) = widths(browser).await;
+                let resized = inner <= width && inner > width * 3 / 4;
+                assert!(resized, "{page}: viewport {inner} at {width}");
+                let fits = scroll <= inner;
+                assert!(
+                    fits,
+                    "{page} at {width} px scrolls sideways: {scroll} > {inner}"
+                );
+                if width == 390 && *page == pay_1 {
+                    snap(browser, "record-390").await;
+                }
+            }
+        }
+        browser.set_window_size(1280, 900).await.unwrap();
+    }
+
+    async fn an_idle_session_ends(&self) {
+        tokio::time::sleep(Duration::from_secs(IDLE_S + 1)).await;
+        self.browser.goto(&self.url("/ui")).await.unwrap();
+        let landed = self.browser.current_url().await.unwrap();
+        assert_eq!(landed.path(), "/ui/sign-in");
+    }
+
+    /// Signed in again, a page of another origin (same host, another port:
+    /// same-site, so the strict cookie goes along) posts a resolution of
+    /// pay-3 with its right token. It is refused and nothing changes.
+    async fn a_form_from_another_origin_changes_nothing(&self) {
+        sign_in(&self.browser, TOKEN).await;
+        let pay_3 = format!("/records/payouts%7C{}/pay-3", self.acme);
+        let token = admin_get(self.admin, &pay_3).await["token"].to_string();
+        let attacker = attacker(self.admin, &self.acme, &token).await;
+        self.browser
+            .goto(&format!("http://{attacker}/"))
+            .await
+            .unwrap();
+        let landed = wait_for_text(&self.browser, "Refused").await;
+        assert!(landed.contains("another origin"), "{landed}");
+        let record = admin_get(self.admin, &pay_3).await;
+        assert_eq!(record["state"], "ambiguous", "{record}");
+        assert_eq!(record["resolution"], Value::Null, "{record}");
+    }
+}
+
+impl Driver {
+    /// chromedriver on a free loopback port, once it answers.
+    fn start() -> Driver {
+        if chromium().is_none() {
+            missing("chromium");
+        }
+        let port = free_port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(child) = child else {
+            missing("chromedriver")
+        };
+        let driver = Driver { child, port };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return driver;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("chromedriver did not listen on 127.0.0.1:{port} within 10 s");
+    }
+
+    /// A headless Chromium session, 1280 px wide.
+    async fn browser(&self) -> Client {
+        let mut args = vec!["--headless=new", "--window-size=1280,900", "--disable-gpu"];
+        if running_as_root() {
+            args.push("--no-sandbox");
+        }
+        let options = json!({
+            "binary": chromium().unwrap(),
+            "args": args,
+        });
+        let mut caps = serde_json::Map::new();
+        caps.insert("goog:chromeOptions".into(), options);
+        ClientBuilder::new(HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{}", self.port))
+            .await
+            .expect("a Chromium session through chromedriver")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Unsure {
+    async fn start() -> Unsure {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        let app = axum::Router::new().fallback(move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::SERVICE_UNAVAILABLE, "the payout rail timed out")
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Unsure { addr, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+async fn pay(gw: &Gateway, path: &str, tenant: &str, key: &str) -> support::Reply {
+    let headers = [("idempotency-key", key), ("x-tenant", tenant)];
+    post(&gw.url(path), &headers, PAYOUT).await
+}
+
+/// The principal digest in the scope of `key`'s record, from the admin API.
+async fn principal_of(admin: SocketAddr, key: &str) -> String {
+    let listed = admin_get(admin, "/records?state=ambiguous").await;
+    let record = listed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == key)
+        .unwrap();
+    let scope = record["scope"].as_str().unwrap();
+    scope.split('|').nth(1).unwrap().to_owned()
+}
+
+async fn admin_get(admin: SocketAddr, path: &str) -> Value {
+    let auth = format!("Bearer {TOKEN}");
+    let reply = send(
+        "GET",
+        &format!("http://{admin}{path}"),
+        &[("authorization", &auth)],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{path}: {reply:?}");
+    serde_json::from_str(&reply.body).unwrap()
+}
+
+/// Serves, on another loopback port, a page whose form posts a resolution
+/// of pay-3 to the console as soon as it loads.
+async fn attacker(admin: SocketAddr, principal: &str, token: &str) -> SocketAddr {
+    let fields = [
+        ("csrf", "guessed"),
+        ("scope", &format!("payouts|{principal}")),
+        ("key", "pay-3"),
+        ("token", token),
+        ("outcome", "completed"),
+        ("status", "200"),
+        ("content_type", "application/json"),
+        ("body", "{}"),
+        ("reason", "forged"),
+        ("confirm", "yes"),
+    ];
+    let inputs: String = fields
+        .iter()
+        .map(|(name, value)| format!("<input type=\"hidden\" name=\"{name}\" value=\"{value}\">"))
+        .collect();
+    let page = format!(
+        "<!DOCTYPE html><html><body><form method=\"post\" action=\"http://{admin}/ui/resolve\">\
+         {inputs}</form><script>document.forms[0].submit()</script></body></html>"
+    );
+    let app = axum::Router::new().fallback(move || {
+        let page = page.clone();
+        async move { axum::response::Html(page) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+async fn sign_in(browser: &Client, token: &str) {
+    browser.goto(&sign_in_url(browser).await).await.unwrap();
+    fill(browser, "#token", token).await;
+    follow(browser, Locator::Css("main form button[type=submit]")).await;
+}
+
+/// The sign-in page of the console the browser is on.
+async fn sign_in_url(browser: &Client) -> String {
+    let mut url = browser.current_url().await.unwrap();
+    url.set_path("/ui/sign-in");
+    url.set_query(None);
+    url.to_string()
+}
+
+async fn fill(browser: &Client, css: &str, text: &str) {
+    let field = browser.find(Locator::Css(css)).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
+async fn click(browser: &Client, locator: Locator<'_>) {
+    browser.find(locator).await.unwrap().click().await.unwrap();
+}
+
+/// Clicks a link or a submit button and waits (5 s at most) until the
+/// next page replaced this one: its old root element is gone.
+async fn follow(browser: &Client, locator: Locator<'_>) {
+    let old = browser.find(Locator::Css("html")).await.unwrap();
+    click(browser, locator).await;
+    for _ in 0..250 {
+        if old.tag_name().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the click led to no new page");
+}
+
+async fn text_of(browser: &Client, css: &str) -> String {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The page's text once it contains `needle` (5 s at most).
+async fn wait_for_text(browser: &Client, needle: &str) -> String {
+    for _ in 0..100 {
+        if let Ok(body) = browser.find(Locator::Css("body")).await
+            && let Ok(text) = body.text().await
+            && text.contains(needle)
+        {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the page never said {needle:?}: {}",
+        browser.source().await.unwrap()
+    );
+}
+
+/// (document width, viewport width) in CSS pixels.
+async fn widths(browser: &Client) -> (u32, u32) {
+    let got = browser
+        .execute(
+            "return [document.documentElement.scrollWidth, window.innerWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let n = |i: usize| u32::try_from(got[i].as_u64().unwrap()).unwrap();
+    (n(0), n(1))
+}
+
+/// Saves a screenshot as `console-NAME.png` in `IDEM_CONSOLE_SCREENSHOTS`.
+async fn snap(browser: &Client, name: &str) {
+    let Some(dir) = std::env::var_os("IDEM_CONSOLE_SCREENSHOTS") else {
+        return;
+    };
+    let png = browser.screenshot().await.unwrap();
+    std::fs::write(Path::new(&dir).join(format!("console-{name}.png")), png).unwrap();
+}
+
+/// Stops the test: the browser it needs is not installed.
+fn missing(what: &str) -> ! {
+    panic!(
+        "{what} is not installed: the console test drives a real browser. \
+         Install Debian's chromium and chromium-driver \
+         (apt-get install -y chromium chromium-driver) or run .ci/run"
+    )
+}
+
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
