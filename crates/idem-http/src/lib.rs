@@ -49,6 +49,7 @@ mod problem;
 mod request;
 mod route;
 mod service;
+mod trace;
 
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
@@ -67,3 +68,4 @@ pub use route::{
     ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
 };
 pub use service::{Idempotency, IdempotencyLayer, REPLAYED_HEADER, RESPONSE_BYTES_MAX};
+pub use trace::TRACESTATE_BYTES_MAX;

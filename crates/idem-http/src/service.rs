@@ -1,6 +1,7 @@
 //! The middleware in tower's shape: [`IdempotencyLayer`] builds
 //! [`Idempotency<S>`], whose future runs one request through the contract
-//! and records every decision it makes in [`Metrics`].
+//! and records every decision it makes in [`Metrics`] and, as spans, in
+//! the request's trace (see `trace`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,13 +19,15 @@ use idem_core::{
     StoreError, StoredResult, Token,
 };
 use tower::{Layer, Service};
+use tracing::Instrument;
 
 use crate::gate::{BeforeClaim, ClaimGate, Gate};
-use crate::metrics::{Metrics, StoreOp};
+use crate::metrics::{ClaimDecision, Metrics, StoreOp};
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
+use crate::trace;
 
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -153,7 +156,12 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        Box::pin(async move {
+        // Every request, so that no malformed trace context is passed on.
+        let incoming = trace::take_incoming(req.headers_mut());
+        let span = trace::request_span(req.method(), incoming);
+        trace::propagate(&span, req.headers_mut());
+        let (routed, answered) = (span.clone(), span.clone());
+        let answer = async move {
             // Every request, protected or not, so that no spelling of a
             // protected path reaches the inner service unprotected.
             if let Err(refusal) = normalize_uri(req.uri_mut()) {
@@ -167,6 +175,7 @@ where
                 .find(|(_, r)| r.matches(req.method(), req.uri().path()));
             match route {
                 Some((index, route)) => {
+                    routed.record("http.route", route.pattern.as_str());
                     let response = protect(&shared, (index, route), inner, req).await;
                     // Problems made here and by the proxy carry their kind.
                     if let Some(kind) = response.extensions().get::<ProblemKind>() {
@@ -179,7 +188,17 @@ where
                     inner.call(req).await
                 }
             }
-        })
+        };
+        Box::pin(
+            async move {
+                let answer = answer.await;
+                if let Ok(response) = &answer {
+                    trace::record_response(&answered, response);
+                }
+                answer
+            }
+            .instrument(span),
+        )
     }
 }
 
@@ -273,8 +292,9 @@ where
     };
     let mut claimed = timed(
         &shared.metrics,
-        StoreOp::Claim,
+        (StoreOp::Claim, &claim_request.id),
         shared.store.claim(&claim_request),
+        decision,
     )
     .await;
     // A record written before fingerprint version 2 holds this request's
@@ -286,8 +306,9 @@ where
             claim_request.legacy_fingerprint = legacy;
             claimed = timed(
                 &shared.metrics,
-                StoreOp::Claim,
+                (StoreOp::Claim, &claim_request.id),
                 shared.store.claim(&claim_request),
+                decision,
             )
             .await;
         }
@@ -301,10 +322,16 @@ where
     match claim {
         Claim::Acquired { token, .. } => {
             forward_key(&mut parts.headers, route, id);
+            let span = trace::forward_span(id);
+            trace::propagate(&span, &mut parts.headers);
             let req = Request::from_parts(parts, ReqBody::from(body));
             let started = Instant::now();
-            let outcome = inner.call(req).await;
+            let outcome = span
+                .in_scope(|| inner.call(req))
+                .instrument(span.clone())
+                .await;
             shared.metrics.observe_upstream(started.elapsed());
+            trace::record_forward(&span, &outcome);
             finish(shared, route, id, token, outcome).await
         }
         Claim::Replay { record } => replay(&record),
@@ -321,22 +348,31 @@ fn problem<B: From<Bytes>>(problem: Problem) -> Response<B> {
     response
 }
 
-/// Runs one store operation, timing it and counting its failure: a fenced
-/// write apart from every other store error.
+/// Runs one store operation on `id` in its span, timing it and counting
+/// its failure: a fenced write apart from every other store error.
+/// `label` names a success in the span.
 async fn timed<T>(
     metrics: &Metrics,
-    op: StoreOp,
+    (op, id): (StoreOp, &RecordId),
     operation: impl Future<Output = Result<T, StoreError>>,
+    label: fn(&T) -> &'static str,
 ) -> Result<T, StoreError> {
+    let span = trace::store_span(op, id);
     let started = Instant::now();
-    let outcome = operation.await;
+    let outcome = operation.instrument(span.clone()).await;
     metrics.observe_store(op, started.elapsed());
     match &outcome {
         Err(StoreError::Fenced { .. }) => metrics.fenced_write(),
         Err(_) => metrics.store_error(),
         Ok(_) => {}
     }
+    trace::record_store(&span, op, &outcome, label);
     outcome
+}
+
+/// A claim's decision as the metrics name it.
+fn decision(claim: &Claim) -> &'static str {
+    ClaimDecision::of(claim).map_or("unknown", ClaimDecision::as_str)
 }
 
 /// Reads the body up to `limit`: 413 on a declared or actual excess.
@@ -436,8 +472,9 @@ where
     };
     let completed = timed(
         &shared.metrics,
-        StoreOp::Complete,
+        (StoreOp::Complete, id),
         shared.store.complete(id, token, result.clone()),
+        |_| "completed",
     )
     .await;
     match completed {
@@ -466,13 +503,18 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
     let outcome = match completion {
         Completion::Release => {
             let released = shared.store.release(id, token);
-            timed(metrics, StoreOp::Release, released).await
+            timed(metrics, (StoreOp::Release, id), released, |_| "released").await
         }
         Completion::Unknown => {
             let marked = shared.store.mark_ambiguous(id, token);
-            timed(metrics, StoreOp::MarkAmbiguous, marked)
-                .await
-                .map(|_| ())
+            timed(
+                metrics,
+                (StoreOp::MarkAmbiguous, id),
+                marked,
+                |_| "ambiguous",
+            )
+            .await
+            .map(|_| ())
         }
         Completion::Final => return,
     };
@@ -786,5 +828,60 @@ mod tests {
             Some(0)
         );
         assert_eq!(series(&m, "idem_store_errors_total"), Some(0));
+    }
+
+    /// Without an OpenTelemetry layer the inner service receives the
+    /// caller's valid trace context as it came, a malformed one not at
+    /// all, on protected and unprotected paths alike.
+    #[tokio::test]
+    async fn the_inner_service_gets_only_a_valid_trace_context() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let upper = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
+        let cases: [(&str, &[&str], Option<&str>); 5] = [
+            ("valid", &[valid], Some(valid)),
+            ("none", &[], None),
+            ("uppercase", &[upper], None),
+            ("two", &[valid, valid], None),
+            (
+                "all-zero parent",
+                &["00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"],
+                None,
+            ),
+        ];
+        let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+        let layer = IdempotencyLayer::new(store, vec![Route::default_catch_all()]);
+        let upstream = service_fn(|req: Request<Full<Bytes>>| async move {
+            let seen: Vec<_> = req
+                .headers()
+                .get_all("traceparent")
+                .iter()
+                .cloned()
+                .collect();
+            let mut res = Response::new(Full::new(Bytes::new()));
+            res.extensions_mut().insert(seen);
+            Ok::<_, std::convert::Infallible>(res)
+        });
+        let service = layer.layer(upstream);
+        for (i, (name, sent, expect)) in cases.iter().enumerate() {
+            for method in ["POST", "GET"] {
+                let mut req = Request::builder()
+                    .method(method)
+                    .uri("/payouts")
+                    .header("idempotency-key", format!("k{i}"));
+                for value in *sent {
+                    req = req.header("traceparent", *value);
+                }
+                let req = req.body(Full::new(Bytes::new())).unwrap();
+                let res = service.clone().oneshot(req).await.unwrap();
+                let seen = res.extensions().get::<Vec<HeaderValue>>().cloned();
+                let seen: Vec<_> = seen.unwrap_or_default();
+                let seen: Vec<&str> = seen.iter().map(|v| v.to_str().unwrap()).collect();
+                assert_eq!(
+                    seen,
+                    expect.iter().copied().collect::<Vec<_>>(),
+                    "{name} {method}"
+                );
+            }
+        }
     }
 }

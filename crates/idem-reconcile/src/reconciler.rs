@@ -16,6 +16,8 @@ use idem_core::{
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::{Duration, Instant};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::backoff::{Backoff, SplitMix64};
 use crate::lookup::{Lookup, scope_parts};
@@ -334,7 +336,17 @@ impl Reconciler {
             if r.lease_until > now || !self.probers.contains_key(operation) {
                 continue;
             }
-            match self.store.mark_ambiguous(&r.id, r.token).await {
+            let span = tracing::info_span!(
+                "idem.mark_ambiguous",
+                idem.scope = %r.id.scope,
+                idem.key = %r.id.key,
+                idem.cause = "lease_expired",
+                idem.outcome = Empty,
+            );
+            let marked = self.store.mark_ambiguous(&r.id, r.token);
+            let marked = marked.instrument(span.clone()).await;
+            span.record("idem.outcome", marked_outcome(&marked));
+            match marked {
                 Ok(_) => {
                     tracing::warn!(scope = %r.id.scope, key = %r.id.key, owner = %r.owner,
                         "lease expired with no answer recorded; marked ambiguous for reconciliation");
@@ -445,7 +457,16 @@ impl Reconciler {
             }
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
             let tries_max = self.settings.max_tries();
-            tasks.spawn(async move {
+            // One trace per looked-up record: the lookup, then its resolution.
+            let span = tracing::info_span!(
+                "idem.lookup",
+                idem.scope = %id.scope,
+                idem.key = %id.key,
+                idem.finding = Empty,
+                idem.verdict = Empty,
+            );
+            let lookup = span.clone();
+            let task = async move {
                 // Taken before the question leaves: the answer is about the
                 // provider's ledger at some moment after this one.
                 let asked_at = clock.now();
@@ -454,7 +475,10 @@ impl Reconciler {
                     Finding::NotFound { reason } => (LookupAnswer::NotFound, reason),
                     Finding::Failed { reason } => (LookupAnswer::Failed, reason),
                 };
-                let step = match verdict::verdict(answer, asked_at, lease_until) {
+                lookup.record("idem.finding", finding_name(&answer));
+                let verdict = verdict::verdict(answer, asked_at, lease_until);
+                lookup.record("idem.verdict", verdict_name(&verdict));
+                let step = match verdict {
                     Verdict::Resolve(outcome) => {
                         resolve(&*store, &id, token, outcome, &reason).await
                     }
@@ -465,7 +489,8 @@ impl Reconciler {
                     }
                 };
                 (id, token, step)
-            });
+            };
+            tasks.spawn(task.instrument(span));
         }
         while let Some(done) = tasks.join_next().await {
             self.settle(state, done, report);
@@ -653,7 +678,17 @@ async fn resolve(
         Ok(resolution) => resolution,
         Err(e) => return Step::StoreFailed(e.to_string()),
     };
-    match verdict::after_resolve(store.resolve(id, token, resolution).await) {
+    let span = tracing::info_span!(
+        "idem.resolve",
+        idem.scope = %id.scope,
+        idem.key = %id.key,
+        idem.resolver = RESOLVED_BY,
+        idem.outcome = Empty,
+    );
+    let resolved = store.resolve(id, token, resolution);
+    let after = verdict::after_resolve(resolved.instrument(span.clone()).await);
+    span.record("idem.outcome", resolve_outcome(&after, completed));
+    match after {
         AfterResolve::Resolved => {
             tracing::info!(record = %id, completed, %reason, "reconciler resolved an ambiguous record");
             Step::Resolved { completed }
@@ -661,6 +696,45 @@ async fn resolve(
         AfterResolve::NotYet { until } => Step::NotYet { until },
         AfterResolve::Elsewhere => Step::Elsewhere,
         AfterResolve::StoreFailed(e) => Step::StoreFailed(e.to_string()),
+    }
+}
+
+/// What a lookup found, as its span names it.
+fn finding_name(answer: &LookupAnswer) -> &'static str {
+    match answer {
+        LookupAnswer::Found(_) => "found",
+        LookupAnswer::NotFound => "not_found",
+        LookupAnswer::Failed => "failed",
+    }
+}
+
+/// What the reconciler makes of a finding, as its span names it.
+fn verdict_name(verdict: &Verdict) -> &'static str {
+    match verdict {
+        Verdict::Resolve(Outcome::Completed { .. }) => "complete",
+        Verdict::Resolve(_) => "release",
+        Verdict::AskAgain { .. } => "ask_again",
+        Verdict::CountFailure => "count_failure",
+    }
+}
+
+/// What a verdict came to, as its span names it.
+fn resolve_outcome(after: &AfterResolve, completed: bool) -> &'static str {
+    match after {
+        AfterResolve::Resolved if completed => "completed",
+        AfterResolve::Resolved => "not_executed",
+        AfterResolve::NotYet { .. } => "not_yet",
+        AfterResolve::Elsewhere => "elsewhere",
+        AfterResolve::StoreFailed(_) => "store_failed",
+    }
+}
+
+/// What marking an expired lease ambiguous came to, as its span names it.
+fn marked_outcome<T>(marked: &Result<T, StoreError>) -> &'static str {
+    match marked {
+        Ok(_) => "ambiguous",
+        Err(StoreError::Fenced { .. }) => "fenced",
+        Err(_) => "store_failed",
     }
 }
 

@@ -9,12 +9,14 @@ mod records;
 mod serve;
 mod sim;
 mod store_url;
+mod telemetry;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use crate::records::{ListArgs, ResolveArgs, ShowArgs};
+use crate::telemetry::{Telemetry, Traces};
 
 /// idem makes "this business effect happens once" a contract that can be
 /// stated, enforced, inspected and tested.
@@ -60,11 +62,32 @@ enum RecordsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Only the commands that serve, consume or reconcile make spans.
+    let traces = match &cli.command {
+        Command::Serve(_) | Command::Consume(_) | Command::Reconcile(_) => {
+            Traces::from_env(|name| std::env::var(name).ok())
+        }
+        _ => Ok(Traces::Off),
+    };
     // The demo's own output tells the story; the gateway's log only on request.
-    if !matches!(cli.command, Command::Demo(_)) || std::env::var_os("IDEM_LOG").is_some() {
-        init_logging();
-    }
-    match cli.command {
+    let quiet = matches!(cli.command, Command::Demo(_)) && std::env::var_os("IDEM_LOG").is_none();
+    let telemetry = match traces.and_then(|traces| {
+        if quiet {
+            Ok(None)
+        } else {
+            Telemetry::init(traces).map(Some)
+        }
+    }) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return match cli.command {
+                Command::Reconcile(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            };
+        }
+    };
+    let code = match cli.command {
         // Pure commands with their own exit codes (0 pass, 1 fail, 2 invalid).
         Command::Check(args) => check::run(args),
         Command::Sim(args) => sim::run(args),
@@ -82,7 +105,11 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
         Command::Demo(args) => block_on(demo::run(args)),
+    };
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
     }
+    code
 }
 
 /// Runs one command on a multi-threaded runtime: 0 on success, 1 with the
@@ -109,15 +136,4 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-}
-
-/// Logs go to stderr; `IDEM_LOG` (e.g. `debug`, `idem_http=debug`) filters them.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }

@@ -206,6 +206,7 @@ async fn show(
 }
 
 /// `POST /records/{scope}/{key}/resolve`.
+#[tracing::instrument(name = "idem.resolve", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key, idem.resolver = "operator"))]
 async fn resolve(
     State(admin): State<Arc<Admin>>,
     RecordPath(id): RecordPath,

@@ -304,12 +304,12 @@ impl Gateway {
         extra: &[&str],
     ) -> Gateway {
         let store = format!("sqlite://{}", store.display());
-        Gateway::spawn(upstream, &store, config, extra, None).0
+        Gateway::spawn(upstream, &store, config, extra, (None, &[])).0
     }
 
     /// Starts `idem serve` on an ephemeral port and waits until it listens.
     pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
-        Gateway::spawn(upstream, store_url, config, &[], None).0
+        Gateway::spawn(upstream, store_url, config, &[], (None, &[])).0
     }
 
     /// Starts `idem serve` with the admin API on an ephemeral port, its
@@ -320,20 +320,33 @@ impl Gateway {
         config: Option<&Path>,
         token: &str,
     ) -> (Gateway, SocketAddr) {
+        Gateway::start_admin_env(upstream, store, config, token, &[])
+    }
+
+    /// [`Gateway::start_admin`] with environment variables (the `OTEL_*`
+    /// of a gateway that exports traces).
+    pub fn start_admin_env(
+        upstream: &str,
+        store: &Path,
+        config: Option<&Path>,
+        token: &str,
+        env: &[(&str, &str)],
+    ) -> (Gateway, SocketAddr) {
         let store = format!("sqlite://{}", store.display());
         let extra = ["--admin-listen", "127.0.0.1:0"];
-        let (gateway, admin) = Gateway::spawn(upstream, &store, config, &extra, Some(token));
+        let (gateway, admin) = Gateway::spawn(upstream, &store, config, &extra, (Some(token), env));
         (gateway, admin.unwrap())
     }
 
-    /// Spawns `idem serve` and waits (30 s at most) until its log names the
-    /// bound address, and the admin address when `admin_token` is given.
+    /// Spawns `idem serve` with `env` set and waits (30 s at most) until
+    /// its log names the bound address, and the admin address when
+    /// `admin_token` is given.
     fn spawn(
         upstream: &str,
         store_url: &str,
         config: Option<&Path>,
         extra: &[&str],
-        admin_token: Option<&str>,
+        (admin_token, env): (Option<&str>, &[(&str, &str)]),
     ) -> (Gateway, Option<SocketAddr>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
         cmd.arg("serve");
@@ -347,6 +360,7 @@ impl Gateway {
             .arg("--store")
             .arg(store_url)
             .env("IDEM_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Some(token) = admin_token {
