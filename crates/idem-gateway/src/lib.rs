@@ -1,8 +1,8 @@
 //! `idem serve`: the gateway. A reverse proxy whose every protected request
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
-//! upstream; the proxy itself never retries and tells the layer whether a
-//! failed request was ever sent. Next to it: the admin API (its own
-//! listener, behind a bearer token), the retention purge, the reconciler
+//! upstream (http or https); the proxy itself never retries and tells the
+//! layer whether a failed request was ever sent. Next to it: the admin API
+//! (its own listener, behind a bearer token, optionally over TLS), the retention purge, the reconciler
 //! (when routes declare lookups), and the operator's
 //! view of a record shared with `idem records`.
 
@@ -13,6 +13,7 @@ mod proxy;
 mod purge;
 pub mod regions;
 mod server;
+mod tls;
 mod view;
 mod watched;
 
@@ -25,4 +26,8 @@ pub use config::{
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
+pub use tls::{
+    ADMIN_HANDSHAKE_TIMEOUT_MS, ADMIN_HANDSHAKES_MAX, AdminTls, AdminTransport, PEM_FILE_BYTES_MAX,
+    TlsError, TlsListener, UpstreamTls,
+};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

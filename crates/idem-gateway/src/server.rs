@@ -1,5 +1,5 @@
 //! Runs the gateway: binds, serves the layered proxy, the admin API (when
-//! configured) and the retention purge, and on SIGTERM or SIGINT stops
+//! configured, over TLS when it has a certificate) and the retention purge, and on SIGTERM or SIGINT stops
 //! accepting and lets in-flight requests finish and be recorded. Requests
 //! beyond `requests_in_flight_max` are shed at once, before anything is
 //! read, claimed or forwarded, so a burst of large bodies cannot exhaust
@@ -22,6 +22,7 @@ use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
+use crate::tls::{AdminTls, AdminTransport, TlsListener};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
@@ -41,6 +42,18 @@ pub struct AdminListener {
     pub listener: TcpListener,
     /// The bearer token.
     pub token: AdminToken,
+    /// The certificate it serves TLS with; `None`: plain HTTP.
+    pub tls: Option<AdminTls>,
+}
+
+impl AdminListener {
+    /// Whether the admin API is served over TLS.
+    pub fn transport(&self) -> AdminTransport {
+        match self.tls {
+            Some(_) => AdminTransport::Tls,
+            None => AdminTransport::Plain,
+        }
+    }
 }
 
 /// Serves `config` on `listener` until `shutdown` resolves, then drains;
@@ -103,16 +116,33 @@ pub async fn serve_with(
         let app = admin::router(store.clone(), metrics.clone(), admin.token);
         let stopped = stopped(stop_rx.clone());
         tokio::spawn(async move {
-            axum::serve(admin.listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
+            match admin.tls {
+                None => {
+                    axum::serve(admin.listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                }
+                Some(tls) => {
+                    axum::serve(TlsListener::new(admin.listener, &tls), app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                }
+            }
         })
     });
-    let proxy = Proxy::new(
-        config.upstream.clone(),
-        config.connect_timeout,
-        config.response_timeout,
-    );
+    let proxy = match &config.upstream_tls {
+        Some(tls) => Proxy::with_tls(
+            config.upstream.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+            tls,
+        ),
+        None => Proxy::new(
+            config.upstream.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+        ),
+    };
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
     let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));
