@@ -2,9 +2,9 @@
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
 //! upstream (http or https); the proxy itself never retries and tells the
 //! layer whether a failed request was ever sent. Next to it: the admin API
-//! (its own listener, behind a bearer token, optionally over TLS), the retention purge, the reconciler
-//! (when routes declare lookups), and the operator's
-//! view of a record shared with `idem records`.
+//! (its own listener, behind a bearer token, optionally over TLS), the
+//! retention purge, the reconciler (when routes declare lookups), and the
+//! operator's view of a record shared with `idem records`.
 
 pub mod admin;
 mod config;

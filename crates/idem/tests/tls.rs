@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem_testkit::tls::{Pki, TlsFront};
-use support::{Gateway, Site, Upstream, client, key, post};
+use support::{Gateway, Site, Upstream, client, eventually, idem, key, post, text};
 
 const TOKEN: &str = "0123456789abcdef-tls-admin";
 
@@ -63,7 +63,11 @@ async fn the_admin_api_speaks_https_with_the_configured_certificate() {
     let config =
         site.config("admin_tls_cert_file = \"cert.pem\"\nadmin_tls_key_file = \"key.pem\"\n");
     let (gw, admin) = Gateway::start_admin(&up.url(), &site.store(), Some(&config), TOKEN);
-    assert!(gw.logs().contains("transport=Tls"), "{}", gw.logs());
+    let said_tls = eventually(Duration::from_secs(5), || {
+        gw.logs().contains("transport=Tls")
+    })
+    .await;
+    assert!(said_tls, "{}", gw.logs());
     let https = https_client(&pki);
 
     let (status, page) = get(&https, &format!("https://{admin}/metrics"), Some(TOKEN)).await;
@@ -88,6 +92,21 @@ async fn the_admin_api_speaks_https_with_the_configured_certificate() {
     // One client's failed handshake does not stop the listener.
     let (status, _) = get(&https, &format!("https://{admin}/metrics"), Some(TOKEN)).await;
     assert_eq!(status, 200);
+
+    // A certificate for an admin API that is off is a mistake, said at once.
+    let off = idem(&[
+        "serve",
+        "--upstream",
+        &up.url(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(!off.status.success());
+    assert!(
+        text(&off.stderr).contains("admin_tls_cert_file: the admin API is off"),
+        "{}",
+        text(&off.stderr)
+    );
 }
 
 type HttpsClient =
