@@ -541,10 +541,7 @@ impl GatewayConfig {
     /// Whether the admin API speaks TLS (a browser console sets its
     /// cookies `Secure` only then).
     pub fn admin_transport(&self) -> AdminTransport {
-        match self.admin_tls {
-            Some(_) => AdminTransport::Tls,
-            None => AdminTransport::Plain,
-        }
+        AdminTransport::of(self.admin_tls.as_ref())
     }
 
     /// `--admin-listen`: the command line wins over the file.

@@ -39,18 +39,11 @@ type Connector = BoxCloneSyncService<Uri, MaybeHttpsStream<TokioIo<TcpStream>>, 
 
 impl Proxy {
     /// A proxy to the plain `http://` `upstream` with the given timeouts;
-    /// an `https://` one fails every handshake, as it trusts no root.
+    /// it refuses to connect to an `https://` one.
     pub fn new(upstream: Uri, connect_timeout: Duration, response_timeout: Duration) -> Proxy {
-        let untrusting = UpstreamTls::with_roots(rustls::RootCertStore::empty());
-        match untrusting {
-            Ok(tls) => Proxy::with_tls(upstream, connect_timeout, response_timeout, &tls),
-            // Unreachable with ring's safe defaults; a proxy that connects
-            // nowhere is still a proxy that never sends twice.
-            Err(e) => {
-                tracing::error!(error = %e, "no TLS configuration; the upstream is unreachable");
-                Proxy::with_connector(upstream, unreachable_connector(), response_timeout)
-            }
-        }
+        let http = tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
+        let connector = within(http, connect_timeout);
+        Proxy::with_connector(upstream, connector, response_timeout)
     }
 
     /// A proxy to `upstream`, `http://` or `https://`; an https upstream's
@@ -63,9 +56,7 @@ impl Proxy {
         response_timeout: Duration,
         tls: &UpstreamTls,
     ) -> Proxy {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_nodelay(true);
+        let mut http = tcp(connect_timeout);
         // The TLS connector above it decides the scheme.
         http.enforce_http(false);
         let https = HttpsConnectorBuilder::new()
@@ -73,21 +64,7 @@ impl Proxy {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let timeout_ms = connect_timeout.as_millis();
-        let connector = tower::timeout::Timeout::new(https, connect_timeout).map_err(
-            move |e: BoxError| -> BoxError {
-                if e.is::<tower::timeout::error::Elapsed>() {
-                    format!("no connection within {timeout_ms} ms (connect_timeout_ms)").into()
-                } else {
-                    e
-                }
-            },
-        );
-        Proxy::with_connector(
-            upstream,
-            BoxCloneSyncService::new(connector),
-            response_timeout,
-        )
+        Proxy::with_connector(upstream, within(https, connect_timeout), response_timeout)
     }
 
     fn with_connector(upstream: Uri, connector: Connector, response_timeout: Duration) -> Proxy {
@@ -213,11 +190,38 @@ impl Proxy {
     }
 }
 
-/// A connector that fails at once, before anything is sent.
-fn unreachable_connector() -> Connector {
-    BoxCloneSyncService::new(tower::service_fn(|_uri: Uri| async {
-        Err::<MaybeHttpsStream<TokioIo<TcpStream>>, BoxError>("no TLS configuration".into())
-    }))
+/// The TCP connector under both kinds of proxy.
+fn tcp(connect_timeout: Duration) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http
+}
+
+/// `connector` bounded, handshake included, by `connect_timeout`: a stalled
+/// handshake is a connect error (the request never left), not a response
+/// timeout (an unknown outcome).
+fn within<C>(connector: C, connect_timeout: Duration) -> Connector
+where
+    C: tower::Service<Uri, Response = MaybeHttpsStream<TokioIo<TcpStream>>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send + 'static,
+{
+    let timeout_ms = connect_timeout.as_millis();
+    let bounded = tower::timeout::Timeout::new(connector, connect_timeout).map_err(
+        move |e: BoxError| -> BoxError {
+            if e.is::<tower::timeout::error::Elapsed>() {
+                format!("no connection within {timeout_ms} ms (connect_timeout_ms)").into()
+            } else {
+                e
+            }
+        },
+    );
+    BoxCloneSyncService::new(bounded)
 }
 
 /// An error with its causes, `a: b: c`, so the detail says why, not only what.

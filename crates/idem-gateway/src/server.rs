@@ -49,10 +49,7 @@ pub struct AdminListener {
 impl AdminListener {
     /// Whether the admin API is served over TLS.
     pub fn transport(&self) -> AdminTransport {
-        match self.tls {
-            Some(_) => AdminTransport::Tls,
-            None => AdminTransport::Plain,
-        }
+        AdminTransport::of(self.tls.as_ref())
     }
 }
 

@@ -37,6 +37,16 @@ pub enum AdminTransport {
     Tls,
 }
 
+impl AdminTransport {
+    /// The transport of an admin listener with `tls`, or without.
+    pub fn of(tls: Option<&AdminTls>) -> AdminTransport {
+        match tls {
+            Some(_) => AdminTransport::Tls,
+            None => AdminTransport::Plain,
+        }
+    }
+}
+
 /// What an `https://` upstream's certificate is verified against: the
 /// system's trusted roots plus those of `upstream_ca_file`. Hostname (or IP
 /// address) verification and SNI are always on.
@@ -104,6 +114,12 @@ pub enum TlsError {
         /// rustls's reason.
         reason: String,
     },
+    /// rustls cannot build a configuration from the ring provider (none of
+    /// the safe protocol versions is available).
+    Unsupported {
+        /// rustls's reason.
+        reason: String,
+    },
     /// No trusted root at all: the system has none and no CA file adds any.
     NoRoots {
         /// What loading the system's roots reported.
@@ -147,8 +163,7 @@ impl UpstreamTls {
         let count = roots.len();
         let config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Refused {
-                path: PathBuf::new(),
+            .map_err(|e| TlsError::Unsupported {
                 reason: e.to_string(),
             })?
             .with_root_certificates(roots)
@@ -261,7 +276,7 @@ impl TlsError {
             | TlsError::NoCertificates { path }
             | TlsError::NoKey { path }
             | TlsError::Refused { path, .. } => Some(path),
-            TlsError::NoRoots { .. } => None,
+            TlsError::Unsupported { .. } | TlsError::NoRoots { .. } => None,
         }
     }
 }
@@ -309,9 +324,7 @@ impl fmt::Display for TlsError {
                  or EC PRIVATE KEY section)",
                 path.display()
             ),
-            TlsError::Refused { path, reason } if path.as_os_str().is_empty() => {
-                write!(f, "{reason}")
-            }
+            TlsError::Unsupported { reason } => write!(f, "no TLS configuration: {reason}"),
             TlsError::Refused { path, reason } => write!(f, "{}: {reason}", path.display()),
             TlsError::NoRoots { system } => write!(
                 f,

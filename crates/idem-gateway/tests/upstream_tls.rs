@@ -165,6 +165,32 @@ async fn a_failed_handshake_proves_the_request_never_left() {
 }
 
 #[tokio::test]
+async fn a_stalled_handshake_is_bounded_by_the_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    Pki::write(dir.path()).unwrap();
+    // Accepts TCP and never answers the handshake.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let config = format!(
+        "upstream = \"https://{addr}\"\nupstream_ca_file = \"ca.pem\"\nconnect_timeout_ms = 300\n"
+    );
+    let (gw, store) = gateway(dir.path(), &config).await;
+    let started = std::time::Instant::now();
+    let (status, body, _) = post(gw, "k-1").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("upstream-unreachable"), "{body}");
+    assert!(body.contains("no connection within 300 ms"), "{body}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(records(&store).await, vec![], "released");
+}
+
+#[tokio::test]
 async fn a_connection_lost_after_the_request_was_sent_stays_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::write(dir.path()).unwrap();
@@ -186,7 +212,7 @@ async fn a_connection_lost_after_the_request_was_sent_stays_unknown() {
 #[test]
 fn bad_tls_files_are_refused_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::write(dir.path()).unwrap();
+    Pki::write(dir.path()).unwrap();
     std::fs::write(
         dir.path().join("ca.der"),
         [0x30u8, 0x82, 0x01, 0x0a, 0x02, 0x82],
