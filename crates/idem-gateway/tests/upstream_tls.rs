@@ -39,6 +39,15 @@ async fn payouts() -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, effects)
 }
 
+/// A PKI in a fresh directory and the payout API behind its TLS front.
+async fn https_payouts() -> (tempfile::TempDir, Pki, TlsFront, Arc<AtomicUsize>) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::write(dir.path()).unwrap();
+    let (api, effects) = payouts().await;
+    let front = TlsFront::start(&pki, api).await.unwrap();
+    (dir, pki, front, effects)
+}
+
 /// A server that reads the request and hangs up without an answer.
 async fn hangs_up() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -97,10 +106,7 @@ async fn records(store: &Arc<dyn Store>) -> Vec<State> {
 
 #[tokio::test]
 async fn a_trusted_https_upstream_is_forwarded_to_once_and_replayed() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::write(dir.path()).unwrap();
-    let (api, effects) = payouts().await;
-    let front = TlsFront::start(&pki, api).await.unwrap();
+    let (dir, _pki, front, effects) = https_payouts().await;
     // Relative to the config file's directory.
     let config = format!(
         "upstream = \"https://{}\"\nupstream_ca_file = \"ca.pem\"\n",
@@ -122,10 +128,7 @@ async fn a_trusted_https_upstream_is_forwarded_to_once_and_replayed() {
 
 #[tokio::test]
 async fn a_failed_handshake_proves_the_request_never_left() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::write(dir.path()).unwrap();
-    let (api, effects) = payouts().await;
-    let front = TlsFront::start(&pki, api).await.unwrap();
+    let (dir, pki, front, effects) = https_payouts().await;
     let port = front.addr().port();
     // (upstream, CA line, what the handshake refuses)
     let cases = [
