@@ -154,7 +154,7 @@ fn start_gateway(upstream: SocketAddr, store: Arc<dyn Store>) -> anyhow::Result<
     let overrides = Overrides {
         upstream: Some(format!("http://{upstream}")),
         listen: Some("127.0.0.1:0".to_owned()),
-        store: None,
+        ..Overrides::default()
     };
     let config = GatewayConfig::from_parts(FileConfig::default(), None, &overrides)
         .context("configuring the gateway")?;

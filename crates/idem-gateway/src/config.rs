@@ -18,6 +18,7 @@ use crate::admin::AdminToken;
 use crate::console::SessionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
 use crate::store_url::StoreUrl;
+use crate::tls::{AdminTls, AdminTransport, TlsError, UpstreamTls};
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
@@ -53,6 +54,9 @@ pub struct FileConfig {
     pub listen: Option<String>,
     /// Base URL of the upstream API.
     pub upstream: Option<String>,
+    /// PEM file of CA certificates an `https://` upstream's certificate may
+    /// chain to, besides the system's; relative to the config file.
+    pub upstream_ca_file: Option<PathBuf>,
     /// Store URL.
     pub store: Option<String>,
     /// Label written on records this node acquires.
@@ -65,6 +69,11 @@ pub struct FileConfig {
     pub admin_listen: Option<String>,
     /// Name of the environment variable holding the admin API's token.
     pub admin_token_env: Option<String>,
+    /// PEM certificate chain (leaf first) the admin API presents over TLS;
+    /// with `admin_tls_key_file`, or neither. Relative to the config file.
+    pub admin_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `admin_tls_cert_file`'s leaf.
+    pub admin_tls_key_file: Option<PathBuf>,
     /// Seconds between two runs of the retention purge.
     pub purge_interval_s: Option<u64>,
     /// Requests the proxy serves at once; more are refused with 503.
@@ -137,6 +146,12 @@ pub struct Overrides {
     pub upstream: Option<String>,
     /// `--store`.
     pub store: Option<String>,
+    /// `--upstream-ca-file`.
+    pub upstream_ca_file: Option<PathBuf>,
+    /// `--admin-tls-cert-file`.
+    pub admin_tls_cert_file: Option<PathBuf>,
+    /// `--admin-tls-key-file`.
+    pub admin_tls_key_file: Option<PathBuf>,
 }
 
 /// A validated gateway configuration.
@@ -144,8 +159,11 @@ pub struct Overrides {
 pub struct GatewayConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
-    /// Upstream base URL (`http://host:port[/base]`).
+    /// Upstream base URL (`http[s]://host:port[/base]`).
     pub upstream: Uri,
+    /// The roots an `https://` upstream's certificate is verified against;
+    /// `None` for an `http://` upstream.
+    pub upstream_tls: Option<UpstreamTls>,
     /// The store, checked; opened by the caller.
     pub store: StoreUrl,
     /// Record owner label.
@@ -167,6 +185,8 @@ pub struct GatewayConfig {
     pub admin_listen: Option<SocketAddr>,
     /// The environment variable the admin API's bearer token is read from.
     pub admin_token_env: String,
+    /// The admin API's certificate and key; `None`: it speaks plain HTTP.
+    pub admin_tls: Option<AdminTls>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
     /// Requests the proxy serves at once (each buffers up to its route's
@@ -194,6 +214,24 @@ enum UnsafeLookup {
     Refuse,
     /// Load it, for `idem check --gateway` to report the finding.
     Keep,
+}
+
+/// The URL schemes a base URL may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Schemes {
+    /// `http://` only (peers: the region gate's forwarder speaks plain HTTP).
+    Http,
+    /// `http://` or `https://` (the upstream).
+    HttpOrHttps,
+}
+
+/// The TLS files named on the command line or in the file, resolved: a
+/// command-line path against the working directory, a file's against the
+/// config file's directory. Each comes with whether it is from the file.
+struct TlsFiles {
+    upstream_ca: Option<(PathBuf, bool)>,
+    admin_cert: Option<(PathBuf, bool)>,
+    admin_key: Option<(PathBuf, bool)>,
 }
 
 /// A configuration error: where (file, field) and what.
@@ -279,8 +317,12 @@ impl GatewayConfig {
             )
         })?;
         let upstream = match (&overrides.upstream, &file.upstream) {
-            (Some(u), _) => parse_upstream(u).map_err(|r| err("upstream", r, false))?,
-            (None, Some(u)) => parse_upstream(u).map_err(|r| err("upstream", r, true))?,
+            (Some(u), _) => {
+                parse_upstream(u, Schemes::HttpOrHttps).map_err(|r| err("upstream", r, false))?
+            }
+            (None, Some(u)) => {
+                parse_upstream(u, Schemes::HttpOrHttps).map_err(|r| err("upstream", r, true))?
+            }
             (None, None) => {
                 return Err(err(
                     "upstream",
@@ -471,12 +513,21 @@ impl GatewayConfig {
                 .map_err(|e| err(e.field, e.reason, true))?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
+        let tls = TlsFiles::pick(&file, overrides, &base_dir);
+        let upstream_tls = tls
+            .upstream(&upstream)
+            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
+        let admin_tls = tls
+            .admin()
+            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
         Ok(GatewayConfig {
             base_dir,
             lookups,
             reconcile,
             listen,
             upstream,
+            upstream_tls,
+            admin_tls,
             store,
             owner,
             connect_timeout,
@@ -499,6 +550,12 @@ impl GatewayConfig {
             region: self.region.clone(),
             peers: self.peers.clone(),
         }
+    }
+
+    /// Whether the admin API speaks TLS (a browser console sets its
+    /// cookies `Secure` only then).
+    pub fn admin_transport(&self) -> AdminTransport {
+        AdminTransport::of(self.admin_tls.as_ref())
     }
 
     /// `--admin-listen`: the command line wins over the file.
@@ -535,6 +592,82 @@ impl GatewayConfig {
             )));
         };
         AdminToken::new(&value).map_err(|why| err(format!("environment variable {name}: {why}")))
+    }
+}
+
+impl TlsFiles {
+    fn pick(file: &FileConfig, overrides: &Overrides, base_dir: &Path) -> TlsFiles {
+        let pick = |cli: &Option<PathBuf>, in_file: &Option<PathBuf>| match (cli, in_file) {
+            (Some(path), _) => Some((path.clone(), false)),
+            (None, Some(path)) => Some((base_dir.join(path), true)),
+            (None, None) => None,
+        };
+        TlsFiles {
+            upstream_ca: pick(&overrides.upstream_ca_file, &file.upstream_ca_file),
+            admin_cert: pick(&overrides.admin_tls_cert_file, &file.admin_tls_cert_file),
+            admin_key: pick(&overrides.admin_tls_key_file, &file.admin_tls_key_file),
+        }
+    }
+
+    /// The trust for an `https://` `upstream`: the system's roots and
+    /// `upstream_ca_file`'s; a CA file with an `http://` upstream is refused,
+    /// as it would silently do nothing.
+    fn upstream(
+        &self,
+        upstream: &Uri,
+    ) -> Result<Option<UpstreamTls>, (&'static str, String, bool)> {
+        let ca = self.upstream_ca.as_ref();
+        if upstream.scheme_str() != Some("https") {
+            return match ca {
+                Some((path, from_file)) => Err((
+                    "upstream_ca_file",
+                    format!(
+                        "{} is set but the upstream {upstream} is not https://; remove it or \
+                         use an https:// upstream",
+                        path.display()
+                    ),
+                    *from_file,
+                )),
+                None => Ok(None),
+            };
+        }
+        UpstreamTls::load(ca.map(|(path, _)| path.as_path()))
+            .map(Some)
+            .map_err(|e| match (&e, ca) {
+                (TlsError::NoRoots { .. }, _) | (_, None) => ("upstream", e.to_string(), false),
+                (_, Some((_, from_file))) => ("upstream_ca_file", e.to_string(), *from_file),
+            })
+    }
+
+    /// The admin API's certificate and key: both files or neither.
+    fn admin(&self) -> Result<Option<AdminTls>, (&'static str, String, bool)> {
+        let (cert, key) = match (&self.admin_cert, &self.admin_key) {
+            (None, None) => return Ok(None),
+            (Some(cert), Some(key)) => (cert, key),
+            (Some((_, from_file)), None) => {
+                return Err((
+                    "admin_tls_key_file",
+                    "is required with admin_tls_cert_file: set both or neither".into(),
+                    *from_file,
+                ));
+            }
+            (None, Some((_, from_file))) => {
+                return Err((
+                    "admin_tls_cert_file",
+                    "is required with admin_tls_key_file: set both or neither".into(),
+                    *from_file,
+                ));
+            }
+        };
+        AdminTls::load(&cert.0, &key.0).map(Some).map_err(|e| {
+            let key_at_fault = matches!(e, TlsError::NoKey { .. } | TlsError::Refused { .. })
+                || e.path() != Some(cert.0.as_path());
+            if key_at_fault {
+                ("admin_tls_key_file", e.to_string(), key.1)
+            } else {
+                ("admin_tls_cert_file", e.to_string(), cert.1)
+            }
+        })
     }
 }
 
@@ -578,8 +711,8 @@ fn regions(file: &FileConfig) -> Result<Regions, (String, String)> {
                 "peers need this gateway's region: set region = \"...\"".into(),
             ));
         }
-        let uri =
-            parse_upstream(url).map_err(|r| (field.clone(), r.replace("upstream", "peer")))?;
+        let uri = parse_upstream(url, Schemes::Http)
+            .map_err(|r| (field.clone(), r.replace("upstream", "peer")))?;
         peers.insert(name.clone(), uri);
     }
     Ok(Regions {
@@ -647,14 +780,20 @@ fn pick<'a>(
     }
 }
 
-fn parse_upstream(raw: &str) -> Result<Uri, String> {
+fn parse_upstream(raw: &str, schemes: Schemes) -> Result<Uri, String> {
     let uri: Uri = raw
         .parse()
         .map_err(|e| format!("{raw:?} is not a URL ({e})"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "{raw:?} must be an http:// URL (TLS to the upstream is not supported yet)"
-        ));
+    match (uri.scheme_str(), schemes) {
+        (Some("http"), _) | (Some("https"), Schemes::HttpOrHttps) => {}
+        (_, Schemes::HttpOrHttps) => {
+            return Err(format!("{raw:?} must be an http:// or https:// URL"));
+        }
+        (_, Schemes::Http) => {
+            return Err(format!(
+                "{raw:?} must be an http:// URL (TLS to a peer is not supported yet)"
+            ));
+        }
     }
     if uri.authority().is_none() {
         return Err(format!("{raw:?} names no host"));
@@ -874,8 +1013,8 @@ mod tests {
                 "idem.toml: listen: \"nope\" is not an address",
             ),
             (
-                "upstream = \"https://x\"",
-                "idem.toml: upstream: \"https://x\" must be an http:// URL",
+                "upstream = \"ftp://x\"",
+                "idem.toml: upstream: \"ftp://x\" must be an http:// or https:// URL",
             ),
             (
                 "connect_timeout_ms = 0",

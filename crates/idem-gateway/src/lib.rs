@@ -1,11 +1,12 @@
 //! `idem serve`: the gateway. A reverse proxy whose every protected request
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
-//! upstream; the proxy itself never retries and tells the layer whether a
-//! failed request was ever sent. Next to it: the admin API (its own
-//! listener, behind a bearer token), the operator's console in the browser
-//! (`/ui` on the same listener, behind a session cookie), the retention
-//! purge, the reconciler (when routes declare lookups), and the operator's
-//! view of a record shared with `idem records`.
+//! upstream (http or https); the proxy itself never retries and tells the
+//! layer whether a failed request was ever sent. Next to it: the admin API
+//! (its own listener, behind a bearer token, optionally over TLS), the
+//! operator's console in the browser (`/ui` on the same listener, behind a
+//! session cookie), the retention purge, the reconciler (when routes
+//! declare lookups), and the operator's view of a record shared with
+//! `idem records`.
 
 pub mod admin;
 mod config;
@@ -16,6 +17,7 @@ mod purge;
 pub mod regions;
 mod server;
 mod store_url;
+mod tls;
 mod view;
 mod watched;
 
@@ -29,4 +31,8 @@ pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use store_url::{StoreUrl, StoreUrlError};
+pub use tls::{
+    ADMIN_HANDSHAKE_TIMEOUT_MS, ADMIN_HANDSHAKES_MAX, AdminTls, AdminTransport, PEM_FILE_BYTES_MAX,
+    TlsError, TlsListener, UpstreamTls,
+};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

@@ -1,6 +1,7 @@
-//! The reverse proxy behind the layer: forwards one request to the upstream,
-//! never retries, buffers the answer within the response timeout, and marks
-//! each failure with whether the request was ever sent.
+//! The reverse proxy behind the layer: forwards one request to the upstream
+//! (over TLS for an `https://` upstream), never retries, buffers the answer
+//! within the response timeout, and marks each failure with whether the
+//! request was ever sent.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,25 +13,61 @@ use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Limited};
+use hyper_rustls::{HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route, normalize_path};
+use tokio::net::TcpStream;
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, ServiceExt};
+
+use crate::tls::UpstreamTls;
 
 /// Forwards requests to one upstream base URL.
 #[derive(Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, Body>,
+    client: Client<Connector, Body>,
     upstream: Uri,
     response_timeout: Duration,
 }
 
+/// TCP, then TLS for an `https://` URL, within the connect timeout: every
+/// error it returns, a timeout included, comes before the request is
+/// written, and the client reports it as a connect error.
+type Connector = BoxCloneSyncService<Uri, MaybeHttpsStream<TokioIo<TcpStream>>, BoxError>;
+
 impl Proxy {
-    /// A proxy to `upstream` with the given timeouts.
+    /// A proxy to the plain `http://` `upstream` with the given timeouts;
+    /// it refuses to connect to an `https://` one.
     pub fn new(upstream: Uri, connect_timeout: Duration, response_timeout: Duration) -> Proxy {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
+        let http = tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
+        let connector = within(http, connect_timeout);
+        Proxy::with_connector(upstream, connector, response_timeout)
+    }
+
+    /// A proxy to `upstream`, `http://` or `https://`; an https upstream's
+    /// certificate is verified against `tls`'s roots and its host name (or
+    /// IP address). `connect_timeout` bounds the TCP connect and the TLS
+    /// handshake together.
+    pub fn with_tls(
+        upstream: Uri,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        tls: &UpstreamTls,
+    ) -> Proxy {
+        let mut http = tcp(connect_timeout);
+        // The TLS connector above it decides the scheme.
+        http.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config(tls.client_config())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Proxy::with_connector(upstream, within(https, connect_timeout), response_timeout)
+    }
+
+    fn with_connector(upstream: Uri, connector: Connector, response_timeout: Duration) -> Proxy {
         let client = Client::builder(TokioExecutor::new())
             // A request that failed on a reused connection may have reached
             // the upstream: resending it is a retry, and retries are the
@@ -66,6 +103,9 @@ impl Proxy {
         let request = Request::from_parts(parts, body);
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
+                // A connect error includes a failed TLS handshake: the
+                // connector returns before the request is written, so it
+                // proves the request never left, like a refused connection.
                 if e.is_connect() {
                     (
                         ProblemKind::UpstreamUnreachable,
@@ -148,6 +188,40 @@ impl Proxy {
             (ProblemKind::UpstreamUnreachable, reason)
         })
     }
+}
+
+/// The TCP connector under both kinds of proxy.
+fn tcp(connect_timeout: Duration) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http
+}
+
+/// `connector` bounded, handshake included, by `connect_timeout`: a stalled
+/// handshake is a connect error (the request never left), not a response
+/// timeout (an unknown outcome).
+fn within<C>(connector: C, connect_timeout: Duration) -> Connector
+where
+    C: tower::Service<Uri, Response = MaybeHttpsStream<TokioIo<TcpStream>>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send + 'static,
+{
+    let timeout_ms = connect_timeout.as_millis();
+    let bounded = tower::timeout::Timeout::new(connector, connect_timeout).map_err(
+        move |e: BoxError| -> BoxError {
+            if e.is::<tower::timeout::error::Elapsed>() {
+                format!("no connection within {timeout_ms} ms (connect_timeout_ms)").into()
+            } else {
+                e
+            }
+        },
+    );
+    BoxCloneSyncService::new(bounded)
 }
 
 /// An error with its causes, `a: b: c`, so the detail says why, not only what.

@@ -1,5 +1,6 @@
 //! Runs the gateway: binds, serves the layered proxy, the admin API and
-//! its console (when configured) and the retention purge, and on SIGTERM or SIGINT stops
+//! its console (when configured, over TLS when it has a certificate) and
+//! the retention purge, and on SIGTERM or SIGINT stops
 //! accepting and lets in-flight requests finish and be recorded. Requests
 //! beyond `requests_in_flight_max` are shed at once, before anything is
 //! read, claimed or forwarded, so a burst of large bodies cannot exhaust
@@ -21,8 +22,9 @@ use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
-use crate::console::{self, ConsoleState, Transport};
+use crate::console::{self, ConsoleState};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
+use crate::tls::{AdminTls, AdminTransport, TlsListener};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
@@ -42,6 +44,15 @@ pub struct AdminListener {
     pub listener: TcpListener,
     /// The bearer token.
     pub token: AdminToken,
+    /// The certificate it serves TLS with; `None`: plain HTTP.
+    pub tls: Option<AdminTls>,
+}
+
+impl AdminListener {
+    /// Whether the admin API is served over TLS.
+    pub fn transport(&self) -> AdminTransport {
+        AdminTransport::of(self.tls.as_ref())
+    }
 }
 
 /// Serves `config` on `listener` until `shutdown` resolves, then drains;
@@ -103,13 +114,14 @@ pub async fn serve_with(
     let admin = options.admin.map(|admin| {
         // The console authenticates by its own cookie; the admin API's
         // fallback answers every path outside `/ui`.
+        let transport = admin.transport();
         let state = ConsoleState::new(
             store.clone(),
             metrics.clone(),
             admin.token.clone(),
             config.routes.clone(),
         )
-        .with_transport(Transport::Plain)
+        .with_transport(transport)
         .with_session_limits(config.console_sessions);
         let app = console::router(state).merge(admin::router(
             store.clone(),
@@ -118,16 +130,33 @@ pub async fn serve_with(
         ));
         let stopped = stopped(stop_rx.clone());
         tokio::spawn(async move {
-            axum::serve(admin.listener, app)
-                .with_graceful_shutdown(stopped)
-                .await
+            match admin.tls {
+                None => {
+                    axum::serve(admin.listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                }
+                Some(tls) => {
+                    axum::serve(TlsListener::new(admin.listener, &tls), app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                }
+            }
         })
     });
-    let proxy = Proxy::new(
-        config.upstream.clone(),
-        config.connect_timeout,
-        config.response_timeout,
-    );
+    let proxy = match &config.upstream_tls {
+        Some(tls) => Proxy::with_tls(
+            config.upstream.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+            tls,
+        ),
+        None => Proxy::new(
+            config.upstream.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+        ),
+    };
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
     let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));

@@ -8,9 +8,12 @@
 //!   freeze one client's server (PostgreSQL) without freezing it for all.
 //! - [`pg_cluster::PgCluster`]: a throwaway PostgreSQL primary and
 //!   streaming standby on spare ports, to kill one and promote the other.
+//! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
+//!   certificate, and a TLS terminator that makes a test upstream `https://`.
 
 pub mod pg_cluster;
 pub mod relay;
+pub mod tls;
 
 use idem_core::Token;
 

@@ -227,6 +227,7 @@ impl Stage {
             listen: Some(gateway.to_string()),
             upstream: Some(format!("http://{upstream}")),
             store: Some(store),
+            ..Overrides::default()
         };
         let config = GatewayConfig::load(None, &overrides)
             .map_err(|e| anyhow!("the demo's gateway configuration is refused: {e}"))?;
@@ -246,6 +247,7 @@ impl Stage {
             admin: Some(AdminListener {
                 listener: admin_listener,
                 token,
+                tls: None,
             }),
         };
         let served = tokio::spawn(async move {

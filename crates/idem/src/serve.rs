@@ -18,9 +18,16 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long)]
     listen: Option<String>,
-    /// Base URL of the upstream API, e.g. http://127.0.0.1:9000.
+    /// Base URL of the upstream API, e.g. http://127.0.0.1:9000 or
+    /// https://payouts.internal (its certificate is verified against the
+    /// system's roots and --upstream-ca-file's).
     #[arg(long)]
     upstream: Option<String>,
+    /// PEM file of CA certificates an https:// upstream's certificate may
+    /// chain to, besides the system's (a private CA) [config:
+    /// upstream_ca_file].
+    #[arg(long, value_name = "PEM")]
+    upstream_ca_file: Option<PathBuf>,
     /// Store URL [default: sqlite://idem.db], or
     /// postgres://USER@HOST:PORT/DB?schema=NAME&operation_timeout_ms=N&…
     /// (idem's PostgreSQL parameters: schema, pool_size, connect_timeout_ms,
@@ -35,6 +42,14 @@ pub struct ServeArgs {
     /// is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
     #[arg(long)]
     admin_listen: Option<String>,
+    /// PEM certificate chain (leaf first) the admin API serves HTTPS with;
+    /// needs --admin-tls-key-file [config: admin_tls_cert_file; default:
+    /// plain HTTP].
+    #[arg(long, value_name = "PEM")]
+    admin_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --admin-tls-cert-file [config: admin_tls_key_file].
+    #[arg(long, value_name = "PEM")]
+    admin_tls_key_file: Option<PathBuf>,
     /// Start even when a route's contract file fails `idem check` (each
     /// failure is logged as an error). Without it such a gateway refuses to start.
     #[arg(long)]
@@ -47,6 +62,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         upstream: args.upstream,
         store: args.store,
+        upstream_ca_file: args.upstream_ca_file,
+        admin_tls_cert_file: args.admin_tls_cert_file,
+        admin_tls_key_file: args.admin_tls_key_file,
     };
     let mut config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
     if let Some(addr) = &args.admin_listen {
@@ -56,6 +74,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // whose admin API cannot start does not start at all.
     let admin_token = match config.admin_listen {
         Some(_) => Some(config.admin_token(|name| std::env::var(name).ok())?),
+        None if config.admin_tls.is_some() => anyhow::bail!(
+            "admin_tls_cert_file: the admin API is off, so its certificate would serve \
+             nothing; set admin_listen (or --admin-listen), or remove the admin TLS files"
+        ),
         None => None,
     };
     judge_contracts(&config, args.allow_unsafe_contract)?;
@@ -84,7 +106,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (admin_listen)"))?;
-            Some(AdminListener { listener, token })
+            Some(AdminListener {
+                listener,
+                token,
+                tls: config.admin_tls.clone(),
+            })
         }
         _ => None,
     };
@@ -101,7 +127,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .listener
             .local_addr()
             .context("cannot read the admin API's bound address")?;
-        tracing::info!(%admin_addr, token_env = %config.admin_token_env, "admin API listening");
+        tracing::info!(
+            %admin_addr,
+            transport = ?admin.transport(),
+            token_env = %config.admin_token_env,
+            "admin API listening"
+        );
     }
     let options = ServeOptions {
         metrics: Some(Arc::default()),

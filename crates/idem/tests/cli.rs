@@ -49,7 +49,7 @@ fn records_list_on_missing_fresh_and_garbage_stores() {
 
 #[test]
 fn bad_arguments_name_what_is_wrong() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["records", "list", "--store", "mysql://x/y"],
             "has scheme \"mysql\"",
@@ -65,8 +65,28 @@ fn bad_arguments_name_what_is_wrong() {
         (&["records", "show", "a|b", "bad key"], "invalid key"),
         (&["serve"], "upstream: is required"),
         (
-            &["serve", "--upstream", "https://x"],
-            "must be an http:// URL",
+            &["serve", "--upstream", "ftp://x"],
+            "must be an http:// or https:// URL",
+        ),
+        (
+            &[
+                "serve",
+                "--upstream",
+                "https://127.0.0.1:9",
+                "--upstream-ca-file",
+                "missing-ca.pem",
+            ],
+            "upstream_ca_file: cannot read missing-ca.pem",
+        ),
+        (
+            &[
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--admin-tls-cert-file",
+                "cert.pem",
+            ],
+            "admin_tls_key_file: is required with admin_tls_cert_file",
         ),
     ];
     for (args, expect) in cases {

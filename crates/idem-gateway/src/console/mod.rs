@@ -30,6 +30,7 @@ use maud::Markup;
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
+use crate::tls::AdminTransport;
 use crate::view::outcome_name;
 use pages::{Chrome, ResolveForm};
 use records::Filter;
@@ -39,7 +40,7 @@ use session::{Live, Sessions};
 pub use records::{PAGE_ROWS, SCAN_ROWS_MAX};
 pub use session::{
     LimitsError, SESSION_ABSOLUTE_S_DEFAULT, SESSION_COOKIE, SESSION_IDLE_S_DEFAULT, SESSION_S_MAX,
-    SESSIONS_MAX, SessionLimits, Transport,
+    SESSIONS_MAX, SessionLimits,
 };
 
 /// The `by` of every resolution made in the console.
@@ -58,7 +59,7 @@ pub struct ConsoleState {
     metrics: Arc<Metrics>,
     token: AdminToken,
     routes: Vec<Route>,
-    transport: Transport,
+    transport: AdminTransport,
     limits: SessionLimits,
 }
 
@@ -77,13 +78,13 @@ impl ConsoleState {
             metrics,
             token,
             routes,
-            transport: Transport::Plain,
+            transport: AdminTransport::Plain,
             limits: SessionLimits::default(),
         }
     }
 
     /// Over `transport`, which decides the cookie's `Secure` attribute.
-    pub fn with_transport(mut self, transport: Transport) -> ConsoleState {
+    pub fn with_transport(mut self, transport: AdminTransport) -> ConsoleState {
         self.transport = transport;
         self
     }

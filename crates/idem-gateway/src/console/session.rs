@@ -13,6 +13,7 @@ use http::{HeaderMap, header};
 use idem_core::to_hex;
 
 use crate::admin::AdminToken;
+use crate::tls::AdminTransport;
 
 /// The name of the console's session cookie.
 pub const SESSION_COOKIE: &str = "idem_console";
@@ -27,17 +28,6 @@ pub const SESSION_S_MAX: u64 = 7 * 24 * 60 * 60;
 pub const SESSIONS_MAX: usize = 32;
 /// Random bytes in a session id and in a CSRF token.
 const SECRET_BYTES: usize = 32;
-
-/// Whether the admin listener speaks TLS: it decides the session cookie's
-/// `Secure` attribute.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Transport {
-    /// Plain HTTP (keep the listener on loopback or a private network).
-    #[default]
-    Plain,
-    /// HTTPS: the cookie is marked `Secure`.
-    Tls,
-}
 
 /// How long a console session lives, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,25 +204,25 @@ impl Session {
 /// The `Set-Cookie` value that hands `id` to the browser: only over this
 /// path, never to scripts, never on a cross-site request, `Secure` over TLS,
 /// gone from the browser at the absolute limit at the latest.
-pub(crate) fn set_cookie(id: &str, transport: Transport, limits: &SessionLimits) -> String {
+pub(crate) fn set_cookie(id: &str, transport: AdminTransport, limits: &SessionLimits) -> String {
     let max_age = i64::try_from(limits.absolute.as_secs()).unwrap_or(i64::MAX);
     Cookie::build((SESSION_COOKIE, id))
         .path("/ui")
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(transport == Transport::Tls)
+        .secure(transport == AdminTransport::Tls)
         .max_age(cookie::time::Duration::seconds(max_age))
         .build()
         .to_string()
 }
 
 /// The `Set-Cookie` value that removes the session cookie.
-pub(crate) fn clear_cookie(transport: Transport) -> String {
+pub(crate) fn clear_cookie(transport: AdminTransport) -> String {
     Cookie::build((SESSION_COOKIE, ""))
         .path("/ui")
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(transport == Transport::Tls)
+        .secure(transport == AdminTransport::Tls)
         .max_age(cookie::time::Duration::ZERO)
         .build()
         .to_string()
@@ -388,7 +378,7 @@ mod tests {
     #[test]
     fn the_cookie_is_http_only_strict_and_scoped_to_the_console() {
         let limits = SessionLimits::default();
-        let plain = set_cookie("abc", Transport::Plain, &limits);
+        let plain = set_cookie("abc", AdminTransport::Plain, &limits);
         for part in [
             "idem_console=abc",
             "HttpOnly",
@@ -399,8 +389,8 @@ mod tests {
         }
         assert!(!plain.contains("Secure"), "{plain}");
         assert!(plain.contains("Max-Age=28800"), "{plain}");
-        assert!(set_cookie("abc", Transport::Tls, &limits).contains("Secure"));
-        assert!(clear_cookie(Transport::Plain).contains("Max-Age=0"));
+        assert!(set_cookie("abc", AdminTransport::Tls, &limits).contains("Secure"));
+        assert!(clear_cookie(AdminTransport::Plain).contains("Max-Age=0"));
     }
 
     #[test]

@@ -1,0 +1,152 @@
+//! TLS through the real `idem serve` process: an `https://` upstream (a TLS
+//! terminator with a throwaway CA's certificate in front of the payout API)
+//! trusted through `--upstream-ca-file`, the same upstream refused without
+//! it (released, never ambiguous), and the admin API served over HTTPS from
+//! the config file's certificate and key.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idem_testkit::tls::{Pki, TlsFront};
+use support::{Gateway, Site, Upstream, client, eventually, idem, key, post, text};
+
+const TOKEN: &str = "0123456789abcdef-tls-admin";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_trusted_through_its_ca_file_and_refused_without() {
+    let site = Site::new();
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let up = Upstream::start().await;
+    let front = TlsFront::start(&pki, up.addr).await.unwrap();
+    let https = format!("https://{}", front.addr());
+    let ca = pki.ca.to_str().unwrap();
+    let gw = Gateway::start_args(&https, &site.store(), None, &["--upstream-ca-file", ca]);
+    let body = r#"{"amount":5}"#;
+    let first = post(&gw.url("/payouts"), &[key("pay-1")], body).await;
+    assert_eq!(first.status, 201, "{first:?}\n{}", gw.logs());
+    post(&gw.url("/payouts"), &[key("pay-1")], body)
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(up.effects().len(), 1);
+
+    // The system's roots do not hold the throwaway CA: every handshake
+    // fails, before the request is written, so the record is released and
+    // the retry is refused the same way, not as an unknown outcome.
+    let untrusting = Site::new();
+    let gw = Gateway::start(&https, &untrusting.store(), None);
+    for attempt in 0..2 {
+        let reply = post(&gw.url("/payouts"), &[key("pay-2")], body).await;
+        assert_eq!(reply.status, 502, "attempt {attempt}: {reply:?}");
+        assert_eq!(
+            reply.problem().as_deref(),
+            Some("urn:idem:problem:upstream-unreachable"),
+            "attempt {attempt}: {reply:?}"
+        );
+        assert!(reply.body.contains("invalid peer certificate"), "{reply:?}");
+    }
+    assert_eq!(up.hits(), 1, "nothing reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_speaks_https_with_the_configured_certificate() {
+    let site = Site::new();
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let up = Upstream::start().await;
+    // Relative to the config file's directory, where the PKI was written.
+    let config =
+        site.config("admin_tls_cert_file = \"cert.pem\"\nadmin_tls_key_file = \"key.pem\"\n");
+    let (gw, admin) = Gateway::start_admin(&up.url(), &site.store(), Some(&config), TOKEN);
+    let said_tls = eventually(Duration::from_secs(5), || {
+        gw.logs().contains("transport=Tls")
+    })
+    .await;
+    assert!(said_tls, "{}", gw.logs());
+    let https = https_client(&pki);
+
+    let (status, page) = get(&https, &format!("https://{admin}/metrics"), Some(TOKEN)).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("idem_claims_total"), "{page}");
+    let (status, _) = get(&https, &format!("https://{admin}/metrics"), None).await;
+    assert_eq!(status, 401, "the token is still required over TLS");
+
+    // Plain HTTP gets no answer: the listener wants a TLS handshake.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(10),
+        client().request(
+            axum::http::Request::get(format!("http://{admin}/metrics"))
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(Body::empty())
+                .unwrap(),
+        ),
+    )
+    .await
+    .expect("plain HTTP to the TLS listener ends at once");
+    assert!(plain.is_err(), "plain HTTP was answered: {plain:?}");
+    // One client's failed handshake does not stop the listener.
+    let (status, _) = get(&https, &format!("https://{admin}/metrics"), Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    // An idle TLS connection does not hold up a graceful stop.
+    assert!(gw.terminate().success());
+
+    // A certificate for an admin API that is off is a mistake, said at once.
+    let off = idem(&[
+        "serve",
+        "--upstream",
+        &up.url(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(!off.status.success());
+    assert!(
+        text(&off.stderr).contains("admin_tls_cert_file: the admin API is off"),
+        "{}",
+        text(&off.stderr)
+    );
+}
+
+type HttpsClient =
+    Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Body>;
+
+/// An HTTPS client that trusts only the throwaway CA.
+fn https_client(pki: &Pki) -> HttpsClient {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&pki.ca).unwrap())
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+async fn get(client: &HttpsClient, url: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = axum::http::Request::get(url);
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let res = client
+        .request(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
