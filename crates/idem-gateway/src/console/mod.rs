@@ -47,6 +47,10 @@ pub const CONSOLE_ACTOR: &str = "operator:console";
 /// The largest form the console reads, in bytes: a stored body of 1 MiB,
 /// percent-encoded, fits.
 pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The largest sign-in form read, in bytes: the longest admin token,
+/// every byte percent-encoded, fits. Refused sign-ins queue for seconds,
+/// so what each one holds while it waits stays small.
+pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
 /// How long a refused sign-in waits before it is answered. Refusals wait
 /// one after another, so wrong tokens are tried at most one per this long.
 pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
@@ -127,7 +131,12 @@ pub fn router(state: ConsoleState) -> axum::Router {
     axum::Router::new()
         .route("/ui", get(overview))
         .route("/ui/", get(overview))
-        .route("/ui/sign-in", get(sign_in_page).post(sign_in))
+        .route(
+            "/ui/sign-in",
+            get(sign_in_page)
+                .post(sign_in)
+                .layer(DefaultBodyLimit::max(SIGN_IN_FORM_BYTES_MAX)),
+        )
         .route("/ui/sign-out", post(sign_out))
         .route("/ui/records", get(list))
         .route("/ui/record", get(show))
@@ -216,7 +225,9 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
     if let Some(why) = session::cross_site(&headers) {
         return Refusal::CrossSite(why).into_response();
     }
-    if !c.state.token.matches(form.token.as_bytes()) {
+    let right = c.state.token.matches(form.token.as_bytes());
+    drop(form);
+    if !right {
         let _queued = c.refusals.lock().await;
         tokio::time::sleep(SIGN_IN_REFUSAL_DELAY).await;
         tracing::warn!("console: refused a sign-in with a wrong token");

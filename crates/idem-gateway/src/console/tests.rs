@@ -339,3 +339,89 @@ fn the_session_limits_come_from_the_config_file_named_in_errors() {
         assert!(e.starts_with(want), "{e}");
     }
 }
+
+/// Every console answer, whatever produced it (a page, a redirect, a
+/// refusal, axum's own 404, 405 or 413), carries the protecting headers:
+/// no script, no framing of the resolve button, no caching of record data.
+#[tokio::test]
+async fn every_answer_carries_the_protecting_headers() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-h").await;
+    let (cookie, csrf) = f.sign_in().await;
+    let session = [("cookie", cookie.as_str())];
+    let big = format!("csrf={csrf}&body={}", "a".repeat(CONSOLE_FORM_BYTES_MAX));
+    let cases: [(&str, String, Headers, String, u16); 10] = [
+        ("GET", "/ui".into(), &[], String::new(), 303),
+        ("GET", "/ui/sign-in".into(), &[], String::new(), 200),
+        ("GET", "/ui/style.css".into(), &[], String::new(), 200),
+        ("GET", "/ui/nowhere".into(), &[], String::new(), 404),
+        ("GET", "/ui/sign-out".into(), &[], String::new(), 405),
+        (
+            "GET",
+            pages::link("/ui/record", &id),
+            &session,
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            pages::link("/ui/resolve", &id),
+            &session,
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            "/ui/records?older_than_min=-1".into(),
+            &session,
+            String::new(),
+            400,
+        ),
+        ("POST", "/ui/resolve".into(), &session, "csrf=0".into(), 403),
+        ("POST", "/ui/resolve".into(), &session, big, 413),
+    ];
+    let want = [
+        (
+            "content-security-policy",
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+        ("cache-control", "no-store"),
+    ];
+    for (method, path, headers, form, status) in cases {
+        let answer = f.send(method, &path, headers, &form).await;
+        assert_eq!(
+            answer.status, status,
+            "{method} {path}: {:.300}",
+            answer.body
+        );
+        for (name, value) in want {
+            assert_eq!(
+                answer.headers.get(name).and_then(|v| v.to_str().ok()),
+                Some(value),
+                "{method} {path}: {name}"
+            );
+        }
+    }
+}
+
+/// A sign-in form is small: the longest token, fully escaped, is read and
+/// refused as a wrong token; anything longer is not read at all, since
+/// refused sign-ins queue and each would hold its form meanwhile.
+#[tokio::test]
+async fn a_sign_in_form_is_bounded() {
+    let f = fixture();
+    let longest = "%21".repeat(crate::admin::ADMIN_TOKEN_BYTES_MAX);
+    let fits = f
+        .send("POST", "/ui/sign-in", &[], &format!("token={longest}"))
+        .await;
+    assert_eq!(fits.status, 401, "{}", fits.body);
+    let over = format!("token={}", "a".repeat(SIGN_IN_FORM_BYTES_MAX));
+    let started = std::time::Instant::now();
+    let refused = f.send("POST", "/ui/sign-in", &[], &over).await;
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    assert!(started.elapsed() < SIGN_IN_REFUSAL_DELAY, "not queued");
+    assert!(refused.headers.get("set-cookie").is_none());
+}
