@@ -22,8 +22,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idem_core::{
-    Clock, ListCursor, Record, RecordId, Resolution, State as RecordState, Store, StoreError,
-    SystemClock, Token,
+    Clock, ListCursor, Record, RecordId, Resolution, Resolved, State as RecordState, Store,
+    StoreError, SystemClock, Token,
 };
 use idem_http::{Metrics, Resolver, Route};
 use maud::Markup;
@@ -236,6 +236,10 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
         ));
         return html(StatusCode::UNAUTHORIZED, page);
     }
+    // A session the browser already had ends: one sign-in, one live id.
+    if let Some(old) = c.sessions.find(&headers, Instant::now()) {
+        c.sessions.close(&old.id);
+    }
     let Some(live) = c.sessions.open(Instant::now()) else {
         tracing::error!("console: no randomness for a session id");
         let page = pages::refused(
@@ -323,15 +327,19 @@ async fn show(
         Ok(detail) => detail,
         Err(e) => return store_failed(chrome, &e),
     };
-    let notice = match params.done.as_str() {
-        "completed" => Some(format!(
-            "Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer."
-        )),
-        "not_executed" => Some(format!(
+    // `done` comes from the link the resolution redirected to, and anyone
+    // can send such a link: the notice is shown only when the journal
+    // agrees that the console made this resolution last.
+    let latest = detail.journal.last();
+    let done = latest.filter(|e| e.by == CONSOLE_ACTOR && e.outcome.as_str() == params.done);
+    let notice = done.map(|e| match e.outcome {
+        Resolved::Completed => {
+            format!("Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer.")
+        }
+        Resolved::NotExecuted => format!(
             "Resolved as not executed by {CONSOLE_ACTOR}: the key is released, a retry runs."
-        )),
-        _ => None,
-    };
+        ),
+    });
     let page = pages::record(chrome, &id, &detail, SystemClock.now(), notice.as_deref());
     html(StatusCode::OK, page)
 }

@@ -425,3 +425,55 @@ async fn a_sign_in_form_is_bounded() {
     assert!(started.elapsed() < SIGN_IN_REFUSAL_DELAY, "not queued");
     assert!(refused.headers.get("set-cookie").is_none());
 }
+
+/// A link can say `done=completed`; the page believes it only when the
+/// journal shows the console resolved the record so.
+#[tokio::test]
+async fn a_resolved_notice_needs_the_resolution_in_the_journal() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-n").await;
+    let (cookie, csrf) = f.sign_in().await;
+    let session = [("cookie", cookie.as_str())];
+    let forged = format!("{}&done=completed", pages::link("/ui/record", &id));
+    let page = f.send("GET", &forged, &session, "").await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("Resolved as"), "{}", page.body);
+    let done = f
+        .send("POST", "/ui/resolve", &session, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let location = done.headers["location"].to_str().unwrap().to_owned();
+    let page = f.send("GET", &location, &session, "").await;
+    assert!(page.body.contains("Resolved as completed"), "{}", page.body);
+    let other = location.replace("done=completed", "done=not_executed");
+    let page = f.send("GET", &other, &session, "").await;
+    assert!(!page.body.contains("Resolved as"), "{}", page.body);
+}
+
+/// Signing in again from a browser that has a session ends that session:
+/// its cookie opens nothing any more.
+#[tokio::test]
+async fn signing_in_again_ends_the_previous_session() {
+    let f = fixture();
+    let (first, _) = f.sign_in().await;
+    let again = f
+        .send(
+            "POST",
+            "/ui/sign-in",
+            &[("cookie", &first)],
+            &format!("token={TOKEN}"),
+        )
+        .await;
+    assert_eq!(again.status, 303, "{}", again.body);
+    let second = again.headers["set-cookie"].to_str().unwrap();
+    let second = second.split(';').next().unwrap();
+    assert_ne!(second, first);
+    assert_eq!(
+        f.send("GET", "/ui", &[("cookie", &first)], "").await.status,
+        303
+    );
+    assert_eq!(
+        f.send("GET", "/ui", &[("cookie", second)], "").await.status,
+        200
+    );
+}
