@@ -21,6 +21,7 @@ use crate::view::{RecordView, outcome_name};
 use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
+pub(crate) use extract::strict_escapes;
 pub use resolve::{ADMIN_API_ACTOR, result_header};
 
 /// The shortest admin token accepted, in bytes.

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Form;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -28,6 +29,7 @@ use idem_core::{
 use idem_http::{Metrics, Resolver, Route};
 use maud::Markup;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::admin::AdminToken;
 use crate::view::outcome_name;
@@ -156,6 +158,9 @@ enum Refusal {
     NoSession,
     /// The form does not carry the session's CSRF token.
     Csrf,
+    /// The form is not UTF-8 once decoded (a browser always sends UTF-8
+    /// from these pages); read leniently, its text would change.
+    Unreadable(&'static str),
 }
 
 struct Console {
@@ -184,6 +189,65 @@ impl FromRequestParts<Arc<Console>> for SignedIn {
             .find(&parts.headers, Instant::now())
             .map(SignedIn)
             .ok_or_else(|| Redirect::to("/ui/sign-in"))
+    }
+}
+
+/// A state-changing form of a live session. The origin and the session
+/// are checked before the body is read, so that a request without a
+/// session costs no upload; then the form must be UTF-8 with well-formed
+/// escapes (as the admin API requires) and carry the session's CSRF token.
+struct Change<T> {
+    live: Live,
+    form: T,
+}
+
+/// A form that carries the session's CSRF token.
+trait CarriesCsrf {
+    fn csrf(&self) -> &str;
+}
+
+impl<T> FromRequest<Arc<Console>> for Change<T>
+where
+    T: DeserializeOwned + CarriesCsrf + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, console: &Arc<Console>) -> Result<Change<T>, Response> {
+        let (parts, body) = req.into_parts();
+        if let Some(why) = session::cross_site(&parts.headers) {
+            return Err(Refusal::CrossSite(why).into_response());
+        }
+        let Some(live) = console.sessions.find(&parts.headers, Instant::now()) else {
+            return Err(Refusal::NoSession.into_response());
+        };
+        // The parts go along twice: the limit and the form's content type
+        // are read from them by both extractors.
+        let raw = Bytes::from_request(Request::from_parts(parts.clone(), body), console)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        if let Err(why) = form_text(&raw) {
+            return Err(Refusal::Unreadable(why).into_response());
+        }
+        let req = Request::from_parts(parts, Body::from(raw));
+        let Form(form) = Form::<T>::from_request(req, console)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        if !console.sessions.csrf_matches(&live.id, form.csrf()) {
+            return Err(Refusal::Csrf.into_response());
+        }
+        Ok(Change { live, form })
+    }
+}
+
+impl CarriesCsrf for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl CarriesCsrf for ResolveForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
     }
 }
 
@@ -254,11 +318,7 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
     with_cookie(Redirect::to("/ui").into_response(), &cookie)
 }
 
-async fn sign_out(State(c): Shared, headers: HeaderMap, Form(form): Form<CsrfForm>) -> Response {
-    let live = match c.authorize_change(&headers, &form.csrf) {
-        Ok(live) => live,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn sign_out(State(c): Shared, Change { live, .. }: Change<CsrfForm>) -> Response {
     c.sessions.close(&live.id);
     let cookie = session::clear_cookie(c.state.transport);
     with_cookie(Redirect::to("/ui/sign-in").into_response(), &cookie)
@@ -361,11 +421,7 @@ async fn resolve_page(
     c.form_again(chrome, &id, &form, None, StatusCode::OK).await
 }
 
-async fn resolve(State(c): Shared, headers: HeaderMap, Form(form): Form<ResolveForm>) -> Response {
-    let live = match c.authorize_change(&headers, &form.csrf) {
-        Ok(live) => live,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -> Response {
     let chrome = Chrome { csrf: &live.csrf };
     let id = match records::record_id(&form.scope, &form.key) {
         Ok(id) => id,
@@ -409,22 +465,6 @@ async fn not_found() -> Response {
 }
 
 impl Console {
-    /// The session of a state-changing request, or why it is refused:
-    /// from another origin, without a live session, or without the
-    /// session's CSRF token.
-    fn authorize_change(&self, headers: &HeaderMap, csrf: &str) -> Result<Live, Refusal> {
-        if let Some(why) = session::cross_site(headers) {
-            return Err(Refusal::CrossSite(why));
-        }
-        let Some(live) = self.sessions.find(headers, Instant::now()) else {
-            return Err(Refusal::NoSession);
-        };
-        if !self.sessions.csrf_matches(&live.id, csrf) {
-            return Err(Refusal::Csrf);
-        }
-        Ok(live)
-    }
-
     /// The resolve form for the record as it is now, or the conflict page
     /// when it is not ambiguous any more.
     async fn form_again(
@@ -515,6 +555,13 @@ impl IntoResponse for Refusal {
                 let message = "Your session ended; sign in again. Nothing was changed.";
                 html(StatusCode::UNAUTHORIZED, pages::sign_in(Some(message)))
             }
+            Refusal::Unreadable(why) => {
+                let message = format!("The form could not be read: {why}. Nothing was changed.");
+                html(
+                    StatusCode::BAD_REQUEST,
+                    pages::refused(None, "Refused", &message),
+                )
+            }
             Refusal::Csrf => {
                 tracing::warn!("console: refused a form without this session's CSRF token");
                 let message = "This form is stale or did not come from this console (its CSRF \
@@ -538,6 +585,14 @@ fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
         .append_pair("after_key", &at.key)
         .finish();
     format!("/ui/records?{query}")
+}
+
+/// Why a form's body is not text the console stores as sent: not UTF-8,
+/// or a `%` escape that is malformed or decodes to bytes that are not.
+fn form_text(raw: &[u8]) -> Result<(), &'static str> {
+    let text = std::str::from_utf8(raw).map_err(|_| "its bytes are not UTF-8")?;
+    crate::admin::strict_escapes(text)
+        .map_err(|_| "a %-escape is malformed or does not decode to UTF-8")
 }
 
 /// The answer to a link or form whose scope or key is not valid.

@@ -477,3 +477,56 @@ async fn signing_in_again_ends_the_previous_session() {
         200
     );
 }
+
+/// A state change without a session is refused before its body is read:
+/// a body that never ends gets the answer at once.
+#[tokio::test]
+async fn a_change_without_a_session_is_refused_before_its_body() {
+    let f = fixture();
+    for path in ["/ui/resolve", "/ui/sign-out"] {
+        let first = futures_util::stream::once(async { Ok::<_, std::io::Error>("csrf=") });
+        let endless = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let req = Request::post(path)
+            .header("host", HOST)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", "idem_console=0000")
+            .body(Body::from_stream(endless))
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), f.app.clone().oneshot(req))
+            .await
+            .expect("answered without reading the body")
+            .unwrap();
+        assert_eq!(answer.status(), 401, "{path}");
+    }
+}
+
+/// A form that is not UTF-8 once decoded is refused, not stored with
+/// replacement characters; the admin API refuses the same.
+#[tokio::test]
+async fn a_form_that_is_not_utf8_changes_nothing() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-u").await;
+    let (cookie, csrf) = f.sign_in().await;
+    let session = [("cookie", cookie.as_str())];
+    let form = resolve_form(&id, &csrf);
+    for bad in [
+        form.replace("ledger+shows", "ledger%FF%FEshows"),
+        form.replace("ledger+shows", "ledger%Fshows"),
+        form.replace("ledger+shows", "ledger%E2%9Cshows"),
+    ] {
+        let answer = f.send("POST", "/ui/resolve", &session, &bad).await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+        assert!(answer.body.contains("could not be read"), "{}", answer.body);
+        assert!(!answer.body.contains(&csrf), "the form is not echoed");
+        let record = f.store.get(&id).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Ambiguous, "{bad}");
+    }
+    let unicode = form.replace("ledger+shows", "ledger+%E2%9C%93+shows");
+    let answer = f.send("POST", "/ui/resolve", &session, &unicode).await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        record.resolution.unwrap().reason,
+        "ledger \u{2713} shows m-1"
+    );
+}
