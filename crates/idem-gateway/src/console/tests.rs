@@ -116,6 +116,15 @@ impl Fixture {
     }
 }
 
+/// A console with one ambiguous record `key`, signed in: the fixture, the
+/// record, the `Cookie` header and the CSRF token.
+async fn signed_in_with(key: &str) -> (Fixture, RecordId, String, String) {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", key).await;
+    let (cookie, csrf) = f.sign_in().await;
+    (f, id, cookie, csrf)
+}
+
 fn resolve_form(id: &RecordId, csrf: &str) -> String {
     form_urlencoded::Serializer::new(String::new())
         .append_pair("csrf", csrf)
@@ -345,9 +354,7 @@ fn the_session_limits_come_from_the_config_file_named_in_errors() {
 /// no script, no framing of the resolve button, no caching of record data.
 #[tokio::test]
 async fn every_answer_carries_the_protecting_headers() {
-    let f = fixture();
-    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-h").await;
-    let (cookie, csrf) = f.sign_in().await;
+    let (f, id, cookie, csrf) = signed_in_with("k-h").await;
     let session = [("cookie", cookie.as_str())];
     let big = format!("csrf={csrf}&body={}", "a".repeat(CONSOLE_FORM_BYTES_MAX));
     let cases: [(&str, String, Headers, String, u16); 10] = [
@@ -430,9 +437,7 @@ async fn a_sign_in_form_is_bounded() {
 /// journal shows the console resolved the record so.
 #[tokio::test]
 async fn a_resolved_notice_needs_the_resolution_in_the_journal() {
-    let f = fixture();
-    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-n").await;
-    let (cookie, csrf) = f.sign_in().await;
+    let (f, id, cookie, csrf) = signed_in_with("k-n").await;
     let session = [("cookie", cookie.as_str())];
     let forged = format!("{}&done=completed", pages::link("/ui/record", &id));
     let page = f.send("GET", &forged, &session, "").await;
@@ -504,9 +509,7 @@ async fn a_change_without_a_session_is_refused_before_its_body() {
 /// replacement characters; the admin API refuses the same.
 #[tokio::test]
 async fn a_form_that_is_not_utf8_changes_nothing() {
-    let f = fixture();
-    let id = ambiguous(&*f.store, "POST /payouts|aa11", "k-u").await;
-    let (cookie, csrf) = f.sign_in().await;
+    let (f, id, cookie, csrf) = signed_in_with("k-u").await;
     let session = [("cookie", cookie.as_str())];
     let form = resolve_form(&id, &csrf);
     for bad in [
