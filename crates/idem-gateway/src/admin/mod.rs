@@ -21,6 +21,7 @@ use crate::view::{RecordView, outcome_name};
 use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
+pub(crate) use extract::strict_escapes;
 pub use resolve::{ADMIN_API_ACTOR, result_header};
 
 /// The shortest admin token accepted, in bytes.
@@ -91,14 +92,20 @@ pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>, token: AdminToken) -
     });
     let resolve_route =
         only(Allowed::Post, post(resolve)).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX));
-    axum::Router::new()
+    let routed = axum::Router::new()
         .route("/metrics", only(Allowed::Get, get(scrape)))
         .route("/records", only(Allowed::Get, get(list)))
         .route("/records/{scope}/{key}", only(Allowed::Get, get(show)))
         .route("/records/{scope}/{key}/resolve", resolve_route)
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(admin.clone(), authenticate))
-        .with_state(admin)
+        .with_state(admin.clone());
+    // The token is checked around the whole routed router, not as a layer
+    // of each route: a route's layer runs after its method is matched, and
+    // axum then adds `Allow` to the 401 of a method it does not serve,
+    // telling which paths exist.
+    axum::Router::new()
+        .fallback_service(routed)
+        .layer(middleware::from_fn_with_state(admin, authenticate))
 }
 
 struct Admin {

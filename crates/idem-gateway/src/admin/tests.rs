@@ -520,6 +520,71 @@ async fn routers_mounted_beside_it_authenticate_by_themselves() {
     );
 }
 
+/// Without the token every method on every path gets the same answer,
+/// byte for byte: no `Allow`, no other status, nothing that tells which
+/// paths or methods exist.
+#[tokio::test]
+async fn every_refusal_without_the_token_is_the_same() {
+    let f = fixture();
+    let ui = axum::Router::new().route("/ui", axum::routing::get(|| async { "console" }));
+    let app = f.app.clone().merge(ui);
+    let long = format!("/records/{}", "k".repeat(60_000));
+    let methods = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH",
+    ];
+    let paths = [
+        "/metrics",
+        "/records",
+        "/records/",
+        "//records",
+        "/records//",
+        "/records/s/k",
+        "/records/s/k/",
+        "/records%2Fs%2Fk",
+        "/records/s/k/resolve",
+        "/./records",
+        "/nowhere",
+        long.as_str(),
+    ];
+    let mut answers = std::collections::BTreeMap::new();
+    for method in methods {
+        for path in paths {
+            let req = Request::builder().method(method).uri(path);
+            let res = app
+                .clone()
+                .oneshot(req.body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let headers: Vec<String> = res
+                .headers()
+                .iter()
+                .filter(|(name, _)| *name != "content-length")
+                .map(|(name, value)| format!("{name}: {value:?}"))
+                .collect();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            let body = if method == "HEAD" { None } else { Some(body) };
+            let shown = format!("{method} {:.40}", path);
+            answers
+                .entry((status, headers, body.is_some()))
+                .or_insert_with(Vec::new)
+                .push(shown);
+            if let Some(body) = body {
+                assert_eq!(
+                    problem_type(std::str::from_utf8(&body).unwrap()),
+                    "urn:idem:problem:unauthorized"
+                );
+            }
+        }
+    }
+    // One answer with a body and the same without (HEAD).
+    assert_eq!(answers.len(), 2, "{answers:#?}");
+    assert!(
+        answers.keys().all(|(status, _, _)| *status == 401),
+        "{answers:#?}"
+    );
+}
+
 #[test]
 fn tokens_are_compared_whole() {
     let token = AdminToken::new("0123456789abcdef").unwrap();

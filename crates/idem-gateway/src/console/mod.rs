@@ -17,17 +17,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Form;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idem_core::{
-    Clock, ListCursor, Record, RecordId, Resolution, State as RecordState, Store, StoreError,
-    SystemClock, Token,
+    Clock, ListCursor, Record, RecordId, Resolution, Resolved, State as RecordState, Store,
+    StoreError, SystemClock, Token,
 };
 use idem_http::{Metrics, Resolver, Route};
 use maud::Markup;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::admin::AdminToken;
 use crate::tls::AdminTransport;
@@ -48,6 +50,10 @@ pub const CONSOLE_ACTOR: &str = "operator:console";
 /// The largest form the console reads, in bytes: a stored body of 1 MiB,
 /// percent-encoded, fits.
 pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The largest sign-in form read, in bytes: the longest admin token,
+/// every byte percent-encoded, fits. Refused sign-ins queue for seconds,
+/// so what each one holds while it waits stays small.
+pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
 /// How long a refused sign-in waits before it is answered. Refusals wait
 /// one after another, so wrong tokens are tried at most one per this long.
 pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
@@ -128,7 +134,12 @@ pub fn router(state: ConsoleState) -> axum::Router {
     axum::Router::new()
         .route("/ui", get(overview))
         .route("/ui/", get(overview))
-        .route("/ui/sign-in", get(sign_in_page).post(sign_in))
+        .route(
+            "/ui/sign-in",
+            get(sign_in_page)
+                .post(sign_in)
+                .layer(DefaultBodyLimit::max(SIGN_IN_FORM_BYTES_MAX)),
+        )
         .route("/ui/sign-out", post(sign_out))
         .route("/ui/records", get(list))
         .route("/ui/record", get(show))
@@ -148,6 +159,9 @@ enum Refusal {
     NoSession,
     /// The form does not carry the session's CSRF token.
     Csrf,
+    /// The form is not UTF-8 once decoded (a browser always sends UTF-8
+    /// from these pages); read leniently, its text would change.
+    Unreadable(&'static str),
 }
 
 struct Console {
@@ -176,6 +190,65 @@ impl FromRequestParts<Arc<Console>> for SignedIn {
             .find(&parts.headers, Instant::now())
             .map(SignedIn)
             .ok_or_else(|| Redirect::to("/ui/sign-in"))
+    }
+}
+
+/// A state-changing form of a live session. The origin and the session
+/// are checked before the body is read, so that a request without a
+/// session costs no upload; then the form must be UTF-8 with well-formed
+/// escapes (as the admin API requires) and carry the session's CSRF token.
+struct Change<T> {
+    live: Live,
+    form: T,
+}
+
+/// A form that carries the session's CSRF token.
+trait CarriesCsrf {
+    fn csrf(&self) -> &str;
+}
+
+impl<T> FromRequest<Arc<Console>> for Change<T>
+where
+    T: DeserializeOwned + CarriesCsrf + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, console: &Arc<Console>) -> Result<Change<T>, Response> {
+        let (parts, body) = req.into_parts();
+        if let Some(why) = session::cross_site(&parts.headers) {
+            return Err(Refusal::CrossSite(why).into_response());
+        }
+        let Some(live) = console.sessions.find(&parts.headers, Instant::now()) else {
+            return Err(Refusal::NoSession.into_response());
+        };
+        // The parts go along twice: the limit and the form's content type
+        // are read from them by both extractors.
+        let raw = Bytes::from_request(Request::from_parts(parts.clone(), body), console)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        if let Err(why) = form_text(&raw) {
+            return Err(Refusal::Unreadable(why).into_response());
+        }
+        let req = Request::from_parts(parts, Body::from(raw));
+        let Form(form) = Form::<T>::from_request(req, console)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        if !console.sessions.csrf_matches(&live.id, form.csrf()) {
+            return Err(Refusal::Csrf.into_response());
+        }
+        Ok(Change { live, form })
+    }
+}
+
+impl CarriesCsrf for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl CarriesCsrf for ResolveForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
     }
 }
 
@@ -217,7 +290,9 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
     if let Some(why) = session::cross_site(&headers) {
         return Refusal::CrossSite(why).into_response();
     }
-    if !c.state.token.matches(form.token.as_bytes()) {
+    let right = c.state.token.matches(form.token.as_bytes());
+    drop(form);
+    if !right {
         let _queued = c.refusals.lock().await;
         tokio::time::sleep(SIGN_IN_REFUSAL_DELAY).await;
         tracing::warn!("console: refused a sign-in with a wrong token");
@@ -225,6 +300,10 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
             "That is not the admin token. Check the gateway's admin_token_env variable and try again.",
         ));
         return html(StatusCode::UNAUTHORIZED, page);
+    }
+    // A session the browser already had ends: one sign-in, one live id.
+    if let Some(old) = c.sessions.find(&headers, Instant::now()) {
+        c.sessions.close(&old.id);
     }
     let Some(live) = c.sessions.open(Instant::now()) else {
         tracing::error!("console: no randomness for a session id");
@@ -240,11 +319,7 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
     with_cookie(Redirect::to("/ui").into_response(), &cookie)
 }
 
-async fn sign_out(State(c): Shared, headers: HeaderMap, Form(form): Form<CsrfForm>) -> Response {
-    let live = match c.authorize_change(&headers, &form.csrf) {
-        Ok(live) => live,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn sign_out(State(c): Shared, Change { live, .. }: Change<CsrfForm>) -> Response {
     c.sessions.close(&live.id);
     let cookie = session::clear_cookie(c.state.transport);
     with_cookie(Redirect::to("/ui/sign-in").into_response(), &cookie)
@@ -313,15 +388,19 @@ async fn show(
         Ok(detail) => detail,
         Err(e) => return store_failed(chrome, &e),
     };
-    let notice = match params.done.as_str() {
-        "completed" => Some(format!(
-            "Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer."
-        )),
-        "not_executed" => Some(format!(
+    // `done` comes from the link the resolution redirected to, and anyone
+    // can send such a link: the notice is shown only when the journal
+    // agrees that the console made this resolution last.
+    let latest = detail.journal.last();
+    let done = latest.filter(|e| e.by == CONSOLE_ACTOR && e.outcome.as_str() == params.done);
+    let notice = done.map(|e| match e.outcome {
+        Resolved::Completed => {
+            format!("Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer.")
+        }
+        Resolved::NotExecuted => format!(
             "Resolved as not executed by {CONSOLE_ACTOR}: the key is released, a retry runs."
-        )),
-        _ => None,
-    };
+        ),
+    });
     let page = pages::record(chrome, &id, &detail, SystemClock.now(), notice.as_deref());
     html(StatusCode::OK, page)
 }
@@ -343,11 +422,7 @@ async fn resolve_page(
     c.form_again(chrome, &id, &form, None, StatusCode::OK).await
 }
 
-async fn resolve(State(c): Shared, headers: HeaderMap, Form(form): Form<ResolveForm>) -> Response {
-    let live = match c.authorize_change(&headers, &form.csrf) {
-        Ok(live) => live,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -> Response {
     let chrome = Chrome { csrf: &live.csrf };
     let id = match records::record_id(&form.scope, &form.key) {
         Ok(id) => id,
@@ -391,22 +466,6 @@ async fn not_found() -> Response {
 }
 
 impl Console {
-    /// The session of a state-changing request, or why it is refused:
-    /// from another origin, without a live session, or without the
-    /// session's CSRF token.
-    fn authorize_change(&self, headers: &HeaderMap, csrf: &str) -> Result<Live, Refusal> {
-        if let Some(why) = session::cross_site(headers) {
-            return Err(Refusal::CrossSite(why));
-        }
-        let Some(live) = self.sessions.find(headers, Instant::now()) else {
-            return Err(Refusal::NoSession);
-        };
-        if !self.sessions.csrf_matches(&live.id, csrf) {
-            return Err(Refusal::Csrf);
-        }
-        Ok(live)
-    }
-
     /// The resolve form for the record as it is now, or the conflict page
     /// when it is not ambiguous any more.
     async fn form_again(
@@ -497,6 +556,13 @@ impl IntoResponse for Refusal {
                 let message = "Your session ended; sign in again. Nothing was changed.";
                 html(StatusCode::UNAUTHORIZED, pages::sign_in(Some(message)))
             }
+            Refusal::Unreadable(why) => {
+                let message = format!("The form could not be read: {why}. Nothing was changed.");
+                html(
+                    StatusCode::BAD_REQUEST,
+                    pages::refused(None, "Refused", &message),
+                )
+            }
             Refusal::Csrf => {
                 tracing::warn!("console: refused a form without this session's CSRF token");
                 let message = "This form is stale or did not come from this console (its CSRF \
@@ -520,6 +586,14 @@ fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
         .append_pair("after_key", &at.key)
         .finish();
     format!("/ui/records?{query}")
+}
+
+/// Why a form's body is not text the console stores as sent: not UTF-8,
+/// or a `%` escape that is malformed or decodes to bytes that are not.
+fn form_text(raw: &[u8]) -> Result<(), &'static str> {
+    let text = std::str::from_utf8(raw).map_err(|_| "its bytes are not UTF-8")?;
+    crate::admin::strict_escapes(text)
+        .map_err(|_| "a %-escape is malformed or does not decode to UTF-8")
 }
 
 /// The answer to a link or form whose scope or key is not valid.

@@ -116,6 +116,15 @@ impl Fixture {
     }
 }
 
+/// A console with one ambiguous record `key`, signed in: the fixture, the
+/// record, the `Cookie` header and the CSRF token.
+async fn signed_in_with(key: &str) -> (Fixture, RecordId, String, String) {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", key).await;
+    let (cookie, csrf) = f.sign_in().await;
+    (f, id, cookie, csrf)
+}
+
 fn resolve_form(id: &RecordId, csrf: &str) -> String {
     form_urlencoded::Serializer::new(String::new())
         .append_pair("csrf", csrf)
@@ -338,4 +347,189 @@ fn the_session_limits_come_from_the_config_file_named_in_errors() {
         let e = load(idle, absolute).unwrap_err().to_string();
         assert!(e.starts_with(want), "{e}");
     }
+}
+
+/// Every console answer, whatever produced it (a page, a redirect, a
+/// refusal, axum's own 404, 405 or 413), carries the protecting headers:
+/// no script, no framing of the resolve button, no caching of record data.
+#[tokio::test]
+async fn every_answer_carries_the_protecting_headers() {
+    let (f, id, cookie, csrf) = signed_in_with("k-h").await;
+    let session = [("cookie", cookie.as_str())];
+    let big = format!("csrf={csrf}&body={}", "a".repeat(CONSOLE_FORM_BYTES_MAX));
+    let cases: [(&str, String, Headers, String, u16); 10] = [
+        ("GET", "/ui".into(), &[], String::new(), 303),
+        ("GET", "/ui/sign-in".into(), &[], String::new(), 200),
+        ("GET", "/ui/style.css".into(), &[], String::new(), 200),
+        ("GET", "/ui/nowhere".into(), &[], String::new(), 404),
+        ("GET", "/ui/sign-out".into(), &[], String::new(), 405),
+        (
+            "GET",
+            pages::link("/ui/record", &id),
+            &session,
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            pages::link("/ui/resolve", &id),
+            &session,
+            String::new(),
+            200,
+        ),
+        (
+            "GET",
+            "/ui/records?older_than_min=-1".into(),
+            &session,
+            String::new(),
+            400,
+        ),
+        ("POST", "/ui/resolve".into(), &session, "csrf=0".into(), 403),
+        ("POST", "/ui/resolve".into(), &session, big, 413),
+    ];
+    let want = [
+        (
+            "content-security-policy",
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+        ("cache-control", "no-store"),
+    ];
+    for (method, path, headers, form, status) in cases {
+        let answer = f.send(method, &path, headers, &form).await;
+        assert_eq!(
+            answer.status, status,
+            "{method} {path}: {:.300}",
+            answer.body
+        );
+        for (name, value) in want {
+            assert_eq!(
+                answer.headers.get(name).and_then(|v| v.to_str().ok()),
+                Some(value),
+                "{method} {path}: {name}"
+            );
+        }
+    }
+}
+
+/// A sign-in form is small: the longest token, fully escaped, is read and
+/// refused as a wrong token; anything longer is not read at all, since
+/// refused sign-ins queue and each would hold its form meanwhile.
+#[tokio::test]
+async fn a_sign_in_form_is_bounded() {
+    let f = fixture();
+    let longest = "%21".repeat(crate::admin::ADMIN_TOKEN_BYTES_MAX);
+    let fits = f
+        .send("POST", "/ui/sign-in", &[], &format!("token={longest}"))
+        .await;
+    assert_eq!(fits.status, 401, "{}", fits.body);
+    let over = format!("token={}", "a".repeat(SIGN_IN_FORM_BYTES_MAX));
+    let started = std::time::Instant::now();
+    let refused = f.send("POST", "/ui/sign-in", &[], &over).await;
+    assert_eq!(refused.status, 413, "{}", refused.body);
+    assert!(started.elapsed() < SIGN_IN_REFUSAL_DELAY, "not queued");
+    assert!(refused.headers.get("set-cookie").is_none());
+}
+
+/// A link can say `done=completed`; the page believes it only when the
+/// journal shows the console resolved the record so.
+#[tokio::test]
+async fn a_resolved_notice_needs_the_resolution_in_the_journal() {
+    let (f, id, cookie, csrf) = signed_in_with("k-n").await;
+    let session = [("cookie", cookie.as_str())];
+    let forged = format!("{}&done=completed", pages::link("/ui/record", &id));
+    let page = f.send("GET", &forged, &session, "").await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("Resolved as"), "{}", page.body);
+    let done = f
+        .send("POST", "/ui/resolve", &session, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let location = done.headers["location"].to_str().unwrap().to_owned();
+    let page = f.send("GET", &location, &session, "").await;
+    assert!(page.body.contains("Resolved as completed"), "{}", page.body);
+    let other = location.replace("done=completed", "done=not_executed");
+    let page = f.send("GET", &other, &session, "").await;
+    assert!(!page.body.contains("Resolved as"), "{}", page.body);
+}
+
+/// Signing in again from a browser that has a session ends that session:
+/// its cookie opens nothing any more.
+#[tokio::test]
+async fn signing_in_again_ends_the_previous_session() {
+    let f = fixture();
+    let (first, _) = f.sign_in().await;
+    let again = f
+        .send(
+            "POST",
+            "/ui/sign-in",
+            &[("cookie", &first)],
+            &format!("token={TOKEN}"),
+        )
+        .await;
+    assert_eq!(again.status, 303, "{}", again.body);
+    let second = again.headers["set-cookie"].to_str().unwrap();
+    let second = second.split(';').next().unwrap();
+    assert_ne!(second, first);
+    assert_eq!(
+        f.send("GET", "/ui", &[("cookie", &first)], "").await.status,
+        303
+    );
+    assert_eq!(
+        f.send("GET", "/ui", &[("cookie", second)], "").await.status,
+        200
+    );
+}
+
+/// A state change without a session is refused before its body is read:
+/// a body that never ends gets the answer at once.
+#[tokio::test]
+async fn a_change_without_a_session_is_refused_before_its_body() {
+    let f = fixture();
+    for path in ["/ui/resolve", "/ui/sign-out"] {
+        let first = futures_util::stream::once(async { Ok::<_, std::io::Error>("csrf=") });
+        let endless = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        let req = Request::post(path)
+            .header("host", HOST)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", "idem_console=0000")
+            .body(Body::from_stream(endless))
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), f.app.clone().oneshot(req))
+            .await
+            .expect("answered without reading the body")
+            .unwrap();
+        assert_eq!(answer.status(), 401, "{path}");
+    }
+}
+
+/// A form that is not UTF-8 once decoded is refused, not stored with
+/// replacement characters; the admin API refuses the same.
+#[tokio::test]
+async fn a_form_that_is_not_utf8_changes_nothing() {
+    let (f, id, cookie, csrf) = signed_in_with("k-u").await;
+    let session = [("cookie", cookie.as_str())];
+    let form = resolve_form(&id, &csrf);
+    for bad in [
+        form.replace("ledger+shows", "ledger%FF%FEshows"),
+        form.replace("ledger+shows", "ledger%Fshows"),
+        form.replace("ledger+shows", "ledger%E2%9Cshows"),
+    ] {
+        let answer = f.send("POST", "/ui/resolve", &session, &bad).await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+        assert!(answer.body.contains("could not be read"), "{}", answer.body);
+        assert!(!answer.body.contains(&csrf), "the form is not echoed");
+        let record = f.store.get(&id).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Ambiguous, "{bad}");
+    }
+    let unicode = form.replace("ledger+shows", "ledger+%E2%9C%93+shows");
+    let answer = f.send("POST", "/ui/resolve", &session, &unicode).await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        record.resolution.unwrap().reason,
+        "ledger \u{2713} shows m-1"
+    );
 }
