@@ -75,6 +75,10 @@ async fn the_admin_api_speaks_https_with_the_configured_certificate() {
     assert!(page.contains("idem_claims_total"), "{page}");
     let (status, _) = get(&https, &format!("https://{admin}/metrics"), None).await;
     assert_eq!(status, 401, "the token is still required over TLS");
+    // The console on the same listener marks its session cookie Secure.
+    let cookie = sign_in_cookie(&https, &format!("https://{admin}/ui/sign-in")).await;
+    assert!(cookie.contains("Secure"), "{cookie}");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
 
     // Plain HTTP gets no answer: the listener wants a TLS handshake.
     let plain = tokio::time::timeout(
@@ -135,6 +139,18 @@ fn https_client(pki: &Pki) -> HttpsClient {
         .enable_http1()
         .build();
     Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Signs in to the console with the token; the session cookie set.
+async fn sign_in_cookie(client: &HttpsClient, url: &str) -> String {
+    let req = axum::http::Request::post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={TOKEN}")))
+        .unwrap();
+    let res = client.request(req).await.unwrap();
+    assert_eq!(res.status().as_u16(), 303, "{res:?}");
+    let cookie = res.headers().get("set-cookie").expect("a session cookie");
+    cookie.to_str().unwrap().to_owned()
 }
 
 async fn get(client: &HttpsClient, url: &str, token: Option<&str>) -> (u16, String) {
