@@ -33,6 +33,9 @@ pub const ADMIN_TOKEN_BYTES_MAX: usize = 4096;
 pub const ADMIN_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// How many records `GET /records` returns without `limit`.
 pub const ADMIN_LIST_LIMIT_DEFAULT: usize = 1000;
+/// The most bytes of a refused request's path written to the log: a caller
+/// without the token must not choose the size of the gateway's log lines.
+pub const ADMIN_LOGGED_PATH_BYTES_MAX: usize = 256;
 
 /// The bearer token the admin API requires. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -128,7 +131,8 @@ async fn authenticate(State(admin): State<Arc<Admin>>, req: Request, next: Next)
     if admin.authorized(req.headers()) {
         return next.run(req).await;
     }
-    tracing::warn!(method = %req.method(), path = %req.uri().path(), "admin API: refused a request without a valid token");
+    let path = logged_path(req.uri().path());
+    tracing::warn!(method = %req.method(), path, "admin API: refused a request without a valid token");
     Refusal::new(
         AdminProblem::Unauthorized,
         "send Authorization: Bearer TOKEN with the token from the gateway's admin_token_env variable",
@@ -293,6 +297,19 @@ fn json(value: &impl serde::Serialize) -> Response {
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+/// `path` as logged: at most [`ADMIN_LOGGED_PATH_BYTES_MAX`] bytes of it,
+/// cut at a character boundary, and how long it was when cut.
+fn logged_path(path: &str) -> String {
+    if path.len() <= ADMIN_LOGGED_PATH_BYTES_MAX {
+        return path.to_owned();
+    }
+    let mut end = ADMIN_LOGGED_PATH_BYTES_MAX;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &path[..end], path.len())
 }
 
 #[cfg(test)]

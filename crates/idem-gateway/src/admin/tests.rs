@@ -599,3 +599,18 @@ fn tokens_are_compared_whole() {
     }
     assert_eq!(format!("{token:?}"), "AdminToken(***)");
 }
+
+#[test]
+fn refused_paths_are_logged_cut_to_a_bound() {
+    let long = "/".repeat(60_000);
+    let wide = format!("/{}", "é".repeat(200));
+    let cases: [(&str, String); 3] = [
+        ("/records", "/records".to_owned()),
+        (&long, format!("{}… (60000 bytes)", "/".repeat(256))),
+        // 'é' is two bytes: the cut falls back to the boundary before it.
+        (&wide, format!("/{}… (401 bytes)", "é".repeat(127))),
+    ];
+    for (path, expected) in cases {
+        assert_eq!(super::logged_path(path), expected);
+    }
+}
