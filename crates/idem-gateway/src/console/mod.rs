@@ -57,6 +57,10 @@ pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
 /// How long a refused sign-in waits before it is answered. Refusals wait
 /// one after another, so wrong tokens are tried at most one per this long.
 pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
+/// The most refused sign-ins waiting their turn; beyond it a wrong token is
+/// answered 429 at once, so a flood of guesses holds neither memory nor an
+/// operator who mistyped for long.
+pub const SIGN_IN_REFUSALS_WAITING_MAX: usize = 16;
 
 /// What the console works with.
 #[derive(Clone)]
@@ -128,6 +132,7 @@ pub fn router(state: ConsoleState) -> axum::Router {
     let console = Arc::new(Console {
         sessions: Sessions::new(state.limits),
         refusals: tokio::sync::Mutex::new(()),
+        refusals_waiting: tokio::sync::Semaphore::new(SIGN_IN_REFUSALS_WAITING_MAX),
         samples,
         state,
     });
@@ -170,6 +175,8 @@ struct Console {
     samples: Arc<Samples>,
     /// Held by a refused sign-in while it waits, so refusals queue.
     refusals: tokio::sync::Mutex<()>,
+    /// One permit per refused sign-in waiting for `refusals`.
+    refusals_waiting: tokio::sync::Semaphore,
 }
 
 type Shared = State<Arc<Console>>;
@@ -293,6 +300,17 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
     let right = c.state.token.matches(form.token.as_bytes());
     drop(form);
     if !right {
+        let Ok(_waiting) = c.refusals_waiting.try_acquire() else {
+            tracing::warn!("console: refused a sign-in with a wrong token at once: too many wait");
+            let page = pages::sign_in(Some(
+                "Too many wrong tokens were tried just now. Wait a minute and try again.",
+            ));
+            let mut answer = html(StatusCode::TOO_MANY_REQUESTS, page);
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            return answer;
+        };
         let _queued = c.refusals.lock().await;
         tokio::time::sleep(SIGN_IN_REFUSAL_DELAY).await;
         tracing::warn!("console: refused a sign-in with a wrong token");

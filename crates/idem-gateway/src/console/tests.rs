@@ -533,3 +533,40 @@ async fn a_form_that_is_not_utf8_changes_nothing() {
         "ledger \u{2713} shows m-1"
     );
 }
+
+/// Past the bound of waiting refusals a wrong token is answered 429 at once,
+/// and the right one still signs in at once.
+#[tokio::test]
+async fn wrong_tokens_beyond_the_waiting_bound_are_refused_at_once() {
+    let f = Arc::new(fixture());
+    let waiting: Vec<_> = (0..SIGN_IN_REFUSALS_WAITING_MAX)
+        .map(|_| {
+            let f = f.clone();
+            tokio::spawn(async move { f.send("POST", "/ui/sign-in", &[], "token=wrong").await })
+        })
+        .collect();
+    // They all take their place in the queue; none is answered yet.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let quick = std::time::Duration::from_millis(500);
+    let flood = f.send("POST", "/ui/sign-in", &[], "token=wrong");
+    let flood = tokio::time::timeout(quick, flood)
+        .await
+        .expect("answered at once");
+    assert_eq!(flood.status, 429, "{}", flood.body);
+    assert_eq!(flood.headers["retry-after"], "60");
+    assert!(
+        flood.body.contains("Too many wrong tokens"),
+        "{}",
+        flood.body
+    );
+    let form = format!("token={TOKEN}");
+    let right = f.send("POST", "/ui/sign-in", &[], &form);
+    let right = tokio::time::timeout(quick, right)
+        .await
+        .expect("answered at once");
+    assert_eq!(right.status, 303, "{}", right.body);
+    for task in &waiting {
+        assert!(!task.is_finished(), "a refusal waits its turn");
+    }
+    waiting.iter().for_each(|task| task.abort());
+}
