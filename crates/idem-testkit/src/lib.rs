@@ -15,6 +15,14 @@ pub mod pg_cluster;
 pub mod relay;
 pub mod tls;
 
+/// A loopback port nobody listens on right now, for a process a test
+/// starts with its port named in advance.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 use idem_core::Token;
 
 /// The scope every record of `crash-writer` lives in.

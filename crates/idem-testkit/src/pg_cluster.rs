@@ -14,7 +14,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -552,12 +552,7 @@ fn give_to_postgres(dir: &Path) -> Result<(), ClusterError> {
 
 /// A loopback port nobody listens on right now.
 fn spare_port() -> Result<u16, ClusterError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("find a spare port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io_error("find a spare port"))?
-        .port();
-    Ok(port)
+    crate::free_port().map_err(io_error("find a spare port"))
 }
 
 fn append(path: &Path, text: &str) -> Result<(), ClusterError> {

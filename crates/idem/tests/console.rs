@@ -15,7 +15,7 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
+use idem_testkit::free_port;
 use serde_json::{Value, json};
 use support::{Gateway, Site, post, send};
 
@@ -291,7 +292,7 @@ impl Driver {
         if chromium().is_none() {
             missing("chromium");
         }
-        let port = free_port();
+        let port = free_port().unwrap();
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -602,12 +603,4 @@ fn running_as_root() -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

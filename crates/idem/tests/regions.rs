@@ -8,16 +8,8 @@ mod support;
 
 use std::path::Path;
 
+use idem_testkit::free_port;
 use support::{Gateway, Site, Upstream, idem, key, post, text};
-
-/// A free loopback port, for a gateway its peer must name before it starts.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn config(region: &str, peers: &[(&str, u16)], regions: &str, extra: &str) -> String {
     let peers: String = peers
@@ -71,7 +63,7 @@ const PREFIX: &str =
 async fn each_key_is_claimed_once_and_only_in_its_home_region() {
     let up = Upstream::start().await;
     let (eu_site, us_site) = (Site::new(), Site::new());
-    let (eu_port, us_port) = (free_port(), free_port());
+    let (eu_port, us_port) = (free_port().unwrap(), free_port().unwrap());
     let eu = start(
         &up,
         &eu_site,
@@ -124,7 +116,7 @@ async fn each_key_is_claimed_once_and_only_in_its_home_region() {
 async fn a_forward_outlasts_the_home_gateways_own_upstream_timeout() {
     let up = Upstream::start().await;
     let (eu_site, us_site) = (Site::new(), Site::new());
-    let (eu_port, us_port) = (free_port(), free_port());
+    let (eu_port, us_port) = (free_port().unwrap(), free_port().unwrap());
     let text = |region: &str, peer: &str, port: u16| {
         format!(
             "response_timeout_ms = 500\nregion = \"{region}\"\n[peers]\n\
@@ -152,7 +144,7 @@ async fn a_forward_outlasts_the_home_gateways_own_upstream_timeout() {
 async fn copies_racing_through_both_gateways_run_once() {
     let up = Upstream::start().await;
     let (eu_site, us_site) = (Site::new(), Site::new());
-    let (eu_port, us_port) = (free_port(), free_port());
+    let (eu_port, us_port) = (free_port().unwrap(), free_port().unwrap());
     let eu = start(
         &up,
         &eu_site,
@@ -194,11 +186,11 @@ async fn on_foreign_problem_answers_421_and_claims_nothing() {
     let site = Site::new();
     let regions =
         "{ mode = \"home-region\", home = { from = \"key_prefix\" }, on_foreign = \"problem\" }";
-    let us_port = free_port();
+    let us_port = free_port().unwrap();
     let eu = start(
         &up,
         &site,
-        free_port(),
+        free_port().unwrap(),
         &config("eu", &[("us", us_port)], regions, ""),
     );
     let reply = post(&eu.url("/payouts"), &[key("us:pay-9")], "{}").await;
@@ -216,7 +208,7 @@ async fn on_foreign_problem_answers_421_and_claims_nothing() {
 async fn two_gateways_that_each_think_the_other_is_home_end_in_a_problem() {
     let up = Upstream::start().await;
     let (eu_site, us_site) = (Site::new(), Site::new());
-    let (eu_port, us_port) = (free_port(), free_port());
+    let (eu_port, us_port) = (free_port().unwrap(), free_port().unwrap());
     let principal = "principal = { header = \"x-tenant\" }\n";
     let home = |other: &str| {
         format!(
@@ -268,8 +260,8 @@ async fn a_home_region_that_does_not_answer_gets_503_and_nothing_is_claimed() {
     let eu = start(
         &up,
         &site,
-        free_port(),
-        &config("eu", &[("us", free_port())], PREFIX, ""),
+        free_port().unwrap(),
+        &config("eu", &[("us", free_port().unwrap())], PREFIX, ""),
     );
     let reply = post(&eu.url("/payouts"), &[key("us:pay-3")], "{}").await;
     assert_eq!(reply.status, 503, "{}", reply.body);
@@ -285,11 +277,11 @@ async fn a_home_region_that_does_not_answer_gets_503_and_nothing_is_claimed() {
 async fn a_key_whose_home_cannot_be_derived_is_refused_with_why() {
     let up = Upstream::start().await;
     let (site, header_site) = (Site::new(), Site::new());
-    let us = free_port();
+    let us = free_port().unwrap();
     let eu = start(
         &up,
         &site,
-        free_port(),
+        free_port().unwrap(),
         &config("eu", &[("us", us)], PREFIX, ""),
     );
     let by_header =
@@ -297,7 +289,7 @@ async fn a_key_whose_home_cannot_be_derived_is_refused_with_why() {
     let eu_header = start(
         &up,
         &header_site,
-        free_port(),
+        free_port().unwrap(),
         &config("eu", &[("us", us)], by_header, ""),
     );
     let cases: [Refused<'_>; 7] = [
