@@ -45,6 +45,10 @@ pub use session::{
     SESSIONS_MAX, SessionLimits,
 };
 
+/// What a verdict about an earlier attempt is told.
+const MOVED_ON: &str =
+    "The record belongs to another attempt than the one this form was about (its token changed).";
+
 /// The `by` of every resolution made in the console.
 pub const CONSOLE_ACTOR: &str = "operator:console";
 /// The largest form the console reads, in bytes: a stored body of 1 MiB,
@@ -510,16 +514,28 @@ impl Console {
             };
             return self.refused_verdict(chrome, id, &e);
         }
+        // A form sent back (an error to correct) stays about the attempt it
+        // was opened for: re-rendered with the record's current token, a
+        // verdict about an older attempt would land on the newer one.
+        if !form.token.is_empty() && form.token != record.token.0.to_string() {
+            return html(StatusCode::CONFLICT, pages::conflict(chrome, id, MOVED_ON));
+        }
         html(status, pages::resolve(chrome, &record, form, error))
     }
 
     /// The page for a verdict the store refused; nothing was written.
     fn refused_verdict(&self, chrome: Chrome, id: &RecordId, e: &StoreError) -> Response {
         let message = match e {
-            StoreError::NotFound { .. } => "No record is stored for this scope and key any more.".to_owned(),
-            StoreError::WrongState { state, .. } => format!("The record is {state} now, not ambiguous: someone or something resolved it, or a new attempt took it."),
-            StoreError::Fenced { .. } => "The record belongs to another attempt than the one this form was about (its token changed).".to_owned(),
-            StoreError::MayStillCommit { .. } => format!("{e}. Not executed can be chosen only once the attempt's lease is over."),
+            StoreError::NotFound { .. } => {
+                "No record is stored for this scope and key any more.".to_owned()
+            }
+            StoreError::WrongState { state, .. } => format!(
+                "The record is {state} now, not ambiguous: someone or something resolved it, or a new attempt took it."
+            ),
+            StoreError::Fenced { .. } => MOVED_ON.to_owned(),
+            StoreError::MayStillCommit { .. } => {
+                format!("{e}. Not executed can be chosen only once the attempt's lease is over.")
+            }
             StoreError::Limit(_) => format!("{e}"),
             _ => return store_failed(chrome, e),
         };
