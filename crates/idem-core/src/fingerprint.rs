@@ -453,14 +453,18 @@ fn normalize_path(path: &str) -> String {
         // The crate decodes a valid escape to one byte and keeps an invalid
         // one as it is, three bytes; the policy (which bytes to decode, the
         // case of the rest) is the canonical form's, so it stays here.
+        // Read without collecting: this runs for every escape of every
+        // fingerprinted path.
         let escape = rest.get(at..at + 3);
-        let decoded = escape.map(|e| percent_decode_str(e).collect::<Vec<u8>>());
-        match (escape, decoded.as_deref()) {
-            (Some(escape), Some(&[byte])) => {
+        let mut decoded = escape.map(percent_decode_str);
+        let byte = decoded.as_mut().map(|d| (d.next(), d.next()));
+        match (escape, byte) {
+            (Some(escape), Some((Some(byte), None))) => {
                 if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
                     out.push(char::from(byte));
                 } else {
-                    out.push_str(&escape.to_ascii_uppercase());
+                    // Two hex digits, so ASCII.
+                    out.extend(escape.chars().map(|c| c.to_ascii_uppercase()));
                 }
                 rest = &rest[at + 3..];
             }
