@@ -7,7 +7,6 @@
 //! working one.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +23,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idem_gateway::console::random_hex;
 use idem_gateway::{AdminListener, AdminToken, GatewayConfig, Overrides, ServeOptions};
 use idem_http::{PROBLEM_TYPE_PREFIX, ProblemKind, REPLAYED_HEADER};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -233,7 +233,7 @@ impl Stage {
             .map_err(|e| anyhow!("the demo's gateway configuration is refused: {e}"))?;
         let opened = config.store.open()?;
         let store_shown = config.store.to_string();
-        let admin_token = random_hex();
+        let admin_token = random_hex().context("the system's random generator failed")?;
         let token = AdminToken::new(&admin_token).map_err(|e| anyhow!("admin token: {e}"))?;
         let router = api.router();
         let upstream_task = tokio::spawn(async move {
@@ -549,7 +549,8 @@ impl Out {
 
 /// The five steps, in order; the first that misbehaves ends the walk.
 async fn walk(stage: &Stage, out: &Out) -> anyhow::Result<Tally> {
-    let run = &random_hex()[..8];
+    let run = random_hex().context("the system's random generator failed")?;
+    let run = &run[..8];
     let keys = [
         format!("payout-847-{run}"),
         format!("payout-848-{run}"),
@@ -822,14 +823,4 @@ async fn bind(what: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
 /// One path segment of the admin API (a scope holds spaces, `/` and `|`).
 fn segment(text: &str) -> String {
     utf8_percent_encode(text, NON_ALPHANUMERIC).to_string()
-}
-
-/// 32 hex digits from the standard library's randomly keyed hasher, which
-/// draws its keys from the operating system: enough for a token that lives
-/// as long as this process and guards a loopback listener.
-fn random_hex() -> String {
-    let state = RandomState::new();
-    let high = state.hash_one(1_u8);
-    let low = state.hash_one(2_u8);
-    format!("{high:016x}{low:016x}")
 }

@@ -42,7 +42,7 @@ use session::{Live, Sessions};
 pub use records::{PAGE_ROWS, SCAN_ROWS_MAX};
 pub use session::{
     LimitsError, SESSION_ABSOLUTE_S_DEFAULT, SESSION_COOKIE, SESSION_IDLE_S_DEFAULT, SESSION_S_MAX,
-    SESSIONS_MAX, SessionLimits,
+    SESSIONS_MAX, SessionLimits, random_hex,
 };
 
 /// What a verdict about an earlier attempt is told.

@@ -274,8 +274,10 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
         .map(|c| c.value().to_owned())
 }
 
-/// 32 bytes from the operating system's generator, as hex.
-fn random_hex() -> Option<String> {
+/// 32 bytes from the operating system's generator, as hex: session ids,
+/// CSRF tokens, and any other secret a process makes for itself (the
+/// demo's admin token). `None` if the generator fails.
+pub fn random_hex() -> Option<String> {
     let mut bytes = [0u8; SECRET_BYTES];
     getrandom::fill(&mut bytes).ok()?;
     Some(to_hex(&bytes))
