@@ -58,13 +58,18 @@ pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// every byte percent-encoded, fits. Refused sign-ins queue for seconds,
 /// so what each one holds while it waits stays small.
 pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
-/// How long a refused sign-in waits before it is answered. Refusals wait
-/// one after another, so wrong tokens are tried at most one per this long.
+/// How long a refused sign-in waits before it is answered, one refusal
+/// after another. It slows trying tokens by hand; it does not bound
+/// guessing (the admin API answers a wrong bearer token at once): the
+/// token's own randomness does.
 pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
 /// The most refused sign-ins waiting their turn; beyond it a wrong token is
 /// answered 429 at once, so a flood of guesses holds neither memory nor an
 /// operator who mistyped for long.
 pub const SIGN_IN_REFUSALS_WAITING_MAX: usize = 16;
+/// The `Retry-After` of a sign-in refused because too many wait, in
+/// seconds: longer than the queue takes to drain.
+pub const SIGN_IN_RETRY_AFTER_S: u64 = 60;
 
 /// What the console works with.
 #[derive(Clone)]
@@ -310,9 +315,10 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
                 "Too many wrong tokens were tried just now. Wait a minute and try again.",
             ));
             let mut answer = html(StatusCode::TOO_MANY_REQUESTS, page);
-            answer
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            answer.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(SIGN_IN_RETRY_AFTER_S),
+            );
             return answer;
         };
         let _queued = c.refusals.lock().await;
