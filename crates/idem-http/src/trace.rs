@@ -5,8 +5,8 @@
 //!
 //! Spans are `tracing` spans; they reach OpenTelemetry through a
 //! `tracing_opentelemetry` layer when the process installs one. Without
-//! it, a valid incoming context is passed on unchanged and nothing is
-//! generated. Attributes name the scope (its principal is a digest, never
+//! it, a valid incoming context is passed on in its canonical version-00
+//! form and nothing is generated. Attributes name the scope (its principal is a digest, never
 //! a credential) and the key, never a header value or a body.
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response};

@@ -7,8 +7,7 @@ use opentelemetry::InstrumentationScope;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::subscriber::Interest;
-use tracing_subscriber::filter::{FilterExt, Targets, dynamic_filter_fn, filter_fn};
+use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -99,12 +98,8 @@ impl Telemetry {
             // call site, so that a request's spans cost nothing. Filtering
             // them out of the log layer alone still had the registry make
             // and drop every span: 10-15 % of hot-replay throughput.
-            let no_spans = dynamic_filter_fn(|meta, _| !meta.is_span()).with_callsite_filter(
-                |meta| match meta.is_span() {
-                    true => Interest::never(),
-                    false => Interest::always(),
-                },
-            );
+            // filter_fn keeps its answer per call site: never, for a span.
+            let no_spans = filter_fn(|meta| !meta.is_span());
             let logs = tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(ansi);

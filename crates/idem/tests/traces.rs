@@ -73,6 +73,11 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
 
     // Nothing is exported before the end (a 60 s batch delay): every span
     // below was flushed at SIGTERM.
+    let early = collector.spans.lock().unwrap().len();
+    assert_eq!(
+        early, 0,
+        "spans exported before exit: the flush goes untested"
+    );
     let logs = terminate(gw);
     let spans = collector.spans.lock().unwrap().clone();
     assert!(!spans.is_empty(), "no spans flushed at exit:\n{logs}");
