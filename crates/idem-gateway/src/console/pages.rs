@@ -405,7 +405,9 @@ fn journal(entries: &[JournalEntry]) -> Markup {
 /// A bar chart of `s`, one bar per minute, drawn on the server.
 fn chart(s: &Series) -> Markup {
     let (width, height) = (600u64, 100u64);
-    let max = s.per_minute.iter().copied().max().unwrap_or(0).max(1);
+    let max = s.per_minute.iter().copied().max().unwrap_or(0);
+    // The bars' scale; an empty hour draws no bar at all.
+    let scale = max.max(1);
     let total: u64 = s.per_minute.iter().sum();
     let slot = width / super::samples::SAMPLES_MAX as u64;
     let offset = super::samples::SAMPLES_MAX.saturating_sub(s.per_minute.len()) as u64;
@@ -419,7 +421,7 @@ fn chart(s: &Series) -> Markup {
             svg viewBox=(format!("0 0 {width} {height}")) role="img" aria-label=(label) {
                 line.axis x1="0" y1=(height) x2=(width) y2=(height) {}
                 @for (i, n) in s.per_minute.iter().enumerate() {
-                    @let h = n * (height - 4) / max;
+                    @let h = n * (height - 4) / scale;
                     rect x=((offset + i as u64) * slot + 1) y=(height - h) width=(slot - 2) height=(h) {
                         title { (n) }
                     }
@@ -435,5 +437,29 @@ fn state_name(state: State) -> &'static str {
         State::Completed => "completed",
         State::Ambiguous => "ambiguous",
         State::Tombstone => "tombstone",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The label says what was counted: an empty hour is "at most 0", never
+    /// the 1 the bars divide by.
+    #[test]
+    fn a_chart_labels_the_counted_maximum() {
+        let cases: [(Vec<u64>, &str); 3] = [
+            (vec![], "0 in the last hour, at most 0 in one minute"),
+            (vec![0, 0], "0 in the last hour, at most 0 in one minute"),
+            (vec![2, 5, 1], "8 in the last hour, at most 5 in one minute"),
+        ];
+        for (per_minute, said) in cases {
+            let page = chart(&Series {
+                name: "Decisions",
+                per_minute,
+            })
+            .into_string();
+            assert!(page.contains(said), "{said}: {page}");
+        }
     }
 }
