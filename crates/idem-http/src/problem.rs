@@ -15,6 +15,10 @@ pub const PROBLEM_TYPE_PREFIX: &str = "urn:idem:problem:";
 pub trait ProblemType: Copy {
     /// The slug after [`PROBLEM_TYPE_PREFIX`].
     fn slug(self) -> &'static str;
+    /// The full `type` URI: [`PROBLEM_TYPE_PREFIX`] and the slug.
+    fn type_uri(self) -> String {
+        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug())
+    }
     /// The fixed title.
     fn title(self) -> &'static str;
     /// The HTTP status.
@@ -160,11 +164,6 @@ impl ProblemKind {
         }
     }
 
-    /// The full `type` URI.
-    pub fn type_uri(self) -> String {
-        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug())
-    }
-
     /// Every kind, for documentation and tests.
     pub const ALL: [ProblemKind; 20] = [
         ProblemKind::MissingKey,
@@ -253,7 +252,7 @@ impl<K: ProblemType> Problem<K> {
     /// The JSON body.
     pub fn body(&self) -> Bytes {
         let mut doc = serde_json::json!({
-            "type": format!("{PROBLEM_TYPE_PREFIX}{}", self.kind.slug()),
+            "type": self.kind.type_uri(),
             "title": self.kind.title(),
             "status": self.kind.status().as_u16(),
             "detail": self.detail,
