@@ -41,8 +41,8 @@ use idem_broker::rabbitmq::RabbitConfig;
 
 use crate::broker::Broker;
 
-/// The default store.
-pub const STORE_DEFAULT: &str = "sqlite://idem.db";
+/// The default store, the gateway's.
+pub use idem_gateway::STORE_DEFAULT;
 /// The default header the key is delivered in.
 pub const KEY_HEADER_DEFAULT: &str = "Idempotency-Key";
 /// The default connect timeout towards the endpoint, in milliseconds.

@@ -13,7 +13,7 @@ use idem_core::{
 };
 use idem_gateway::{RecordView, outcome_name, rfc3339};
 
-use crate::store_url::{self, DEFAULT_STORE, OpenStore};
+use crate::store_url::{self, OpenStore, STORE_DEFAULT};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -32,7 +32,7 @@ pub struct ListArgs {
     #[arg(long, value_parser = parse_state)]
     state: Option<State>,
     /// The store, as a URL.
-    #[arg(long, default_value = DEFAULT_STORE)]
+    #[arg(long, default_value = STORE_DEFAULT)]
     store: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -50,7 +50,7 @@ pub struct ShowArgs {
     /// The idempotency key.
     key: String,
     /// The store, as a URL.
-    #[arg(long, default_value = DEFAULT_STORE)]
+    #[arg(long, default_value = STORE_DEFAULT)]
     store: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -95,7 +95,7 @@ pub struct ResolveArgs {
     #[arg(long)]
     by: Option<String>,
     /// The store, as a URL.
-    #[arg(long, default_value = DEFAULT_STORE)]
+    #[arg(long, default_value = STORE_DEFAULT)]
     store: String,
 }
 

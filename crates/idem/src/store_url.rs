@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use idem_core::{Store, StoreError};
-pub use idem_gateway::{STORE_DEFAULT as DEFAULT_STORE, StoreUrl};
+pub use idem_gateway::{STORE_DEFAULT, StoreUrl};
 use idem_postgres::{PgOptions, PgStore, redact_url};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
@@ -146,6 +146,6 @@ mod tests {
             assert!(text.starts_with(expect), "{raw}: {text}");
             assert!(!text.contains("s3cret"), "{text}");
         }
-        assert!(from_flag(DEFAULT_STORE).is_ok());
+        assert!(from_flag(STORE_DEFAULT).is_ok());
     }
 }
