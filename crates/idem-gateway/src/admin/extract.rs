@@ -47,7 +47,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RecordPath {
     type Rejection = Refusal;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<RecordPath, Refusal> {
-        for (name, raw) in raw_params(parts) {
+        for (name, raw) in raw_params(parts)? {
             strict_escapes(raw)
                 .map_err(|e| Refusal::invalid(format!("path segment {name} {e}")))?;
         }
@@ -102,17 +102,21 @@ impl<S: Send + Sync> FromRequest<S> for ResolveBody {
 
 /// Each `{name}` of the matched route with its segment as sent (still
 /// percent-encoded). Paired from the end, so that a prefix the router was
-/// nested under does not matter.
-fn raw_params(parts: &Parts) -> Vec<(&str, &str)> {
+/// nested under does not matter. Without the matched route (a mount that
+/// drops it) nothing could be checked, so the request is refused rather
+/// than decoded leniently.
+fn raw_params(parts: &Parts) -> Result<Vec<(&str, &str)>, Refusal> {
     let Some(template) = parts.extensions.get::<MatchedPath>() else {
-        return Vec::new();
+        return Err(Refusal::invalid(
+            "the path cannot be checked: no matched route (a router mounted without it)",
+        ));
     };
-    template
+    Ok(template
         .as_str()
         .rsplit('/')
         .zip(parts.uri.path().rsplit('/'))
         .filter_map(|(t, raw)| Some((t.strip_prefix('{')?.strip_suffix('}')?, raw)))
-        .collect()
+        .collect())
 }
 
 /// Refuses what axum's extractors would let through: the
