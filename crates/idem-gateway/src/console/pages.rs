@@ -350,7 +350,8 @@ fn timeline(r: &Record, detail: &Detail, now: Timestamp) -> Markup {
             @match (r.state, r.completed_at) {
                 (State::Ambiguous, _) => li { "Marked ambiguous: the upstream's answer did not prove the outcome, or the lease ran out" },
                 (_, Some(at)) => li { (rfc3339(at)) " — completed" },
-                (State::InProgress, None) => li { "In flight: the attempt holds its lease" },
+                (State::InProgress, None) if now < r.lease_until => li { "In flight: the attempt holds its lease" },
+                (State::InProgress, None) => li { "Lease ran out: the next claim or the reconciler marks the outcome unknown (or, under takeover, a retry runs)" },
                 _ => {}
             }
             @match &detail.tries {
@@ -459,6 +460,47 @@ mod tests {
                 per_minute,
             })
             .into_string();
+            assert!(page.contains(said), "{said}: {page}");
+        }
+    }
+
+    /// An attempt in flight is said to hold its lease only while it does.
+    #[test]
+    fn the_timeline_says_when_a_lease_ran_out() {
+        use idem_core::{Fingerprint, IdempotencyKey, Scope, Token};
+        let lease_until = Timestamp::from_millis(10_000);
+        let record = Record {
+            id: RecordId {
+                scope: Scope::new("payouts|aa11").unwrap(),
+                key: IdempotencyKey::new("k-1").unwrap(),
+            },
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            state: State::InProgress,
+            token: Token(3),
+            owner: "gw-1".into(),
+            region: None,
+            lease_until,
+            created_at: Timestamp::from_millis(0),
+            completed_at: None,
+            expires_at: None,
+            tombstone_until: None,
+            retention_s: 60,
+            tombstone_s: 600,
+            result: None,
+            resolution: None,
+        };
+        let detail = super::super::records::Detail {
+            record: Some(record.clone()),
+            tries: None,
+            journal: Vec::new(),
+            route: None,
+        };
+        let cases = [
+            (Timestamp::from_millis(9_999), "holds its lease"),
+            (lease_until, "Lease ran out"),
+        ];
+        for (now, said) in cases {
+            let page = timeline(&record, &detail, now).into_string();
             assert!(page.contains(said), "{said}: {page}");
         }
     }
