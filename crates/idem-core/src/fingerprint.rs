@@ -18,9 +18,17 @@
 //!    to bytes, written as a count of pieces and each piece: so `%ff` and
 //!    `%25ff` differ, and `+` equals neither `%20` (as form decoding would
 //!    say) nor `%2B` (as RFC 3986 would), since an upstream may read it
-//!    either way. After the name, a byte 0 if the pair has no `=` (`?x`),
-//!    else 1 and the value (`?x=`). Pairs are sorted by name with a stable
-//!    sort, so repeated parameters keep their order;
+//!    either way. A name or value with a literal `;` is first split at
+//!    every `;` and written as the marker `u64::MAX` (no count of pieces can
+//!    reach it), a count of parts and each part as above: so `;` equals
+//!    neither `%3B` nor `&`, since older Rack and Python split pairs at `;`
+//!    and Go drops such pairs. After the name, a byte 0 if the pair has no
+//!    `=` (`?x`), else 1 and the value (`?x=`). Pairs are sorted by name
+//!    with a stable sort, so repeated parameters keep their order. A query
+//!    with a `%` not followed by two hex digits (`%zz`, `%4`, a lone `%`)
+//!    has no fingerprint ([`FingerprintError::MalformedQuery`]): upstreams
+//!    read it three ways (Go drops the pair, Java and Ruby refuse the
+//!    request, others keep the text), so no stored answer may stand for it;
 //! 6. the media type: a count of `Content-Type` values, then each value.
 //!    A value that parses as a media type is a byte 0, its `type/subtype`
 //!    lowercased, then for a JSON body no parameters (JSON is UTF-8, its
@@ -51,8 +59,9 @@
 //! the query with form decoding (`+` is a space) into text, sorts query pairs
 //! and headers by (name, value) and reads JSON numbers as doubles. Because
 //! of this it cannot tell some requests apart, so it is computed only for
-//! requests it reads exactly: every query name and value is UTF-8 once
-//! decoded, no query name or declared header is repeated, at most one
+//! requests it reads exactly: the method has no lower-case letter, the
+//! query has no literal `;` and no malformed escape, every query name and
+//! value is UTF-8 once decoded, no query name or declared header is repeated, at most one
 //! `Content-Type` is sent, declared header values are UTF-8, and every JSON
 //! number's ECMAScript spelling has the literal's value. What it still cannot
 //! see is the media type: until the records written before version 2 expire,
@@ -237,6 +246,12 @@ pub struct RequestParts<'a> {
 pub enum FingerprintError {
     /// A JSON body could not be canonicalised.
     Json(JcsError),
+    /// The query has a `%` that is not followed by two hex digits, which
+    /// upstreams read in different ways: the request must be refused.
+    MalformedQuery {
+        /// Byte offset of the `%` in the query.
+        offset: usize,
+    },
     /// Text is not a fingerprint in hexadecimal.
     BadHex {
         /// Offset of the offending character, or the input length if the
@@ -251,6 +266,11 @@ impl fmt::Display for FingerprintError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FingerprintError::Json(e) => write!(f, "JSON body cannot be canonicalised: {e}"),
+            FingerprintError::MalformedQuery { offset } => write!(
+                f,
+                "the query has a '%' not followed by two hex digits at byte {offset} \
+                 (write a literal '%' as %25)"
+            ),
             FingerprintError::BadHex { offset, reason } => {
                 write!(f, "invalid fingerprint hex at character {offset}: {reason}")
             }
@@ -262,7 +282,7 @@ impl std::error::Error for FingerprintError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             FingerprintError::Json(e) => Some(e),
-            FingerprintError::BadHex { .. } => None,
+            FingerprintError::BadHex { .. } | FingerprintError::MalformedQuery { .. } => None,
         }
     }
 }
@@ -306,8 +326,9 @@ impl Sink for Vec<u8> {
 /// documentation).
 fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Result<(), FingerprintError> {
     let json = is_json(req.content_types);
-    // The body is the only fallible part: canonicalise it first so nothing is
-    // written for a request that cannot be fingerprinted.
+    // The query and the body are the fallible parts: check them first so
+    // nothing is written for a request that cannot be fingerprinted.
+    check_escapes(req.query)?;
     let body = match req.body {
         [] => None,
         bytes if json => Some((
@@ -367,17 +388,26 @@ fn put_body(sink: &mut impl Sink, body: Option<(u8, &[u8])>) {
     }
 }
 
-/// One query pair: name and value split at literal `+` into
-/// percent-decoded pieces; `None` for a pair without `=`.
+/// One query pair: name and value split at literal `;` into parts and
+/// each part at literal `+` into percent-decoded pieces; `None` for a pair
+/// without `=`.
 struct QueryPair<'a> {
-    name: Vec<Cow<'a, [u8]>>,
-    value: Option<Vec<Cow<'a, [u8]>>>,
+    name: Vec<Vec<Cow<'a, [u8]>>>,
+    value: Option<Vec<Vec<Cow<'a, [u8]>>>>,
 }
 
+/// The count that marks a name or value split at `;`: no count of pieces
+/// can reach it, so the form of a query without `;` is what it always was.
+const QUERY_SEMICOLON_PARTS: usize = usize::MAX;
+
 fn query_pairs(query: &str) -> impl Iterator<Item = QueryPair<'_>> {
-    fn pieces(part: &str) -> Vec<Cow<'_, [u8]>> {
-        part.split('+')
-            .map(|piece| Cow::from(percent_decode_str(piece)))
+    fn pieces(part: &str) -> Vec<Vec<Cow<'_, [u8]>>> {
+        part.split(';')
+            .map(|part| {
+                part.split('+')
+                    .map(|piece| Cow::from(percent_decode_str(piece)))
+                    .collect()
+            })
             .collect()
     }
     query.split('&').filter(|p| !p.is_empty()).map(move |pair| {
@@ -392,11 +422,37 @@ fn query_pairs(query: &str) -> impl Iterator<Item = QueryPair<'_>> {
     })
 }
 
-fn put_pieces(sink: &mut impl Sink, pieces: &[Cow<'_, [u8]>]) {
-    sink.put_len(pieces.len());
-    for piece in pieces {
-        sink.put_field(piece);
+fn put_pieces(sink: &mut impl Sink, parts: &[Vec<Cow<'_, [u8]>>]) {
+    fn put_part(sink: &mut impl Sink, pieces: &[Cow<'_, [u8]>]) {
+        sink.put_len(pieces.len());
+        for piece in pieces {
+            sink.put_field(piece);
+        }
     }
+    match parts {
+        [one] => put_part(sink, one),
+        parts => {
+            sink.put_len(QUERY_SEMICOLON_PARTS);
+            sink.put_len(parts.len());
+            for part in parts {
+                put_part(sink, part);
+            }
+        }
+    }
+}
+
+/// Refuses a `%` that does not start an escape of two hex digits. The
+/// percent-encoding crate decodes leniently (`%zz` stays `%zz`, the same
+/// bytes as `%25zz`), so the check is made here, over the raw query.
+fn check_escapes(query: &str) -> Result<(), FingerprintError> {
+    let bytes = query.as_bytes();
+    for (offset, _) in query.match_indices('%') {
+        let hex = |i: usize| bytes.get(offset + i).is_some_and(u8::is_ascii_hexdigit);
+        if !(hex(1) && hex(2)) {
+            return Err(FingerprintError::MalformedQuery { offset });
+        }
+    }
+    Ok(())
 }
 
 /// Whether the body is JSON: exactly one `Content-Type`, and it names JSON.
@@ -492,6 +548,15 @@ mod v1 {
     const DOMAIN_TAG: &[u8] = b"idem-fingerprint-v1\0";
 
     pub(super) fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Option<()> {
+        // Version 1 upper-cased the method and decoded `%3B` to the `;` it
+        // left literal, so it cannot tell `patch` from `PATCH` or `a=1;b`
+        // from `a=1%3Bb`, nor read a malformed escape as anything.
+        if req.method.bytes().any(|b| b.is_ascii_lowercase())
+            || req.query.contains(';')
+            || super::check_escapes(req.query).is_err()
+        {
+            return None;
+        }
         let body = match (req.body, req.content_types) {
             ([], _) => None,
             (_, [_, _, ..]) => return None,
@@ -810,6 +875,14 @@ mod tests {
             with(&|r| r.query = "a=%2B"),
             with(&|r| r.query = "a=1&a=2"),
             with(&|r| r.query = "a=2&a=1"),
+            with(&|r| r.query = "a=1;b=2"),
+            with(&|r| r.query = "a=1%3Bb=2"),
+            with(&|r| r.query = "a=1&b=2"),
+            with(&|r| r.query = "a=1+b=2"),
+            with(&|r| r.query = "a;=1"),
+            with(&|r| r.query = "a%3B=1"),
+            with(&|r| r.query = "a=;"),
+            with(&|r| r.query = "a=%3B"),
             with(&|r| r.headers = &[("a", b"bc")]),
             with(&|r| r.headers = &[("ab", b"c")]),
             with(&|r| r.headers = &[("a", b"BC")]),
@@ -909,6 +982,37 @@ mod tests {
         ));
     }
 
+    /// A `%` that does not start two hex digits has no reading every
+    /// upstream shares: no fingerprint, wherever it is in the query.
+    #[test]
+    fn malformed_query_escapes_are_refused() {
+        for (query, refused_at) in [
+            ("ref=%zz", Some(4)),
+            ("ref=%4", Some(4)),
+            ("ref=%", Some(4)),
+            ("%", Some(0)),
+            ("a=1&%g1=2", Some(4)),
+            ("a=%%41", Some(2)),
+            ("a=%4%41", Some(2)),
+            ("ref=%25zz", None),
+            ("ref=%254", None),
+            ("ref=%25", None),
+            ("a=%41%e9%FF", None),
+            ("", None),
+        ] {
+            let req = RequestParts { query, ..base() };
+            let refused = match Fingerprint::of_request(&req) {
+                Err(FingerprintError::MalformedQuery { offset }) => Some(offset),
+                Err(e) => panic!("{query}: {e}"),
+                Ok(_) => None,
+            };
+            assert_eq!(refused, refused_at, "{query}");
+            if refused.is_some() {
+                assert_eq!(Fingerprint::of_request_v1(&req), None, "{query}");
+            }
+        }
+    }
+
     /// Version 1 is computed only where it tells the request apart exactly.
     #[test]
     fn version_1_only_where_it_is_exact() {
@@ -926,6 +1030,18 @@ mod tests {
             ("plain", base(), true),
             ("UTF-8 query", with(&|r| r.query = "a=%C3%A9+b&b=1"), true),
             ("not UTF-8 query", with(&|r| r.query = "a=%ff"), false),
+            (
+                "a literal ';' in the query",
+                with(&|r| r.query = "a=1;b"),
+                false,
+            ),
+            (
+                "an escaped ';' in the query",
+                with(&|r| r.query = "a=1%3Bb"),
+                true,
+            ),
+            ("a lower-case method", with(&|r| r.method = "post"), false),
+            ("a mixed-case method", with(&|r| r.method = "Post"), false),
             ("repeated query name", with(&|r| r.query = "a=1&a=2"), false),
             ("one header", with(&|r| r.headers = &[("a", b"1")]), true),
             (

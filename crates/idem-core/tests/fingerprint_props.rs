@@ -329,3 +329,172 @@ proptest! {
         prop_assert_eq!(r.fingerprint(), reordered.fingerprint());
     }
 }
+
+/// How upstreams read a query, written independently of the canonical
+/// form: each reader turns a query into the list of (name, value) pairs
+/// its framework hands the handler, or refuses it. Two queries that share
+/// a fingerprint must be read alike by every one of them; otherwise a
+/// replay could stand for a request the upstream would have read otherwise.
+mod readers {
+    /// The pairs a framework hands the handler, stably sorted by name as
+    /// the fingerprint's order is; `None`: the request is refused.
+    pub type Reading = Option<Vec<(Vec<u8>, Option<Vec<u8>>)>>;
+
+    /// Strict RFC 3986 decoding: a `%` must start two hex digits.
+    fn decode(text: &str, plus_is_space: bool) -> Option<Vec<u8>> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'%' => {
+                    let hex = text.get(i + 1..i + 3)?;
+                    // from_str_radix alone would take a sign ("%+a").
+                    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return None;
+                    }
+                    out.push(u8::from_str_radix(hex, 16).ok()?);
+                    i += 3;
+                }
+                b'+' if plus_is_space => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                byte => {
+                    out.push(byte);
+                    i += 1;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    fn read(pairs: Vec<&str>, plus_is_space: bool, keep_bad: bool) -> Reading {
+        let mut out = Vec::new();
+        for pair in pairs.into_iter().filter(|p| !p.is_empty()) {
+            let (name, value) = match pair.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (pair, None),
+            };
+            let name = decode(name, plus_is_space);
+            let value = value.map(|v| decode(v, plus_is_space));
+            match (name, value) {
+                (Some(n), None) => out.push((n, None)),
+                (Some(n), Some(Some(v))) => out.push((n, Some(v))),
+                _ if keep_bad => {}
+                _ => return None,
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Some(out)
+    }
+
+    /// Form decoding split at `&` (Java servlets, Ruby): bad escapes refused.
+    pub fn form(query: &str) -> Reading {
+        read(query.split('&').collect(), true, false)
+    }
+
+    /// RFC 3986 as a router that keeps `+` reads it.
+    pub fn rfc3986(query: &str) -> Reading {
+        read(query.split('&').collect(), false, false)
+    }
+
+    /// Older Rack and Python: pairs split at `&` and `;`.
+    pub fn semicolons(query: &str) -> Reading {
+        read(query.split(['&', ';']).collect(), true, false)
+    }
+
+    /// Go's `net/url`: a pair with a `;` or a bad escape is dropped.
+    pub fn go(query: &str) -> Reading {
+        let pairs = query.split('&').filter(|p| !p.contains(';')).collect();
+        read(pairs, true, true)
+    }
+
+    /// A named reader.
+    pub type Reader = (&'static str, fn(&str) -> Reading);
+
+    pub const ALL: [Reader; 4] = [
+        ("form", form),
+        ("rfc3986", rfc3986),
+        ("semicolons", semicolons),
+        ("go", go),
+    ];
+}
+
+/// A query made of the characters that decide how it is read, and a
+/// respelling of it: characters swapped for their escapes and back,
+/// `;` for `%3B`, `+` for `%20` or `%2B`, hex digits in either case.
+fn tricky_query() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop::sample::select(vec![
+            "a", "b", "=", "&", ";", "+", "%", "%3B", "%3b", "%25", "%20", "%2B", "%41", "A", "2",
+            "5", "z", "%zz", "%4", " ",
+        ]),
+        0..8,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+fn respell(query: &str, choices: &[u8]) -> String {
+    const SWAPS: [(&str, &str); 7] = [
+        (";", "%3B"),
+        ("%3B", ";"),
+        ("+", "%20"),
+        ("+", "%2B"),
+        ("%25", "%"),
+        ("%41", "A"),
+        ("A", "%41"),
+    ];
+    let mut out = query.to_owned();
+    for &c in choices {
+        let (from, to) = SWAPS[usize::from(c) % SWAPS.len()];
+        if let Some(at) = out.find(from) {
+            out.replace_range(at..at + from.len(), to);
+        }
+    }
+    out
+}
+
+fn query_fingerprint(query: &str) -> Option<Fingerprint> {
+    Fingerprint::of_request(&RequestParts {
+        method: "POST",
+        route: "/payouts",
+        path: "/payouts",
+        query,
+        content_types: &[],
+        headers: &[],
+        body: b"",
+        exclude: &[],
+    })
+    .ok()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// A query with a `%` not followed by two hex digits has no
+    /// fingerprint (some upstreams refuse it, some drop the pair, some keep
+    /// the text); every other query has one.
+    #[test]
+    fn a_query_has_a_fingerprint_only_if_its_escapes_are_well_formed(q in tricky_query()) {
+        prop_assert_eq!(query_fingerprint(&q).is_some(), readers::rfc3986(&q).is_some(), "{}", q);
+    }
+
+    /// Two queries that share a fingerprint are read alike by every
+    /// upstream reader.
+    #[test]
+    fn queries_that_share_a_fingerprint_are_read_alike_everywhere(
+        q in tricky_query(),
+        choices in proptest::collection::vec(any::<u8>(), 1..4),
+    ) {
+        let other = respell(&q, &choices);
+        let (Some(a), Some(b)) = (query_fingerprint(&q), query_fingerprint(&other)) else {
+            return Ok(());
+        };
+        if a == b {
+            for (name, reader) in readers::ALL {
+                prop_assert_eq!(reader(&q), reader(&other), "{} reads {:?} and {:?} apart", name, q, other);
+            }
+        }
+    }
+}

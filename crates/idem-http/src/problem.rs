@@ -43,6 +43,10 @@ pub enum ProblemKind {
     /// 400: the path is spelled in a way upstreams disagree on; nothing
     /// was claimed or forwarded.
     InvalidPath,
+    /// 400: the query of a protected request has a `%` that does not start
+    /// an escape of two hex digits, which upstreams read in different
+    /// ways; nothing was claimed or forwarded.
+    InvalidQuery,
     /// 400: the trusted header naming the tenant is missing, repeated or
     /// malformed; nothing was claimed.
     InvalidPrincipal,
@@ -93,6 +97,7 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "invalid-key",
             ProblemKind::InvalidBody => "invalid-body",
             ProblemKind::InvalidPath => "invalid-path",
+            ProblemKind::InvalidQuery => "invalid-query",
             ProblemKind::InvalidPrincipal => "invalid-principal",
             ProblemKind::Unauthenticated => "unauthenticated",
             ProblemKind::BodyTooLarge => "body-too-large",
@@ -119,6 +124,7 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "Idempotency-Key is malformed",
             ProblemKind::InvalidBody => "Request body cannot be fingerprinted",
             ProblemKind::InvalidPath => "Request path is ambiguous",
+            ProblemKind::InvalidQuery => "Request query is ambiguous",
             ProblemKind::InvalidPrincipal => "The principal of the request cannot be read",
             ProblemKind::Unauthenticated => "The request's credential cannot be verified",
             ProblemKind::BodyTooLarge => "Request body is too large",
@@ -147,6 +153,7 @@ impl ProblemKind {
             | ProblemKind::InvalidKey
             | ProblemKind::InvalidBody
             | ProblemKind::InvalidPath
+            | ProblemKind::InvalidQuery
             | ProblemKind::InvalidPrincipal
             | ProblemKind::UnknownHomeRegion => StatusCode::BAD_REQUEST,
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -165,11 +172,12 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 20] = [
+    pub const ALL: [ProblemKind; 21] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
         ProblemKind::InvalidPath,
+        ProblemKind::InvalidQuery,
         ProblemKind::InvalidPrincipal,
         ProblemKind::Unauthenticated,
         ProblemKind::BodyTooLarge,

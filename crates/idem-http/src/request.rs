@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::HeaderMap;
 use http::request::Parts;
-use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope, to_hex};
+use idem_core::{Fingerprint, FingerprintError, IdempotencyKey, RequestParts, Scope, to_hex};
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemKind};
@@ -45,9 +45,13 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<Strin
         Operation::Named(name) => name.clone(),
         Operation::MethodAndPath => {
             let path = crate::path::operation_path(parts.uri.path());
-            let op = format!("{} {}", parts.method, path.replace('|', "%7C"));
+            // Upper-cased, as the route matched it: `post` and `POST` reach
+            // the same handler of a lenient upstream, so they share a scope
+            // (and the fingerprint, which keeps the spelling, tells them apart).
+            let method = parts.method.as_str().to_ascii_uppercase();
+            let op = format!("{method} {}", path.replace('|', "%7C"));
             if op.len() > OPERATION_BYTES_MAX {
-                format!("{} sha256:{}", parts.method, to_hex(&Sha256::digest(path)))
+                format!("{method} sha256:{}", to_hex(&Sha256::digest(path)))
             } else {
                 op
             }
@@ -72,11 +76,15 @@ pub(crate) fn fingerprint(
     body: &Bytes,
 ) -> Result<Fingerprint, Problem> {
     with_request_parts(parts, route, body, |request| {
-        Fingerprint::of_request(request).map_err(|e| {
-            Problem::new(
+        Fingerprint::of_request(request).map_err(|e| match e {
+            FingerprintError::MalformedQuery { .. } => Problem::new(
+                ProblemKind::InvalidQuery,
+                format!("{e}; nothing was claimed or forwarded"),
+            ),
+            e => Problem::new(
                 ProblemKind::InvalidBody,
                 format!("the JSON body cannot be fingerprinted: {e}"),
-            )
+            ),
         })
     })
 }

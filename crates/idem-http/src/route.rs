@@ -255,9 +255,20 @@ impl Route {
         Route::new(&RouteSpec::default()).unwrap_or_else(|e| unreachable!("default route: {e}"))
     }
 
-    /// True when this route protects `method` on `path`.
+    /// True when this route protects `method` on `path`. The method is
+    /// compared ASCII case-insensitively: Django, Flask and other lenient
+    /// upstreams upper-case it before routing, and `fetch()` sends
+    /// `patch` as written, so `patch /payouts/1` reaches the same handler
+    /// as `PATCH /payouts/1` and must be protected the same way.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        self.methods.contains(method) && self.pattern.matches(path)
+        self.protects_method(method) && self.pattern.matches(path)
+    }
+
+    /// True when `method`, in any ASCII case, is one this route protects.
+    pub fn protects_method(&self, method: &Method) -> bool {
+        self.methods
+            .iter()
+            .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
     }
 
     /// The operation name every record of this route carries in its scope,
@@ -728,6 +739,36 @@ mod tests {
                 Route::new(&spec).map(|_| ()).map_err(|e| e.field),
                 Err(field),
                 "{spec:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any ASCII case of a protected method is protected (lenient
+        /// upstreams upper-case it before routing); no spelling of another
+        /// method is.
+        #[test]
+        fn every_case_of_a_protected_method_is_protected(
+            name in proptest::sample::select(vec!["POST", "PATCH", "PUT", "DELETE", "GET", "PURGE"]),
+            cases in proptest::collection::vec(proptest::bool::ANY, 6),
+        ) {
+            let spelled: String = name
+                .chars()
+                .zip(cases.iter().cycle())
+                .map(|(c, &lower)| if lower { c.to_ascii_lowercase() } else { c })
+                .collect();
+            let method = Method::from_bytes(spelled.as_bytes()).unwrap();
+            let spec = RouteSpec {
+                methods: Some(vec!["post".into(), "Patch".into(), "PURGE".into()]),
+                ..Default::default()
+            };
+            let route = Route::new(&spec).unwrap();
+            let protected = matches!(name, "POST" | "PATCH" | "PURGE");
+            proptest::prop_assert_eq!(route.matches(&method, "/payouts/1"), protected, "{}", spelled);
+            proptest::prop_assert_eq!(
+                Route::default_catch_all().matches(&method, "/x"),
+                matches!(name, "POST" | "PATCH"),
+                "{}", spelled
             );
         }
     }

@@ -158,6 +158,15 @@ fn exchange(addr: SocketAddr, request: &str) -> Reply {
     }
 }
 
+/// A gateway whose one route protects POST under `/payouts/`.
+fn payouts_gateway(up: &Recorder, site: &Site) -> Gateway {
+    start(
+        up,
+        site,
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts/**\"\n",
+    )
+}
+
 fn start(up: &Recorder, site: &Site, config: &str) -> Gateway {
     let config = site.config(config);
     Gateway::start(&up.url(), &site.store(), Some(&config))
@@ -315,11 +324,7 @@ enum Spelled {
 async fn every_spelling_of_a_protected_path_is_protected_or_refused() {
     use Spelled::{Passed, Protected, Refused};
     let (up, site) = (Recorder::start().await, Site::new());
-    let gw = start(
-        &up,
-        &site,
-        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts/**\"\n",
-    );
+    let gw = payouts_gateway(&up, &site);
     let cases = [
         ("/payouts/x", Protected("/payouts/x")),
         ("//payouts/x", Protected("/payouts/x")),
@@ -435,4 +440,142 @@ async fn one_key_on_many_spellings_of_one_endpoint_pays_once() {
         );
     }
     assert_eq!(up.seen().len(), 1);
+}
+
+/// A method in any case reaches the same handler of a lenient upstream
+/// (Django, Flask), and `fetch()` sends `patch` as written: every case of
+/// a protected method is protected, and a respelling with the same key is
+/// another request (422), never a second effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_of_a_protected_method_is_protected() {
+    let up = Recorder::start().await;
+    let (named, catch_all) = (Site::new(), Site::new());
+    let gateways = [
+        start(
+            &up,
+            &named,
+            "[[route]]\nname = \"payouts\"\nmethods = [\"post\", \"PATCH\"]\npath = \"/payouts/**\"\n",
+        ),
+        Gateway::start(&up.url(), &catch_all.store(), None),
+    ];
+    for (g, gw) in gateways.iter().enumerate() {
+        for (i, method) in ["post", "Post", "pOsT", "patch", "Patch", "PATCH", "POST"]
+            .into_iter()
+            .enumerate()
+        {
+            let before = up.seen().len();
+            let bare = raw(gw.addr, method, "/payouts/1", &[]).await;
+            assert_eq!(
+                (bare.status, bare.problem().as_deref()),
+                (400, Some("urn:idem:problem:missing-key")),
+                "{method}: {bare:?}"
+            );
+            let key = format!("m-{g}-{i}");
+            let first = raw(gw.addr, method, "/payouts/1", &[("idempotency-key", &key)]).await;
+            assert_eq!(first.status, 201, "{method}: {first:?}");
+            let again = raw(gw.addr, method, "/payouts/1", &[("idempotency-key", &key)]).await;
+            again.assert_replay_of(&first);
+            let other = if method == method.to_ascii_uppercase() {
+                method.to_ascii_lowercase()
+            } else {
+                method.to_ascii_uppercase()
+            };
+            let respelt = raw(gw.addr, &other, "/payouts/1", &[("idempotency-key", &key)]).await;
+            assert_eq!(
+                respelt.problem().as_deref(),
+                Some("urn:idem:problem:key-reused"),
+                "{method} then {other}: {respelt:?}"
+            );
+            let seen = up.seen();
+            assert_eq!(seen.len(), before + 1, "{method}: one effect");
+            assert_eq!(seen[before].method, method, "forwarded as sent");
+        }
+        for method in ["get", "put", "GET"] {
+            let passed = raw(gw.addr, method, "/payouts/1", &[]).await;
+            assert_eq!(passed.status, 201, "{method} is not protected: {passed:?}");
+        }
+    }
+}
+
+/// What a protected request's query must get.
+#[derive(Clone, Copy, Debug)]
+enum Query {
+    /// Forwarded once; the same key again replays it.
+    Runs,
+    /// 400 `invalid-query`: upstreams read it in different ways.
+    Refused,
+}
+
+/// Query spellings that upstreams read differently never share a stored
+/// answer: a malformed escape is refused, and `;` is neither `%3B` nor `&`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_spellings_that_upstreams_read_apart_never_share_an_answer() {
+    use Query::{Refused, Runs};
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = payouts_gateway(&up, &site);
+    let cases = [
+        ("?ref=%zz", Refused),
+        ("?ref=%25zz", Runs),
+        ("?ref=%4", Refused),
+        ("?ref=%254", Runs),
+        ("?ref=%", Refused),
+        ("?ref=%25", Runs),
+        ("?a=1&%g0=2", Refused),
+        ("?amount=1;currency=eur", Runs),
+        ("?amount=1%3Bcurrency=eur", Runs),
+        ("?amount=1&currency=eur", Runs),
+        ("?amount=1%3bcurrency=eur", Runs),
+    ];
+    // One key for every spelling: each that runs is another request.
+    let key = [("idempotency-key", "q-1")];
+    let first = raw(gw.addr, "POST", "/payouts/x?ref=first", &key).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    for (i, (query, expect)) in cases.into_iter().enumerate() {
+        let target = format!("/payouts/x{query}");
+        let before = up.seen().len();
+        let reused = raw(gw.addr, "POST", &target, &key).await;
+        let own = [("idempotency-key", format!("q-own-{i}"))];
+        let own = [(own[0].0, own[0].1.as_str())];
+        let alone = raw(gw.addr, "POST", &target, &own).await;
+        let again = raw(gw.addr, "POST", &target, &own).await;
+        let forwarded = up.seen().len() - before;
+        match expect {
+            Refused => {
+                for reply in [&reused, &alone, &again] {
+                    assert_eq!(
+                        (reply.status, reply.problem().as_deref()),
+                        (400, Some("urn:idem:problem:invalid-query")),
+                        "{query}: {reply:?}"
+                    );
+                }
+                assert_eq!(forwarded, 0, "{query}");
+            }
+            Runs => {
+                assert_eq!(
+                    reused.problem().as_deref(),
+                    Some("urn:idem:problem:key-reused"),
+                    "{query} is another request than ?ref=first: {reused:?}"
+                );
+                assert_eq!(alone.status, 201, "{query}: {alone:?}");
+                again.assert_replay_of(&alone);
+                assert_eq!(forwarded, 1, "{query}");
+            }
+        }
+    }
+    // `%3B` in either case is one spelling, and the escape is what the
+    // upstream receives.
+    let semi = [("idempotency-key", "q-semi")];
+    let upper = raw(gw.addr, "POST", "/payouts/x?a=1%3Bb", &semi).await;
+    let lower = raw(gw.addr, "POST", "/payouts/x?a=1%3bb", &semi).await;
+    lower.assert_replay_of(&upper);
+    let literal = raw(gw.addr, "POST", "/payouts/x?a=1;b", &semi).await;
+    assert_eq!(
+        literal.problem().as_deref(),
+        Some("urn:idem:problem:key-reused"),
+        "{literal:?}"
+    );
+    // An unprotected route passes any query on untouched.
+    let passed = raw(gw.addr, "POST", "/refunds/x?ref=%zz", &[]).await;
+    assert_eq!(passed.status, 201, "{passed:?}");
+    assert_eq!(up.seen().last().unwrap().target, "/refunds/x?ref=%zz");
 }
