@@ -103,7 +103,15 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     scene.a_keyboard_alone_resolves_a_record().await;
     scene.a_form_from_another_origin_changes_nothing().await;
 
-    assert!(!gw.logs().contains(TOKEN), "the token is never logged");
+    let logs = gw.logs();
+    assert!(!logs.contains(TOKEN), "the token is never logged");
+    // Every page links its icon under /ui: the browser asked nothing of
+    // the admin API without the token (no /favicon.ico), so a console
+    // visit leaves no refusal line, the one line that signals guessing.
+    assert!(
+        !logs.contains("refused a request without a valid token"),
+        "a console visit made the admin API refuse a request:\n{logs}"
+    );
     scene.browser.close().await.unwrap();
 }
 

@@ -102,6 +102,17 @@ async fn the_admin_api_refuses_requests_without_the_right_token() {
             assert!(reply.header("www-authenticate").is_some());
         }
     }
+    // A flood of refusals is answered in full but cannot flood the log:
+    // at most ten refusal lines a minute.
+    for i in 0..200 {
+        let url = format!("http://{admin_addr}/guess-{i}");
+        assert_eq!(send("GET", &url, &[], "").await.status, 401);
+    }
+    let refusal_lines = gw
+        .logs()
+        .matches("refused a request without a valid token")
+        .count();
+    assert_eq!(refusal_lines, 10, "{}", gw.logs());
     let ok = admin("GET", admin_addr, "/records", "").await;
     assert_eq!(
         (ok.status, ok.body.as_str()),

@@ -5,6 +5,7 @@
 
 mod extract;
 mod problem;
+mod refusals;
 pub(crate) mod resolve;
 
 use std::sync::Arc;
@@ -22,6 +23,8 @@ use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
 pub(crate) use extract::strict_escapes;
+pub use refusals::{ADMIN_REFUSAL_LOG_LINES_MAX, ADMIN_REFUSAL_LOG_WINDOW};
+use refusals::{Logged, RefusalLog};
 pub use resolve::{ADMIN_API_ACTOR, result_header};
 
 /// The shortest admin token accepted, in bytes.
@@ -92,6 +95,7 @@ pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>, token: AdminToken) -
         store,
         metrics,
         token,
+        refusals: RefusalLog::default(),
     });
     let resolve_route =
         only(Allowed::Post, post(resolve)).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX));
@@ -115,6 +119,7 @@ struct Admin {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     token: AdminToken,
+    refusals: RefusalLog,
 }
 
 /// The one method an endpoint answers (`GET` also answers `HEAD`, without
@@ -131,8 +136,15 @@ async fn authenticate(State(admin): State<Arc<Admin>>, req: Request, next: Next)
     if admin.authorized(req.headers()) {
         return next.run(req).await;
     }
-    let path = logged_path(req.uri().path());
-    tracing::warn!(method = %req.method(), path, "admin API: refused a request without a valid token");
+    if let Logged::Write { suppressed } = admin.refusals.admit(std::time::Instant::now()) {
+        let path = logged_path(req.uri().path());
+        tracing::warn!(
+            method = %req.method(),
+            path,
+            suppressed,
+            "admin API: refused a request without a valid token"
+        );
+    }
     Refusal::new(
         AdminProblem::Unauthorized,
         "send Authorization: Bearer TOKEN with the token from the gateway's admin_token_env variable",

@@ -159,6 +159,7 @@ pub fn router(state: ConsoleState) -> axum::Router {
         .route("/ui/record", get(show))
         .route("/ui/resolve", get(resolve_page).post(resolve))
         .route("/ui/style.css", get(style))
+        .route("/ui/favicon.svg", get(favicon))
         .route("/ui/{*rest}", any(not_found))
         .layer(DefaultBodyLimit::max(CONSOLE_FORM_BYTES_MAX))
         .layer(axum::middleware::map_response(protect))
@@ -480,11 +481,21 @@ async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -
 }
 
 async fn style() -> Response {
-    let mut response = include_str!("style.css").into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/css; charset=utf-8"),
-    );
+    asset(include_str!("style.css"), "text/css; charset=utf-8")
+}
+
+/// The icon every page links, so that a browser never asks the admin
+/// API's `/favicon.ico` (a 401 and a refusal line per page view).
+async fn favicon() -> Response {
+    asset(include_str!("favicon.svg"), "image/svg+xml")
+}
+
+/// A file compiled into the console, with its media type.
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = body.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 

@@ -281,6 +281,7 @@ fn layout(title: &str, chrome: Option<Chrome>, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · idem console" }
                 link rel="stylesheet" href="/ui/style.css";
+                link rel="icon" type="image/svg+xml" href="/ui/favicon.svg";
             }
             body {
                 header {

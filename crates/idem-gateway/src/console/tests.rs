@@ -374,10 +374,11 @@ async fn every_answer_carries_the_protecting_headers() {
     let (f, id, cookie, csrf) = signed_in_with("k-h").await;
     let session = [("cookie", cookie.as_str())];
     let big = format!("csrf={csrf}&body={}", "a".repeat(CONSOLE_FORM_BYTES_MAX));
-    let cases: [(&str, String, Headers, String, u16); 10] = [
+    let cases: [(&str, String, Headers, String, u16); 11] = [
         ("GET", "/ui".into(), &[], String::new(), 303),
         ("GET", "/ui/sign-in".into(), &[], String::new(), 200),
         ("GET", "/ui/style.css".into(), &[], String::new(), 200),
+        ("GET", "/ui/favicon.svg".into(), &[], String::new(), 200),
         ("GET", "/ui/nowhere".into(), &[], String::new(), 404),
         ("GET", "/ui/sign-out".into(), &[], String::new(), 405),
         (
