@@ -67,7 +67,8 @@ pub const TENANT_DEFAULT: &str = "-";
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    /// Store URL; default `sqlite://idem.db`.
+    /// Store URL; a relative `sqlite://PATH` names a file next to the
+    /// config file. Default `sqlite://idem.db` in the working directory.
     pub store: Option<String>,
     /// Label written on the records this process acquires.
     pub owner: Option<String>,
@@ -258,8 +259,16 @@ impl ConsumeConfig {
 
     /// Validates a parsed file; errors are `(field, reason)`.
     pub fn from_file(file: FileConfig, base_dir: &Path) -> Result<ConsumeConfig, (String, String)> {
-        let store = StoreUrl::parse(file.store.as_deref().unwrap_or(STORE_DEFAULT))
-            .map_err(|e| ("store".to_owned(), e.to_string()))?;
+        // A store named in the file is the file's, like its contracts; the
+        // default, named nowhere, is the working directory's.
+        let store = match file.store.as_deref() {
+            Some(raw) => StoreUrl::parse(raw)
+                .map(|url| url.relative_to(base_dir))
+                .map_err(|e| ("store".to_owned(), e.to_string()))?,
+            None => {
+                StoreUrl::parse(STORE_DEFAULT).map_err(|e| ("store".to_owned(), e.to_string()))?
+            }
+        };
         if file.subscriptions.is_empty() {
             return Err((
                 "subscription".into(),
@@ -419,13 +428,17 @@ fn subscription(
         1,
         600_000,
     )?;
+    let d = Policy::DEFAULT;
+    // As on a gateway route, the default tombstone covers a longer
+    // retention rather than refusing it.
     let policy = Policy::new(
-        spec.lease_ms.unwrap_or(Policy::DEFAULT.lease_ms()),
-        spec.retention_s.unwrap_or(Policy::DEFAULT.retention_s()),
-        spec.tombstone_s.unwrap_or(Policy::DEFAULT.tombstone_s()),
+        spec.lease_ms.unwrap_or(d.lease_ms()),
+        spec.retention_s.unwrap_or(d.retention_s()),
+        spec.tombstone_s
+            .unwrap_or(d.tombstone_s().max(spec.retention_s.unwrap_or(0))),
         LeaseExpiry::Reconcile,
     )
-    .map_err(|e| (at("lease_ms"), format!("{e:?}")))?;
+    .map_err(|e| (at(e.field()), e.to_string()))?;
     // While the endpoint may still answer, the attempt may commit: a lease
     // that ends first lets a redelivery mark it ambiguous and a "not found"
     // release it, and the next delivery would run it a second time.
@@ -652,6 +665,97 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         assert_eq!(config.region, None, "no region unless one is set");
         let config = load(&format!("region = \"eu-west\"\n{GOOD}")).unwrap();
         assert_eq!(config.region.as_deref(), Some("eu-west"));
+    }
+
+    /// A lease, retention or tombstone out of range is refused naming that
+    /// setting, in words, whichever of the three it is.
+    #[test]
+    fn an_out_of_range_policy_names_its_own_field_in_words() {
+        let cases = [
+            (
+                "retention_s = 0",
+                "retention_s",
+                "retention_s = 0 is out of range (1..=",
+            ),
+            (
+                "retention_s = 999999999999",
+                "retention_s",
+                "retention_s = 999999999999 is out of range",
+            ),
+            (
+                "lease_ms = 50",
+                "lease_ms",
+                "lease_ms = 50 is out of range (100..=",
+            ),
+            (
+                "lease_ms = 99999999999",
+                "lease_ms",
+                "lease_ms = 99999999999 is out of range",
+            ),
+            (
+                "retention_s = 7200\ntombstone_s = 3600",
+                "tombstone_s",
+                "tombstone_s = 3600 must be at least retention_s (7200)",
+            ),
+            (
+                "tombstone_s = 999999999999",
+                "tombstone_s",
+                "tombstone_s = 999999999999 must be at least",
+            ),
+        ];
+        for (setting, field, words) in cases {
+            let text = GOOD.replace(
+                "[subscription.rabbitmq]",
+                &format!("{setting}\n[subscription.rabbitmq]"),
+            );
+            let Err(err) = load(&text) else {
+                panic!("{setting} is refused");
+            };
+            assert_eq!(
+                err.field,
+                format!("subscription[0].{field}"),
+                "{setting}: {err}"
+            );
+            let shown = err.to_string();
+            assert!(shown.contains("consume.toml: subscription[0]."), "{shown}");
+            assert!(shown.contains(words), "{setting}: {shown}");
+            assert!(!shown.contains("OutOfRange"), "{setting}: {shown}");
+        }
+        // A retention past the default tombstone moves the default along.
+        let long = GOOD.replace(
+            "[subscription.rabbitmq]",
+            "retention_s = 5184000\n[subscription.rabbitmq]",
+        );
+        let policy = load(&long).unwrap().subscriptions[0].policy;
+        assert_eq!(policy.tombstone_s(), 5_184_000);
+    }
+
+    /// A relative SQLite store in the file is the file's neighbour; an
+    /// absolute one and the default are left as they are.
+    #[test]
+    fn a_store_in_the_file_is_read_against_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consume.toml");
+        let cases = [
+            (
+                "store = \"sqlite://idem.db\"\n",
+                StoreUrl::Sqlite(dir.path().join("idem.db")),
+            ),
+            (
+                "store = \"sqlite://data/x.db\"\n",
+                StoreUrl::Sqlite(dir.path().join("data/x.db")),
+            ),
+            (
+                "store = \"sqlite:///var/lib/idem.db\"\n",
+                StoreUrl::Sqlite("/var/lib/idem.db".into()),
+            ),
+            ("", StoreUrl::Sqlite("idem.db".into())),
+        ];
+        for (store, want) in cases {
+            let text = GOOD.replace("store = \"sqlite://idem.db\"\n", store);
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(ConsumeConfig::load(&path).unwrap().store, want, "{store}");
+        }
     }
 
     /// Each mistake is refused naming the field it is in.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -21,8 +21,13 @@ pub struct Answer {
     pub status: u16,
     /// `Content-Type`, if the service set one.
     pub content_type: Option<String>,
-    /// The body, at most [`RESULT_BODY_BYTES_MAX`] bytes.
+    /// The body, at most [`RESULT_BODY_BYTES_MAX`] bytes; empty when
+    /// `not_stored` says why it is not kept.
     pub body: Bytes,
+    /// Why the body is not kept, when it is not: it was over
+    /// [`RESULT_BODY_BYTES_MAX`], or failed after the status arrived. The
+    /// status is the service's answer all the same.
+    pub not_stored: Option<String>,
 }
 
 /// How a delivery failed, and whether the request may have reached the
@@ -99,23 +104,30 @@ impl Endpoint {
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            let body = Limited::new(response.into_body(), RESULT_BODY_BYTES_MAX)
+            // The status is the answer: whether it is final is the
+            // completion table's to say, as in the gateway. A body that
+            // cannot be kept only means the record keeps no copy of it.
+            let (body, not_stored) = match Limited::new(response.into_body(), RESULT_BODY_BYTES_MAX)
                 .collect()
                 .await
-                .map_err(|e| {
-                    failure(
-                        AttemptOutcome::Lost,
-                        format!(
-                            "answered {status}, but its body failed or exceeds \
-                             {RESULT_BODY_BYTES_MAX} bytes: {e}"
-                        ),
-                    )
-                })?
-                .to_bytes();
+            {
+                Ok(collected) => (collected.to_bytes(), None),
+                Err(e) if e.is::<LengthLimitError>() => (
+                    Bytes::new(),
+                    Some(format!(
+                        "its body is over the {RESULT_BODY_BYTES_MAX} bytes a record keeps"
+                    )),
+                ),
+                Err(e) => (
+                    Bytes::new(),
+                    Some(format!("its body failed: {}", chain(e.as_ref()))),
+                ),
+            };
             Ok(Answer {
                 status,
                 content_type,
                 body,
+                not_stored,
             })
         };
         match tokio::time::timeout(self.timeout, exchange).await {

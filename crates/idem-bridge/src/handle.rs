@@ -123,14 +123,22 @@ impl Subscriber {
                     (header::CONTENT_TYPE, content_type),
                 ];
                 match self.endpoint.post(payload, headers).await {
-                    Ok(answer) => Ok(Reply {
-                        status: answer.status,
-                        headers: answer
-                            .content_type
-                            .map(|ct| vec![("content-type".to_owned(), ct)])
-                            .unwrap_or_default(),
-                        body: answer.body.to_vec(),
-                    }),
+                    Ok(answer) => {
+                        if let Some(why) = &answer.not_stored {
+                            tracing::warn!(subscription = %self.name, key = %attempt.id.key,
+                                endpoint = %self.endpoint.url(), status = answer.status,
+                                reason = %why, "the answer's body is not kept");
+                        }
+                        Ok(Reply {
+                            status: answer.status,
+                            headers: answer
+                                .content_type
+                                .map(|ct| vec![("content-type".to_owned(), ct)])
+                                .unwrap_or_default(),
+                            body: answer.body.to_vec(),
+                            not_stored: answer.not_stored,
+                        })
+                    }
                     Err(failure) => {
                         tracing::warn!(subscription = %self.name, key = %attempt.id.key,
                             endpoint = %self.endpoint.url(), reason = %failure.reason,

@@ -53,7 +53,7 @@
 //!                 // the service can dedup, and be reconciled, by it too.
 //!                 assert_eq!(attempt.id.key.as_str(), "payout:847:2026-W36");
 //!                 effects.fetch_add(1, Ordering::SeqCst);
-//!                 Ok(Reply { status: 201, headers: vec![], body: b"paid".to_vec() })
+//!                 Ok(Reply { body: b"paid".to_vec(), ..Reply::status(201) })
 //!             }
 //!         })
 //!         .await;
@@ -83,8 +83,8 @@ mod template;
 
 pub use message::{IntentSpec, Message, PayloadFingerprint, PayloadFormat};
 pub use run::{
-    Attempt, Done, IN_FLIGHT_RETRY_MS_MIN, Intent, Outcome, RELEASED_RETRY_MS,
-    RESULT_NOT_STORED_HEADER, RejectReason, Reply, RetryReason, RunOnce, STORE_RETRY_MS, Sink,
+    Attempt, Done, IN_FLIGHT_RETRY_MS_MIN, Intent, Outcome, RELEASED_RETRY_MS, RejectReason, Reply,
+    RetryReason, RunOnce, STORE_RETRY_MS, Sink,
 };
 pub use template::{
     KeyRefusal, KeyTemplate, Source, TEMPLATE_BYTES_MAX, TemplateError, TemplateFault,

@@ -62,9 +62,6 @@ pub const RELEASED_RETRY_MS: u64 = 1_000;
 /// The shortest wait before a retry of a message in flight elsewhere, in
 /// milliseconds: its lease may end any moment, but not in a busy loop.
 pub const IN_FLIGHT_RETRY_MS_MIN: u64 = 100;
-/// The header a stored answer carries when its own headers and body were
-/// over the store's limits and were dropped (the status is kept).
-pub const RESULT_NOT_STORED_HEADER: &str = "idem-result-not-stored";
 
 /// Runs effects at most once per intent, against one store, with one
 /// policy and one completion table (a subscription's).
@@ -110,6 +107,11 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// The body worth replaying.
     pub body: Vec<u8>,
+    /// Why the answer's headers and body cannot be kept, when they cannot
+    /// (its body was over [`idem_core::RESULT_BODY_BYTES_MAX`], or failed
+    /// after the status arrived): the status still decides, and a final
+    /// one completes the record with [`StoredResult::not_stored`].
+    pub not_stored: Option<String>,
 }
 
 /// What the consumer must do with the message.
@@ -436,6 +438,16 @@ impl Reply {
             status,
             headers: Vec::new(),
             body: Vec::new(),
+            not_stored: None,
+        }
+    }
+
+    /// A reply whose status arrived but whose headers and body cannot be
+    /// kept, and why.
+    pub fn not_stored(status: u16, why: impl Into<String>) -> Reply {
+        Reply {
+            not_stored: Some(why.into()),
+            ..Reply::status(status)
         }
     }
 }
@@ -562,15 +574,23 @@ fn retry(after_ms: u64, reason: RetryReason) -> Outcome {
     }
 }
 
-/// The reply as a stored result. Headers and body over the store's limits
-/// are dropped, the status kept, and the drop said in
-/// [`RESULT_NOT_STORED_HEADER`]: the effect happened and must be recorded
-/// as final whatever it answered.
+/// The reply as a stored result. A reply whose headers or body cannot be
+/// kept is stored as [`StoredResult::not_stored`], as the gateway stores
+/// it: the effect happened and must be recorded as final whatever it
+/// answered. Only a status outside 100..=599 is refused.
 fn stored(reply: Reply) -> Result<StoredResult, LimitError> {
     let status = reply.status;
-    StoredResult::new(status, reply.headers, reply.body).or_else(|e| {
-        let why = (RESULT_NOT_STORED_HEADER.to_owned(), e.to_string());
-        StoredResult::new(status, vec![why], Vec::new())
-            .or_else(|_| StoredResult::new(status, Vec::new(), Vec::new()))
-    })
+    let why = match reply.not_stored {
+        Some(why) => why,
+        None => match StoredResult::new(status, reply.headers, reply.body) {
+            Ok(result) => return Ok(result),
+            Err(e @ LimitError::BadStatus { .. }) => return Err(e),
+            Err(e) => e.to_string(),
+        },
+    };
+    // Checks the status the same way.
+    StoredResult::new(status, Vec::new(), Vec::new())?;
+    Ok(StoredResult::not_stored(&format!(
+        "it answered {status}; {why}"
+    )))
 }

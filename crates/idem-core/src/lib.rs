@@ -79,8 +79,9 @@ pub use memory::MemoryStore;
 pub use policy::{HORIZON_S_MAX, LEASE_MS_MAX, LEASE_MS_MIN, LeaseExpiry, Policy, PolicyError};
 pub use record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LimitError, LookupTries, OWNER_BYTES_MAX, Outcome,
-    REGION_BYTES_MAX, RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, Record, RecordId,
-    Resolution, Resolved, State, StoredResult, Token, check_owner, check_region,
+    REGION_BYTES_MAX, RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, RESULT_NOT_STORED_STATUS,
+    RESULT_NOT_STORED_TITLE, RESULT_NOT_STORED_TYPE, Record, RecordId, Resolution, Resolved, State,
+    StoredResult, Token, check_owner, check_region,
 };
 pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};

@@ -119,6 +119,18 @@ impl Default for Policy {
     }
 }
 
+impl PolicyError {
+    /// The setting that is out of range, as a config file spells it:
+    /// `lease_ms`, `retention_s` or `tombstone_s`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            PolicyError::LeaseOutOfRange { .. } => "lease_ms",
+            PolicyError::RetentionOutOfRange { .. } => "retention_s",
+            PolicyError::TombstoneOutOfRange { .. } => "tombstone_s",
+        }
+    }
+}
+
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -11,6 +11,13 @@ pub const RESULT_BODY_BYTES_MAX: usize = 1024 * 1024;
 pub const RESULT_HEADERS_MAX: usize = 64;
 /// The largest single stored header (name plus value), in bytes.
 pub const RESULT_HEADER_BYTES_MAX: usize = 8 * 1024;
+/// The status of the result a record completes with when its attempt's
+/// own answer cannot be stored ([`StoredResult::not_stored`]).
+pub const RESULT_NOT_STORED_STATUS: u16 = 502;
+/// The problem `type` of that result.
+pub const RESULT_NOT_STORED_TYPE: &str = "urn:idem:problem:result-not-stored";
+/// The problem title of that result.
+pub const RESULT_NOT_STORED_TITLE: &str = "The result was too large to store";
 /// The longest owner label, in bytes.
 pub const OWNER_BYTES_MAX: usize = 255;
 /// The longest region name, in bytes.
@@ -238,6 +245,43 @@ pub enum LimitError {
 }
 
 impl StoredResult {
+    /// The result a record completes with when its attempt's answer was
+    /// final but cannot be kept (a body over [`RESULT_BODY_BYTES_MAX`] or
+    /// unreadable, headers over their limits): the effect happened, so the
+    /// record must become final and never run again, and a replay must not
+    /// pass an empty body off as the answer. A 502 problem document
+    /// (`application/problem+json`, [`RESULT_NOT_STORED_TYPE`]) saying so
+    /// and `why`; the gateway and the queue consumer both store it.
+    pub fn not_stored(why: &str) -> StoredResult {
+        let detail = format!(
+            "the effect happened once and will not be repeated, but its response could not \
+             be stored: {why}"
+        );
+        let body = serde_json::json!({
+            "type": RESULT_NOT_STORED_TYPE,
+            "title": RESULT_NOT_STORED_TITLE,
+            "status": RESULT_NOT_STORED_STATUS,
+            "detail": detail,
+        })
+        .to_string()
+        .into_bytes();
+        let headers = vec![(
+            "content-type".to_owned(),
+            "application/problem+json".to_owned(),
+        )];
+        // A `why` long enough to overflow the body limit loses the body, never the status.
+        let body = if body.len() > RESULT_BODY_BYTES_MAX {
+            Vec::new()
+        } else {
+            body
+        };
+        StoredResult {
+            status: RESULT_NOT_STORED_STATUS,
+            headers,
+            body,
+        }
+    }
+
     /// A result to store, checked against the stored-response limits.
     pub fn new(
         status: u16,

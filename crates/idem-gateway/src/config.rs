@@ -57,7 +57,8 @@ pub struct FileConfig {
     /// PEM file of CA certificates an `https://` upstream's certificate may
     /// chain to, besides the system's; relative to the config file.
     pub upstream_ca_file: Option<PathBuf>,
-    /// Store URL.
+    /// Store URL; a relative `sqlite://PATH` names a file next to the
+    /// config file.
     pub store: Option<String>,
     /// Label written on records this node acquires.
     pub owner: Option<String>,
@@ -331,9 +332,20 @@ impl GatewayConfig {
                 ));
             }
         };
+        let base_dir = path
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let (store, from_file) = pick(&overrides.store, &file.store, STORE_DEFAULT);
         let field = if from_file { "store" } else { "--store" };
         let store = StoreUrl::parse(store).map_err(|e| err(field, e.to_string(), from_file))?;
+        // A store named in the file is the file's, like its contract and
+        // TLS files; `--store` and the default are the working directory's.
+        let store = if from_file {
+            store.relative_to(&base_dir)
+        } else {
+            store
+        };
         let owner = file
             .owner
             .clone()
@@ -402,10 +414,6 @@ impl GatewayConfig {
                 ));
             }
         };
-        let base_dir = path
-            .and_then(Path::parent)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
         let requests_in_flight_max = match file.requests_in_flight_max {
             None => REQUESTS_IN_FLIGHT_MAX_DEFAULT,
             Some(n) => usize::try_from(n)
@@ -1133,6 +1141,47 @@ mod tests {
             good.store.to_string(),
             "postgres://app:***@h/db?schema=pay&operation_timeout_ms=900"
         );
+    }
+
+    /// A relative SQLite store in the file is the file's neighbour, as its
+    /// contract and TLS files are; `--store` and the default stay the
+    /// working directory's.
+    #[test]
+    fn a_store_in_the_file_is_read_against_the_file() {
+        let path = Path::new("/etc/idem/idem.toml");
+        let overrides = |store: Option<&str>| Overrides {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            store: store.map(str::to_owned),
+            ..Default::default()
+        };
+        let cases = [
+            (
+                "store = \"sqlite://idem.db\"",
+                None,
+                "sqlite:///etc/idem/idem.db",
+            ),
+            (
+                "store = \"sqlite://d/x.db\"",
+                None,
+                "sqlite:///etc/idem/d/x.db",
+            ),
+            (
+                "store = \"sqlite:///var/idem.db\"",
+                None,
+                "sqlite:///var/idem.db",
+            ),
+            (
+                "store = \"sqlite://idem.db\"",
+                Some("sqlite://cli.db"),
+                "sqlite://cli.db",
+            ),
+            ("", None, "sqlite://idem.db"),
+        ];
+        for (text, flag, want) in cases {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            let config = GatewayConfig::from_parts(file, Some(path), &overrides(flag)).unwrap();
+            assert_eq!(config.store.to_string(), want, "{text:?} {flag:?}");
+        }
     }
 
     #[test]

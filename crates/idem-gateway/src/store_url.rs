@@ -4,14 +4,16 @@
 //! from. Opening the store is the caller's.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use idem_postgres::redact_url;
 
 /// A checked store URL.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    /// `sqlite://PATH`: relative paths as given, `sqlite:///abs/path` absolute.
+    /// `sqlite://PATH`: `sqlite:///abs/path` absolute; a relative path as
+    /// given, which the process reads against its working directory unless
+    /// [`StoreUrl::relative_to`] placed it.
     Sqlite(PathBuf),
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…]` (or `postgresql://`),
     /// as given, and as the store would accept it (driver parameters and
@@ -96,6 +98,19 @@ impl StoreUrl {
                     .trim_start_matches("x://")
                     .to_owned(),
             }),
+        }
+    }
+}
+
+impl StoreUrl {
+    /// The URL as written in a file in `dir`: a relative SQLite path names
+    /// the file's neighbour, whatever directory the process starts in, as
+    /// every other path in a config file does. Absolute paths and
+    /// PostgreSQL URLs are unchanged.
+    pub fn relative_to(self, dir: &Path) -> StoreUrl {
+        match self {
+            StoreUrl::Sqlite(path) if path.is_relative() => StoreUrl::Sqlite(dir.join(path)),
+            other => other,
         }
     }
 }
@@ -200,6 +215,24 @@ mod tests {
                 }
                 (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_relative_sqlite_path_is_placed_in_the_file_s_directory() {
+        let dir = Path::new("/etc/idem");
+        let cases = [
+            ("sqlite://idem.db", "sqlite:///etc/idem/idem.db"),
+            ("sqlite://data/idem.db", "sqlite:///etc/idem/data/idem.db"),
+            ("sqlite://../idem.db", "sqlite:///etc/idem/../idem.db"),
+            ("sqlite:///var/lib/idem.db", "sqlite:///var/lib/idem.db"),
+            ("postgres://app@h/db", "postgres://app@h/db"),
+        ];
+        for (raw, placed) in cases {
+            let Ok(url) = StoreUrl::parse(raw) else {
+                panic!("{raw} parses");
+            };
+            assert_eq!(url.relative_to(dir).to_string(), placed, "{raw}");
         }
     }
 

@@ -138,7 +138,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => "Upstream is unreachable",
             ProblemKind::UpstreamTimeout => "Upstream did not answer in time",
             ProblemKind::UpstreamFailed => "Upstream failed",
-            ProblemKind::ResultNotStored => "The result was too large to store",
+            ProblemKind::ResultNotStored => idem_core::RESULT_NOT_STORED_TITLE,
             ProblemKind::Overloaded => "The gateway is serving as many requests as it may",
             ProblemKind::WrongRegion => "The key's home is another region",
             ProblemKind::UnknownHomeRegion => "The key's home region cannot be derived",
@@ -288,5 +288,35 @@ impl<K: ProblemType> Problem<K> {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The result a record keeps when an answer cannot be stored is written
+    /// by the core (the consumer stores it too), as this catalog's problem.
+    #[test]
+    fn the_core_s_result_not_stored_is_the_catalog_s_problem() {
+        let stored = idem_core::StoredResult::not_stored("why");
+        let kind = ProblemKind::ResultNotStored;
+        let doc: serde_json::Value =
+            serde_json::from_slice(stored.body()).unwrap_or(serde_json::Value::Null);
+        assert_eq!(doc["type"], kind.type_uri().as_str());
+        assert_eq!(doc["title"], kind.title());
+        assert_eq!(doc["status"], kind.status().as_u16());
+        assert_eq!(stored.status(), kind.status().as_u16());
+        assert!(
+            doc["detail"].as_str().is_some_and(|d| d.ends_with(": why")),
+            "{doc}"
+        );
+        assert_eq!(
+            stored.headers(),
+            [(
+                "content-type".to_owned(),
+                "application/problem+json".to_owned()
+            )]
+        );
     }
 }

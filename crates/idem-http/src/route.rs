@@ -508,14 +508,7 @@ fn policy(spec: &RouteSpec) -> Result<Policy, RouteError> {
             .unwrap_or(d.tombstone_s().max(spec.retention_s.unwrap_or(0))),
         spec.on_lease_expiry.unwrap_or(d.on_lease_expiry()),
     )
-    .map_err(|e| {
-        let field = match e {
-            idem_core::PolicyError::LeaseOutOfRange { .. } => "lease_ms",
-            idem_core::PolicyError::RetentionOutOfRange { .. } => "retention_s",
-            _ => "tombstone_s",
-        };
-        err(field, e.to_string())
-    })
+    .map_err(|e| err(e.field(), e.to_string()))
 }
 
 fn body_limit(declared: Option<usize>) -> Result<usize, RouteError> {

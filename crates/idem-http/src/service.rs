@@ -462,11 +462,11 @@ where
         Ok(bytes) => {
             match StoredResult::new(parts.status.as_u16(), stored_headers, bytes.to_vec()) {
                 Ok(result) => (result, Some(bytes)),
-                Err(e) => (result_not_stored(&e.to_string()), Some(bytes)),
+                Err(e) => (StoredResult::not_stored(&e.to_string()), Some(bytes)),
             }
         }
         Err(e) => (
-            result_not_stored(&format!("the body could not be read: {e}")),
+            StoredResult::not_stored(&format!("the body could not be read: {e}")),
             None,
         ),
     };
@@ -534,24 +534,6 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
             tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not settle the record")
         }
     }
-}
-
-fn result_not_stored(why: &str) -> StoredResult {
-    let problem = Problem::new(
-        ProblemKind::ResultNotStored,
-        format!(
-            "the effect happened once and will not be repeated, but its response could not be stored: {why}"
-        ),
-    );
-    let headers = vec![(
-        "content-type".to_owned(),
-        "application/problem+json".to_owned(),
-    )];
-    // The problem body is small and the status valid; the fallback is the
-    // same result without a body.
-    StoredResult::new(502, headers.clone(), problem.body().to_vec())
-        .or_else(|_| StoredResult::new(502, headers, Vec::new()))
-        .unwrap_or_else(|e| unreachable!("a 502 with no body is a valid result: {e}"))
 }
 
 /// The response headers worth replaying: the allow-list plus the route's own.

@@ -18,7 +18,9 @@ pub struct ConsumeArgs {
     /// docs/consumers.md.
     #[arg(long)]
     config: PathBuf,
-    /// Store URL; wins over the file's `store`.
+    /// Store URL; wins over the file's `store`. A relative
+    /// sqlite://PATH here is read against the working directory, one in
+    /// the file against the file's directory.
     #[arg(long)]
     store: Option<String>,
     /// Start even when a subscription fails `idem check --consumer`: its
@@ -36,6 +38,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     }
     judge_contracts(&config, args.allow_unsafe_contract)?;
     let store = config.store.open()?;
+    store_url::log_opened(&config.store);
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
         .await

@@ -14,7 +14,7 @@ use idem_http::Metrics;
 use idem_reconcile::{ReconcileReport, Reconciler};
 
 use crate::records::Format;
-use crate::store_url::OpenStore;
+use crate::store_url::{self, OpenStore};
 
 /// `idem reconcile`.
 #[derive(Debug, Args)]
@@ -31,7 +31,10 @@ pub struct ReconcileArgs {
     /// The gateway config file that declares the routes and their [[lookup]]s.
     #[arg(long)]
     config: PathBuf,
-    /// Store URL of an existing store; default: the config file's, else sqlite://idem.db.
+    /// Store URL of an existing store; default: the config file's `store`
+    /// (a relative sqlite://PATH there is read against the file's
+    /// directory), else sqlite://idem.db. A relative path given here is
+    /// read against the working directory.
     #[arg(long)]
     store: Option<String>,
     /// Output format.
@@ -87,6 +90,7 @@ fn prepare(args: &ReconcileArgs) -> anyhow::Result<Reconciler> {
     let Some(store) = url.open_existing()? else {
         bail!("there is no store at {url}; nothing was ever claimed there (check --store)");
     };
+    store_url::log_opened(url);
     let Some(reconciler) = idem_gateway::reconciler(&config, store, Arc::new(Metrics::default()))
     else {
         bail!(

@@ -10,7 +10,7 @@ use idem_gateway::regions::RegionMode;
 use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
 use idem_http::PrincipalKind;
 
-use crate::store_url::OpenStore;
+use crate::store_url::{self, OpenStore};
 
 /// `idem serve`.
 #[derive(Debug, Args)]
@@ -31,7 +31,9 @@ pub struct ServeArgs {
     /// Store URL [default: sqlite://idem.db], or
     /// postgres://USER@HOST:PORT/DB?schema=NAME&operation_timeout_ms=N&…
     /// (idem's PostgreSQL parameters: schema, pool_size, connect_timeout_ms,
-    /// statement_timeout_ms, operation_timeout_ms).
+    /// statement_timeout_ms, operation_timeout_ms). A relative
+    /// sqlite://PATH here, and the default, are read against the working
+    /// directory; the config file's `store` against the file's directory.
     #[arg(long)]
     store: Option<String>,
     /// TOML file declaring routes and settings; command-line values win.
@@ -95,6 +97,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         url.open_synchronous(&synchronous)?
     };
+    store_url::log_opened(url);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -14,6 +14,19 @@ pub fn from_flag(raw: &str) -> anyhow::Result<StoreUrl> {
     StoreUrl::parse(raw).map_err(|e| anyhow::anyhow!("--store: {e}"))
 }
 
+/// Logs which store is open: for SQLite the file's absolute path, so that
+/// a process started in another directory than expected says which file
+/// it uses before it uses it.
+pub fn log_opened(url: &StoreUrl) {
+    match url {
+        StoreUrl::Sqlite(path) => {
+            let file = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            tracing::info!(file = %file.display(), "store open: SQLite");
+        }
+        StoreUrl::Postgres(_) => tracing::info!(url = %url, "store open: PostgreSQL"),
+    }
+}
+
 /// Opening what a [`StoreUrl`] names.
 pub trait OpenStore {
     /// Opens the store for routes in `synchronous` mode: refused on SQLite

@@ -187,3 +187,70 @@ fn a_value_that_cannot_reach_the_store_or_a_header_stops_the_start() {
         wrong.join("\n")
     );
 }
+
+/// `idem consume` refuses a lease, retention or tombstone out of range
+/// naming the file and that setting, in words.
+#[test]
+fn a_consumer_policy_out_of_range_names_the_file_and_its_own_field() {
+    let config = |setting: &str| {
+        format!(
+            "store = \"sqlite://idem.db\"\n\
+             [[subscription]]\nname = \"payouts\"\nkey = \"payout:{{/seller_id}}\"\n\
+             deliver = \"http://127.0.0.1:9/payouts\"\n{setting}\n\
+             [subscription.rabbitmq]\nqueue = \"idem-config-never-declared\"\n"
+        )
+    };
+    let cases = [
+        (
+            "retention_s = 0",
+            "subscription[0].retention_s: retention_s = 0 is out of range",
+        ),
+        (
+            "retention_s = 99999999999",
+            "subscription[0].retention_s: retention_s = 99999999999 is out of range",
+        ),
+        (
+            "lease_ms = 10",
+            "subscription[0].lease_ms: lease_ms = 10 is out of range",
+        ),
+        (
+            "retention_s = 600\ntombstone_s = 60",
+            "subscription[0].tombstone_s: tombstone_s = 60 must be at least retention_s (600)",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (setting, expect) in cases {
+        let site = Site::new();
+        let path = site.config(&config(setting));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["consume", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A config loaded by mistake would consume forever: stop it.
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = format!("{}: {expect}", path.display());
+        if out.status.success() || !stderr.contains(&want) || stderr.contains("OutOfRange") {
+            wrong.push(format!("{setting:?}: want {want:?} in {stderr}"));
+        } else if site.store().exists() {
+            wrong.push(format!("{setting:?} opened the store"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}

@@ -233,6 +233,65 @@ async fn an_ambiguous_outcome_is_held_back_until_the_reconciler_resolves_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_with_a_body_over_the_limit_is_final_and_never_run_again() {
+    let bed = Bed::new().await;
+    let q = unique("big");
+    // No lookup: only the answer itself can make the record final.
+    let sub = Sub {
+        deliver: "/big".into(),
+        lookup: false,
+        ..Sub::new(&q)
+    };
+    let consumer = Consumer::start(&bed.config(&[sub]), 1);
+    let intent = payout(847, "2026-W36", 1200);
+    bed.rabbit.publish(&q, &intent, "m-1").await;
+    let (store, key) = (bed.store_url(), payout_key(847, "2026-W36"));
+    let (store, key) = (store.as_str(), key.as_str());
+    assert!(
+        until(WAIT, move || async move {
+            record_states(store).await.get(key).map(String::as_str) == Some("completed")
+        })
+        .await,
+        "not completed: {:?}\n{}",
+        record_states(store).await,
+        consumer.logs()
+    );
+    // A redelivery under another message id is a replay.
+    bed.rabbit.publish(&q, &intent, "m-2").await;
+    let stopped = stop_settled(&bed.rabbit, store, 1, &drained(&q), vec![consumer]).await;
+    bed.assert_effects(&[(key, 1)]);
+    assert_eq!(bed.up.hits(), 1, "the service was called again");
+    let s = settled(&stopped, "payouts");
+    assert_eq!((s.acked, s.retried, s.dead_lettered), (2, 0, 0), "{s:?}");
+
+    let out = support::idem(&[
+        "records",
+        "show",
+        "payouts|-",
+        key,
+        "--format",
+        "json",
+        "--store",
+        store,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let result = &shown["result"];
+    assert_eq!(result["status"], 502, "{shown}");
+    let body: serde_json::Value =
+        serde_json::from_str(result["body"].as_str().unwrap_or("null")).unwrap();
+    assert_eq!(
+        body["type"], "urn:idem:problem:result-not-stored",
+        "{shown}"
+    );
+    assert!(
+        body["detail"].as_str().unwrap().contains("answered 200"),
+        "{shown}"
+    );
+    bed.drop_queues(&[&q]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_reused_with_another_payload_is_dead_lettered_and_never_run() {
     let bed = Bed::new().await;
     let q = unique("reused");

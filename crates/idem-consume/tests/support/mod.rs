@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_consume::{
-    Done, Intent, IntentSpec, KeyTemplate, Message, Outcome, PayloadFingerprint,
-    RESULT_NOT_STORED_HEADER, RejectReason, Reply, RetryReason, RunOnce, Sink,
+    Done, Intent, IntentSpec, KeyTemplate, Message, Outcome, PayloadFingerprint, RejectReason,
+    Reply, RetryReason, RunOnce, Sink,
 };
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Clock, CompletionTable, Dedup, IdempotencyKey,
@@ -217,6 +217,7 @@ pub fn reply(status: u16, n: usize) -> Reply {
         status,
         headers: vec![("content-type".into(), "text/plain".into())],
         body: format!("answer {status} of run {n}").into_bytes(),
+        not_stored: None,
     }
 }
 
@@ -420,28 +421,38 @@ pub async fn an_answer_too_large_is_recorded_without_its_body(h: &Harness) {
         status: 201,
         headers: vec![("content-type".into(), "application/json".into())],
         body: vec![b'x'; RESULT_BODY_BYTES_MAX + 1],
+        not_stored: None,
     };
-    let outcome = runner
-        .run(&intent("big", 1), |_| async {
-            effects.run(Answer::Status(201), Duration::ZERO).await?;
-            Ok(huge)
-        })
-        .await;
-    let Seen::Executed(result) = seen(&outcome) else {
-        panic!("{outcome}")
-    };
-    assert_eq!(result.status(), 201);
-    assert!(result.body().is_empty());
-    assert_eq!(result.headers().len(), 1);
-    assert_eq!(result.headers()[0].0, RESULT_NOT_STORED_HEADER);
-    assert!(
-        result.headers()[0].1.contains("body"),
-        "{:?}",
-        result.headers()
-    );
-    let again = deliver(&runner, &effects, "big", 1, Answer::Status(500)).await;
-    assert_eq!(seen(&again), Seen::Replayed(result));
-    assert_eq!(effects.runs(), 1);
+    // Too large as given, and too large for the effect to read it at all.
+    let cut = Reply::not_stored(201, "its body is over the limit");
+    for (key, reply, why) in [("big", huge, "body"), ("cut", cut, "over the limit")] {
+        let outcome = runner
+            .run(&intent(key, 1), |_| async {
+                effects.run(Answer::Status(201), Duration::ZERO).await?;
+                Ok(reply)
+            })
+            .await;
+        let Seen::Executed(result) = seen(&outcome) else {
+            panic!("{outcome}")
+        };
+        assert_eq!(
+            result.status(),
+            idem_core::RESULT_NOT_STORED_STATUS,
+            "{key}"
+        );
+        let body = String::from_utf8_lossy(result.body()).into_owned();
+        assert!(
+            body.contains(idem_core::RESULT_NOT_STORED_TYPE),
+            "{key}: {body}"
+        );
+        assert!(
+            body.contains("answered 201") && body.contains(why),
+            "{key}: {body}"
+        );
+        let again = deliver(&runner, &effects, key, 1, Answer::Status(500)).await;
+        assert_eq!(seen(&again), Seen::Replayed(result));
+    }
+    assert_eq!(effects.runs(), 2);
 }
 
 pub async fn a_panicking_effect_leaves_the_record_ambiguous(h: &Harness) {

@@ -53,6 +53,7 @@ pub struct Ledger {
 /// - `POST /fail`: pays, then answers 500;
 /// - `POST /busy-once`: first call per key 503 without paying, then pays;
 /// - `POST /reject`: 400 (final), no payment;
+/// - `POST /big?bytes=N`: pays, 200 with an N-byte body (default 2 MiB);
 /// - `POST /transfers`: pays, 200 + JSON; its lookup
 ///   `GET /transfers/by-key/{key}` answers exactly what the first payment
 ///   with that key answered, so a record the reconciler completes replays
@@ -74,6 +75,7 @@ impl Upstream {
             .route("/fail", axum::routing::post(fail))
             .route("/busy-once", axum::routing::post(busy_once))
             .route("/reject", axum::routing::post(reject))
+            .route("/big", axum::routing::post(big))
             .route("/slow-before", axum::routing::post(slow_before))
             .route("/payouts/by-key/{key}", axum::routing::get(lookup))
             .route("/transfers", axum::routing::post(transfer))
@@ -260,6 +262,24 @@ async fn fail(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Respo
     (StatusCode::INTERNAL_SERVER_ERROR, "ledger write timed out").into_response()
 }
 
+/// Pays, then answers 200 with a body of `bytes` bytes (`?bytes=N`,
+/// default 2 MiB: over what a record keeps).
+async fn big(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    record(&l, "/big", &headers, &body);
+    let bytes = uri
+        .query()
+        .and_then(|q| q.strip_prefix("bytes="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2 << 20);
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        vec![b' '; bytes],
+    )
+        .into_response()
+}
+
 async fn busy_once(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     let key = key_of(&headers).unwrap_or_default();
     let first = {
@@ -338,6 +358,20 @@ impl Gateway {
         (gateway, admin.unwrap())
     }
 
+    /// Starts `idem serve --config CONFIG` in the working directory `cwd`,
+    /// with no --store: the store is the file's.
+    pub fn start_in(cwd: &Path, upstream: &str, config: &Path) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.current_dir(cwd)
+            .args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .arg("--config")
+            .arg(config)
+            .env("IDEM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Gateway::wait_listening(cmd, None).0
+    }
+
     /// Spawns `idem serve` with `env` set and waits (30 s at most) until
     /// its log names the bound address, and the admin address when
     /// `admin_token` is given.
@@ -369,6 +403,16 @@ impl Gateway {
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
         }
+        Gateway::wait_listening(cmd, admin_token)
+    }
+
+    /// Spawns `cmd` (an `idem serve`) and waits (30 s at most) until its
+    /// log names the bound address, and the admin address when
+    /// `admin_token` is given.
+    fn wait_listening(
+        mut cmd: Command,
+        admin_token: Option<&str>,
+    ) -> (Gateway, Option<SocketAddr>) {
         let mut child = cmd.spawn().expect("spawn idem serve");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -470,7 +514,13 @@ impl Consumer {
     /// Starts `idem consume --config CONFIG` and waits (30 s at most) until
     /// it logs that it is consuming each of its `subscriptions`.
     pub fn start(config: &Path, subscriptions: usize) -> Consumer {
+        Consumer::start_in(Path::new("."), config, subscriptions)
+    }
+
+    /// [`Consumer::start`] in the working directory `cwd`.
+    pub fn start_in(cwd: &Path, config: &Path, subscriptions: usize) -> Consumer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .current_dir(cwd)
             .arg("consume")
             .arg("--config")
             .arg(config)
