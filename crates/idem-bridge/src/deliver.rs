@@ -12,15 +12,15 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{AttemptOutcome, RESULT_BODY_BYTES_MAX};
+use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX};
 
 /// The service's answer to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Answer {
     /// The HTTP status.
     pub status: u16,
-    /// `Content-Type`, if the service set one.
-    pub content_type: Option<String>,
+    /// `Content-Type`, if the service set one, as the bytes it sent.
+    pub content_type: Option<HeaderBytes>,
     /// The body, at most [`RESULT_BODY_BYTES_MAX`] bytes.
     pub body: Bytes,
 }
@@ -97,8 +97,7 @@ impl Endpoint {
             let content_type = response
                 .headers()
                 .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+                .map(|v| HeaderBytes::from(v.as_bytes()));
             let body = Limited::new(response.into_body(), RESULT_BODY_BYTES_MAX)
                 .collect()
                 .await

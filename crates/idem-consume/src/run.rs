@@ -48,8 +48,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
-    FingerprintError, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store, StoreError,
-    StoredResult, Timestamp, Token, check_owner, check_region,
+    FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store,
+    StoreError, StoredResult, Timestamp, Token, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
@@ -106,8 +106,8 @@ pub struct Attempt {
 pub struct Reply {
     /// The status.
     pub status: u16,
-    /// Headers worth replaying.
-    pub headers: Vec<(String, String)>,
+    /// Headers worth replaying, values as the bytes received.
+    pub headers: Vec<(String, HeaderBytes)>,
     /// The body worth replaying.
     pub body: Vec<u8>,
 }
@@ -569,7 +569,7 @@ fn retry(after_ms: u64, reason: RetryReason) -> Outcome {
 fn stored(reply: Reply) -> Result<StoredResult, LimitError> {
     let status = reply.status;
     StoredResult::new(status, reply.headers, reply.body).or_else(|e| {
-        let why = (RESULT_NOT_STORED_HEADER.to_owned(), e.to_string());
+        let why = (RESULT_NOT_STORED_HEADER.to_owned(), e.to_string().into());
         StoredResult::new(status, vec![why], Vec::new())
             .or_else(|_| StoredResult::new(status, Vec::new(), Vec::new()))
     })

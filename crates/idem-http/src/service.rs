@@ -543,10 +543,7 @@ fn result_not_stored(why: &str) -> StoredResult {
             "the effect happened once and will not be repeated, but its response could not be stored: {why}"
         ),
     );
-    let headers = vec![(
-        "content-type".to_owned(),
-        "application/problem+json".to_owned(),
-    )];
+    let headers = vec![("content-type".to_owned(), "application/problem+json".into())];
     // The problem body is small and the status valid; the fallback is the
     // same result without a body.
     StoredResult::new(502, headers.clone(), problem.body().to_vec())
@@ -555,7 +552,10 @@ fn result_not_stored(why: &str) -> StoredResult {
 }
 
 /// The response headers worth replaying: the allow-list plus the route's own.
-fn replay_headers(headers: &http::HeaderMap, route: &Route) -> Vec<(String, String)> {
+fn replay_headers(
+    headers: &http::HeaderMap,
+    route: &Route,
+) -> Vec<(String, idem_core::HeaderBytes)> {
     let allowed = [
         header::CONTENT_TYPE,
         header::LOCATION,
@@ -565,11 +565,10 @@ fn replay_headers(headers: &http::HeaderMap, route: &Route) -> Vec<(String, Stri
         .iter()
         .chain(&route.replay_headers)
         .flat_map(|name| {
-            headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
+            headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.as_str().to_owned(), v.as_bytes().into()))
         })
         .collect()
 }
@@ -594,7 +593,7 @@ fn stored_response<B: From<Bytes>>(result: &StoredResult, replayed: bool) -> Res
     for (name, value) in result.headers() {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value.as_bytes()),
         ) {
             headers.append(name, value);
         }

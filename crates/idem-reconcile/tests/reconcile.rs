@@ -273,7 +273,7 @@ async fn found_completes_with_the_providers_answer() {
     assert_eq!(result.body(), br#"{"payout":"p-847"}"#);
     assert_eq!(
         result.headers(),
-        &[("content-type".to_owned(), "application/json".to_owned())]
+        &[("content-type".to_owned(), "application/json".into())]
     );
     let resolution = record.resolution.unwrap();
     assert_eq!(resolution.by, RESOLVED_BY);

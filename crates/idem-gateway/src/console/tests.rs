@@ -222,7 +222,7 @@ async fn a_state_change_needs_the_csrf_token_and_the_same_origin() {
     assert_eq!(result.status(), 201);
     assert_eq!(
         result.headers(),
-        [("content-type".to_owned(), "application/json".to_owned())]
+        [("content-type".to_owned(), "application/json".into())]
     );
     // The same form again: the record moved on, nothing is overwritten.
     let again = f
