@@ -170,6 +170,23 @@ mod tests {
     }
 
     #[test]
+    fn headers_written_as_text_read_as_their_utf8_bytes() {
+        let old = r#"[["content-type","application/json"],["x-note","naïve \"q\" \\"]]"#;
+        let headers: Vec<(String, HeaderBytes)> = serde_json::from_str(old).unwrap();
+        let bytes: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            .collect();
+        assert_eq!(
+            bytes,
+            [
+                ("content-type", b"application/json".as_slice()),
+                ("x-note", "naïve \"q\" \\".as_bytes()),
+            ]
+        );
+    }
+
+    #[test]
     fn other_bytes_take_the_base64_form() {
         let value = HeaderBytes::from(b"caf\xe9".as_slice());
         assert_eq!(
