@@ -46,7 +46,7 @@ pub struct ResultView {
     /// The HTTP status.
     pub status: u16,
     /// The replayed headers: a value that is UTF-8 as it is, any other
-    /// byte of a value escaped as `\\xNN` (never dropped).
+    /// byte of a value escaped as `\xNN` (never dropped).
     pub headers: Vec<(String, String)>,
     /// The body as UTF-8 text when it is text, otherwise absent.
     pub body: Option<String>,
