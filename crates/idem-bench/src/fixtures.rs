@@ -33,7 +33,7 @@ pub fn payout_result() -> anyhow::Result<StoredResult> {
     let body = br#"{"payout":"po_8f3a9c","amount":12500,"currency":"EUR","status":"paid"}"#;
     Ok(StoredResult::new(
         201,
-        vec![("content-type".to_owned(), "application/json".to_owned())],
+        vec![("content-type".to_owned(), "application/json".into())],
         body.to_vec(),
     )?)
 }

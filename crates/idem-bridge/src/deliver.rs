@@ -12,15 +12,15 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{AttemptOutcome, RESULT_BODY_BYTES_MAX};
+use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX};
 
 /// The service's answer to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Answer {
     /// The HTTP status.
     pub status: u16,
-    /// `Content-Type`, if the service set one.
-    pub content_type: Option<String>,
+    /// `Content-Type`, if the service set one, as the bytes it sent.
+    pub content_type: Option<HeaderBytes>,
     /// The body, at most [`RESULT_BODY_BYTES_MAX`] bytes; empty when
     /// `not_stored` says why it is not kept.
     pub body: Bytes,
@@ -102,8 +102,7 @@ impl Endpoint {
             let content_type = response
                 .headers()
                 .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+                .map(|v| HeaderBytes::from(v.as_bytes()));
             // The status is the answer: whether it is final is the
             // completion table's to say, as in the gateway. A body that
             // cannot be kept only means the record keeps no copy of it.
@@ -153,4 +152,48 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    /// A service on loopback that answers one request with `head` (raw
+    /// bytes, so a header value need not be UTF-8) and `paid`.
+    fn answer_once(head: &'static [u8]) -> Uri {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended before its head");
+                seen.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(head).unwrap();
+            conn.write_all(b"content-length: 4\r\nconnection: close\r\n\r\npaid")
+                .unwrap();
+        });
+        format!("http://{addr}/pay").parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_content_type_that_is_not_utf8_is_kept_as_sent() {
+        let url =
+            answer_once(b"HTTP/1.1 201 Created\r\ncontent-type: text/plain; name=caf\xe9\r\n");
+        let endpoint = Endpoint::new(url, Duration::from_secs(2), Duration::from_secs(5));
+        let answer = endpoint
+            .post(Bytes::from_static(b"{}"), Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 201);
+        let kept = answer.content_type.as_ref().map(HeaderBytes::as_bytes);
+        assert_eq!(kept, Some(b"text/plain; name=caf\xe9".as_slice()));
+        assert_eq!(answer.body, Bytes::from_static(b"paid"));
+    }
 }

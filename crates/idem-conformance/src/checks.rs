@@ -22,8 +22,27 @@ pub async fn ambiguous<S: Store>(store: &S, req: &ClaimRequest) {
 /// A verdict these checks can give at any time: "completed" needs no wait
 /// for the attempt's lease (a "not executed" one would).
 fn found() -> Resolution {
-    let result = StoredResult::new(200, Vec::new(), b"found".to_vec()).unwrap();
-    Resolution::new(Outcome::Completed { result }, "operator", "checked").unwrap()
+    Resolution::new(
+        Outcome::Completed {
+            result: bytes_result(),
+        },
+        "operator",
+        "checked",
+    )
+    .unwrap()
+}
+
+/// A result whose header values are not UTF-8, the form records written
+/// before values were bytes could not hold: an upgraded store keeps it too.
+fn bytes_result() -> StoredResult {
+    let headers = vec![
+        (
+            "content-type".to_owned(),
+            b"text/plain; name=caf\xe9".as_slice().into(),
+        ),
+        ("location".to_owned(), b"/found/\xff".as_slice().into()),
+    ];
+    StoredResult::new(200, headers, b"found".to_vec()).unwrap()
 }
 
 /// `id` is ambiguous with an empty journal (e.g. it was marked before the
@@ -227,6 +246,13 @@ impl Written {
             (resolved.state, resolved.region.as_deref()),
             (State::Completed, None)
         );
+        assert_eq!(resolved.result, Some(bytes_result()), "resolved with bytes");
+        let reread = store.get(&unsure.id).await.unwrap();
+        assert_eq!(
+            reread.as_ref(),
+            Some(&resolved),
+            "bytes read back as resolved"
+        );
         let journal = store.resolutions(&unsure.id).await.unwrap();
         assert_eq!(
             journal
@@ -258,6 +284,18 @@ impl Written {
         );
         let record = store.get(&fresh.id).await.unwrap().unwrap();
         assert_eq!(record.region.as_deref(), Some(region), "the region is kept");
+        let done = store
+            .complete(&fresh.id, token, bytes_result())
+            .await
+            .unwrap();
+        let claim = store.claim(&fresh).await.unwrap();
+        let replay = Claim::Replay {
+            record: Box::new(done),
+        };
+        assert_eq!(
+            claim, replay,
+            "a result with bytes replays after the upgrade"
+        );
     }
 
     /// A claim that is the same request as the one that wrote `record`.

@@ -90,6 +90,7 @@ macro_rules! conformance_suite {
             takeover_records_the_new_region,
             bad_region_is_refused,
             legal_values_round_trip_byte_for_byte,
+            header_values_round_trip_byte_for_byte,
             concurrent_claims_on_one_key_acquire_once,
             concurrent_claims_on_distinct_keys_all_acquire,
             every_answer_is_the_reference_stores,

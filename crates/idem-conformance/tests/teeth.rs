@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use idem_conformance::{START, cases};
 use idem_core::{
     Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing,
-    LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, PurgeReport, Record, RecordId,
+    LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, Outcome, PurgeReport, Record, RecordId,
     Resolution, Resolved, State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
     check_region,
 };
@@ -82,6 +82,14 @@ async fn every_fault_is_caught() {
         (
             Fault::DropsReplayHeaders,
             vec![case!(claim_on_completed_replays_result)],
+        ),
+        (
+            Fault::CompleteKeepsTextHeaders,
+            vec![case!(header_values_round_trip_byte_for_byte)],
+        ),
+        (
+            Fault::ResolveKeepsTextHeaders,
+            vec![case!(header_values_round_trip_byte_for_byte)],
         ),
         (
             Fault::TruncatesOwner,
@@ -223,6 +231,12 @@ enum Fault {
     ExpiresOnlyByPurge,
     /// Replays lose the stored headers (a lossy column).
     DropsReplayHeaders,
+    /// Complete keeps only the header values that are UTF-8 (a text column
+    /// read with a strict decoder).
+    CompleteKeepsTextHeaders,
+    /// Resolve keeps only the header values that are UTF-8 (the
+    /// resolution's result kept apart, through another encoder).
+    ResolveKeepsTextHeaders,
     /// Claim truncates a long owner instead of refusing it.
     TruncatesOwner,
     /// Claim writes no region (a store without the column).
@@ -471,6 +485,10 @@ impl Store for Broken {
                 (Fault::UnfencedComplete, Some(current)) => current.token,
                 _ => token,
             };
+            let result = match self.fault {
+                Fault::CompleteKeepsTextHeaders => text_headers_only(&result),
+                _ => result,
+            };
             let done = match (self.fault, self.inner.complete(id, token, result).await) {
                 (Fault::FencedNamesStoredState, Err(e)) => Err(self.with_stored_state(e).await?),
                 (_, done) => done,
@@ -511,6 +529,17 @@ impl Store for Broken {
             if self.fault == Fault::ReleasesWhileLeased {
                 self.clock.skew_ms.store(lease_ms as i64, Ordering::SeqCst);
             }
+            let resolution = match (self.fault, resolution) {
+                (Fault::ResolveKeepsTextHeaders, mut resolution) => {
+                    if let Outcome::Completed { result } = &resolution.outcome {
+                        resolution.outcome = Outcome::Completed {
+                            result: text_headers_only(result),
+                        };
+                    }
+                    resolution
+                }
+                (_, resolution) => resolution,
+            };
             let resolved = self.inner.resolve(id, token, resolution).await;
             if let Ok(Some(done)) = &resolved {
                 self.remember_completed(done);
@@ -653,6 +682,19 @@ async fn run(fault: Fault, case: CaseFn) -> Result<(), String> {
             Err(message.unwrap_or_else(|| "a panic without a message".to_owned()))
         }
         Err(e) => Err(format!("the case was cancelled: {e}")),
+    }
+}
+
+fn text_headers_only(result: &StoredResult) -> StoredResult {
+    let text = result
+        .headers()
+        .iter()
+        .filter(|(_, value)| value.to_str().is_some())
+        .cloned()
+        .collect();
+    match StoredResult::new(result.status(), text, result.body().to_vec()) {
+        Ok(kept) => kept,
+        Err(e) => panic!("a stored result stays valid with fewer headers: {e}"),
     }
 }
 

@@ -48,8 +48,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
-    FingerprintError, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store, StoreError,
-    StoredResult, Timestamp, Token, check_owner, check_region,
+    FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store,
+    StoreError, StoredResult, Timestamp, Token, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
@@ -103,8 +103,8 @@ pub struct Attempt {
 pub struct Reply {
     /// The status.
     pub status: u16,
-    /// Headers worth replaying.
-    pub headers: Vec<(String, String)>,
+    /// Headers worth replaying, values as the bytes received.
+    pub headers: Vec<(String, HeaderBytes)>,
     /// The body worth replaying.
     pub body: Vec<u8>,
     /// Why the answer's headers and body cannot be kept, when they cannot

@@ -59,6 +59,7 @@
 pub mod completion;
 pub mod decision;
 pub mod fingerprint;
+mod header_bytes;
 pub mod jcs;
 mod key;
 mod memory;
@@ -73,6 +74,7 @@ pub mod verdict;
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
 pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
+pub use header_bytes::HeaderBytes;
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
 pub use memory::MemoryStore;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{Fingerprint, IdempotencyKey, Scope, Timestamp};
+use crate::{Fingerprint, HeaderBytes, IdempotencyKey, Scope, Timestamp};
 
 /// The largest stored response body, in bytes (DESIGN.md "Limits").
 pub const RESULT_BODY_BYTES_MAX: usize = 1024 * 1024;
@@ -67,7 +67,7 @@ pub enum State {
 #[serde(try_from = "UncheckedResult")]
 pub struct StoredResult {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, HeaderBytes)>,
     body: Vec<u8>,
 }
 
@@ -75,7 +75,7 @@ pub struct StoredResult {
 #[derive(serde::Deserialize)]
 struct UncheckedResult {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, HeaderBytes)>,
     body: Vec<u8>,
 }
 
@@ -267,7 +267,7 @@ impl StoredResult {
         .into_bytes();
         let headers = vec![(
             "content-type".to_owned(),
-            "application/problem+json".to_owned(),
+            HeaderBytes::from("application/problem+json"),
         )];
         // A `why` long enough to overflow the body limit loses the body, never the status.
         let body = if body.len() > RESULT_BODY_BYTES_MAX {
@@ -285,7 +285,7 @@ impl StoredResult {
     /// A result to store, checked against the stored-response limits.
     pub fn new(
         status: u16,
-        headers: Vec<(String, String)>,
+        headers: Vec<(String, HeaderBytes)>,
         body: Vec<u8>,
     ) -> Result<StoredResult, LimitError> {
         if !(100..=599).contains(&status) {
@@ -322,8 +322,9 @@ impl StoredResult {
         self.status
     }
 
-    /// The stored headers, in the order they were given.
-    pub fn headers(&self) -> &[(String, String)] {
+    /// The stored headers, in the order they were given; values are the
+    /// bytes as given, UTF-8 or not.
+    pub fn headers(&self) -> &[(String, HeaderBytes)] {
         &self.headers
     }
 

@@ -45,7 +45,8 @@ pub struct RecordView {
 pub struct ResultView {
     /// The HTTP status.
     pub status: u16,
-    /// The replayed headers.
+    /// The replayed headers: a value that is UTF-8 as it is, any other
+    /// byte of a value escaped as `\xNN` (never dropped).
     pub headers: Vec<(String, String)>,
     /// The body as UTF-8 text when it is text, otherwise absent.
     pub body: Option<String>,
@@ -88,7 +89,11 @@ impl RecordView {
                 let text = std::str::from_utf8(res.body()).ok().map(str::to_owned);
                 ResultView {
                     status: res.status(),
-                    headers: res.headers().to_vec(),
+                    headers: res
+                        .headers()
+                        .iter()
+                        .map(|(name, value)| (name.clone(), value.escaped()))
+                        .collect(),
                     body_hex: text.is_none().then(|| to_hex(res.body())),
                     body: text,
                     body_bytes: res.body().len(),

@@ -315,7 +315,7 @@ mod tests {
             stored.headers(),
             [(
                 "content-type".to_owned(),
-                "application/problem+json".to_owned()
+                idem_core::HeaderBytes::from("application/problem+json")
             )]
         );
     }

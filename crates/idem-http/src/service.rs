@@ -537,7 +537,10 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
 }
 
 /// The response headers worth replaying: the allow-list plus the route's own.
-fn replay_headers(headers: &http::HeaderMap, route: &Route) -> Vec<(String, String)> {
+fn replay_headers(
+    headers: &http::HeaderMap,
+    route: &Route,
+) -> Vec<(String, idem_core::HeaderBytes)> {
     let allowed = [
         header::CONTENT_TYPE,
         header::LOCATION,
@@ -547,11 +550,10 @@ fn replay_headers(headers: &http::HeaderMap, route: &Route) -> Vec<(String, Stri
         .iter()
         .chain(&route.replay_headers)
         .flat_map(|name| {
-            headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
+            headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.as_str().to_owned(), v.as_bytes().into()))
         })
         .collect()
 }
@@ -576,7 +578,7 @@ fn stored_response<B: From<Bytes>>(result: &StoredResult, replayed: bool) -> Res
     for (name, value) in result.headers() {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value.as_bytes()),
         ) {
             headers.append(name, value);
         }

@@ -3,8 +3,8 @@
 //! its scope and key instead of a panic.
 
 use idem_core::{
-    DamagedRow, Fingerprint, IdempotencyKey, JournalEntry, ListCursor, Record, RecordId,
-    Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token, check_region,
+    DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JournalEntry, ListCursor, Record,
+    RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token, check_region,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -297,7 +297,9 @@ impl Fields<'_> {
 
     fn result(&self, status: i32) -> Result<StoredResult, String> {
         let status = u16::try_from(status).map_err(|_| format!("result status {status}"))?;
-        let headers: Vec<(String, String)> = match self.get::<Option<&str>>(14, "result_headers")? {
+        let headers: Vec<(String, HeaderBytes)> = match self
+            .get::<Option<&str>>(14, "result_headers")?
+        {
             Some(json) => serde_json::from_str(json).map_err(|e| format!("result headers: {e}"))?,
             None => Vec::new(),
         };

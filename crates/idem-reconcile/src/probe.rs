@@ -138,8 +138,8 @@ impl Prober {
                 let headers = KEPT_HEADERS
                     .iter()
                     .filter_map(|name| {
-                        let value = parts.headers.get(name)?.to_str().ok()?;
-                        Some((name.as_str().to_owned(), value.to_owned()))
+                        let value = parts.headers.get(name)?.as_bytes();
+                        Some((name.as_str().to_owned(), value.into()))
                     })
                     .collect();
                 match StoredResult::new(status, headers, body.to_vec()) {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State as AxumState};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_core::{
     Claim, ClaimRequest, Fingerprint, IdempotencyKey, ManualClock, Outcome, Policy, RecordId,
@@ -63,6 +63,8 @@ struct Harness {
 }
 
 const OPERATION: &str = "payouts";
+/// The `Location` every provider answer carries: not UTF-8.
+const LOCATION: &[u8] = b"/payouts/p-847-caf\xe9";
 const FINGERPRINT: [u8; 32] = [1; 32];
 
 impl Harness {
@@ -197,15 +199,21 @@ async fn lookup(
     let behavior = provider.behavior.lock().unwrap().get(&key).cloned();
     match behavior {
         None => StatusCode::NOT_FOUND.into_response(),
-        Some(Behavior::Answer(status, body)) => (
-            StatusCode::from_u16(status).unwrap(),
-            [
-                ("content-type", "application/json"),
-                ("x-internal", "dropped"),
-            ],
-            body,
-        )
-            .into_response(),
+        Some(Behavior::Answer(status, body)) => {
+            let mut answer = (
+                StatusCode::from_u16(status).unwrap(),
+                [
+                    ("content-type", "application/json"),
+                    ("x-internal", "dropped"),
+                ],
+                body,
+            )
+                .into_response();
+            // A value that is not UTF-8 (obs-text): kept as the bytes sent.
+            let location = HeaderValue::from_bytes(LOCATION).unwrap();
+            answer.headers_mut().insert("location", location);
+            answer
+        }
         Some(Behavior::Huge) => vec![b'x'; 2 * 1024 * 1024].into_response(),
         Some(Behavior::Hang) => std::future::pending().await,
         Some(Behavior::OperatorFirst(store, id)) => {
@@ -273,7 +281,10 @@ async fn found_completes_with_the_providers_answer() {
     assert_eq!(result.body(), br#"{"payout":"p-847"}"#);
     assert_eq!(
         result.headers(),
-        &[("content-type".to_owned(), "application/json".to_owned())]
+        &[
+            ("content-type".to_owned(), "application/json".into()),
+            ("location".to_owned(), LOCATION.into()),
+        ]
     );
     let resolution = record.resolution.unwrap();
     assert_eq!(resolution.by, RESOLVED_BY);

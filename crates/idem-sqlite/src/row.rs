@@ -3,9 +3,9 @@
 //! an error naming its scope and key instead of a panic.
 
 use idem_core::{
-    DamagedRow, Fingerprint, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry, ListCursor,
-    LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp,
-    Token, check_region,
+    DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry,
+    ListCursor, LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult,
+    Timestamp, Token, check_region,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
@@ -299,7 +299,7 @@ fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
 
 fn stored_result(row: &Row<'_>, status: i64) -> Result<StoredResult, String> {
     let status = u16::try_from(status).map_err(|_| format!("result status {status}"))?;
-    let headers: Vec<(String, String)> = match row.get::<_, Option<String>>(14) {
+    let headers: Vec<(String, HeaderBytes)> = match row.get::<_, Option<String>>(14) {
         Ok(Some(json)) => {
             serde_json::from_str(&json).map_err(|e| format!("result headers: {e}"))?
         }

@@ -46,8 +46,8 @@ fn ids() -> Vec<RecordId> {
 
 fn result(n: u64) -> StoredResult {
     let headers = vec![
-        ("content-type".to_owned(), "application/json".to_owned()),
-        ("x-n".to_owned(), n.to_string()),
+        ("content-type".to_owned(), "application/json".into()),
+        ("x-n".to_owned(), n.to_string().into()),
     ];
     StoredResult::new(200 + (n % 3) as u16, headers, vec![n as u8, 0, 255]).unwrap()
 }

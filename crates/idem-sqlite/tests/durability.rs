@@ -24,10 +24,11 @@ const START_MS: u64 = 1_700_000_000_000;
 /// Headers with repeats and an empty value, a body with every byte value.
 fn result() -> StoredResult {
     let headers = vec![
-        ("content-type".to_owned(), "application/json".to_owned()),
-        ("x-dup".to_owned(), "b".to_owned()),
-        ("x-dup".to_owned(), "a".to_owned()),
-        ("x-empty".to_owned(), String::new()),
+        ("content-type".to_owned(), "application/json".into()),
+        ("x-dup".to_owned(), "b".into()),
+        ("x-dup".to_owned(), "a".into()),
+        ("x-empty".to_owned(), "".into()),
+        ("x-latin1".to_owned(), b"caf\xe9".as_slice().into()),
     ];
     StoredResult::new(201, headers, (0..=255u8).collect()).unwrap()
 }

@@ -222,8 +222,15 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
             Some(path) => read_body(path)?,
             None => Vec::new(),
         };
-        let result = StoredResult::new(args.status, args.headers.clone(), body)
-            .context("the result cannot be stored")?;
+        let result = StoredResult::new(
+            args.status,
+            args.headers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_str().into()))
+                .collect(),
+            body,
+        )
+        .context("the result cannot be stored")?;
         Outcome::Completed { result }
     } else {
         Outcome::NotExecuted

@@ -73,11 +73,12 @@ pub(crate) fn request_with(
 /// reorders, merges or re-encodes anything is caught.
 pub(crate) fn result(n: u8) -> StoredResult {
     let headers = vec![
-        ("content-type".to_owned(), "application/json".to_owned()),
-        ("x-dup".to_owned(), "second-first".to_owned()),
-        ("x-dup".to_owned(), "first-second".to_owned()),
-        ("x-empty".to_owned(), String::new()),
-        ("X-Case".to_owned(), format!("result-{n}")),
+        ("content-type".to_owned(), "application/json".into()),
+        ("x-dup".to_owned(), "second-first".into()),
+        ("x-dup".to_owned(), "first-second".into()),
+        ("x-empty".to_owned(), "".into()),
+        ("X-Case".to_owned(), format!("result-{n}").into()),
+        ("x-latin1".to_owned(), b"caf\xe9 \xff".as_slice().into()),
     ];
     let mut body: Vec<u8> = (0..=255u8).collect();
     body.extend_from_slice(&[0, n, 0, 0xff]);
@@ -90,7 +91,7 @@ pub(crate) fn largest_result() -> StoredResult {
     let body: Vec<u8> = (0..RESULT_BODY_BYTES_MAX)
         .map(|i| (i % 251) as u8)
         .collect();
-    StoredResult::new(201, vec![("x-large".to_owned(), "yes".to_owned())], body).unwrap()
+    StoredResult::new(201, vec![("x-large".to_owned(), "yes".into())], body).unwrap()
 }
 
 /// An owner label of exactly `bytes` bytes.

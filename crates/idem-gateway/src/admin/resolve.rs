@@ -1,7 +1,7 @@
 //! The body of `POST /records/{scope}/{key}/resolve`, checked field by field
 //! so that every refusal names the field and says what it should be.
 
-use idem_core::{LimitError, Outcome, Resolution, StoredResult, Token};
+use idem_core::{HeaderBytes, LimitError, Outcome, Resolution, StoredResult, Token};
 use serde_json::{Map, Value};
 
 /// The `by` of every resolution made through the admin API.
@@ -137,11 +137,11 @@ fn completed_result(fields: &Map<String, Value>) -> Result<StoredResult, String>
     })
 }
 
-fn header_pair(i: usize, item: &Value) -> Result<(String, String), String> {
+fn header_pair(i: usize, item: &Value) -> Result<(String, HeaderBytes), String> {
     match item.as_array().map(Vec::as_slice) {
-        Some([Value::String(name), Value::String(value)]) => {
-            result_header(name, value).map_err(|e| format!("field `headers[{i}]`: {e}"))
-        }
+        Some([Value::String(name), Value::String(value)]) => result_header(name, value)
+            .map(|(name, value)| (name, value.into()))
+            .map_err(|e| format!("field `headers[{i}]`: {e}")),
         _ => Err(format!(
             "field `headers[{i}]` is {item}; expected a [name, value] pair of strings"
         )),

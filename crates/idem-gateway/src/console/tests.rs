@@ -8,7 +8,8 @@ use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
 use idem_core::{
-    Claim, ClaimRequest, Fingerprint, IdempotencyKey, ManualClock, MemoryStore, Policy, Scope,
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, ManualClock, MemoryStore, Outcome, Policy,
+    Scope, StoredResult,
 };
 use tower::ServiceExt;
 
@@ -222,7 +223,7 @@ async fn a_state_change_needs_the_csrf_token_and_the_same_origin() {
     assert_eq!(result.status(), 201);
     assert_eq!(
         result.headers(),
-        [("content-type".to_owned(), "application/json".to_owned())]
+        [("content-type".to_owned(), "application/json".into())]
     );
     // The same form again: the record moved on, nothing is overwritten.
     let again = f
@@ -587,4 +588,28 @@ async fn wrong_tokens_beyond_the_waiting_bound_are_refused_at_once() {
         assert!(!task.is_finished(), "a refusal waits its turn");
     }
     waiting.iter().for_each(|task| task.abort());
+}
+
+#[tokio::test]
+async fn header_bytes_that_are_not_utf8_show_escaped_never_dropped() {
+    let f = fixture();
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "bytes-1").await;
+    let headers = vec![
+        ("location".to_owned(), b"/payouts/caf\xe9".as_slice().into()),
+        ("x-note".to_owned(), "<b>naïve</b>".into()),
+    ];
+    let result = StoredResult::new(201, headers, b"paid".to_vec()).unwrap();
+    let resolution = Resolution::new(Outcome::Completed { result }, "operator", "ledger").unwrap();
+    f.store.resolve(&id, Token(1), resolution).await.unwrap();
+    let (cookie, _) = f.sign_in().await;
+    let path = pages::link("/ui/record", &id);
+    let page = f.send("GET", &path, &[("cookie", &cookie)], "").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("/payouts/caf\\xe9"), "{}", page.body);
+    assert!(
+        page.body.contains("&lt;b&gt;naïve&lt;/b&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<b>naïve"), "{}", page.body);
 }

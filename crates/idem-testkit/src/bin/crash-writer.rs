@@ -45,7 +45,7 @@ async fn write_forever(store: Arc<SqliteStore>, worker: usize) -> Result<(), Err
     let scope = Scope::new(CRASH_SCOPE)?;
     let result = StoredResult::new(
         201,
-        vec![("x-worker".into(), worker.to_string())],
+        vec![("x-worker".into(), worker.to_string().into())],
         vec![7; 64],
     )?;
     for n in 0u64.. {
