@@ -521,6 +521,12 @@ struct RabbitSettle {
     delivery: u64,
 }
 
+/// Whether a confirmed copy reached a queue; if not, why.
+enum Routed {
+    Yes,
+    No(BrokerError),
+}
+
 /// What a settlement does before it acknowledges the original.
 enum Settlement {
     Ack,
@@ -549,12 +555,13 @@ impl Link {
         match tokio::time::timeout(settings.connect_timeout, Link::open_now(settings)).await {
             Ok(link) => link,
             Err(_) => Err(BrokerError::transient(
-                "rabbitmq connect",
+                format!("rabbitmq connect to {}", masked(&settings.uri)),
                 format!(
-                    "no answer within {} ms",
+                    "no answer within {} ms (connect_timeout_ms)",
                     settings.connect_timeout.as_millis()
                 ),
-            )),
+            )
+            .at_field("url")),
         }
     }
 
@@ -563,7 +570,13 @@ impl Link {
             ConnectionProperties::default().with_connection_name("idem consume".into());
         let connection = Connection::connect_uri(settings.uri.clone(), properties)
             .await
-            .map_err(|e| amqp_error("rabbitmq connect", &e))?;
+            .map_err(|e| {
+                amqp_error(
+                    &format!("rabbitmq connect to {}", masked(&settings.uri)),
+                    &e,
+                )
+                .at_field("url")
+            })?;
         let publisher = channel(&connection).await?;
         declare(&publisher, &settings.topology).await?;
         publisher
@@ -602,15 +615,22 @@ impl RabbitSubscription {
             .unwrap_or_else(|| d.routing_key.to_string());
         let delivery = delivery_count(headers, d.redelivered);
         let payload = Bytes::from(d.data);
-        let message = Message {
+        let mut message = Message {
             payload: payload.clone(),
             headers: headers
                 .map(|h| visible_headers(h, self.settings.topology.retry_queue.as_str()))
                 .unwrap_or_default(),
             message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
+            content_type: None,
             subject: subject.clone(),
             delivery,
         };
+        message.content_type = d
+            .properties
+            .content_type()
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| message.header("content-type").map(str::to_owned));
         let settle = RabbitSettle {
             acker: d.acker,
             publisher,
@@ -680,18 +700,20 @@ impl RabbitSettle {
                     .copied_properties(headers)
                     .with_expiration(ms.to_string().into());
                 let to = topology.retry_queue.clone();
-                self.publish(ShortString::default(), to, properties).await?;
+                self.publish_routed(ShortString::default(), to, properties)
+                    .await?;
             }
             Settlement::DeadLetter(reason) => {
                 let properties = self.copied_properties(self.reason_headers(&reason));
                 let exchange = topology.dead_letter_exchange.clone();
                 let key = topology.dead_letter_queue.clone();
-                self.publish(exchange, key, properties).await?;
+                self.publish_routed(exchange, key, properties).await?;
             }
             Settlement::Late(reason) => {
                 let properties = self.copied_properties(self.reason_headers(&reason));
                 let to = topology.late_queue.clone();
-                self.publish(ShortString::default(), to, properties).await?;
+                self.publish_routed(ShortString::default(), to, properties)
+                    .await?;
             }
         }
         self.ack_now().await
@@ -715,14 +737,52 @@ impl RabbitSettle {
         }
     }
 
-    /// Publishes a copy of the payload and waits until the broker has taken
-    /// it: confirmed, and routed to at least one queue.
-    async fn publish(
+    /// Publishes a copy and waits until a queue has taken it. A copy that
+    /// comes back unroutable (someone deleted the dead-letter, late or
+    /// retry queue, or its binding) makes the topology be declared again
+    /// and the copy be published again, with backoff, a bounded number of
+    /// times; the original is acknowledged only once a copy was routed.
+    async fn publish_routed(
         &self,
         exchange: ShortString,
         routing_key: ShortString,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        let mut backoff = REDECLARE_BACKOFF;
+        for attempt in 1.. {
+            let unroutable = match self
+                .publish(exchange.clone(), routing_key.clone(), properties.clone())
+                .await
+            {
+                Ok(Routed::Yes) => return Ok(()),
+                Ok(Routed::No(unroutable)) => unroutable,
+                Err(e) => return Err(e),
+            };
+            if attempt >= REDECLARE_ATTEMPTS {
+                return Err(unroutable);
+            }
+            if attempt > 1 {
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2);
+            }
+            tracing::warn!(queue = %self.settings.topology.queue, attempt, reason = %unroutable.reason,
+                "a copy came back unroutable; declaring the topology again");
+            declare(&self.publisher, &self.settings.topology).await?;
+        }
+        Err(BrokerError::permanent(
+            "rabbitmq publish",
+            "no attempt made",
+        ))
+    }
+
+    /// Publishes a copy of the payload and waits until the broker has taken
+    /// it: confirmed, and routed to at least one queue (else `Routed::No`).
+    async fn publish(
+        &self,
+        exchange: ShortString,
+        routing_key: ShortString,
+        properties: BasicProperties,
+    ) -> Result<Routed, BrokerError> {
         let to = format!("`{routing_key}` through exchange `{exchange}`");
         let options = BasicPublishOptions {
             mandatory: true,
@@ -736,14 +796,15 @@ impl RabbitSettle {
             .await
             .map_err(|e| BrokerError::transient("rabbitmq publish confirm", e))?;
         match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(BrokerError::permanent(
+            Confirmation::Ack(None) => Ok(Routed::Yes),
+            Confirmation::Ack(Some(returned)) => Ok(Routed::No(BrokerError::permanent(
                 "rabbitmq publish",
                 format!(
-                    "no queue took the copy sent to {to} ({}); was a queue deleted?",
+                    "no queue took the copy sent to {to} ({}), even after declaring the \
+                     topology again",
                     returned.reply_text
                 ),
-            )),
+            ))),
             Confirmation::Nack(_) => Err(BrokerError::transient(
                 "rabbitmq publish",
                 format!("the broker refused the copy sent to {to} (nack)"),
@@ -819,6 +880,14 @@ impl RabbitSettle {
 /// AMQP `delivery_mode` for a message written to disk.
 const PERSISTENT: u8 = 2;
 
+/// How many times a copy is published when it comes back unroutable (the
+/// topology declared again before each retry), and the pause before the
+/// third try (doubled before the fourth): a copy that still cannot be
+/// routed holds its worker over half a second before it is handed back,
+/// rather than spinning through the queue.
+const REDECLARE_ATTEMPTS: u32 = 4;
+const REDECLARE_BACKOFF: Duration = Duration::from_millis(200);
+
 /// How long handing a message back after a failed settlement may take.
 const HAND_BACK_LIMIT: Duration = Duration::from_secs(1);
 
@@ -883,6 +952,19 @@ fn name(field: &'static str, value: &str) -> Result<ShortString, ConfigError> {
         ));
     }
     short(field, value)
+}
+
+/// The broker as an error names it: `amqp://user:***@host:port/vhost`,
+/// the password masked.
+fn masked(uri: &AMQPUri) -> String {
+    let a = &uri.authority;
+    let user = if a.userinfo.username.is_empty() {
+        String::new()
+    } else {
+        format!("{}:***@", a.userinfo.username)
+    };
+    let vhost = uri.vhost.replace('%', "%25").replace('/', "%2f");
+    format!("amqp://{user}{}:{}/{vhost}", a.host, a.port)
 }
 
 async fn channel(connection: &Connection) -> Result<Channel, BrokerError> {

@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use idem_bridge::config::ConsumeConfig;
 
@@ -39,8 +38,20 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
         .await
-        .map_err(anyhow::Error::msg)
-        .context("idem consume cannot start")?;
+        .map_err(|e| {
+            // A broker error about a field of the file names both, as a
+            // config error does.
+            let message = match e.field() {
+                Some(field) => format!("{}: {field}: {e}", args.config.display()),
+                None => e.to_string(),
+            };
+            let when = if e.started() {
+                "idem consume stopped: a broker failed for good"
+            } else {
+                "idem consume cannot start"
+            };
+            anyhow::Error::msg(message).context(when)
+        })?;
     for (name, counts) in report {
         tracing::info!(subscription = %name, acked = counts.acked, retried = counts.retried,
             dead_lettered = counts.dead_lettered, late = counts.late,

@@ -311,6 +311,23 @@ impl Nats {
         copies
     }
 
+    /// Deletes `stream`'s durable consumer, as an operator would.
+    pub async fn delete_consumer(&self, stream: &str) {
+        self.js
+            .get_stream(stream)
+            .await
+            .unwrap()
+            .delete_consumer(DURABLE)
+            .await
+            .unwrap();
+    }
+
+    /// Deletes `stream` alone (its messages with it), leaving its
+    /// dead-letter and late streams.
+    pub async fn delete_stream(&self, stream: &str) {
+        self.js.delete_stream(stream).await.unwrap();
+    }
+
     /// Deletes `stream` and its dead-letter and late streams.
     pub async fn delete(&self, stream: &str) {
         for name in [
