@@ -18,7 +18,21 @@
 //!   naming the field: its copies would be delivered again.
 //! - the durable pull consumer [`NatsConfig::durable`] exists with explicit
 //!   acks, `ack_wait`, `max_deliver` and `max_ack_pending` as configured; it
-//!   is created, or updated where the server allows, on every start.
+//!   is created, or updated where the server allows, on every start (an
+//!   existing consumer keeps its deliver policy, which the server cannot
+//!   change).
+//!
+//! # When something declared is deleted
+//! A durable consumer deleted while the subscription runs is created again
+//! by [`Subscription::next`], with this configuration, starting just after
+//! the ack floor the old one had when last asked (at every new pull
+//! stream, and every 5 s while pulling): nothing unsettled is
+//! skipped, and what was settled since is delivered again for the bridge's
+//! records to settle as replays. Another bridge sharing the durable may
+//! create it first; then that one is used. Five attempts over about 4 s;
+//! a server that refuses them all makes `next` fail with a permanent error
+//! naming `durable`. A deleted stream took its messages with it and is not
+//! made again: `next` fails with a permanent error naming `stream`.
 //!
 //! # Settlements
 //! | settlement | what the server sees |
@@ -75,7 +89,9 @@
 //! away, [`Subscription::next`] returns a transient error about every
 //! 10 seconds (a missed idle heartbeat); once the server is back it
 //! delivers again. Messages delivered but not settled before the outage
-//! are delivered again after `ack_wait_ms`.
+//! are delivered again after `ack_wait_ms`. A server that cannot be reached
+//! at start is named in the error (`nats://user:***@host:port`, password or
+//! token masked), about field `url`.
 //!
 //! # Example
 //! ```no_run
@@ -106,6 +122,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::connection::State;
@@ -199,7 +216,7 @@ struct Pulling {
     messages: Option<pull::Stream>,
     /// The consumer's ack floor (every stream sequence up to it settled)
     /// when last asked; a re-created consumer starts just after it.
-    floor: u64,
+    floor: Arc<AtomicU64>,
     /// When the floor was last asked for.
     floor_at: Instant,
 }
@@ -342,7 +359,7 @@ impl NatsSubscription {
             pulling: Mutex::new(Pulling {
                 consumer,
                 messages: None,
-                floor,
+                floor: Arc::new(AtomicU64::new(floor)),
                 floor_at: Instant::now(),
             }),
             sinks: Arc::new(sinks),
@@ -367,7 +384,8 @@ impl NatsSubscription {
         match pulling.consumer.get_info().await {
             Ok(info) => pulling.note_floor(&info),
             Err(e) if e.kind() == K::NotFound => {
-                pulling.consumer = self.recreate(pulling.floor).await?;
+                let floor = pulling.floor.load(Ordering::Relaxed);
+                pulling.consumer = self.recreate(floor).await?;
             }
             Err(e) if e.kind() == K::StreamNotFound => return Err(self.stream_gone(e)),
             Err(e) => return Err(BrokerError::transient("nats next", e)),
@@ -455,24 +473,29 @@ impl NatsSubscription {
         .at_field("stream")
     }
 
-    /// Asks for the consumer's ack floor again when it was last asked for
-    /// long ago, so a re-created consumer does not start far behind.
-    async fn refresh_floor(&self, pulling: &mut Pulling) {
+    /// Asks for the consumer's ack floor again, in the background, when it
+    /// was last asked for long ago, so a re-created consumer does not start
+    /// far behind; pulling does not wait for the answer.
+    fn refresh_floor(&self, pulling: &mut Pulling) {
         if pulling.floor_at.elapsed() < FLOOR_REFRESH
             || connected(&self.sinks.context, "nats next").is_err()
         {
             return;
         }
         pulling.floor_at = Instant::now();
-        if let Ok(info) = pulling.consumer.get_info().await {
-            pulling.note_floor(&info);
-        }
+        let (consumer, floor) = (pulling.consumer.clone(), Arc::clone(&pulling.floor));
+        tokio::spawn(async move {
+            if let Ok(info) = consumer.get_info().await {
+                floor.fetch_max(info.ack_floor.stream_sequence, Ordering::Relaxed);
+            }
+        });
     }
 }
 
 impl Pulling {
     fn note_floor(&mut self, info: &async_nats::jetstream::consumer::Info) {
-        self.floor = self.floor.max(info.ack_floor.stream_sequence);
+        self.floor
+            .fetch_max(info.ack_floor.stream_sequence, Ordering::Relaxed);
         self.floor_at = Instant::now();
     }
 }
@@ -483,7 +506,7 @@ impl Subscription for NatsSubscription {
             let mut pulling = self.pulling.lock().await;
             // A deleted consumer is re-created at once, once per call.
             for pass in 0..2 {
-                self.refresh_floor(&mut pulling).await;
+                self.refresh_floor(&mut pulling);
                 let stream = match pulling.messages.take() {
                     Some(stream) => stream,
                     None => self.open(&mut pulling).await?,
@@ -533,8 +556,9 @@ impl Subscription for NatsSubscription {
 const RECREATE_ATTEMPTS: u32 = 5;
 const RECREATE_BACKOFF: Duration = Duration::from_millis(250);
 
-/// How stale the ack floor a re-created consumer starts from may get.
-const FLOOR_REFRESH: Duration = Duration::from_secs(10);
+/// How stale the ack floor a re-created consumer starts from may get
+/// while messages flow.
+const FLOOR_REFRESH: Duration = Duration::from_secs(5);
 
 /// How often the server proves a waiting pull request is alive; two missed
 /// in a row make `next` report the outage.

@@ -48,7 +48,15 @@
 //! is an error, not a silent drop), drops `user_id` (the broker checks it
 //! against the publishing login) and the original `expiration`.
 //!
-//! A settlement that fails (no confirm, a copy returned unrouted, the
+//! A copy the broker returns unrouted (someone deleted the dead-letter,
+//! late or retry queue, or a binding; the channel stays open) makes the
+//! settlement declare the topology again and send the copy again, up to
+//! three more times, pausing 0.2 s and then 0.4 s before the last two: a
+//! deleted queue is back before the original is acknowledged, and a copy
+//! that still finds no queue holds its worker over half a second before
+//! the message is handed back, instead of spinning through the queue.
+//!
+//! A settlement that fails (no confirm, a copy still returned unrouted, the
 //! connection gone, `settle_timeout_ms` passed) returns `Err` and hands the
 //! original back with `basic.nack` + requeue while its channel still works,
 //! so the broker redelivers it at once (flagged redelivered, so counted)
@@ -87,6 +95,15 @@
 //! that a delivery from before the loss can only fail to settle (lapin fixed
 //! acknowledging on a recovered channel as late as 4.12.3), and so that a
 //! declaration the broker refuses surfaces as this module's error.
+//!
+//! A broker that cannot be reached is named in the error
+//! (`amqp://user:***@host:port/vhost`, the password masked), about field
+//! `url`.
+//!
+//! # Content type
+//!
+//! [`Message::content_type`] is the AMQP `content_type` property, else a
+//! `content-type` header (any case).
 //!
 //! Only `amqp://` is built in (no TLS client), and the queue is a classic
 //! queue.
