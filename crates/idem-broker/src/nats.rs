@@ -86,9 +86,11 @@
 //!
 //! # Reconnecting
 //! The client reconnects on its own, without limit. While the server is
-//! away, [`Subscription::next`] returns a transient error about every
-//! 10 seconds (a missed idle heartbeat); once the server is back it
-//! delivers again. Messages delivered but not settled before the outage
+//! away, [`Subscription::next`] returns a transient error: first after
+//! two missed idle heartbeats (about 10 seconds), then each time it tries
+//! to open a new pull stream (within `request_timeout_ms`, which also
+//! finds out whether the consumer is still there); once the server is back
+//! it delivers again. Messages delivered but not settled before the outage
 //! are delivered again after `ack_wait_ms`. A server that cannot be reached
 //! at start is named in the error (`nats://user:***@host:port`, password or
 //! token masked), about field `url`.

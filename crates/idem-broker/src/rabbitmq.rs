@@ -766,30 +766,29 @@ impl RabbitSettle {
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
         let mut backoff = REDECLARE_BACKOFF;
-        for attempt in 1.. {
+        let mut attempt = 1;
+        loop {
             let unroutable = match self
                 .publish(exchange.clone(), routing_key.clone(), properties.clone())
-                .await
+                .await?
             {
-                Ok(Routed::Yes) => return Ok(()),
-                Ok(Routed::No(unroutable)) => unroutable,
-                Err(e) => return Err(e),
+                Routed::Yes => return Ok(()),
+                Routed::No(unroutable) => unroutable,
             };
             if attempt >= REDECLARE_ATTEMPTS {
                 return Err(unroutable);
             }
-            if attempt > 1 {
+            if attempt == 1 {
+                // Once per settlement: the attempts after it say nothing new.
+                tracing::warn!(queue = %self.settings.topology.queue, reason = %unroutable.reason,
+                    "a copy came back unroutable; declaring the topology again");
+            } else {
                 tokio::time::sleep(backoff).await;
                 backoff = backoff.saturating_mul(2);
             }
-            tracing::warn!(queue = %self.settings.topology.queue, attempt, reason = %unroutable.reason,
-                "a copy came back unroutable; declaring the topology again");
             declare(&self.publisher, &self.settings.topology).await?;
+            attempt += 1;
         }
-        Err(BrokerError::permanent(
-            "rabbitmq publish",
-            "no attempt made",
-        ))
     }
 
     /// Publishes a copy of the payload and waits until the broker has taken
