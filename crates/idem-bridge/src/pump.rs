@@ -258,3 +258,23 @@ impl Counts {
         self.broker_errors += other.broker_errors;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeating_warning_is_let_through_once_and_the_rest_counted() {
+        let throttle = Throttle::default();
+        assert_eq!(throttle.allow(), Some(0));
+        for _ in 0..3 {
+            assert_eq!(throttle.allow(), None);
+        }
+        // As if the interval had passed: the next one says how many were left out.
+        if let Some((last, _)) = throttle.state.lock().unwrap().as_mut() {
+            *last -= WARN_INTERVAL;
+        }
+        assert_eq!(throttle.allow(), Some(3));
+        assert_eq!(throttle.allow(), None);
+    }
+}

@@ -973,9 +973,10 @@ fn masked(addrs: &[ServerAddr]) -> String {
     addrs
         .iter()
         .map(|a| {
-            let credentials = match (a.username(), a.has_user_pass()) {
-                (Some(user), true) => format!("{user}:***@"),
-                (Some(_), false) => "***@".to_owned(),
+            // A user alone is a token: masked whole.
+            let credentials = match (a.username(), a.password()) {
+                (Some(user), Some(_)) => format!("{user}:***@"),
+                (Some(_), None) => "***@".to_owned(),
                 (None, _) => String::new(),
             };
             format!("{}://{credentials}{}:{}", a.scheme(), a.host(), a.port())
@@ -1079,6 +1080,29 @@ fn default_request_timeout_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn an_address_in_an_error_never_shows_a_password_or_token(
+            user in "[a-z]{1,8}",
+            secret in "[A-Z]{6,12}",
+            port in 1u16..,
+        ) {
+            let with_password = server_addrs(&format!("nats://{user}:{secret}@127.0.0.1:{port}")).unwrap();
+            prop_assert_eq!(masked(&with_password), format!("nats://{user}:***@127.0.0.1:{port}"));
+            let with_token = server_addrs(&format!("nats://{secret}@127.0.0.1:{port}")).unwrap();
+            prop_assert_eq!(masked(&with_token), format!("nats://***@127.0.0.1:{port}"));
+            let both = server_addrs(&format!(
+                "nats://{user}:{secret}@127.0.0.1:{port},nats://127.0.0.1:4222"
+            ))
+            .unwrap();
+            prop_assert_eq!(
+                masked(&both),
+                format!("nats://{user}:***@127.0.0.1:{port},nats://127.0.0.1:4222")
+            );
+        }
+    }
 
     fn field_of(config: &NatsConfig) -> Option<&'static str> {
         config.validate().err().map(|e| e.field)

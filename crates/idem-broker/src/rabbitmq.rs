@@ -1238,6 +1238,21 @@ fn scalar(value: &AMQPValue) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn an_address_in_an_error_never_shows_the_password(
+            user in "[a-z]{1,8}",
+            password in "[A-Z]{6,12}",
+            port in 1u16..,
+        ) {
+            let uri = parse_url(&format!("amqp://{user}:{password}@127.0.0.1:{port}/%2f")).unwrap();
+            let shown = masked(&uri);
+            prop_assert_eq!(shown.clone(), format!("amqp://{user}:***@127.0.0.1:{port}/%2f"));
+            prop_assert!(!shown.contains(&password));
+        }
+    }
 
     fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
         let mut t = FieldTable::default();
