@@ -1,6 +1,7 @@
 //! `idem consume`: loads the consumer config, judges each subscription's
-//! contract, opens the store and the brokers, and consumes until SIGTERM,
-//! then settles the messages in hand and exits.
+//! contract, opens the store and the brokers, and consumes until SIGTERM
+//! (or a broker that fails for good), then settles the messages in hand
+//! and exits.
 
 use std::path::PathBuf;
 
