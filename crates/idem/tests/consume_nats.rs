@@ -560,6 +560,15 @@ async fn a_store_that_stops_answering_runs_and_acks_nothing_until_it_answers_aga
         .publish(&s, &payout(1, "2026-W36", 100), "before")
         .await;
     assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    // Its answer recorded first: a freeze between the effect and its
+    // completion would leave it unsettled too.
+    let first_completed = || async {
+        record_states(&schema.store_url())
+            .await
+            .get(&payout_key(1, "2026-W36"))
+            .is_some_and(|state| state == "completed")
+    };
+    assert!(until(WAIT, first_completed).await);
 
     relay.freeze();
     bed.nats
