@@ -303,6 +303,8 @@ async fn a_deleted_durable_consumer_is_created_again_and_consumption_resumes() {
         .publish(&s, &payout(847, "2026-W36", 1200), "m-1")
         .await;
     assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    let settled_first = bed.nats.settle_at(&s, Counts::default(), WAIT).await;
+    assert_eq!(settled_first, Counts::default());
     // An operator deletes the durable consumer while idem consume runs.
     bed.nats.delete_consumer(&s).await;
     bed.nats
@@ -343,6 +345,8 @@ async fn a_deleted_stream_stops_idem_consume_with_a_non_zero_exit_naming_the_str
         .publish(&s, &payout(847, "2026-W36", 1200), "m-1")
         .await;
     assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    let settled_first = bed.nats.settle_at(&s, Counts::default(), WAIT).await;
+    assert_eq!(settled_first, Counts::default());
     // Its messages go with it: idem consume does not make an empty one
     // behind the operator's back, it stops for a supervisor to see.
     bed.nats.delete_stream(&s).await;
