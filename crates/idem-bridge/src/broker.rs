@@ -70,6 +70,14 @@ impl Broker {
         }
     }
 
+    /// The name of its section under `[[subscription]]`.
+    pub(crate) fn section(&self) -> &'static str {
+        match self {
+            Broker::Nats(_) => "nats",
+            Broker::RabbitMq(_) => "rabbitmq",
+        }
+    }
+
     /// Connects and declares what the subscription needs on the broker.
     pub(crate) async fn open(&self) -> Result<Arc<dyn Subscription>, BrokerError> {
         match self {

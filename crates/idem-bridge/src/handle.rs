@@ -109,7 +109,8 @@ impl Subscriber {
             Err(reason) => return rejected(&reason),
         };
         let content_type = m
-            .header("content-type")
+            .content_type
+            .as_deref()
             .and_then(|v| HeaderValue::from_str(v).ok())
             .unwrap_or(HeaderValue::from_static(CONTENT_TYPE_DEFAULT));
         let payload = m.payload.clone();

@@ -1,13 +1,14 @@
 //! The loop of one subscription: `concurrency` workers each take the next
-//! delivery, decide its settlement and carry it out; on shutdown they stop
-//! taking deliveries, finish and settle the ones they hold, and return.
+//! delivery, decide its settlement and carry it out; on shutdown, or when
+//! the broker fails for good, they stop taking deliveries, finish and
+//! settle the ones they hold, and return.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use idem_broker::{Delivery, Message, Reason, Subscription};
+use idem_broker::{BrokerError, Delivery, Message, Reason, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -68,71 +69,130 @@ pub struct Counts {
     pub broker_errors: u64,
 }
 
+/// How a pump ended: what it did, and the broker failure that stopped it
+/// before it was asked to stop, if one did.
+#[derive(Debug)]
+pub struct Pumped {
+    /// What the workers did.
+    pub counts: Counts,
+    /// A permanent broker failure (what idem declared is gone and could
+    /// not be made again, a refused login): every worker stopped taking
+    /// messages and settled the ones it held.
+    pub failed: Option<BrokerError>,
+}
+
 /// How long a worker waits after the broker failed to deliver.
 const BROKER_PAUSE: Duration = Duration::from_millis(500);
 
-/// Runs `concurrency` workers over `subscription` until `stop` turns true;
-/// returns once every delivery taken has been settled (or its settlement
-/// failed, leaving it to the broker).
+/// How often a pump logs a warning that keeps repeating (a broker that
+/// cannot deliver, settlements it refuses); the ones in between are
+/// counted in the next line.
+const WARN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Runs `concurrency` workers over `subscription` until `stop` turns true,
+/// or until the broker fails for good; returns once every delivery taken
+/// has been settled (or its settlement failed, leaving it to the broker).
 pub async fn pump(
     subscription: Arc<dyn Subscription>,
     handler: Arc<dyn Handler>,
     concurrency: usize,
-    stop: watch::Receiver<bool>,
-) -> Counts {
+    mut stop: watch::Receiver<bool>,
+) -> Pumped {
+    let (halt_tx, halt) = watch::channel(false);
+    let warn = Arc::new(Throttle::default());
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.max(1) {
-        let (subscription, handler, stop) = (
-            Arc::clone(&subscription),
-            Arc::clone(&handler),
-            stop.clone(),
-        );
-        workers.spawn(worker(subscription, handler, stop));
+        let worker = Worker {
+            subscription: Arc::clone(&subscription),
+            handler: Arc::clone(&handler),
+            warn: Arc::clone(&warn),
+        };
+        workers.spawn(worker.run(halt.clone()));
     }
     let mut total = Counts::default();
-    while let Some(done) = workers.join_next().await {
+    let mut failed = None;
+    loop {
+        let done = tokio::select! {
+            () = stopped(&mut stop) => {
+                let _ = halt_tx.send(true);
+                workers.join_next().await
+            }
+            done = workers.join_next() => done,
+        };
+        let Some(done) = done else { break };
         match done {
-            Ok(counts) => total.add(&counts),
+            Ok((counts, error)) => {
+                total.add(&counts);
+                if let Some(e) = error {
+                    // One worker saw it; the others stop taking messages.
+                    let _ = halt_tx.send(true);
+                    failed.get_or_insert(e);
+                }
+            }
             Err(e) => tracing::error!(error = %e, "a consumer worker failed"),
         }
     }
-    total
-}
-
-async fn worker(
-    subscription: Arc<dyn Subscription>,
-    handler: Arc<dyn Handler>,
-    mut stop: watch::Receiver<bool>,
-) -> Counts {
-    let mut counts = Counts::default();
-    loop {
-        if *stop.borrow() {
-            return counts;
-        }
-        let delivery = tokio::select! {
-            biased;
-            _ = stop.changed() => continue,
-            next = subscription.next() => next,
-        };
-        let delivery = match delivery {
-            Ok(delivery) => delivery,
-            Err(e) => {
-                counts.broker_errors += 1;
-                tracing::warn!(subscription = %subscription.describe(), error = %e, "broker cannot deliver; waiting");
-                tokio::select! {
-                    _ = stop.changed() => {}
-                    _ = tokio::time::sleep(BROKER_PAUSE) => {}
-                }
-                continue;
-            }
-        };
-        // Once taken, a delivery is handled and settled even if a stop
-        // arrives meanwhile: that is the drain.
-        settle(&*handler, delivery, &mut counts).await;
+    Pumped {
+        counts: total,
+        failed,
     }
 }
 
-async fn settle(handler: &dyn Handler, delivery: Delivery, counts: &mut Counts) {
+/// Resolves once `stop` is true or its sender is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// One of a pump's workers.
+struct Worker {
+    subscription: Arc<dyn Subscription>,
+    handler: Arc<dyn Handler>,
+    warn: Arc<Throttle>,
+}
+
+impl Worker {
+    /// Takes and settles deliveries until `halt`; a permanent broker error
+    /// ends it, and is returned.
+    async fn run(self, mut halt: watch::Receiver<bool>) -> (Counts, Option<BrokerError>) {
+        let mut counts = Counts::default();
+        loop {
+            if *halt.borrow() {
+                return (counts, None);
+            }
+            let delivery = tokio::select! {
+                biased;
+                _ = halt.changed() => continue,
+                next = self.subscription.next() => next,
+            };
+            let delivery = match delivery {
+                Ok(delivery) => delivery,
+                Err(e) if !e.transient => {
+                    counts.broker_errors += 1;
+                    tracing::error!(subscription = %self.subscription.describe(), error = %e,
+                        "the broker cannot deliver, and waiting will not help; stopping");
+                    return (counts, Some(e));
+                }
+                Err(e) => {
+                    counts.broker_errors += 1;
+                    if let Some(suppressed) = self.warn.allow() {
+                        tracing::warn!(subscription = %self.subscription.describe(), error = %e,
+                            suppressed, "broker cannot deliver; waiting");
+                    }
+                    tokio::select! {
+                        _ = halt.changed() => {}
+                        _ = tokio::time::sleep(BROKER_PAUSE) => {}
+                    }
+                    continue;
+                }
+            };
+            // Once taken, a delivery is handled and settled even if a halt
+            // arrives meanwhile: that is the drain.
+            settle(&*self.handler, delivery, &mut counts, &self.warn).await;
+        }
+    }
+}
+
+async fn settle(handler: &dyn Handler, delivery: Delivery, counts: &mut Counts, warn: &Throttle) {
     let Delivery { message, settle } = delivery;
     let settlement = handler.handle(&message).await;
     let name = settlement.name();
@@ -155,8 +215,36 @@ async fn settle(handler: &dyn Handler, delivery: Delivery, counts: &mut Counts) 
     };
     if let Err(e) = done {
         counts.settle_failed += 1;
-        tracing::warn!(subject = %message.subject, message_id = ?message.message_id,
-            settlement = name, error = %e, "cannot settle the message; the broker will deliver it again");
+        if let Some(suppressed) = warn.allow() {
+            tracing::warn!(subject = %message.subject, message_id = ?message.message_id,
+                settlement = name, error = %e, suppressed,
+                "cannot settle the message; the broker will deliver it again");
+        }
+    }
+}
+
+/// Lets one warning through per [`WARN_INTERVAL`], counting the others.
+#[derive(Default)]
+struct Throttle {
+    state: Mutex<Option<(Instant, u64)>>,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last one)` when a warning may be logged
+    /// now; `None` when it is counted instead.
+    fn allow(&self) -> Option<u64> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *state {
+            Some((last, suppressed)) if last.elapsed() < WARN_INTERVAL => {
+                *suppressed += 1;
+                None
+            }
+            slot => {
+                let suppressed = slot.map_or(0, |(_, n)| n);
+                *slot = Some((Instant::now(), 0));
+                Some(suppressed)
+            }
+        }
     }
 }
 
@@ -168,5 +256,25 @@ impl Counts {
         self.late += other.late;
         self.settle_failed += other.settle_failed;
         self.broker_errors += other.broker_errors;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeating_warning_is_let_through_once_and_the_rest_counted() {
+        let throttle = Throttle::default();
+        assert_eq!(throttle.allow(), Some(0));
+        for _ in 0..3 {
+            assert_eq!(throttle.allow(), None);
+        }
+        // As if the interval had passed: the next one says how many were left out.
+        if let Some((last, _)) = throttle.state.lock().unwrap().as_mut() {
+            *last -= WARN_INTERVAL;
+        }
+        assert_eq!(throttle.allow(), Some(3));
+        assert_eq!(throttle.allow(), None);
     }
 }

@@ -1,17 +1,21 @@
 //! Runs a validated configuration until shutdown: one pump per
 //! subscription, the reconciler (when a `[[lookup]]` is declared) and the
 //! retention purge; on shutdown every pump stops taking messages, settles
-//! the ones it holds, and the process returns what it did.
+//! the ones it holds, and the process returns what it did. A broker that
+//! fails for good stops every pump the same way, and `run` returns the
+//! failure, so the process exits non-zero for a supervisor to see.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_broker::Subscription as BrokerSubscription;
+use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{Store, SystemClock};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::broker::Broker;
 use crate::config::ConsumeConfig;
 use crate::handle::Subscriber;
 use crate::pump::{Counts, pump};
@@ -19,31 +23,102 @@ use crate::pump::{Counts, pump};
 /// What each subscription did, by name.
 pub type Report = Vec<(String, Counts)>;
 
+/// Why [`run`] did not run, or stopped before it was asked to.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A subscription's handler cannot be built (its owner or region).
+    Subscription {
+        /// The subscription's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A subscription's broker cannot be opened at start: nothing was
+    /// consumed.
+    Open {
+        /// The subscription's name.
+        name: String,
+        /// The config field the failure is about, e.g.
+        /// `subscription[0].nats.url`, when the broker names one.
+        field: Option<String>,
+        /// The broker's error.
+        error: BrokerError,
+    },
+    /// The reconciler cannot be built.
+    Reconciler(String),
+    /// A subscription's broker failed for good while consuming (what idem
+    /// declared is gone and could not be declared again): every
+    /// subscription stopped taking messages and settled the ones it held.
+    Broker {
+        /// The subscription's name.
+        name: String,
+        /// The config field the failure is about, when the broker names one.
+        field: Option<String>,
+        /// The broker's error.
+        error: BrokerError,
+    },
+}
+
+impl RunError {
+    /// The config field the error is about, e.g. `subscription[0].nats.url`.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            RunError::Open { field, .. } | RunError::Broker { field, .. } => field.as_deref(),
+            RunError::Subscription { .. } | RunError::Reconciler(_) => None,
+        }
+    }
+
+    /// Whether consuming had started (the failure came later).
+    pub fn started(&self) -> bool {
+        matches!(self, RunError::Broker { .. })
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Subscription { name, reason } => write!(f, "subscription {name:?}: {reason}"),
+            RunError::Open { name, error, .. } | RunError::Broker { name, error, .. } => {
+                write!(f, "subscription {name:?}: {error}")
+            }
+            RunError::Reconciler(reason) => write!(f, "the reconciler cannot start: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
 /// Opens every subscription's broker, then runs until `shutdown`
-/// completes. Fails before anything is consumed when a broker cannot be
-/// opened or the reconciler cannot be built.
+/// completes, or until a broker fails for good. Fails before anything is
+/// consumed when a broker cannot be opened or the reconciler cannot be
+/// built.
 pub async fn run(
     config: &ConsumeConfig,
     store: Arc<dyn Store>,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<Report, String> {
+) -> Result<Report, RunError> {
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
-    for sub in &config.subscriptions {
+    for (i, sub) in config.subscriptions.iter().enumerate() {
         let handler = Subscriber::new(
             sub,
             Arc::clone(&store),
             &config.owner,
             config.region.as_deref(),
         )
-        .map_err(|e| format!("subscription {:?}: {e}", sub.name))?;
-        let broker: Arc<dyn BrokerSubscription> = sub
-            .broker
-            .open()
-            .await
-            .map_err(|e| format!("subscription {:?}: {e}", sub.name))?;
+        .map_err(|reason| RunError::Subscription {
+            name: sub.name.clone(),
+            reason,
+        })?;
+        let broker: Arc<dyn BrokerSubscription> =
+            sub.broker.open().await.map_err(|error| RunError::Open {
+                name: sub.name.clone(),
+                field: field_of(i, &sub.broker, &error),
+                error,
+            })?;
         tracing::info!(subscription = %sub.name, broker = %broker.describe(),
             deliver = %sub.deliver, concurrency = sub.concurrency, "consuming");
-        pumps.push((sub.name.clone(), sub.concurrency, broker, handler));
+        pumps.push((i, sub, broker, handler));
     }
     let reconciler = if config.lookups.is_empty() {
         None
@@ -55,59 +130,109 @@ pub async fn run(
                 config.reconcile.clone(),
                 Arc::new(SystemClock),
             )
-            .map_err(|e| format!("the reconciler cannot start: {e}"))?,
+            .map_err(|e| RunError::Reconciler(e.to_string()))?,
         )
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
-    for (name, concurrency, broker, handler) in pumps {
+    for (i, sub, broker, handler) in pumps {
         let stop = stop_rx.clone();
+        let (name, concurrency, section) = (sub.name.clone(), sub.concurrency, sub.broker.clone());
         tasks.spawn(async move {
-            let counts = pump(broker, Arc::new(handler), concurrency, stop).await;
-            (name, counts)
+            let pumped = pump(broker, Arc::new(handler), concurrency, stop).await;
+            (i, name, section, pumped)
         });
     }
-    let background = {
-        let mut stop = stop_rx.clone();
-        let reconciled = reconciler.map(|r| {
-            let stop = stop_rx.clone();
-            tokio::spawn(r.run(stopped(stop)))
-        });
-        // The gateway's purge: bounded batches per run, damaged rows named.
-        let purge = tokio::spawn(idem_gateway::run_purge(
-            Arc::clone(&store),
-            Arc::default(),
-            config.purge_interval,
-            stop_rx.clone(),
-        ));
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-            if let Some(task) = reconciled
-                && let Err(e) = task.await
-            {
-                tracing::error!(error = %e, "the reconciler task failed");
-            }
-            if let Err(e) = purge.await {
-                tracing::error!(error = %e, "the retention purge task failed");
-            }
-        }
-    };
-    shutdown.await;
-    tracing::info!("stopping: settling the messages in hand");
-    let _ = stop_tx.send(true);
+    let background = background(&store, config, reconciler, &stop_rx);
     let mut report = Report::new();
-    while let Some(done) = tasks.join_next().await {
+    let mut failure = None;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut stopping = false;
+    loop {
+        let done = if stopping {
+            tasks.join_next().await
+        } else {
+            tokio::select! {
+                () = &mut shutdown => {
+                    tracing::info!("stopping: settling the messages in hand");
+                    stopping = true;
+                    let _ = stop_tx.send(true);
+                    continue;
+                }
+                done = tasks.join_next() => done,
+            }
+        };
+        let Some(done) = done else { break };
         match done {
-            Ok((name, counts)) => {
-                tracing::info!(subscription = %name, ?counts, "subscription stopped");
-                report.push((name, counts));
+            Ok((i, name, broker, pumped)) => {
+                tracing::info!(subscription = %name, counts = ?pumped.counts, "subscription stopped");
+                if let Some(error) = pumped.failed
+                    && failure.is_none()
+                {
+                    tracing::error!(subscription = %name, error = %error,
+                        "a broker failed for good: stopping every subscription");
+                    let field = field_of(i, &broker, &error);
+                    failure = Some(RunError::Broker {
+                        name: name.clone(),
+                        field,
+                        error,
+                    });
+                    stopping = true;
+                    let _ = stop_tx.send(true);
+                }
+                report.push((name, pumped.counts));
             }
             Err(e) => tracing::error!(error = %e, "a subscription task failed"),
         }
     }
+    let _ = stop_tx.send(true);
     background.await;
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
     report.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(report)
+}
+
+/// The reconciler (when there is one) and the retention purge, until
+/// `stop`; the future resolves once both have stopped.
+fn background(
+    store: &Arc<dyn Store>,
+    config: &ConsumeConfig,
+    reconciler: Option<Reconciler>,
+    stop_rx: &watch::Receiver<bool>,
+) -> impl Future<Output = ()> + use<> {
+    let mut stop = stop_rx.clone();
+    let reconciled = reconciler.map(|r| {
+        let stop = stop_rx.clone();
+        tokio::spawn(r.run(stopped(stop)))
+    });
+    // The gateway's purge: bounded batches per run, damaged rows named.
+    let purge = tokio::spawn(idem_gateway::run_purge(
+        Arc::clone(store),
+        Arc::default(),
+        config.purge_interval,
+        stop_rx.clone(),
+    ));
+    async move {
+        let _ = stop.wait_for(|s| *s).await;
+        if let Some(task) = reconciled
+            && let Err(e) = task.await
+        {
+            tracing::error!(error = %e, "the reconciler task failed");
+        }
+        if let Err(e) = purge.await {
+            tracing::error!(error = %e, "the retention purge task failed");
+        }
+    }
+}
+
+/// Where in the config file a broker's error points: the broker section's
+/// field, under its subscription.
+fn field_of(i: usize, broker: &Broker, error: &BrokerError) -> Option<String> {
+    error
+        .field
+        .map(|field| format!("subscription[{i}].{}.{field}", broker.section()))
 }
 
 /// Resolves once `stop` is true or its sender is gone.

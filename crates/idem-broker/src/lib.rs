@@ -42,6 +42,10 @@ pub struct Message {
     /// `Nats-Msg-Id`, AMQP `message_id`). A republish or a redrive may mint
     /// a new one, so it is not a key by default.
     pub message_id: Option<String>,
+    /// The payload's media type, as the publisher declared it: AMQP's
+    /// `content_type` property, else a `Content-Type` header (NATS has only
+    /// the header). The bridge delivers the payload with it.
+    pub content_type: Option<String>,
     /// Where it was published (NATS subject, AMQP routing key).
     pub subject: String,
     /// How many times this message was delivered, this one included
@@ -127,6 +131,9 @@ pub struct BrokerError {
     /// Whether asking again later may work (a lost connection) rather than
     /// never (a stream that does not exist, a refused login).
     pub transient: bool,
+    /// The field of the broker's configuration section the failure is
+    /// about (e.g. `url` for a server that cannot be reached), when one is.
+    pub field: Option<&'static str>,
 }
 
 impl BrokerError {
@@ -136,6 +143,7 @@ impl BrokerError {
             operation: operation.into(),
             reason: reason.to_string(),
             transient: true,
+            field: None,
         }
     }
 
@@ -145,6 +153,15 @@ impl BrokerError {
             operation: operation.into(),
             reason: reason.to_string(),
             transient: false,
+            field: None,
+        }
+    }
+
+    /// The same failure, about configuration field `field`.
+    pub fn at_field(self, field: &'static str) -> BrokerError {
+        BrokerError {
+            field: Some(field),
+            ..self
         }
     }
 }
@@ -170,6 +187,7 @@ mod tests {
                 ("idempotency-key".into(), "b".into()),
             ],
             message_id: None,
+            content_type: None,
             subject: "payouts".into(),
             delivery: 1,
         };

@@ -18,7 +18,21 @@
 //!   naming the field: its copies would be delivered again.
 //! - the durable pull consumer [`NatsConfig::durable`] exists with explicit
 //!   acks, `ack_wait`, `max_deliver` and `max_ack_pending` as configured; it
-//!   is created, or updated where the server allows, on every start.
+//!   is created, or updated where the server allows, on every start (an
+//!   existing consumer keeps its deliver policy, which the server cannot
+//!   change).
+//!
+//! # When something declared is deleted
+//! A durable consumer deleted while the subscription runs is created again
+//! by [`Subscription::next`], with this configuration, starting just after
+//! the ack floor the old one had when last asked (at every new pull
+//! stream, and every 5 s while pulling): nothing unsettled is
+//! skipped, and what was settled since is delivered again for the bridge's
+//! records to settle as replays. Another bridge sharing the durable may
+//! create it first; then that one is used. Five attempts over about 4 s;
+//! a server that refuses them all makes `next` fail with a permanent error
+//! naming `durable`. A deleted stream took its messages with it and is not
+//! made again: `next` fails with a permanent error naming `stream`.
 //!
 //! # Settlements
 //! | settlement | what the server sees |
@@ -72,10 +86,14 @@
 //!
 //! # Reconnecting
 //! The client reconnects on its own, without limit. While the server is
-//! away, [`Subscription::next`] returns a transient error about every
-//! 10 seconds (a missed idle heartbeat); once the server is back it
-//! delivers again. Messages delivered but not settled before the outage
-//! are delivered again after `ack_wait_ms`.
+//! away, [`Subscription::next`] returns a transient error: first after
+//! two missed idle heartbeats (about 10 seconds), then each time it tries
+//! to open a new pull stream (within `request_timeout_ms`, which also
+//! finds out whether the consumer is still there); once the server is back
+//! it delivers again. Messages delivered but not settled before the outage
+//! are delivered again after `ack_wait_ms`. A server that cannot be reached
+//! at start is named in the error (`nats://user:***@host:port`, password or
+//! token masked), about field `url`.
 //!
 //! # Example
 //! ```no_run
@@ -106,7 +124,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use async_nats::connection::State;
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue, NATS_MESSAGE_ID};
@@ -117,7 +136,7 @@ use async_nats::jetstream::context::{
 };
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::stream::{self, StorageType};
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream::{self, Context, ErrorCode};
 use async_nats::{ConnectErrorKind, ServerAddr};
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -183,12 +202,25 @@ pub struct NatsConfigError {
 
 /// A subscription to one durable JetStream pull consumer.
 pub struct NatsSubscription {
-    consumer: PullConsumer,
-    messages: Mutex<Option<pull::Stream>>,
+    /// The consumed stream, to re-create the durable consumer on.
+    stream: stream::Stream,
+    config: NatsConfig,
+    pulling: Mutex<Pulling>,
     sinks: Arc<Sinks>,
     prefetch: usize,
     max_deliver: Option<u64>,
     describe: String,
+}
+
+/// The durable consumer as last seen, and the pull stream open on it.
+struct Pulling {
+    consumer: PullConsumer,
+    messages: Option<pull::Stream>,
+    /// The consumer's ack floor (every stream sequence up to it settled)
+    /// when last asked; a re-created consumer starts just after it.
+    floor: Arc<AtomicU64>,
+    /// When the floor was last asked for.
+    floor_at: Instant,
 }
 
 impl NatsConfig {
@@ -301,7 +333,8 @@ impl NatsSubscription {
                     e.kind(),
                     ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns
                 );
-                broker_error("nats connect", e, transient)
+                let operation = format!("nats connect to {}", masked(&addrs));
+                broker_error(&operation, e, transient).at_field("url")
             })?;
         let context = jetstream::ContextBuilder::new()
             .timeout(timeout)
@@ -322,13 +355,20 @@ impl NatsSubscription {
         .await?;
         declare_sink(&context, &config, Sink::Late, &sinks.late_subject).await?;
         let consumer = declare_consumer(&consumed, &config).await?;
+        let floor = consumer.cached_info().ack_floor.stream_sequence;
         Ok(NatsSubscription {
-            consumer,
-            messages: Mutex::new(None),
+            stream: consumed,
+            pulling: Mutex::new(Pulling {
+                consumer,
+                messages: None,
+                floor: Arc::new(AtomicU64::new(floor)),
+                floor_at: Instant::now(),
+            }),
             sinks: Arc::new(sinks),
             prefetch: config.prefetch as usize,
             max_deliver: config.max_deliver,
             describe: describe(&addrs, &config),
+            config,
         })
     }
 
@@ -339,19 +379,21 @@ impl NatsSubscription {
         self.max_deliver
     }
 
-    /// A fresh pull stream, after checking the consumer is still there.
-    async fn open(&self) -> Result<pull::Stream, BrokerError> {
-        self.consumer.get_info().await.map_err(|e| {
-            use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
-            match e.kind() {
-                K::NotFound | K::StreamNotFound => BrokerError::permanent(
-                    "nats next",
-                    format!("the consumer is gone (deleted while idem consume ran?): {e}"),
-                ),
-                _ => BrokerError::transient("nats next", e),
+    /// A fresh pull stream, after checking the consumer is still there
+    /// and re-creating it if it is not.
+    async fn open(&self, pulling: &mut Pulling) -> Result<pull::Stream, BrokerError> {
+        use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+        match pulling.consumer.get_info().await {
+            Ok(info) => pulling.note_floor(&info),
+            Err(e) if e.kind() == K::NotFound => {
+                let floor = pulling.floor.load(Ordering::Relaxed);
+                pulling.consumer = self.recreate(floor).await?;
             }
-        })?;
-        self.consumer
+            Err(e) if e.kind() == K::StreamNotFound => return Err(self.stream_gone(e)),
+            Err(e) => return Err(BrokerError::transient("nats next", e)),
+        }
+        pulling
+            .consumer
             .stream()
             .max_messages_per_batch(self.prefetch)
             .heartbeat(HEARTBEAT)
@@ -360,37 +402,148 @@ impl NatsSubscription {
             .await
             .map_err(|e| BrokerError::transient("nats next", e))
     }
+
+    /// Re-creates the durable consumer someone deleted, with this
+    /// configuration, starting just after the ack floor last seen (so what
+    /// was settled is not delivered again, and nothing unsettled is
+    /// skipped). Another bridge sharing the durable may re-create it first;
+    /// then that one is used. Bounded attempts with backoff; a refusal that
+    /// outlasts them is permanent.
+    async fn recreate(&self, floor: u64) -> Result<PullConsumer, BrokerError> {
+        let durable = &self.config.durable;
+        tracing::warn!(consumer = %self.describe, floor,
+            "the durable consumer was deleted while idem consume ran; re-creating it");
+        let mut wanted = consumer_config(&self.config);
+        if floor > 0 {
+            wanted.deliver_policy = DeliverPolicy::ByStartSequence {
+                start_sequence: floor.saturating_add(1),
+            };
+        }
+        let mut backoff = RECREATE_BACKOFF;
+        let mut last = None;
+        for attempt in 1..=RECREATE_ATTEMPTS {
+            match self
+                .stream
+                .get_or_create_consumer(durable, wanted.clone())
+                .await
+            {
+                Ok(consumer) => {
+                    tracing::warn!(consumer = %self.describe, attempt,
+                        "the durable consumer is back; consuming again");
+                    return Ok(consumer);
+                }
+                Err(e) => {
+                    use async_nats::jetstream::stream::ConsumerErrorKind as C;
+                    if let C::JetStream(api) = e.kind()
+                        && api.error_code() == ErrorCode::STREAM_NOT_FOUND
+                    {
+                        return Err(self.stream_gone(e));
+                    }
+                    let refused = matches!(e.kind(), C::JetStream(api) if api.code() < 500);
+                    last = Some((refused, e.to_string()));
+                }
+            }
+            if attempt < RECREATE_ATTEMPTS {
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2);
+            }
+        }
+        let (refused, why) = last.unwrap_or((true, "no attempt made".into()));
+        let reason = format!(
+            "the durable consumer `{durable}` on stream `{}` was deleted and could not be \
+             re-created in {RECREATE_ATTEMPTS} attempts: {why}",
+            self.config.stream
+        );
+        Err(if refused {
+            BrokerError::permanent("nats next", reason).at_field("durable")
+        } else {
+            BrokerError::transient("nats next", reason)
+        })
+    }
+
+    /// The consumed stream was deleted: its messages went with it, so
+    /// nothing is re-created behind the operator's back.
+    fn stream_gone(&self, e: impl fmt::Display) -> BrokerError {
+        BrokerError::permanent(
+            "nats next",
+            format!(
+                "the stream `{}` is gone (deleted while idem consume ran?), and every message \
+                 it held with it; restart idem consume to declare it again: {e}",
+                self.config.stream
+            ),
+        )
+        .at_field("stream")
+    }
+
+    /// Asks for the consumer's ack floor again, in the background, when it
+    /// was last asked for long ago, so a re-created consumer does not start
+    /// far behind; pulling does not wait for the answer.
+    fn refresh_floor(&self, pulling: &mut Pulling) {
+        if pulling.floor_at.elapsed() < FLOOR_REFRESH
+            || connected(&self.sinks.context, "nats next").is_err()
+        {
+            return;
+        }
+        pulling.floor_at = Instant::now();
+        let (consumer, floor) = (pulling.consumer.clone(), Arc::clone(&pulling.floor));
+        tokio::spawn(async move {
+            if let Ok(info) = consumer.get_info().await {
+                floor.fetch_max(info.ack_floor.stream_sequence, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+impl Pulling {
+    fn note_floor(&mut self, info: &async_nats::jetstream::consumer::Info) {
+        self.floor
+            .fetch_max(info.ack_floor.stream_sequence, Ordering::Relaxed);
+        self.floor_at = Instant::now();
+    }
 }
 
 impl Subscription for NatsSubscription {
     fn next(&self) -> BrokerFuture<'_, Delivery> {
         Box::pin(async move {
-            let mut messages = self.messages.lock().await;
-            let stream = match messages.take() {
-                Some(stream) => stream,
-                None => self.open().await?,
-            };
-            let stream = messages.insert(stream);
-            match stream.next().await {
-                Some(Ok(message)) => delivery(message, &self.sinks),
-                Some(Err(e)) => {
-                    // These end the client's stream; the next call opens a
-                    // new one (and finds out whether the consumer is gone).
-                    if matches!(
-                        e.kind(),
-                        MessagesErrorKind::ConsumerDeleted
-                            | MessagesErrorKind::PushBasedConsumer
-                            | MessagesErrorKind::RequestLimitExceeded
-                    ) {
-                        *messages = None;
+            let mut pulling = self.pulling.lock().await;
+            // A deleted consumer is re-created at once, once per call.
+            for pass in 0..2 {
+                self.refresh_floor(&mut pulling);
+                let stream = match pulling.messages.take() {
+                    Some(stream) => stream,
+                    None => self.open(&mut pulling).await?,
+                };
+                let stream = pulling.messages.insert(stream);
+                match stream.next().await {
+                    Some(Ok(message)) => return delivery(message, &self.sinks),
+                    Some(Err(e)) => {
+                        // These end the client's stream, or say the
+                        // consumer may be gone: the next pass opens a new
+                        // one (and finds out whether the consumer is gone).
+                        let kind = e.kind();
+                        if matches!(
+                            kind,
+                            MessagesErrorKind::ConsumerDeleted
+                                | MessagesErrorKind::PushBasedConsumer
+                                | MessagesErrorKind::RequestLimitExceeded
+                                | MessagesErrorKind::MissingHeartbeat
+                        ) {
+                            pulling.messages = None;
+                        }
+                        if kind != MessagesErrorKind::ConsumerDeleted || pass > 0 {
+                            return Err(BrokerError::transient("nats next", e));
+                        }
                     }
-                    Err(BrokerError::transient("nats next", e))
-                }
-                None => {
-                    *messages = None;
-                    Err(BrokerError::transient("nats next", "the pull stream ended"))
+                    None => {
+                        pulling.messages = None;
+                        return Err(BrokerError::transient("nats next", "the pull stream ended"));
+                    }
                 }
             }
+            Err(BrokerError::transient(
+                "nats next",
+                "the consumer was deleted again at once",
+            ))
         })
     }
 
@@ -398,6 +551,16 @@ impl Subscription for NatsSubscription {
         self.describe.clone()
     }
 }
+
+/// How many times a deleted durable consumer is re-created before
+/// `next` gives up, and the pause after the first failed attempt
+/// (doubled after each): about 4 s in all.
+const RECREATE_ATTEMPTS: u32 = 5;
+const RECREATE_BACKOFF: Duration = Duration::from_millis(250);
+
+/// How stale the ack floor a re-created consumer starts from may get
+/// while messages flow.
+const FLOOR_REFRESH: Duration = Duration::from_secs(5);
 
 /// How often the server proves a waiting pull request is alive; two missed
 /// in a row make `next` report the outage.
@@ -559,12 +722,18 @@ fn delivery(message: jetstream::Message, sinks: &Arc<Sinks>) -> Result<Delivery,
         (info.delivered, info.stream_sequence)
     };
     let headers = message.headers.as_ref();
+    let sorted = sorted_headers(headers);
+    let content_type = sorted
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        .map(|(_, value)| value.clone());
     let seam = Message {
         payload: message.payload.clone(),
-        headers: sorted_headers(headers),
+        headers: sorted,
         message_id: headers
             .and_then(|h| h.get(NATS_MESSAGE_ID))
             .map(|v| v.as_str().to_owned()),
+        content_type,
         subject: message.subject.to_string(),
         delivery: u64::try_from(delivered).unwrap_or(1).max(1),
     };
@@ -715,12 +884,9 @@ async fn declare_sink(
     }
 }
 
-/// Creates the durable pull consumer, or brings it to this configuration.
-async fn declare_consumer(
-    stream: &stream::Stream,
-    config: &NatsConfig,
-) -> Result<PullConsumer, BrokerError> {
-    let wanted = pull::Config {
+/// The durable pull consumer this configuration declares.
+fn consumer_config(config: &NatsConfig) -> pull::Config {
+    pull::Config {
         durable_name: Some(config.durable.clone()),
         description: Some("idem consume".into()),
         deliver_policy: DeliverPolicy::All,
@@ -732,7 +898,21 @@ async fn declare_consumer(
             .unwrap_or(-1),
         max_ack_pending: i64::from(config.prefetch),
         ..Default::default()
-    };
+    }
+}
+
+/// Creates the durable pull consumer, or brings it to this configuration.
+/// An existing consumer keeps its deliver policy (the server cannot change
+/// it): one re-created after a deletion starts after its predecessor's
+/// ack floor.
+async fn declare_consumer(
+    stream: &stream::Stream,
+    config: &NatsConfig,
+) -> Result<PullConsumer, BrokerError> {
+    let mut wanted = consumer_config(config);
+    if let Ok(existing) = stream.consumer_info(&config.durable).await {
+        wanted.deliver_policy = existing.config.deliver_policy;
+    }
     stream.create_consumer(wanted).await.map_err(|e| {
         use async_nats::jetstream::stream::ConsumerErrorKind as K;
         match e.kind() {
@@ -742,9 +922,11 @@ async fn declare_consumer(
                     "durable: the server refused consumer `{}`: {e}",
                     config.durable
                 ),
-            ),
+            )
+            .at_field("durable"),
             K::InvalidConsumerType | K::InvalidName => {
                 BrokerError::permanent("nats declare consumer", format!("durable: {e}"))
+                    .at_field("durable")
             }
             _ => BrokerError::transient("nats declare consumer", e),
         }
@@ -783,6 +965,24 @@ fn describe(addrs: &[ServerAddr], config: &NatsConfig) -> String {
         .map(|a| format!("nats://{}:{}", a.host(), a.port()))
         .collect();
     format!("{} {}/{}", servers.join(","), config.stream, config.durable)
+}
+
+/// The servers as an error names them: `nats://host:port`, the password
+/// or token masked (`user:***@`, `***@`).
+fn masked(addrs: &[ServerAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| {
+            // A user alone is a token: masked whole.
+            let credentials = match (a.username(), a.password()) {
+                (Some(user), Some(_)) => format!("{user}:***@"),
+                (Some(_), None) => "***@".to_owned(),
+                (None, _) => String::new(),
+            };
+            format!("{}://{credentials}{}:{}", a.scheme(), a.host(), a.port())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The servers in `url`, separated by commas.
@@ -880,6 +1080,29 @@ fn default_request_timeout_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn an_address_in_an_error_never_shows_a_password_or_token(
+            user in "[a-z]{1,8}",
+            secret in "[A-Z]{6,12}",
+            port in 1u16..,
+        ) {
+            let with_password = server_addrs(&format!("nats://{user}:{secret}@127.0.0.1:{port}")).unwrap();
+            prop_assert_eq!(masked(&with_password), format!("nats://{user}:***@127.0.0.1:{port}"));
+            let with_token = server_addrs(&format!("nats://{secret}@127.0.0.1:{port}")).unwrap();
+            prop_assert_eq!(masked(&with_token), format!("nats://***@127.0.0.1:{port}"));
+            let both = server_addrs(&format!(
+                "nats://{user}:{secret}@127.0.0.1:{port},nats://127.0.0.1:4222"
+            ))
+            .unwrap();
+            prop_assert_eq!(
+                masked(&both),
+                format!("nats://{user}:***@127.0.0.1:{port},nats://127.0.0.1:4222")
+            );
+        }
+    }
 
     fn field_of(config: &NatsConfig) -> Option<&'static str> {
         config.validate().err().map(|e| e.field)

@@ -48,7 +48,15 @@
 //! is an error, not a silent drop), drops `user_id` (the broker checks it
 //! against the publishing login) and the original `expiration`.
 //!
-//! A settlement that fails (no confirm, a copy returned unrouted, the
+//! A copy the broker returns unrouted (someone deleted the dead-letter,
+//! late or retry queue, or a binding; the channel stays open) makes the
+//! settlement declare the topology again and send the copy again, up to
+//! three more times, pausing 0.2 s and then 0.4 s before the last two: a
+//! deleted queue is back before the original is acknowledged, and a copy
+//! that still finds no queue holds its worker over half a second before
+//! the message is handed back, instead of spinning through the queue.
+//!
+//! A settlement that fails (no confirm, a copy still returned unrouted, the
 //! connection gone, `settle_timeout_ms` passed) returns `Err` and hands the
 //! original back with `basic.nack` + requeue while its channel still works,
 //! so the broker redelivers it at once (flagged redelivered, so counted)
@@ -87,6 +95,15 @@
 //! that a delivery from before the loss can only fail to settle (lapin fixed
 //! acknowledging on a recovered channel as late as 4.12.3), and so that a
 //! declaration the broker refuses surfaces as this module's error.
+//!
+//! A broker that cannot be reached is named in the error
+//! (`amqp://user:***@host:port/vhost`, the password masked), about field
+//! `url`.
+//!
+//! # Content type
+//!
+//! [`Message::content_type`] is the AMQP `content_type` property, else a
+//! `content-type` header (any case).
 //!
 //! Only `amqp://` is built in (no TLS client), and the queue is a classic
 //! queue.
@@ -521,6 +538,12 @@ struct RabbitSettle {
     delivery: u64,
 }
 
+/// Whether a confirmed copy reached a queue; if not, why.
+enum Routed {
+    Yes,
+    No(BrokerError),
+}
+
 /// What a settlement does before it acknowledges the original.
 enum Settlement {
     Ack,
@@ -549,12 +572,13 @@ impl Link {
         match tokio::time::timeout(settings.connect_timeout, Link::open_now(settings)).await {
             Ok(link) => link,
             Err(_) => Err(BrokerError::transient(
-                "rabbitmq connect",
+                format!("rabbitmq connect to {}", masked(&settings.uri)),
                 format!(
-                    "no answer within {} ms",
+                    "no answer within {} ms (connect_timeout_ms)",
                     settings.connect_timeout.as_millis()
                 ),
-            )),
+            )
+            .at_field("url")),
         }
     }
 
@@ -563,7 +587,13 @@ impl Link {
             ConnectionProperties::default().with_connection_name("idem consume".into());
         let connection = Connection::connect_uri(settings.uri.clone(), properties)
             .await
-            .map_err(|e| amqp_error("rabbitmq connect", &e))?;
+            .map_err(|e| {
+                amqp_error(
+                    &format!("rabbitmq connect to {}", masked(&settings.uri)),
+                    &e,
+                )
+                .at_field("url")
+            })?;
         let publisher = channel(&connection).await?;
         declare(&publisher, &settings.topology).await?;
         publisher
@@ -602,15 +632,22 @@ impl RabbitSubscription {
             .unwrap_or_else(|| d.routing_key.to_string());
         let delivery = delivery_count(headers, d.redelivered);
         let payload = Bytes::from(d.data);
-        let message = Message {
+        let mut message = Message {
             payload: payload.clone(),
             headers: headers
                 .map(|h| visible_headers(h, self.settings.topology.retry_queue.as_str()))
                 .unwrap_or_default(),
             message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
+            content_type: None,
             subject: subject.clone(),
             delivery,
         };
+        message.content_type = d
+            .properties
+            .content_type()
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| message.header("content-type").map(str::to_owned));
         let settle = RabbitSettle {
             acker: d.acker,
             publisher,
@@ -680,18 +717,20 @@ impl RabbitSettle {
                     .copied_properties(headers)
                     .with_expiration(ms.to_string().into());
                 let to = topology.retry_queue.clone();
-                self.publish(ShortString::default(), to, properties).await?;
+                self.publish_routed(ShortString::default(), to, properties)
+                    .await?;
             }
             Settlement::DeadLetter(reason) => {
                 let properties = self.copied_properties(self.reason_headers(&reason));
                 let exchange = topology.dead_letter_exchange.clone();
                 let key = topology.dead_letter_queue.clone();
-                self.publish(exchange, key, properties).await?;
+                self.publish_routed(exchange, key, properties).await?;
             }
             Settlement::Late(reason) => {
                 let properties = self.copied_properties(self.reason_headers(&reason));
                 let to = topology.late_queue.clone();
-                self.publish(ShortString::default(), to, properties).await?;
+                self.publish_routed(ShortString::default(), to, properties)
+                    .await?;
             }
         }
         self.ack_now().await
@@ -715,14 +754,51 @@ impl RabbitSettle {
         }
     }
 
-    /// Publishes a copy of the payload and waits until the broker has taken
-    /// it: confirmed, and routed to at least one queue.
-    async fn publish(
+    /// Publishes a copy and waits until a queue has taken it. A copy that
+    /// comes back unroutable (someone deleted the dead-letter, late or
+    /// retry queue, or its binding) makes the topology be declared again
+    /// and the copy be published again, with backoff, a bounded number of
+    /// times; the original is acknowledged only once a copy was routed.
+    async fn publish_routed(
         &self,
         exchange: ShortString,
         routing_key: ShortString,
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        let mut backoff = REDECLARE_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            let unroutable = match self
+                .publish(exchange.clone(), routing_key.clone(), properties.clone())
+                .await?
+            {
+                Routed::Yes => return Ok(()),
+                Routed::No(unroutable) => unroutable,
+            };
+            if attempt >= REDECLARE_ATTEMPTS {
+                return Err(unroutable);
+            }
+            if attempt == 1 {
+                // Once per settlement: the attempts after it say nothing new.
+                tracing::warn!(queue = %self.settings.topology.queue, reason = %unroutable.reason,
+                    "a copy came back unroutable; declaring the topology again");
+            } else {
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2);
+            }
+            declare(&self.publisher, &self.settings.topology).await?;
+            attempt += 1;
+        }
+    }
+
+    /// Publishes a copy of the payload and waits until the broker has taken
+    /// it: confirmed, and routed to at least one queue (else `Routed::No`).
+    async fn publish(
+        &self,
+        exchange: ShortString,
+        routing_key: ShortString,
+        properties: BasicProperties,
+    ) -> Result<Routed, BrokerError> {
         let to = format!("`{routing_key}` through exchange `{exchange}`");
         let options = BasicPublishOptions {
             mandatory: true,
@@ -736,14 +812,15 @@ impl RabbitSettle {
             .await
             .map_err(|e| BrokerError::transient("rabbitmq publish confirm", e))?;
         match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(BrokerError::permanent(
+            Confirmation::Ack(None) => Ok(Routed::Yes),
+            Confirmation::Ack(Some(returned)) => Ok(Routed::No(BrokerError::permanent(
                 "rabbitmq publish",
                 format!(
-                    "no queue took the copy sent to {to} ({}); was a queue deleted?",
+                    "no queue took the copy sent to {to} ({}), even after declaring the \
+                     topology again",
                     returned.reply_text
                 ),
-            )),
+            ))),
             Confirmation::Nack(_) => Err(BrokerError::transient(
                 "rabbitmq publish",
                 format!("the broker refused the copy sent to {to} (nack)"),
@@ -819,6 +896,14 @@ impl RabbitSettle {
 /// AMQP `delivery_mode` for a message written to disk.
 const PERSISTENT: u8 = 2;
 
+/// How many times a copy is published when it comes back unroutable (the
+/// topology declared again before each retry), and the pause before the
+/// third try (doubled before the fourth): a copy that still cannot be
+/// routed holds its worker over half a second before it is handed back,
+/// rather than spinning through the queue.
+const REDECLARE_ATTEMPTS: u32 = 4;
+const REDECLARE_BACKOFF: Duration = Duration::from_millis(200);
+
 /// How long handing a message back after a failed settlement may take.
 const HAND_BACK_LIMIT: Duration = Duration::from_secs(1);
 
@@ -883,6 +968,19 @@ fn name(field: &'static str, value: &str) -> Result<ShortString, ConfigError> {
         ));
     }
     short(field, value)
+}
+
+/// The broker as an error names it: `amqp://user:***@host:port/vhost`,
+/// the password masked.
+fn masked(uri: &AMQPUri) -> String {
+    let a = &uri.authority;
+    let user = if a.userinfo.username.is_empty() {
+        String::new()
+    } else {
+        format!("{}:***@", a.userinfo.username)
+    };
+    let vhost = uri.vhost.replace('%', "%25").replace('/', "%2f");
+    format!("amqp://{user}{}:{}/{vhost}", a.host, a.port)
 }
 
 async fn channel(connection: &Connection) -> Result<Channel, BrokerError> {
@@ -1140,6 +1238,21 @@ fn scalar(value: &AMQPValue) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn an_address_in_an_error_never_shows_the_password(
+            user in "[a-z]{1,8}",
+            password in "[A-Z]{6,12}",
+            port in 1u16..,
+        ) {
+            let uri = parse_url(&format!("amqp://{user}:{password}@127.0.0.1:{port}/%2f")).unwrap();
+            let shown = masked(&uri);
+            prop_assert_eq!(shown.clone(), format!("amqp://{user}:***@127.0.0.1:{port}/%2f"));
+            prop_assert!(!shown.contains(&password));
+        }
+    }
 
     fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
         let mut t = FieldTable::default();

@@ -366,8 +366,106 @@ async fn headers_and_message_id_come_through_as_published() {
         ]
     );
     assert_eq!(m.header("x-odd-case"), Some(odd));
+    assert_eq!(m.content_type, None);
     d.settle.ack().await.unwrap();
     f.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_content_type_header_is_the_messages_content_type_whatever_its_case() {
+    let f = Fixture::new(SHARED_URL).await;
+    let sub = f.subscribe(f.config(5_000)).await;
+    f.publish(
+        f.topic(1),
+        "a,b",
+        header_map(&[("content-TYPE", "text/csv")]),
+    )
+    .await;
+    let d = next_within(&sub, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(d.message.content_type.as_deref(), Some("text/csv"));
+    d.settle.ack().await.unwrap();
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_deleted_durable_is_created_again_after_what_was_settled() {
+    let f = Fixture::new(SHARED_URL).await;
+    let sub = f.subscribe(f.config(30_000)).await;
+    for n in ["one", "two"] {
+        f.publish(f.topic(1), n, HeaderMap::new()).await;
+        let d = next_within(&sub, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(text(&d), n);
+        d.settle.ack().await.unwrap();
+    }
+    // Long enough for the subscription to ask for the ack floor again.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    assert!(
+        next_within(&sub, Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    f.js.get_stream(&f.stream)
+        .await
+        .unwrap()
+        .delete_consumer("idem")
+        .await
+        .unwrap();
+    f.publish(f.topic(1), "three", HeaderMap::new()).await;
+
+    // The next delivery is the first message not settled, not the stream's
+    // first message, and the consumer keeps its configuration.
+    let d = next_within(&sub, Duration::from_secs(15)).await.unwrap();
+    assert_eq!(text(&d), "three");
+    d.settle.ack().await.unwrap();
+    let info =
+        f.js.get_stream(&f.stream)
+            .await
+            .unwrap()
+            .consumer_info("idem")
+            .await
+            .unwrap();
+    assert_eq!(info.config.ack_wait, Duration::from_millis(30_000));
+    assert_eq!(info.config.max_ack_pending, 64);
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_deleted_stream_is_a_permanent_error_naming_the_field() {
+    let f = Fixture::new(SHARED_URL).await;
+    let sub = f.subscribe(f.config(5_000)).await;
+    f.js.delete_stream(&f.stream).await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match sub.next().await {
+                Err(e) if !e.transient => return e,
+                Err(_) => {}
+                Ok(d) => panic!("a delivery from a deleted stream: {d:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(e.field, Some("stream"), "{e}");
+    assert!(e.reason.contains(&f.stream), "{e}");
+    f.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_named_with_the_password_masked() {
+    let port = free_port();
+    let config = NatsConfig {
+        url: format!("nats://payer:s3cret@127.0.0.1:{port}"),
+        request_timeout_ms: 1_000,
+        ..NatsConfig::new("UNREACHABLE", ["unreachable.>"])
+    };
+    let e = NatsSubscription::connect(config).await.err().unwrap();
+    assert_eq!(e.field, Some("url"), "{e}");
+    let shown = e.to_string();
+    assert!(
+        shown.contains(&format!("nats://payer:***@127.0.0.1:{port}")),
+        "{shown}"
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
 }
 
 /// Header names a publisher may use (not the server's `Nats-*`), with

@@ -275,7 +275,7 @@ async fn a_failed_settlement_hands_the_message_back_and_the_next_connection_heal
 }
 
 #[tokio::test]
-async fn a_copy_no_queue_takes_fails_the_settlement_and_the_message_comes_back_at_once() {
+async fn a_copy_no_queue_takes_makes_the_topology_be_declared_again_and_is_sent_again() {
     let rabbit = Rabbit::connect().await;
     let sub = RabbitSubscription::connect(&config("unroutable"))
         .await
@@ -285,16 +285,22 @@ async fn a_copy_no_queue_takes_fails_the_settlement_and_the_message_comes_back_a
     let first = next(&sub).await;
 
     // The retry queue is gone: the broker confirms the copy but returns it
-    // unrouted. The channel stays open, so only a hand-back brings the
-    // original back before the connection closes.
+    // unrouted, and the channel stays open. The settlement declares the
+    // topology again and sends the copy again, which now waits its TTL.
     rabbit.delete_queue(t.retry_queue()).await;
-    let e = first.settle.retry(Duration::ZERO).await.unwrap_err();
-    assert!(e.reason.contains("no queue took the copy"), "{e}");
+    first.settle.retry(Duration::ZERO).await.unwrap();
     let second = next(&sub).await;
     assert_eq!(second.message.message_id.as_deref(), Some("m-x"));
     assert_eq!(second.message.delivery, 2);
-    second.settle.ack().await.unwrap();
+
+    // Likewise the dead-letter queue: the copy lands in the new one, and
+    // only then is the original acknowledged.
+    rabbit.delete_queue(t.dead_letter_queue()).await;
+    second.settle.dead_letter(reason()).await.unwrap();
     sub.close().await.unwrap();
+    let dead = rabbit.get(t.dead_letter_queue()).await.unwrap();
+    assert_eq!(&dead.delivery.data[..], b"x");
+    assert_eq!(rabbit.counts(&t).await, [0, 0, 0, 0]);
     rabbit.delete(&t).await;
     rabbit.close().await;
 }
@@ -452,11 +458,65 @@ async fn a_refused_login_is_permanent_and_an_absent_broker_transient() {
     c.url = "amqp://guest:wrong@127.0.0.1:5672/%2f".into();
     let e = RabbitSubscription::connect(&c).await.unwrap_err();
     assert!(!e.transient, "{e}");
+    assert!(
+        !e.to_string().contains("wrong"),
+        "the password is shown: {e}"
+    );
 
-    c.url = "amqp://guest:guest@127.0.0.1:1/%2f".into();
+    // Named by address, the password masked, and by field.
+    c.url = "amqp://payer:s3cret@127.0.0.1:1/%2f".into();
     let e = RabbitSubscription::connect(&c).await.unwrap_err();
     assert!(e.transient, "{e}");
-    assert_eq!(e.operation, "rabbitmq connect");
+    assert_eq!(
+        e.operation,
+        "rabbitmq connect to amqp://payer:***@127.0.0.1:1/%2f"
+    );
+    assert_eq!(e.field, Some("url"));
+    assert!(
+        !e.to_string().contains("s3cret"),
+        "the password is shown: {e}"
+    );
+}
+
+#[tokio::test]
+async fn the_content_type_is_the_property_else_the_header() {
+    let rabbit = Rabbit::connect().await;
+    let sub = RabbitSubscription::connect(&config("ctype")).await.unwrap();
+    let t = sub.topology().clone();
+    let table = |value: &str| {
+        let mut headers = FieldTable::default();
+        headers.insert("Content-Type".into(), AMQPValue::LongString(value.into()));
+        headers
+    };
+    // (property, header, what the message says)
+    let cases = [
+        (Some("text/csv"), None, Some("text/csv")),
+        (None, Some("text/plain"), Some("text/plain")),
+        (Some("text/csv"), Some("text/plain"), Some("text/csv")),
+        (None, None, None),
+    ];
+    for (property, header, _) in cases {
+        let mut p = BasicProperties::default();
+        if let Some(v) = property {
+            p = p.with_content_type(v.into());
+        }
+        if let Some(v) = header {
+            p = p.with_headers(table(v));
+        }
+        rabbit.publish(t.queue(), b"a,b", p).await;
+    }
+    for (property, header, want) in cases {
+        let d = next(&sub).await;
+        assert_eq!(
+            d.message.content_type.as_deref(),
+            want,
+            "{property:?} {header:?}"
+        );
+        d.settle.ack().await.unwrap();
+    }
+    sub.close().await.unwrap();
+    rabbit.delete(&t).await;
+    rabbit.close().await;
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! `idem consume`: loads the consumer config, judges each subscription's
-//! contract, opens the store and the brokers, and consumes until SIGTERM,
-//! then settles the messages in hand and exits.
+//! contract, opens the store and the brokers, and consumes until SIGTERM
+//! (or a broker that fails for good), then settles the messages in hand
+//! and exits.
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use idem_bridge::config::ConsumeConfig;
 
@@ -42,8 +42,20 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
         .await
-        .map_err(anyhow::Error::msg)
-        .context("idem consume cannot start")?;
+        .map_err(|e| {
+            // A broker error about a field of the file names both, as a
+            // config error does.
+            let message = match e.field() {
+                Some(field) => format!("{}: {field}: {e}", args.config.display()),
+                None => e.to_string(),
+            };
+            let when = if e.started() {
+                "idem consume stopped: a broker failed for good"
+            } else {
+                "idem consume cannot start"
+            };
+            anyhow::Error::msg(message).context(when)
+        })?;
     for (name, counts) in report {
         tracing::info!(subscription = %name, acked = counts.acked, retried = counts.retried,
             dead_lettered = counts.dead_lettered, late = counts.late,

@@ -33,6 +33,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Consume a queue: deliver each message once to an HTTP endpoint
     /// through the contract, and settle it on the broker from the record.
+    /// Exits 0 after SIGTERM or SIGINT, 1 when it cannot start or a broker
+    /// fails for good (what it declared is gone and cannot be made again).
     Consume(consume::ConsumeArgs),
     /// Judge idempotency contract files by the twelve design-review questions.
     Check(check::CheckArgs),

@@ -295,6 +295,73 @@ async fn a_message_still_undecided_at_max_deliver_is_dead_lettered_not_dropped()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_durable_consumer_is_created_again_and_consumption_resumes() {
+    let bed = Bed::new().await;
+    let s = unique("durabledeleted");
+    let consumer = Consumer::start(&bed.config(&[Sub::new(&s)]), 1);
+    bed.nats
+        .publish(&s, &payout(847, "2026-W36", 1200), "m-1")
+        .await;
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    let settled_first = bed.nats.settle_at(&s, Counts::default(), WAIT).await;
+    assert_eq!(settled_first, Counts::default());
+    // An operator deletes the durable consumer while idem consume runs.
+    bed.nats.delete_consumer(&s).await;
+    bed.nats
+        .publish(&s, &payout(848, "2026-W36", 1300), "m-2")
+        .await;
+    assert!(
+        eventually(WAIT, || bed.up.hits() == 2).await,
+        "a message published after the deletion was not consumed:\n{}",
+        consumer.logs()
+    );
+    let warnings = consumer
+        .logs()
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .count();
+    assert!(warnings < 10, "{warnings} warnings:\n{}", consumer.logs());
+
+    let stopped = stop_settled(&bed.nats, &bed.store_url(), 2, &drained(&s), vec![consumer]).await;
+    bed.assert_effects(&[
+        (&payout_key(847, "2026-W36"), 1),
+        (&payout_key(848, "2026-W36"), 1),
+    ]);
+    assert_eq!(bed.up.hits(), 2, "the service was called once per intent");
+    assert!(
+        stopped[0].log.contains("re-creating it"),
+        "{}",
+        stopped[0].log
+    );
+    bed.drop_streams(&[&s]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_stream_stops_idem_consume_with_a_non_zero_exit_naming_the_stream() {
+    let bed = Bed::new().await;
+    let s = unique("streamdeleted");
+    let mut consumer = Consumer::start(&bed.config(&[Sub::new(&s)]), 1);
+    bed.nats
+        .publish(&s, &payout(847, "2026-W36", 1200), "m-1")
+        .await;
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    let settled_first = bed.nats.settle_at(&s, Counts::default(), WAIT).await;
+    assert_eq!(settled_first, Counts::default());
+    // Its messages go with it: idem consume does not make an empty one
+    // behind the operator's back, it stops for a supervisor to see.
+    bed.nats.delete_stream(&s).await;
+    let status = tokio::task::block_in_place(|| consumer.exited_within(Duration::from_secs(30)));
+    let log = consumer.logs();
+    let status = status.unwrap_or_else(|| panic!("still running 30 s later:\n{log}"));
+    assert!(!status.success(), "exited {status:?}:\n{log}");
+    assert!(log.contains(&format!("the stream `{s}` is gone")), "{log}");
+    assert!(log.contains("subscription[0].nats.stream"), "{log}");
+    for sink in [format!("{s}_DLQ"), format!("{s}_LATE")] {
+        bed.nats.delete_stream(&sink).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_reused_with_another_payload_is_dead_lettered_and_never_run() {
     let bed = Bed::new().await;
     let s = unique("reused");
@@ -497,6 +564,15 @@ async fn a_store_that_stops_answering_runs_and_acks_nothing_until_it_answers_aga
         .publish(&s, &payout(1, "2026-W36", 100), "before")
         .await;
     assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    // Its answer recorded first: a freeze between the effect and its
+    // completion would leave it unsettled too.
+    let first_completed = || async {
+        record_states(&schema.store_url())
+            .await
+            .get(&payout_key(1, "2026-W36"))
+            .is_some_and(|state| state == "completed")
+    };
+    assert!(until(WAIT, first_completed).await);
 
     relay.freeze();
     bed.nats
@@ -751,6 +827,37 @@ fn config_errors_stop_idem_consume_naming_the_file_and_the_field() {
             text(&out.stderr)
         );
     }
+}
+
+#[test]
+fn an_unreachable_server_is_named_with_its_address_field_and_file_and_no_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let site = Site::new();
+    let config = VALID
+        .replace("STORE", &site.store().display().to_string())
+        .replace(
+            "[subscription.nats]\n",
+            &format!("[subscription.nats]\nurl = \"nats://payer:s3cret@127.0.0.1:{port}\"\n"),
+        );
+    let path = site.config(&config);
+    let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for part in [
+        path.display().to_string(),
+        "subscription[0].nats.url".to_owned(),
+        format!("nats://payer:***@127.0.0.1:{port}"),
+    ] {
+        assert!(stderr.contains(&part), "{part} is not named:\n{stderr}");
+    }
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password is shown:\n{stderr}"
+    );
 }
 
 #[test]

@@ -331,6 +331,115 @@ async fn a_key_reused_with_another_payload_is_dead_lettered_and_never_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_dead_letter_queue_is_declared_again_and_the_poison_message_lands_in_it() {
+    let bed = Bed::new().await;
+    let q = unique("deaddeleted");
+    let consumer = Consumer::start(&bed.config(&[Sub::new(&q)]), 1);
+    bed.rabbit
+        .publish(&q, &payout(847, "2026-W36", 1200), "m-1")
+        .await;
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    // An operator deletes the dead-letter queue while the consumer runs:
+    // the dead-letter exchange is left with no queue bound to it.
+    bed.rabbit.delete_queue(&format!("{q}.dead")).await;
+    let other = payout(847, "2026-W36", 9999);
+    bed.rabbit.publish(&q, &other, "m-2").await;
+    // Five seconds in which a copy that cannot be routed would be handed
+    // back and delivered again thousands of times.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let attempts = consumer
+        .logs()
+        .lines()
+        .filter(|l| l.contains("message dead-lettered"))
+        .count();
+    let lines = consumer.logs().lines().count();
+    assert!(
+        (1..20).contains(&attempts) && lines < 60,
+        "{attempts} dead-letter attempts, {lines} log lines in 5 s:\n{}",
+        consumer.logs()
+    );
+
+    let expect = Queues {
+        dead: 1,
+        ..Queues::default()
+    };
+    let stopped = stop_settled(
+        &bed.rabbit,
+        &bed.store_url(),
+        1,
+        &[(&q, expect)],
+        vec![consumer],
+    )
+    .await;
+    bed.assert_effects(&[(&payout_key(847, "2026-W36"), 1)]);
+    let dead = bed.rabbit.drain(&format!("{q}.dead")).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(body(&dead[0]), other);
+    assert_eq!(
+        header(&dead[0], "Idem-Reason").as_deref(),
+        Some("key-reused")
+    );
+    let s = settled(&stopped, "payouts");
+    assert_eq!((s.acked, s.dead_lettered), (1, 1), "{s:?}");
+    bed.drop_queues(&[&q]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reaches_the_endpoint_with_the_content_type_it_was_published_with() {
+    let bed = Bed::new().await;
+    let q = unique("csv");
+    let sub = Sub {
+        key: "payout:{header:intent-id}".into(),
+        lookup: false,
+        ..Sub::new(&q)
+    };
+    let text = consume_toml(&bed.store_url(), &bed.up, &[sub])
+        .replace("key = ", "fingerprint = \"bytes\"\nkey = ");
+    let consumer = Consumer::start(&bed.site.config(&text), 1);
+    // (intent, content_type property, header, what the endpoint must see)
+    let cases = [
+        ("847-W36", Some("text/csv"), None, "text/csv"),
+        ("848-W36", None, Some("text/csv"), "text/csv"),
+        ("849-W36", Some("text/csv"), Some("text/plain"), "text/csv"),
+        ("850-W36", None, None, "application/json"),
+    ];
+    for (intent, property, header, _) in cases {
+        let mut headers = FieldTable::default();
+        headers.insert("intent-id".into(), AMQPValue::LongString(intent.into()));
+        if let Some(value) = header {
+            headers.insert("content-type".into(), AMQPValue::LongString(value.into()));
+        }
+        let mut properties = BasicProperties::default()
+            .with_message_id(intent.into())
+            .with_headers(headers);
+        if let Some(value) = property {
+            properties = properties.with_content_type(value.into());
+        }
+        bed.rabbit
+            .publish_with(&q, b"seller_id,amount\n847,1200\n", properties)
+            .await;
+    }
+    stop_settled(
+        &bed.rabbit,
+        &bed.store_url(),
+        cases.len(),
+        &drained(&q),
+        vec![consumer],
+    )
+    .await;
+    let effects = bed.up.effects();
+    for (intent, _, _, want) in cases {
+        let key = format!("payout:{intent}");
+        let effect = effects
+            .iter()
+            .find(|e| e.key.as_deref() == Some(&key))
+            .unwrap_or_else(|| panic!("{key} was not delivered: {effects:?}"));
+        assert_eq!(effect.content_type.as_deref(), Some(want), "{key}");
+    }
+    bed.drop_queues(&[&q]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_past_retention_goes_to_the_late_queue_and_is_never_run() {
     let bed = Bed::new().await;
     let q = unique("late");
@@ -507,6 +616,15 @@ async fn a_store_that_stops_answering_runs_and_acks_nothing_until_it_answers_aga
         .publish(&q, &payout(1, "2026-W36", 100), "before")
         .await;
     assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    // Its answer recorded first: a freeze between the effect and its
+    // completion would leave it unsettled too.
+    let first_completed = || async {
+        record_states(&schema.store_url())
+            .await
+            .get(&payout_key(1, "2026-W36"))
+            .is_some_and(|state| state == "completed")
+    };
+    assert!(until(WAIT, first_completed).await);
 
     relay.freeze();
     bed.rabbit
@@ -727,6 +845,39 @@ fn config_errors_stop_idem_consume_naming_the_file_and_the_field() {
         text(&out.stderr).contains("line 7, column 1"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+#[test]
+fn an_unreachable_broker_is_named_with_its_address_field_and_file_and_no_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let site = Site::new();
+    let config = VALID
+        .replace("STORE", &site.store().display().to_string())
+        .replace(
+            "[subscription.rabbitmq]\n",
+            &format!(
+                "[subscription.rabbitmq]\nurl = \"amqp://payer:s3cret@127.0.0.1:{port}/%2f\"\n"
+            ),
+        );
+    let path = site.config(&config);
+    let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for part in [
+        path.display().to_string(),
+        "subscription[0].rabbitmq.url".to_owned(),
+        format!("amqp://payer:***@127.0.0.1:{port}/%2f"),
+    ] {
+        assert!(stderr.contains(&part), "{part} is not named:\n{stderr}");
+    }
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password is shown:\n{stderr}"
     );
 }
 

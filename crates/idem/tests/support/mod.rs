@@ -34,6 +34,8 @@ pub struct Effect {
     pub upstream_key: Option<String>,
     /// `Idem-Forwarded-From`, which a gateway must never pass upstream.
     pub forwarded_from: Option<String>,
+    /// `Content-Type`, as the request carried it.
+    pub content_type: Option<String>,
     pub body: String,
 }
 
@@ -135,6 +137,9 @@ fn record(ledger: &Shared, path: &str, headers: &HeaderMap, body: &Bytes) -> usi
             .map(|v| v.to_str().unwrap().to_owned()),
         forwarded_from: headers
             .get("idem-forwarded-from")
+            .map(|v| v.to_str().unwrap_or("(not text)").to_owned()),
+        content_type: headers
+            .get("content-type")
             .map(|v| v.to_str().unwrap_or("(not text)").to_owned()),
         body: String::from_utf8_lossy(body).into_owned(),
     });
@@ -591,6 +596,21 @@ impl Consumer {
             self.log.lock().unwrap().iter().any(|l| l.contains(text))
         })
         .await
+    }
+
+    /// Waits (up to `limit`) for the process to exit on its own; its
+    /// status, or `None` if it is still running.
+    pub fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL: no cleanup, nothing settled.

@@ -311,6 +311,33 @@ impl Nats {
         copies
     }
 
+    /// Deletes `stream`'s durable consumer, as an operator would. The
+    /// server may answer 500 while it is writing the consumer's state
+    /// (`directory not empty`); then it is asked again.
+    pub async fn delete_consumer(&self, stream: &str) {
+        let stream = self.js.get_stream(stream).await.unwrap();
+        for _ in 0..10 {
+            match stream.delete_consumer(DURABLE).await {
+                Ok(_) => return,
+                Err(e) if stream.consumer_info(DURABLE).await.is_err() => {
+                    eprintln!("deleted, though the server said: {e}");
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        panic!(
+            "the durable consumer of {} cannot be deleted",
+            stream.cached_info().config.name
+        );
+    }
+
+    /// Deletes `stream` alone (its messages with it), leaving its
+    /// dead-letter and late streams.
+    pub async fn delete_stream(&self, stream: &str) {
+        self.js.delete_stream(stream).await.unwrap();
+    }
+
     /// Deletes `stream` and its dead-letter and late streams.
     pub async fn delete(&self, stream: &str) {
         for name in [

@@ -340,6 +340,14 @@ impl Rabbit {
             .unwrap();
     }
 
+    /// Deletes one queue, as an operator would, whatever it holds.
+    pub async fn delete_queue(&self, queue: &str) {
+        self.channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+
     pub async fn close(self) {
         self.connection.close(200, "done".into()).await.unwrap();
     }
