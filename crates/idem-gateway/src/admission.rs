@@ -1,0 +1,153 @@
+//! The proxy's edge before its in-flight limit, so that a slow client holds
+//! only its own connection: a request takes one of the
+//! `requests_in_flight_max` slots only once it has something to work on. A
+//! request whose body the gateway buffers anyway (a protected route's, when
+//! it carries a key) is read here first, in full, within
+//! `body_read_timeout_ms`, and so is any other body declared small enough
+//! to buffer; only then does the request ask for a slot.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::body::HttpBody as _;
+use axum::response::Response;
+use http::{Request, header};
+use idem_http::{Metrics, Problem, ProblemKind, Route, normalize_path};
+use tower::{Service, ServiceExt};
+
+/// The body of a request no route protects is buffered before the
+/// in-flight slot when its declared length is at most this, in bytes;
+/// a longer or chunked one streams to the upstream, within
+/// `response_timeout_ms`.
+pub const UNPROTECTED_BUFFER_BYTES_MAX: usize = idem_http::BODY_BYTES_MAX_DEFAULT;
+
+/// Reads what a request needs before it may ask `inner` (the in-flight
+/// limit and everything behind it) for a slot.
+#[derive(Clone)]
+pub(crate) struct Admission<S> {
+    inner: S,
+    routes: Arc<[Route]>,
+    body_read_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+/// What the edge does with a request's body before the slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyPlan {
+    /// Nothing to wait for (no body), or a body that streams.
+    Pass,
+    /// Read it in full, within the deadline, up to this many bytes.
+    Buffer(usize),
+}
+
+impl<S> Admission<S> {
+    /// The edge in front of `inner` for `routes`.
+    pub(crate) fn new(
+        inner: S,
+        routes: &[Route],
+        body_read_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Admission<S> {
+        Admission {
+            inner,
+            routes: routes.into(),
+            body_read_timeout,
+            metrics,
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for Admission<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    // Always ready: `inner` is asked for readiness (its slot) only in
+    // `call`, once the body is in.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        let plan = plan(&req, &self.routes);
+        let (timeout, metrics) = (self.body_read_timeout, self.metrics.clone());
+        Box::pin(async move {
+            let req = match plan {
+                BodyPlan::Pass => req,
+                BodyPlan::Buffer(limit) => match buffer(req, limit, timeout).await {
+                    Ok(req) => req,
+                    Err(problem) => {
+                        metrics.problem(problem.kind);
+                        return Ok(problem.into_response());
+                    }
+                },
+            };
+            inner.oneshot(req).await
+        })
+    }
+}
+
+/// Whether `req`'s body is read before the slot, and up to how much: a
+/// protected route's body when the request carries its key (the layer
+/// reads it in full anyway, under the route's limit), any other body
+/// declared within [`UNPROTECTED_BUFFER_BYTES_MAX`].
+fn plan(req: &Request<Body>, routes: &[Route]) -> BodyPlan {
+    if req.body().is_end_stream() {
+        return BodyPlan::Pass;
+    }
+    // A path the layer refuses is refused without its body: nothing to
+    // read for it here either.
+    let Ok(path) = normalize_path(req.uri().path()) else {
+        return BodyPlan::Pass;
+    };
+    let route = routes.iter().find(|r| r.matches(req.method(), &path));
+    if let Some(route) = route
+        && req.headers().contains_key(route.key_header())
+    {
+        return BodyPlan::Buffer(route.body_bytes_max());
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n <= UNPROTECTED_BUFFER_BYTES_MAX as u64 => {
+            BodyPlan::Buffer(UNPROTECTED_BUFFER_BYTES_MAX)
+        }
+        _ => BodyPlan::Pass,
+    }
+}
+
+/// `req` with its body read in full within `timeout`: 408 `body-timeout`
+/// past it, the layer's own 413 or 400 when it is too large or broken.
+async fn buffer(
+    req: Request<Body>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Request<Body>, Problem> {
+    let (parts, body) = req.into_parts();
+    let read = idem_http::read_body(&parts.headers, body, limit);
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, Body::from(bytes))),
+        Ok(Err(problem)) => Err(problem),
+        Err(_) => Err(Problem::new(
+            ProblemKind::BodyTimeout,
+            format!(
+                "the body did not arrive in full within {} ms (body_read_timeout_ms); \
+                 nothing was claimed or forwarded",
+                timeout.as_millis()
+            ),
+        )),
+    }
+}
