@@ -50,7 +50,7 @@ pub const REQUESTS_IN_FLIGHT_MAX_LIMIT: usize = 65_536;
 pub const CONNECTIONS_MAX_DEFAULT: usize = 1_024;
 /// Default bound on connections the admin listener serves at once: its
 /// own, so that clients of the proxy can never take the operator's.
-pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
+pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 256;
 /// The largest accepted `connections_max` and `admin_connections_max`.
 pub const CONNECTIONS_MAX_LIMIT: usize = 65_536;
 /// Default time for a request head to arrive, from a connection's start
