@@ -151,3 +151,109 @@ async fn buffer(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failure here is a failed test
+
+    use super::*;
+    use idem_http::RouteSpec;
+
+    #[test]
+    fn a_body_is_read_before_the_slot_when_the_gateway_buffers_it_anyway() {
+        let route = Route::new(&RouteSpec {
+            path: Some("/payouts/**".into()),
+            body_bytes_max: Some(2048),
+            ..RouteSpec::default()
+        })
+        .unwrap();
+        let big = (UNPROTECTED_BUFFER_BYTES_MAX + 1).to_string();
+        let small = UNPROTECTED_BUFFER_BYTES_MAX.to_string();
+        // (method, path, key sent, content-length, body, plan)
+        let cases = [
+            (
+                "POST",
+                "/payouts/1",
+                true,
+                Some("5"),
+                "hello",
+                BodyPlan::Buffer(2048),
+            ),
+            // The layer reads a protected body whatever its declared size.
+            (
+                "POST",
+                "/payouts/1",
+                true,
+                Some(big.as_str()),
+                "x",
+                BodyPlan::Buffer(2048),
+            ),
+            // Matched leniently, as the layer matches.
+            (
+                "POST",
+                "/PAYOUTS/./1",
+                true,
+                None,
+                "x",
+                BodyPlan::Buffer(2048),
+            ),
+            (
+                "POST",
+                "/payouts/1",
+                false,
+                Some("5"),
+                "hello",
+                BodyPlan::Buffer(UNPROTECTED_BUFFER_BYTES_MAX),
+            ),
+            (
+                "PUT",
+                "/other",
+                true,
+                Some(small.as_str()),
+                "x",
+                BodyPlan::Buffer(UNPROTECTED_BUFFER_BYTES_MAX),
+            ),
+            (
+                "PUT",
+                "/other",
+                false,
+                Some(big.as_str()),
+                "x",
+                BodyPlan::Pass,
+            ),
+            // Chunked, no route: it streams.
+            ("PUT", "/other", false, None, "x", BodyPlan::Pass),
+            ("GET", "/payouts/1", true, None, "", BodyPlan::Pass),
+            // A path the layer refuses is refused unread.
+            (
+                "POST",
+                "/payouts/%2e%2e/x",
+                true,
+                Some("5"),
+                "hello",
+                BodyPlan::Pass,
+            ),
+        ];
+        for (method, path, keyed, length, body, expect) in cases {
+            let mut req = Request::builder().method(method).uri(path);
+            if keyed {
+                req = req.header("idempotency-key", "k-1");
+            }
+            if let Some(length) = length {
+                req = req.header(header::CONTENT_LENGTH, length);
+            }
+            let body = if body.is_empty() {
+                Body::empty()
+            } else {
+                Body::from(body.to_owned())
+            };
+            let req = req.body(body).unwrap();
+            let routes = std::slice::from_ref(&route);
+            assert_eq!(
+                plan(&req, routes),
+                expect,
+                "{method} {path} key={keyed} {length:?}"
+            );
+        }
+    }
+}
