@@ -4,21 +4,28 @@
 //! request whose body the gateway buffers anyway (a protected route's, when
 //! it carries a key) is read here first, in full, within
 //! `body_read_timeout_ms`, and so is any other body declared small enough
-//! to buffer; only then does the request ask for a slot.
+//! to buffer; only then does the request ask for a slot. Every byte so
+//! buffered, from its arrival to the request's answer, counts against
+//! `body_buffer_bytes_max`, so that slow bodies and bodies in flight
+//! together never hold more memory than that, and a slow client holds only
+//! the bytes it sent.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::body::HttpBody as _;
+use axum::body::{Body, HttpBody};
 use axum::response::Response;
+use bytes::Bytes;
 use http::{Request, header};
+use hyper::body::{Frame, SizeHint};
 use idem_http::{Metrics, Problem, ProblemKind, Route, normalize_path};
-use tower::{Service, ServiceExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::{BoxError, Service, ServiceExt};
 
 /// The body of a request no route protects is buffered before the
 /// in-flight slot when its declared length is at most this, in bytes;
@@ -34,7 +41,28 @@ pub(crate) struct Admission<S> {
     routes: Arc<[Route]>,
     body_read_timeout: Duration,
     metrics: Arc<Metrics>,
+    /// One permit per byte of `body_buffer_bytes_max`.
+    budget: Arc<Semaphore>,
 }
+
+/// What one request's buffered body holds of the budget, until its answer.
+#[derive(Default)]
+struct Reservation {
+    permits: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Whether a frame found the budget spent (the read failed for it).
+    spent: AtomicBool,
+}
+
+/// A request body that takes its bytes from the budget as they arrive.
+struct Budgeted {
+    body: Body,
+    budget: Arc<Semaphore>,
+    reservation: Arc<Reservation>,
+}
+
+/// The budget had no room for a frame.
+#[derive(Debug)]
+struct BudgetSpent;
 
 /// What the edge does with a request's body before the slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,11 +74,12 @@ enum BodyPlan {
 }
 
 impl<S> Admission<S> {
-    /// The edge in front of `inner` for `routes`.
+    /// The edge in front of `inner` for `routes`; buffered bodies share
+    /// `body_buffer_bytes_max` bytes.
     pub(crate) fn new(
         inner: S,
         routes: &[Route],
-        body_read_timeout: Duration,
+        (body_read_timeout, body_buffer_bytes_max): (Duration, usize),
         metrics: Arc<Metrics>,
     ) -> Admission<S> {
         Admission {
@@ -58,6 +87,9 @@ impl<S> Admission<S> {
             routes: routes.into(),
             body_read_timeout,
             metrics,
+            budget: Arc::new(Semaphore::new(
+                body_buffer_bytes_max.min(Semaphore::MAX_PERMITS),
+            )),
         }
     }
 }
@@ -81,21 +113,96 @@ where
         let inner = self.inner.clone();
         let plan = plan(&req, &self.routes);
         let (timeout, metrics) = (self.body_read_timeout, self.metrics.clone());
+        let budget = self.budget.clone();
         Box::pin(async move {
-            let req = match plan {
-                BodyPlan::Pass => req,
-                BodyPlan::Buffer(limit) => match buffer(req, limit, timeout).await {
-                    Ok(req) => req,
+            let (req, reservation) = match plan {
+                BodyPlan::Pass => (req, None),
+                BodyPlan::Buffer(limit) => match buffer(req, limit, timeout, budget).await {
+                    Ok(buffered) => buffered,
                     Err(problem) => {
                         metrics.problem(problem.kind);
                         return Ok(problem.into_response());
                     }
                 },
             };
-            inner.oneshot(req).await
+            let answer = inner.oneshot(req).await;
+            // The body's bytes count until the request is answered.
+            drop(reservation);
+            answer
         })
     }
 }
+
+impl HttpBody for Budgeted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let bytes = frame.data_ref().map_or(0, Bytes::len);
+                match this.reserve(bytes) {
+                    Ok(()) => Poll::Ready(Some(Ok(frame))),
+                    Err(e) => Poll::Ready(Some(Err(e.into()))),
+                }
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Budgeted {
+    /// Takes `bytes` from the budget, without waiting: a body that finds
+    /// no room fails at once rather than queue behind the others.
+    fn reserve(&mut self, bytes: usize) -> Result<(), BudgetSpent> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let permits = u32::try_from(bytes).map_err(|_| BudgetSpent);
+        let taken = permits.and_then(|n| {
+            self.budget
+                .clone()
+                .try_acquire_many_owned(n)
+                .map_err(|_| BudgetSpent)
+        });
+        let Ok(taken) = taken else {
+            self.reservation.spent.store(true, Ordering::Relaxed);
+            return Err(BudgetSpent);
+        };
+        let mut held = self
+            .reservation
+            .permits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match held.as_mut() {
+            Some(permit) => permit.merge(taken),
+            None => *held = Some(taken),
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for BudgetSpent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request bodies buffered at once are at body_buffer_bytes_max")
+    }
+}
+
+impl std::error::Error for BudgetSpent {}
 
 /// Whether `req`'s body is read before the slot, and up to how much: a
 /// protected route's body when the request carries its key (the layer
@@ -129,17 +236,35 @@ fn plan(req: &Request<Body>, routes: &[Route]) -> BodyPlan {
     }
 }
 
-/// `req` with its body read in full within `timeout`: 408 `body-timeout`
-/// past it, the layer's own 413 or 400 when it is too large or broken.
+/// `req` with its body read in full within `timeout`, its bytes taken from
+/// `budget`, and what it holds of it: 408 `body-timeout` past the
+/// deadline, 503 `overloaded` when the budget has no room, the layer's own
+/// 413 or 400 when the body is too large or broken.
 async fn buffer(
     req: Request<Body>,
     limit: usize,
     timeout: Duration,
-) -> Result<Request<Body>, Problem> {
+    budget: Arc<Semaphore>,
+) -> Result<(Request<Body>, Option<Arc<Reservation>>), Problem> {
     let (parts, body) = req.into_parts();
+    let reservation = Arc::new(Reservation::default());
+    let body = Budgeted {
+        body,
+        budget,
+        reservation: reservation.clone(),
+    };
     let read = idem_http::read_body(&parts.headers, body, limit);
     match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, Body::from(bytes))),
+        Ok(Ok(bytes)) => Ok((
+            Request::from_parts(parts, Body::from(bytes)),
+            Some(reservation),
+        )),
+        Ok(Err(_)) if reservation.spent.load(Ordering::Relaxed) => Err(Problem::new(
+            ProblemKind::Overloaded,
+            "the request bodies the gateway buffers at once are at body_buffer_bytes_max; \
+             nothing was claimed or forwarded",
+        )
+        .retry_after(1)),
         Ok(Err(problem)) => Err(problem),
         Err(_) => Err(Problem::new(
             ProblemKind::BodyTimeout,

@@ -62,6 +62,12 @@ pub const BODY_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Default time for a TLS handshake with the admin listener, in
 /// milliseconds.
 pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default bound on the request body bytes the gateway buffers at once,
+/// bodies still arriving and bodies of requests in flight together: what
+/// the default in-flight limit buffered with 1 MiB bodies.
+pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// The largest accepted `body_buffer_bytes_max` (64 GiB).
+pub const BODY_BUFFER_BYTES_MAX_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -106,6 +112,9 @@ pub struct FileConfig {
     pub body_read_timeout_ms: Option<u64>,
     /// Time for the admin listener's TLS handshake, in milliseconds.
     pub tls_handshake_timeout_ms: Option<u64>,
+    /// Request body bytes buffered at once; a body that finds no room is
+    /// refused with 503.
+    pub body_buffer_bytes_max: Option<u64>,
     /// The region this node runs in, written on the records it acquires
     /// and used by `home-region` routes (see [`crate::regions::check_region`]).
     pub region: Option<String>,
@@ -234,6 +243,11 @@ pub struct GatewayConfig {
     /// full after its head; over it: 408 `body-timeout`, nothing claimed
     /// or forwarded.
     pub body_read_timeout: Duration,
+    /// Request body bytes the gateway buffers at once (bodies read before
+    /// their slot and bodies of requests in flight), at least every
+    /// route's `body_bytes_max`; a body that finds no room is answered 503
+    /// `overloaded`, nothing claimed or forwarded.
+    pub body_buffer_bytes_max: usize,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
     /// The directory of the config file: routes' contract paths are
@@ -483,6 +497,8 @@ impl GatewayConfig {
                 })
                 .collect::<Result<_, _>>()?
         };
+        let body_buffer_bytes_max = body_buffer_bytes_max(&file, &routes)
+            .map_err(|reason| err("body_buffer_bytes_max", reason, true))?;
         check_lease_outlasts(&routes, &file.routes, response_timeout)
             .map_err(|(field, reason)| err(&field, reason, true))?;
         let regions = regions(&file).map_err(|(field, reason)| err(&field, reason, true))?;
@@ -585,6 +601,7 @@ impl GatewayConfig {
             connections,
             admin_connections,
             body_read_timeout,
+            body_buffer_bytes_max,
             console_sessions,
         })
     }
@@ -771,6 +788,30 @@ fn connection_bounds(
         BODY_READ_TIMEOUT_MS_DEFAULT,
     )?;
     Ok((connections, admin_connections, body_read_timeout))
+}
+
+/// `body_buffer_bytes_max`, in range and no smaller than any route's
+/// `body_bytes_max`: such a route's largest bodies could never be read.
+fn body_buffer_bytes_max(file: &FileConfig, routes: &[Route]) -> Result<usize, String> {
+    let Some(n) = file.body_buffer_bytes_max else {
+        return Ok(BODY_BUFFER_BYTES_MAX_DEFAULT);
+    };
+    let bytes = usize::try_from(n)
+        .ok()
+        .filter(|_| (1..=BODY_BUFFER_BYTES_MAX_LIMIT).contains(&n))
+        .ok_or_else(|| format!("{n} is out of range (1..={BODY_BUFFER_BYTES_MAX_LIMIT})"))?;
+    match routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.body_bytes_max() > bytes)
+    {
+        Some((i, route)) => Err(format!(
+            "{n} is below route[{i}].body_bytes_max ({}): that route's largest bodies could \
+             never be read; raise it or lower the route's limit",
+            route.body_bytes_max()
+        )),
+        None => Ok(bytes),
+    }
 }
 
 /// The route with the files it names resolved against the config file's
@@ -1143,6 +1184,14 @@ mod tests {
             (
                 "response_timeout_ms = 40000\n[[route]]\nlease_ms = 60000\n[[route]]\npath = \"/x\"",
                 "idem.toml: route[1].lease_ms: the default lease_ms (30000 ms) must be longer",
+            ),
+            (
+                "body_buffer_bytes_max = 0",
+                "idem.toml: body_buffer_bytes_max: 0 is out of range",
+            ),
+            (
+                "body_buffer_bytes_max = 1000\n[[route]]\nbody_bytes_max = 2000",
+                "idem.toml: body_buffer_bytes_max: 1000 is below route[0].body_bytes_max (2000)",
             ),
             (
                 "connections_max = 0",

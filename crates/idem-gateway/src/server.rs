@@ -181,7 +181,7 @@ pub async fn serve_with(
     let admitted = Admission::new(
         limited,
         &config.routes,
-        config.body_read_timeout,
+        (config.body_read_timeout, config.body_buffer_bytes_max),
         admission_metrics,
     );
     let app = axum::Router::new().fallback_service(admitted);

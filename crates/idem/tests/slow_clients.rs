@@ -122,6 +122,79 @@ async fn stalls_in_every_phase_leave_the_proxy_and_the_console_answering() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_only_the_bytes_they_sent_within_the_body_budget() {
+    let site = Site::new();
+    let up = Upstream::start().await;
+    let config = site.config(
+        "body_buffer_bytes_max = 2500\nbody_read_timeout_ms = 60000\n\
+         [[route]]\npath = \"/payouts\"\nbody_bytes_max = 1000\n",
+    );
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url("/payouts");
+    // Two bodies of 1000 bytes stall after 900: 1800 of the 2500 held.
+    let mut stalls = Vec::new();
+    for i in 0..2 {
+        let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!(
+            "POST /payouts HTTP/1.1\r\nHost: idem\r\nIdempotency-Key: budget-stall-{i}\r\n\
+             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream
+            .write_all(&padded(1000).as_bytes()[..900])
+            .await
+            .unwrap();
+        stalls.push(stream);
+    }
+    // 800 more do not fit: refused at once, nothing claimed or forwarded
+    // (asked until the gateway has read what the stalls sent).
+    let mut refused = None;
+    for attempt in 0..100 {
+        let reply = post(&url, &[key(&format!("over-{attempt}"))], &padded(800)).await;
+        if reply.status == 503 {
+            refused = Some((attempt, reply));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (attempt, reply) = refused.expect("a body over the budget was read");
+    assert_eq!(
+        reply.problem().as_deref(),
+        Some("urn:idem:problem:overloaded"),
+        "{reply:?}"
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"), "{reply:?}");
+    assert_eq!(
+        up.hits(),
+        attempt,
+        "only the bodies read before the stalls were"
+    );
+    // 600 fit beside the stalls.
+    let fits = post(&url, &[key("fits")], &padded(600)).await;
+    assert_eq!(fits.status, 201, "{fits:?}");
+    // Hung up, the stalls give their bytes back; the refused key was never
+    // claimed and runs now.
+    drop(stalls);
+    let mut again = None;
+    for _ in 0..100 {
+        let reply = post(&url, &[key(&format!("over-{attempt}"))], &padded(800)).await;
+        if reply.status == 201 {
+            again = Some(reply);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = again.expect("the stalls' bytes were never given back");
+    assert_eq!(again.header("idempotent-replayed"), None, "{again:?}");
+}
+
+/// A JSON object of exactly `bytes` bytes.
+fn padded(bytes: usize) -> String {
+    let pad = "x".repeat(bytes - r#"{"pad":""}"#.len());
+    format!(r#"{{"pad":"{pad}"}}"#)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
 
