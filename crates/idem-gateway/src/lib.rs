@@ -29,7 +29,7 @@ pub use config::{
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
     REQUESTS_IN_FLIGHT_MAX_LIMIT, STORE_DEFAULT,
 };
-pub use listen::{ACCEPT_ERROR_PAUSE_MS, ConnectionLimits};
+pub use listen::{ACCEPT_ERROR_PAUSE_MS, ConnectionLimits, READ_BUFFER_BYTES_MAX};
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};

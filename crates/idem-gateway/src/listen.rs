@@ -20,6 +20,11 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+/// What one connection buffers of what it reads, in bytes: a request head
+/// that is still incomplete once this much is buffered is answered 431
+/// (hyper's default, about 400 KiB, let each half-sent head hold that
+/// much).
+pub const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
 /// How long the accept loop pauses after an error that is not one
 /// client's (too many open files): retrying at once would spin.
 pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -156,6 +161,7 @@ impl Connection {
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout)
+            .max_buf_size(READ_BUFFER_BYTES_MAX)
             .keep_alive(true);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
