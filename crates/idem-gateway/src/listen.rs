@@ -25,6 +25,9 @@ use tower::ServiceExt;
 /// (hyper's default, about 400 KiB, let each half-sent head hold that
 /// much).
 pub const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
+/// At most one warning per this many milliseconds says a listener is
+/// closing connections at its cap (each one is logged at debug).
+pub const CAP_WARNING_INTERVAL_MS: u64 = 10_000;
 /// How long the accept loop pauses after an error that is not one
 /// client's (too many open files): retrying at once would spin.
 pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -67,6 +70,7 @@ pub(crate) async fn serve(
     let room = Arc::new(Semaphore::new(limits.connections_max));
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let mut refused = Refused::default();
     tokio::pin!(shutdown);
     loop {
         // Finished connections are reaped as the loop goes, so the set
@@ -85,9 +89,8 @@ pub(crate) async fn serve(
         // Closed at once rather than left in the backlog: the client
         // learns now, and the slots of the others stay theirs.
         let Ok(permit) = room.clone().try_acquire_owned() else {
-            tracing::debug!(listener = name, %addr, connections_max = limits.connections_max,
-                "connection refused: the listener serves as many connections as it may");
             drop(stream);
+            refused.note(name, addr, limits.connections_max);
             continue;
         };
         let connection = Connection {
@@ -177,6 +180,39 @@ impl Connection {
             // connection; nothing to report above debug.
             tracing::debug!(listener = self.name, error = %e, "connection ended");
         }
+    }
+}
+
+/// Connections closed at the cap since the last warning.
+#[derive(Default)]
+struct Refused {
+    since_warning: u64,
+    warned: Option<tokio::time::Instant>,
+}
+
+impl Refused {
+    /// Counts one, logs it at debug, and warns when the last warning is
+    /// [`CAP_WARNING_INTERVAL_MS`] old, so a flood is visible but not
+    /// written line by line.
+    fn note(&mut self, name: &'static str, addr: std::net::SocketAddr, connections_max: usize) {
+        self.since_warning += 1;
+        tracing::debug!(listener = name, %addr, connections_max, "connection closed at the cap");
+        let now = tokio::time::Instant::now();
+        let interval = Duration::from_millis(CAP_WARNING_INTERVAL_MS);
+        if self
+            .warned
+            .is_some_and(|at| now.duration_since(at) < interval)
+        {
+            return;
+        }
+        tracing::warn!(
+            listener = name,
+            connections_max,
+            closed = self.since_warning,
+            "the listener serves as many connections as it may: closing new ones at once"
+        );
+        self.warned = Some(now);
+        self.since_warning = 0;
     }
 }
 

@@ -4,7 +4,9 @@
 //! only their own connection, so a normal client's protected request, the
 //! console and the admin API still answer at once; and a stalled
 //! connection is closed once its phase's bound has passed, whatever the
-//! bound and however far into the phase it stalled.
+//! bound and however far into the phase it stalled. Slow bodies share a
+//! byte budget, a head holds at most the read buffer, and a connection
+//! over the listener's cap is closed at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -226,6 +228,38 @@ async fn a_request_head_holds_at_most_the_read_buffer() {
         1,
         "only the head within the buffer was forwarded"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_cap_is_closed_at_once_and_said_so() {
+    let site = Site::new();
+    let up = Upstream::start().await;
+    let config = site.config("connections_max = 2\nheader_read_timeout_ms = 60000\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let held = [
+        stall(gw.addr, Phase::Head(0), 0).await.0,
+        stall(gw.addr, Phase::Head(0), 1).await.0,
+    ];
+    // Closed without an answer, long before any timeout could end it.
+    let mut third = TcpStream::connect(gw.addr).await.unwrap();
+    let (answer, closed) = read_to_close(&mut third, Duration::from_secs(10)).await;
+    assert!(closed.is_some() && answer.is_empty(), "{answer:?}");
+    let warned = support::eventually(Duration::from_secs(5), || {
+        gw.logs().contains("closing new ones at once")
+    })
+    .await;
+    assert!(warned, "{}", gw.logs());
+    // One place given back: a request is served on a new connection.
+    drop(held);
+    let mut answer = String::new();
+    for _ in 0..50 {
+        answer = exchange_raw(gw.addr, &protected_request("after-cap")).await;
+        if answer.starts_with("HTTP/1.1 201") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
 }
 
 proptest! {
