@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::admin::AdminToken;
 use crate::console::SessionLimits;
+use crate::listen::ConnectionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
 use crate::store_url::StoreUrl;
 use crate::tls::{AdminTls, AdminTransport, TlsError, UpstreamTls};
@@ -45,6 +46,28 @@ pub const PURGE_INTERVAL_S_MAX: u64 = 86_400;
 pub const REQUESTS_IN_FLIGHT_MAX_DEFAULT: usize = 256;
 /// The largest accepted `requests_in_flight_max`.
 pub const REQUESTS_IN_FLIGHT_MAX_LIMIT: usize = 65_536;
+/// Default bound on connections the proxy listener serves at once.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1_024;
+/// Default bound on connections the admin listener serves at once: its
+/// own, so that clients of the proxy can never take the operator's.
+pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 256;
+/// The largest accepted `connections_max` and `admin_connections_max`.
+pub const CONNECTIONS_MAX_LIMIT: usize = 65_536;
+/// Default time for a request head to arrive, from a connection's start
+/// or the end of its previous response, in milliseconds.
+pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default time for a protected (or small) request body to arrive in
+/// full once its head has, in milliseconds.
+pub const BODY_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default time for a TLS handshake with the admin listener, in
+/// milliseconds.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default bound on the request body bytes the gateway buffers at once,
+/// bodies still arriving and bodies of requests in flight together: what
+/// the default in-flight limit buffered with 1 MiB bodies.
+pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// The largest accepted `body_buffer_bytes_max` (64 GiB).
+pub const BODY_BUFFER_BYTES_MAX_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -79,6 +102,20 @@ pub struct FileConfig {
     pub purge_interval_s: Option<u64>,
     /// Requests the proxy serves at once; more are refused with 503.
     pub requests_in_flight_max: Option<u64>,
+    /// Connections the proxy listener serves at once; more are closed.
+    pub connections_max: Option<u64>,
+    /// Connections the admin listener serves at once; more are closed.
+    pub admin_connections_max: Option<u64>,
+    /// Time for a request head, including the keep-alive wait before it,
+    /// in milliseconds.
+    pub header_read_timeout_ms: Option<u64>,
+    /// Time for a buffered request body to arrive in full, in milliseconds.
+    pub body_read_timeout_ms: Option<u64>,
+    /// Time for the admin listener's TLS handshake, in milliseconds.
+    pub tls_handshake_timeout_ms: Option<u64>,
+    /// Request body bytes buffered at once; a body that finds no room is
+    /// refused with 503.
+    pub body_buffer_bytes_max: Option<u64>,
     /// The region this node runs in, written on the records it acquires
     /// and used by `home-region` routes (see [`crate::regions::check_region`]).
     pub region: Option<String>,
@@ -195,6 +232,23 @@ pub struct GatewayConfig {
     /// with 503 `overloaded` and `Retry-After`, nothing claimed or
     /// forwarded. Between 1 and [`REQUESTS_IN_FLIGHT_MAX_LIMIT`].
     pub requests_in_flight_max: usize,
+    /// The proxy listener's bounds: `connections_max`,
+    /// `header_read_timeout_ms`, `tls_handshake_timeout_ms`.
+    pub connections: ConnectionLimits,
+    /// The admin listener's bounds: `admin_connections_max` and the same
+    /// timeouts as the proxy's.
+    pub admin_connections: ConnectionLimits,
+    /// Time a request body the gateway buffers before it takes an
+    /// in-flight slot (a protected route's, or any other body declared
+    /// within [`idem_http::BODY_BYTES_MAX_DEFAULT`]) has to arrive in
+    /// full after its head; over it: 408 `body-timeout`, nothing claimed
+    /// or forwarded.
+    pub body_read_timeout: Duration,
+    /// Request body bytes the gateway buffers at once (bodies read before
+    /// their slot and bodies of requests in flight), at least every
+    /// route's `body_bytes_max`; a body that finds no room is answered 503
+    /// `overloaded`, nothing claimed or forwarded.
+    pub body_buffer_bytes_max: usize,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
     /// The directory of the config file: routes' contract paths are
@@ -427,6 +481,8 @@ impl GatewayConfig {
                     )
                 })?,
         };
+        let (connections, admin_connections, body_read_timeout) =
+            connection_bounds(&file).map_err(|(field, reason)| err(field, reason, true))?;
         let routes = if file.routes.is_empty() {
             vec![Route::default_catch_all()]
         } else {
@@ -449,6 +505,8 @@ impl GatewayConfig {
                 })
                 .collect::<Result<_, _>>()?
         };
+        let body_buffer_bytes_max = body_buffer_bytes_max(&file, &routes)
+            .map_err(|reason| err("body_buffer_bytes_max", reason, true))?;
         check_lease_outlasts(&routes, &file.routes, response_timeout)
             .map_err(|(field, reason)| err(&field, reason, true))?;
         let regions = regions(&file).map_err(|(field, reason)| err(&field, reason, true))?;
@@ -548,6 +606,10 @@ impl GatewayConfig {
             admin_token_env,
             purge_interval,
             requests_in_flight_max,
+            connections,
+            admin_connections,
+            body_read_timeout,
+            body_buffer_bytes_max,
             console_sessions,
         })
     }
@@ -676,6 +738,87 @@ impl TlsFiles {
                 ("admin_tls_cert_file", e.to_string(), cert.1)
             }
         })
+    }
+}
+
+/// The proxy listener's bounds, the admin listener's and the body
+/// deadline, each checked against its range.
+fn connection_bounds(
+    file: &FileConfig,
+) -> Result<(ConnectionLimits, ConnectionLimits, Duration), (&'static str, String)> {
+    let ms = |field, value: Option<u64>, default| match value.unwrap_or(default) {
+        ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
+        ms => Err((
+            field,
+            format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"),
+        )),
+    };
+    let count = |field, value: Option<u64>, default| match value {
+        None => Ok(default),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=CONNECTIONS_MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                (
+                    field,
+                    format!("{n} is out of range (1..={CONNECTIONS_MAX_LIMIT})"),
+                )
+            }),
+    };
+    let connections = ConnectionLimits {
+        connections_max: count(
+            "connections_max",
+            file.connections_max,
+            CONNECTIONS_MAX_DEFAULT,
+        )?,
+        header_read_timeout: ms(
+            "header_read_timeout_ms",
+            file.header_read_timeout_ms,
+            HEADER_READ_TIMEOUT_MS_DEFAULT,
+        )?,
+        tls_handshake_timeout: ms(
+            "tls_handshake_timeout_ms",
+            file.tls_handshake_timeout_ms,
+            TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+        )?,
+    };
+    let admin_connections = ConnectionLimits {
+        connections_max: count(
+            "admin_connections_max",
+            file.admin_connections_max,
+            ADMIN_CONNECTIONS_MAX_DEFAULT,
+        )?,
+        ..connections
+    };
+    let body_read_timeout = ms(
+        "body_read_timeout_ms",
+        file.body_read_timeout_ms,
+        BODY_READ_TIMEOUT_MS_DEFAULT,
+    )?;
+    Ok((connections, admin_connections, body_read_timeout))
+}
+
+/// `body_buffer_bytes_max`, in range and no smaller than any route's
+/// `body_bytes_max`: such a route's largest bodies could never be read.
+fn body_buffer_bytes_max(file: &FileConfig, routes: &[Route]) -> Result<usize, String> {
+    let Some(n) = file.body_buffer_bytes_max else {
+        return Ok(BODY_BUFFER_BYTES_MAX_DEFAULT);
+    };
+    let bytes = usize::try_from(n)
+        .ok()
+        .filter(|_| (1..=BODY_BUFFER_BYTES_MAX_LIMIT).contains(&n))
+        .ok_or_else(|| format!("{n} is out of range (1..={BODY_BUFFER_BYTES_MAX_LIMIT})"))?;
+    match routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.body_bytes_max() > bytes)
+    {
+        Some((i, route)) => Err(format!(
+            "{n} is below route[{i}].body_bytes_max ({}): that route's largest bodies could \
+             never be read; raise it or lower the route's limit",
+            route.body_bytes_max()
+        )),
+        None => Ok(bytes),
     }
 }
 
@@ -1049,6 +1192,34 @@ mod tests {
             (
                 "response_timeout_ms = 40000\n[[route]]\nlease_ms = 60000\n[[route]]\npath = \"/x\"",
                 "idem.toml: route[1].lease_ms: the default lease_ms (30000 ms) must be longer",
+            ),
+            (
+                "body_buffer_bytes_max = 0",
+                "idem.toml: body_buffer_bytes_max: 0 is out of range",
+            ),
+            (
+                "body_buffer_bytes_max = 1000\n[[route]]\nbody_bytes_max = 2000",
+                "idem.toml: body_buffer_bytes_max: 1000 is below route[0].body_bytes_max (2000)",
+            ),
+            (
+                "connections_max = 0",
+                "idem.toml: connections_max: 0 is out of range (1..=65536)",
+            ),
+            (
+                "admin_connections_max = 65537",
+                "idem.toml: admin_connections_max: 65537 is out of range (1..=65536)",
+            ),
+            (
+                "header_read_timeout_ms = 0",
+                "idem.toml: header_read_timeout_ms: 0 is out of range (1..=3600000)",
+            ),
+            (
+                "body_read_timeout_ms = 3600001",
+                "idem.toml: body_read_timeout_ms: 3600001 is out of range (1..=3600000)",
+            ),
+            (
+                "tls_handshake_timeout_ms = 0",
+                "idem.toml: tls_handshake_timeout_ms: 0 is out of range (1..=3600000)",
             ),
             (
                 "requests_in_flight_max = 0",

@@ -9,9 +9,11 @@
 //! `idem records`.
 
 pub mod admin;
+mod admission;
 mod config;
 pub mod console;
 pub mod contracts;
+mod listen;
 mod proxy;
 mod purge;
 pub mod regions;
@@ -27,12 +29,10 @@ pub use config::{
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
     REQUESTS_IN_FLIGHT_MAX_LIMIT, STORE_DEFAULT,
 };
+pub use listen::{ACCEPT_ERROR_PAUSE_MS, ConnectionLimits, READ_BUFFER_BYTES_MAX};
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use store_url::{StoreUrl, StoreUrlError};
-pub use tls::{
-    ADMIN_HANDSHAKE_TIMEOUT_MS, ADMIN_HANDSHAKES_MAX, AdminTls, AdminTransport, PEM_FILE_BYTES_MAX,
-    TlsError, TlsListener, UpstreamTls,
-};
+pub use tls::{AdminTls, AdminTransport, PEM_FILE_BYTES_MAX, TlsError, UpstreamTls};
 pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};

@@ -1,12 +1,14 @@
-//! Runs the gateway: binds, serves the layered proxy, the admin API and
-//! its console (when configured, over TLS when it has a certificate) and
-//! the retention purge, and on SIGTERM or SIGINT stops
-//! accepting and lets in-flight requests finish and be recorded. Requests
-//! beyond `requests_in_flight_max` are shed at once, before anything is
-//! read, claimed or forwarded, so a burst of large bodies cannot exhaust
-//! memory. A store that stopped for good (`StoreError::Stopped`) stops the
-//! gateway the same way, with an error, so that its process exits and a
-//! supervisor restarts it.
+//! Runs the gateway: serves the layered proxy, the admin API and its
+//! console (when configured, over TLS when it has a certificate) on their
+//! own listeners (`listen`: every phase of a connection bounded, each
+//! listener's connections capped) and the retention purge, and on SIGTERM
+//! or SIGINT stops accepting and lets in-flight requests finish and be
+//! recorded. A request takes one of `requests_in_flight_max` slots only
+//! once its body is in (`admission`); beyond them it is shed at once,
+//! nothing claimed or forwarded, so a burst of large bodies cannot exhaust
+//! memory and a slow body holds no slot. A store that stopped for good
+//! (`StoreError::Stopped`) stops the gateway the same way, with an error,
+//! so that its process exits and a supervisor restarts it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,9 +24,11 @@ use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken};
+use crate::admission::Admission;
 use crate::console::{self, ConsoleState};
+use crate::listen::{self, Transport};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
-use crate::tls::{AdminTls, AdminTransport, TlsListener};
+use crate::tls::{AdminTls, AdminTransport};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
@@ -128,21 +132,18 @@ pub async fn serve_with(
             metrics.clone(),
             admin.token,
         ));
-        let stopped = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            match admin.tls {
-                None => {
-                    axum::serve(admin.listener, app)
-                        .with_graceful_shutdown(stopped)
-                        .await
-                }
-                Some(tls) => {
-                    axum::serve(TlsListener::new(admin.listener, &tls), app)
-                        .with_graceful_shutdown(stopped)
-                        .await
-                }
-            }
-        })
+        let transport = match &admin.tls {
+            Some(tls) => Transport::Tls(tls.acceptor()),
+            None => Transport::Plain,
+        };
+        tokio::spawn(listen::serve(
+            "admin",
+            admin.listener,
+            transport,
+            app,
+            config.admin_connections,
+            stopped(stop_rx.clone()),
+        ))
     });
     let proxy = match &config.upstream_tls {
         Some(tls) => Proxy::with_tls(
@@ -162,6 +163,7 @@ pub async fn serve_with(
     let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));
     // `load_shed` answers at once when `concurrency_limit` has no permit
     // left, instead of queueing the request (and its body) behind it.
+    let admission_metrics = metrics.clone();
     let limited = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(move |e: BoxError| {
             let metrics = metrics.clone();
@@ -176,21 +178,34 @@ pub async fn serve_with(
             Request::from_parts(parts, body)
         })
         .service(layer.layer(proxy));
-    let app = axum::Router::new().fallback_service(limited);
+    let admitted = Admission::new(
+        limited,
+        &config.routes,
+        (config.body_read_timeout, config.body_buffer_bytes_max),
+        admission_metrics,
+    );
+    let app = axum::Router::new().fallback_service(admitted);
     let store_stopped = watched::stopped(store_seen.clone());
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                () = shutdown => {}
-                e = store_stopped => tracing::error!(
-                    error = %e,
-                    "the store stopped for good: finishing in-flight requests, then exiting \
-                     so that a supervisor restarts the gateway"
-                ),
-            }
-            let _ = stop_tx.send(true);
-        })
-        .await;
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            e = store_stopped => tracing::error!(
+                error = %e,
+                "the store stopped for good: finishing in-flight requests, then exiting \
+                 so that a supervisor restarts the gateway"
+            ),
+        }
+        let _ = stop_tx.send(true);
+    };
+    let served = listen::serve(
+        "proxy",
+        listener,
+        Transport::Plain,
+        app,
+        config.connections,
+        shutdown,
+    )
+    .await;
     if let Err(e) = purge.await {
         tracing::error!(error = %e, "the retention purge task failed");
     }

@@ -1,31 +1,20 @@
 //! TLS for the gateway: the roots an `https://` upstream's certificate must
 //! chain to, and the certificate the admin listener presents. Both are read
 //! from PEM files once, when the config is loaded, so that a bad file stops
-//! the gateway before anything starts; the listener that accepts the admin
-//! API's TLS connections lives here too.
+//! the gateway before anything starts.
 
 use std::fmt;
 use std::io::Read;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::pki_types::pem::{self, PemObject, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
 /// The largest PEM file read (CA bundle, certificate chain, key), in bytes.
 pub const PEM_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
-/// Time a client has to finish its TLS handshake with the admin listener.
-pub const ADMIN_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
-/// Handshakes the admin listener runs at once; it accepts no further
-/// connection until one of them ends.
-pub const ADMIN_HANDSHAKES_MAX: usize = 64;
 
 /// How the admin listener speaks: what a browser console mounted on it
 /// needs to know, since its cookies may be `Secure` only over TLS.
@@ -60,17 +49,6 @@ pub struct UpstreamTls {
 #[derive(Clone)]
 pub struct AdminTls {
     config: Arc<ServerConfig>,
-}
-
-/// A TCP listener whose connections are TLS, for `axum::serve`. Handshakes
-/// run beside the accept loop, each bounded by
-/// [`ADMIN_HANDSHAKE_TIMEOUT_MS`] and at most [`ADMIN_HANDSHAKES_MAX`] at
-/// once, so a client that stalls or fails its handshake delays nobody and
-/// never stops the listener.
-pub struct TlsListener {
-    tcp: TcpListener,
-    acceptor: TlsAcceptor,
-    handshakes: JoinSet<Option<(TlsStream<TcpStream>, SocketAddr)>>,
 }
 
 /// A PEM file that cannot serve: each variant names the file.
@@ -205,64 +183,11 @@ impl AdminTls {
             config: Arc::new(config),
         })
     }
-}
 
-impl TlsListener {
-    /// Accepts TLS connections on `tcp` with `tls`'s certificate.
-    pub fn new(tcp: TcpListener, tls: &AdminTls) -> TlsListener {
-        TlsListener {
-            tcp,
-            acceptor: TlsAcceptor::from(tls.config.clone()),
-            handshakes: JoinSet::new(),
-        }
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let room = self.handshakes.len() < ADMIN_HANDSHAKES_MAX;
-            tokio::select! {
-                // axum's accept logs and waits out errors such as too many
-                // open files, and never fails.
-                (stream, addr) = axum::serve::Listener::accept(&mut self.tcp), if room => {
-                    let acceptor = self.acceptor.clone();
-                    self.handshakes.spawn(handshake(acceptor, stream, addr));
-                }
-                Some(done) = self.handshakes.join_next() => {
-                    if let Ok(Some(connection)) = done {
-                        return connection;
-                    }
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.tcp.local_addr()
-    }
-}
-
-/// One client's handshake; `None` (logged) when it fails or times out.
-async fn handshake(
-    acceptor: TlsAcceptor,
-    stream: TcpStream,
-    addr: SocketAddr,
-) -> Option<(TlsStream<TcpStream>, SocketAddr)> {
-    let timeout = Duration::from_millis(ADMIN_HANDSHAKE_TIMEOUT_MS);
-    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => Some((tls, addr)),
-        Ok(Err(e)) => {
-            tracing::debug!(%addr, error = %e, "admin API: TLS handshake failed");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(%addr, timeout_ms = ADMIN_HANDSHAKE_TIMEOUT_MS, "admin API: TLS handshake timed out");
-            None
-        }
+    /// What runs the admin listener's handshakes (see `listen`: each in
+    /// its connection's own task, under `tls_handshake_timeout_ms`).
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.config.clone())
     }
 }
 

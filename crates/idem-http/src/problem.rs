@@ -55,6 +55,9 @@ pub enum ProblemKind {
     Unauthenticated,
     /// 413: the body is over the route's limit; nothing was claimed.
     BodyTooLarge,
+    /// 408: the body did not arrive in full within the gateway's body
+    /// deadline; nothing was claimed or forwarded.
+    BodyTimeout,
     /// 422: the key was used with a different request.
     KeyReused,
     /// 409: a request with this key is in flight.
@@ -101,6 +104,7 @@ impl ProblemKind {
             ProblemKind::InvalidPrincipal => "invalid-principal",
             ProblemKind::Unauthenticated => "unauthenticated",
             ProblemKind::BodyTooLarge => "body-too-large",
+            ProblemKind::BodyTimeout => "body-timeout",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::RequestInProgress => "request-in-progress",
             ProblemKind::OutcomeUnknown => "outcome-unknown",
@@ -128,6 +132,7 @@ impl ProblemKind {
             ProblemKind::InvalidPrincipal => "The principal of the request cannot be read",
             ProblemKind::Unauthenticated => "The request's credential cannot be verified",
             ProblemKind::BodyTooLarge => "Request body is too large",
+            ProblemKind::BodyTimeout => "Request body did not arrive in time",
             ProblemKind::KeyReused => "Idempotency-Key is already used",
             ProblemKind::RequestInProgress => "A request is outstanding for this Idempotency-Key",
             ProblemKind::OutcomeUnknown => {
@@ -158,6 +163,7 @@ impl ProblemKind {
             | ProblemKind::UnknownHomeRegion => StatusCode::BAD_REQUEST,
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::KeyReused | ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
             ProblemKind::StoreUnavailable
@@ -172,7 +178,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 21] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -181,6 +187,7 @@ impl ProblemKind {
         ProblemKind::InvalidPrincipal,
         ProblemKind::Unauthenticated,
         ProblemKind::BodyTooLarge,
+        ProblemKind::BodyTimeout,
         ProblemKind::KeyReused,
         ProblemKind::RequestInProgress,
         ProblemKind::OutcomeUnknown,

@@ -297,6 +297,16 @@ impl Route {
         &self.pattern
     }
 
+    /// The header the route reads its key from.
+    pub fn key_header(&self) -> &HeaderName {
+        &self.key_header
+    }
+
+    /// The largest body the route reads, in bytes (413 above it).
+    pub fn body_bytes_max(&self) -> usize {
+        self.body_bytes_max
+    }
+
     /// True when the upstream deduplicates by the forwarded key.
     pub fn upstream_dedups(&self) -> bool {
         self.upstream_dedups

@@ -375,8 +375,15 @@ fn decision(claim: &Claim) -> &'static str {
     ClaimDecision::of(claim).map_or("unknown", ClaimDecision::as_str)
 }
 
-/// Reads the body up to `limit`: 413 on a declared or actual excess.
-async fn read_body<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+/// Reads the body up to `limit`: 413 on a declared or actual excess. It
+/// sets no deadline of its own: the server does (the gateway reads a
+/// protected body first, under `body_read_timeout_ms`, and hands this a
+/// buffered one).
+pub async fn read_body<B>(
+    headers: &http::HeaderMap,
+    body: B,
+    limit: usize,
+) -> Result<Bytes, Problem>
 where
     B: HttpBody,
     B::Error: Into<BoxError>,

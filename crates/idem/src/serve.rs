@@ -82,6 +82,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    raise_descriptor_limit(&config);
     judge_contracts(&config, args.allow_unsafe_contract)?;
     warn_fragile_principals(&config);
     let url = &config.store;
@@ -201,4 +202,39 @@ fn judge_contracts(config: &GatewayConfig, allow_unsafe: bool) -> anyhow::Result
         tracing::error!("UNSAFE CONTRACT, started anyway with --allow-unsafe-contract: {line}");
     }
     Ok(())
+}
+
+/// Raises the soft limit on open descriptors to the hard one: every
+/// connection costs one, and the listeners' caps (`connections_max`,
+/// `admin_connections_max`), not a low soft limit, are meant to bound them.
+/// Logs the limit in force, and warns when it is below what the caps need.
+fn raise_descriptor_limit(config: &GatewayConfig) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let before = getrlimit(Resource::Nofile);
+    let wanted = Rlimit {
+        current: before.maximum,
+        maximum: before.maximum,
+    };
+    let raised = before.current != before.maximum && setrlimit(Resource::Nofile, wanted).is_ok();
+    let now = getrlimit(Resource::Nofile);
+    let show = |limit: Option<u64>| limit.map_or("unlimited".to_owned(), |n| n.to_string());
+    tracing::info!(
+        soft = %show(now.current),
+        hard = %show(now.maximum),
+        raised,
+        "open file descriptor limit (RLIMIT_NOFILE)"
+    );
+    let needed = config.connections.connections_max
+        + config
+            .admin_listen
+            .map_or(0, |_| config.admin_connections.connections_max);
+    if now.current.is_some_and(|soft| soft < needed as u64) {
+        tracing::warn!(
+            soft = %show(now.current),
+            connections = needed,
+            "the descriptor limit is below connections_max + admin_connections_max: \
+             accepting may fail before the caps are reached; raise the hard limit \
+             (ulimit -Hn, LimitNOFILE=) or lower the caps"
+        );
+    }
 }

@@ -1,0 +1,237 @@
+//! The accept loop both of the gateway's listeners serve with, because
+//! `axum::serve` bounds nothing: here every phase of a connection has a
+//! deadline (TLS handshake; the request head and the keep-alive wait
+//! before it, through hyper's header-read timer), each listener caps its
+//! own connections, and a graceful stop lets requests in flight finish
+//! while idle connections close.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// What one connection buffers of what it reads, in bytes: a request head
+/// that is still incomplete once this much is buffered is answered 431
+/// (hyper's default, about 400 KiB, let each half-sent head hold that
+/// much).
+pub const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
+/// At most one warning per this many milliseconds says a listener is
+/// closing connections at its cap (each one is logged at debug).
+pub const CAP_WARNING_INTERVAL_MS: u64 = 10_000;
+/// How long the accept loop pauses after an error that is not one
+/// client's (too many open files): retrying at once would spin.
+pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+
+/// The bounds one listener keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections served at once; one more is closed as soon as it is
+    /// accepted.
+    pub connections_max: usize,
+    /// Time from a connection's start (after its TLS handshake), or from
+    /// the end of its previous response, to the last byte of a request
+    /// head. It bounds a half-sent head and an idle keep-alive connection.
+    pub header_read_timeout: Duration,
+    /// Time a client has to finish its TLS handshake (TLS listeners only).
+    pub tls_handshake_timeout: Duration,
+}
+
+/// What a listener speaks over TCP.
+#[derive(Clone)]
+pub(crate) enum Transport {
+    /// HTTP/1.1 in the clear.
+    Plain,
+    /// HTTP/1.1 over TLS, the handshake run by the connection's own task.
+    Tls(TlsAcceptor),
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves; then stops
+/// accepting, lets every request in flight finish, closes idle
+/// connections and returns once every connection has ended. `name` names
+/// the listener in logs.
+pub(crate) async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    transport: Transport,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let room = Arc::new(Semaphore::new(limits.connections_max));
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut refused = Refused::default();
+    tokio::pin!(shutdown);
+    loop {
+        // Finished connections are reaped as the loop goes, so the set
+        // holds only live ones.
+        while connections.try_join_next().is_some() {}
+        let (stream, addr) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    pause_after(name, &e).await;
+                    continue;
+                }
+            },
+        };
+        // Closed at once rather than left in the backlog: the client
+        // learns now, and the slots of the others stay theirs.
+        let Ok(permit) = room.clone().try_acquire_owned() else {
+            drop(stream);
+            refused.note(name, addr, limits.connections_max);
+            continue;
+        };
+        let connection = Connection {
+            name,
+            transport: transport.clone(),
+            app: app.clone(),
+            limits,
+            drain: drain_rx.clone(),
+            _permit: permit,
+        };
+        connections.spawn(connection.run(stream));
+    }
+    drop(listener);
+    let _ = drain_tx.send(true);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// One accepted connection and what it needs to be served on its own.
+struct Connection {
+    name: &'static str,
+    transport: Transport,
+    app: Router,
+    limits: ConnectionLimits,
+    drain: watch::Receiver<bool>,
+    /// Its place under `connections_max`, given back when it ends.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// Handshakes (TLS) and serves the connection to its end; a stop
+    /// before the handshake is done drops it.
+    async fn run(mut self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        match self.transport.clone() {
+            Transport::Plain => self.http(stream).await,
+            Transport::Tls(acceptor) => {
+                let timeout = self.limits.tls_handshake_timeout;
+                let handshake = tokio::time::timeout(timeout, acceptor.accept(stream));
+                let tls = tokio::select! {
+                    done = handshake => done,
+                    () = drained(&mut self.drain) => return,
+                };
+                match tls {
+                    Ok(Ok(tls)) => self.http(tls).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(listener = self.name, error = %e, "TLS handshake failed");
+                    }
+                    Err(_) => tracing::debug!(
+                        listener = self.name,
+                        tls_handshake_timeout_ms = timeout.as_millis(),
+                        "TLS handshake timed out"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// HTTP/1.1 over `io`, with hyper's timer on, so that its head
+    /// deadline holds; on the stop signal it finishes the request in
+    /// flight, if any, and closes.
+    async fn http<I>(mut self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let app = self.app.clone();
+        let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+            app.clone().oneshot(req.map(axum::body::Body::new))
+        });
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_read_timeout)
+            .max_buf_size(READ_BUFFER_BYTES_MAX)
+            .keep_alive(true);
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let served = tokio::select! {
+            served = connection.as_mut() => served,
+            () = drained(&mut self.drain) => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(e) = served {
+            // A client that hangs up or is too slow ends only its own
+            // connection; nothing to report above debug.
+            tracing::debug!(listener = self.name, error = %e, "connection ended");
+        }
+    }
+}
+
+/// Connections closed at the cap since the last warning.
+#[derive(Default)]
+struct Refused {
+    since_warning: u64,
+    warned: Option<tokio::time::Instant>,
+}
+
+impl Refused {
+    /// Counts one, logs it at debug, and warns when the last warning is
+    /// [`CAP_WARNING_INTERVAL_MS`] old, so a flood is visible but not
+    /// written line by line.
+    fn note(&mut self, name: &'static str, addr: std::net::SocketAddr, connections_max: usize) {
+        self.since_warning += 1;
+        tracing::debug!(listener = name, %addr, connections_max, "connection closed at the cap");
+        let now = tokio::time::Instant::now();
+        let interval = Duration::from_millis(CAP_WARNING_INTERVAL_MS);
+        if self
+            .warned
+            .is_some_and(|at| now.duration_since(at) < interval)
+        {
+            return;
+        }
+        tracing::warn!(
+            listener = name,
+            connections_max,
+            closed = self.since_warning,
+            "the listener serves as many connections as it may: closing new ones at once"
+        );
+        self.warned = Some(now);
+        self.since_warning = 0;
+    }
+}
+
+/// Resolves once the stop is signalled or its sender is gone.
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|stop| *stop).await;
+}
+
+/// Waits out an accept error: at once for one client's (it hung up before
+/// being accepted), [`ACCEPT_ERROR_PAUSE_MS`] for the process's (no
+/// descriptor left), logged.
+async fn pause_after(name: &'static str, e: &std::io::Error) {
+    use std::io::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    ) {
+        return;
+    }
+    tracing::error!(listener = name, error = %e, "cannot accept a connection");
+    tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+}
