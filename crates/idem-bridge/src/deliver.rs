@@ -3,7 +3,7 @@
 //! (a retry is the next delivery of the message, through a new claim), and
 //! the service's answer, or how the attempt failed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -69,11 +69,14 @@ impl Endpoint {
         &self.url
     }
 
-    /// Posts `payload` once, with `headers` (the key header among them).
+    /// Posts `payload` once, with `headers` (the key header among them),
+    /// giving up at the endpoint's timeout or at `deadline`, the attempt's
+    /// lease end ([`idem_consume::Attempt::deadline`]), whichever is first.
     pub async fn post(
         &self,
         payload: Bytes,
         headers: Vec<(HeaderName, HeaderValue)>,
+        deadline: Instant,
     ) -> Result<Answer, Failure> {
         let mut request = Request::new(Full::new(payload));
         *request.method_mut() = Method::POST;
@@ -118,13 +121,18 @@ impl Endpoint {
                 body,
             })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let started = Instant::now();
+        let until = deadline.min(started + self.timeout);
+        match tokio::time::timeout_at(until.into(), exchange).await {
             Ok(answered) => answered,
             Err(_) => Err(failure(
                 AttemptOutcome::Lost,
                 format!(
-                    "no complete answer within {} ms; the message may have been processed",
-                    self.timeout.as_millis()
+                    "no complete answer within {} ms (the endpoint's timeout is {} ms; the \
+                     lease left {} ms); the message may have been processed",
+                    until.saturating_duration_since(started).as_millis(),
+                    self.timeout.as_millis(),
+                    deadline.saturating_duration_since(started).as_millis()
                 ),
             )),
         }

@@ -122,7 +122,7 @@ impl Subscriber {
                     (self.key_header.clone(), key),
                     (header::CONTENT_TYPE, content_type),
                 ];
-                match self.endpoint.post(payload, headers).await {
+                match self.endpoint.post(payload, headers, attempt.deadline).await {
                     Ok(answer) => Ok(Reply {
                         status: answer.status,
                         headers: answer
