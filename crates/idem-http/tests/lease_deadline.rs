@@ -121,7 +121,7 @@ async fn check(ack_delay_ms: u64, upstream_ms: u64) {
         ack_delay_ms + FORWARD_MS_MIN + margin_ms(LEASE_MS) <= LEASE_MS,
         "forwarded with too little of the lease left: {case}"
     );
-    let deadline = seen.deadline.expect("the forward carries its deadline");
+    let deadline = seen.deadline.unwrap(); // the forward carries its deadline
     assert!(deadline <= lease_end, "deadline past the lease: {case}");
     assert!(started <= deadline, "{case}");
     let ended = seen.ended.unwrap();
