@@ -264,7 +264,7 @@ where
         }
         Err(p) => return problem(p),
     };
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let body = match read_body(&parts.headers, body, route.body_bytes_max).await {
         Ok(bytes) => bytes,
         Err(p) => return problem(p),
@@ -332,32 +332,71 @@ where
         Claim::Acquired {
             token, lease_ms, ..
         } => {
-            let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed()))
-            {
-                LeaseLeft::Forward { forward_ms } => forward_ms,
-                LeaseLeft::TooLittle { left_ms } => {
-                    return lease_spent(shared, id, token, (lease_ms, left_ms)).await;
-                }
+            let acquired = Acquired {
+                token,
+                lease_ms,
+                sent_at,
             };
-            let deadline = LeaseDeadline(Instant::now() + Duration::from_millis(forward_ms));
-            parts.extensions.insert(deadline);
-            forward_key(&mut parts.headers, route, id);
-            let span = trace::forward_span(id);
-            trace::propagate(&span, &mut parts.headers);
-            let req = Request::from_parts(parts, ReqBody::from(body));
-            let started = Instant::now();
-            let call = span.in_scope(|| inner.call(req)).instrument(span.clone());
-            let outcome = match tokio::time::timeout_at(deadline.0.into(), call).await {
-                Ok(outcome) => outcome,
-                Err(_) => Ok(lease_ended(forward_ms)),
-            };
-            shared.metrics.observe_upstream(started.elapsed());
-            trace::record_forward(&span, &outcome);
-            finish(shared, route, id, token, outcome).await
+            let req = (parts, body);
+            forward(shared, route, id, acquired, inner, req).await
         }
         Claim::Replay { record } => replay(&record),
         other => problem(refusal(route, id, other)),
     }
+}
+
+/// What an acquiring claim gave this attempt: its token, the lease the
+/// store granted, and when the claim was sent (just before).
+struct Acquired {
+    token: Token,
+    lease_ms: u64,
+    sent_at: Instant,
+}
+
+/// Forwards the request of an acquired attempt within what is left of its
+/// lease ([`idem_core::lease::lease_left`]), or releases it unsent when too
+/// little is left, and records what the answer means.
+async fn forward<S, ReqBody, ResBody>(
+    shared: &Shared,
+    route: &Route,
+    id: &RecordId,
+    acquired: Acquired,
+    mut inner: S,
+    (mut parts, body): (http::request::Parts, Bytes),
+) -> Response<ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Display,
+    ReqBody: HttpBody + From<Bytes>,
+    ResBody: HttpBody + From<Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let Acquired {
+        token,
+        lease_ms,
+        sent_at,
+    } = acquired;
+    let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed())) {
+        LeaseLeft::Forward { forward_ms } => forward_ms,
+        LeaseLeft::TooLittle { left_ms } => {
+            return lease_spent(shared, id, token, (lease_ms, left_ms)).await;
+        }
+    };
+    let deadline = LeaseDeadline(Instant::now() + Duration::from_millis(forward_ms));
+    parts.extensions.insert(deadline);
+    forward_key(&mut parts.headers, route, id);
+    let span = trace::forward_span(id);
+    trace::propagate(&span, &mut parts.headers);
+    let req = Request::from_parts(parts, ReqBody::from(body));
+    let started = Instant::now();
+    let call = span.in_scope(|| inner.call(req)).instrument(span.clone());
+    let outcome = match tokio::time::timeout_at(deadline.0.into(), call).await {
+        Ok(outcome) => outcome,
+        Err(_) => Ok(lease_ended(forward_ms)),
+    };
+    shared.metrics.observe_upstream(started.elapsed());
+    trace::record_forward(&span, &outcome);
+    finish(shared, route, id, token, outcome).await
 }
 
 /// When a forward's lease ends, less its margin, in the gateway's own
