@@ -3,7 +3,7 @@
 //! (a retry is the next delivery of the message, through a new claim), and
 //! the service's answer, or how the attempt failed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -74,11 +74,14 @@ impl Endpoint {
         &self.url
     }
 
-    /// Posts `payload` once, with `headers` (the key header among them).
+    /// Posts `payload` once, with `headers` (the key header among them),
+    /// giving up at the endpoint's timeout or at `deadline`, the attempt's
+    /// lease end ([`idem_consume::Attempt::deadline`]), whichever is first.
     pub async fn post(
         &self,
         payload: Bytes,
         headers: Vec<(HeaderName, HeaderValue)>,
+        deadline: Instant,
     ) -> Result<Answer, Failure> {
         let mut request = Request::new(Full::new(payload));
         *request.method_mut() = Method::POST;
@@ -129,13 +132,18 @@ impl Endpoint {
                 not_stored,
             })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let started = Instant::now();
+        let until = deadline.min(started + self.timeout);
+        match tokio::time::timeout_at(until.into(), exchange).await {
             Ok(answered) => answered,
             Err(_) => Err(failure(
                 AttemptOutcome::Lost,
                 format!(
-                    "no complete answer within {} ms; the message may have been processed",
-                    self.timeout.as_millis()
+                    "no complete answer within {} ms (the endpoint's timeout is {} ms; the \
+                     lease left {} ms); the message may have been processed",
+                    until.saturating_duration_since(started).as_millis(),
+                    self.timeout.as_millis(),
+                    deadline.saturating_duration_since(started).as_millis()
                 ),
             )),
         }
@@ -188,7 +196,11 @@ mod tests {
             answer_once(b"HTTP/1.1 201 Created\r\ncontent-type: text/plain; name=caf\xe9\r\n");
         let endpoint = Endpoint::new(url, Duration::from_secs(2), Duration::from_secs(5));
         let answer = endpoint
-            .post(Bytes::from_static(b"{}"), Vec::new())
+            .post(
+                Bytes::from_static(b"{}"),
+                Vec::new(),
+                std::time::Instant::now() + Duration::from_secs(5),
+            )
             .await
             .unwrap();
         assert_eq!(answer.status, 201);

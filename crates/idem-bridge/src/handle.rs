@@ -123,7 +123,7 @@ impl Subscriber {
                     (self.key_header.clone(), key),
                     (header::CONTENT_TYPE, content_type),
                 ];
-                match self.endpoint.post(payload, headers).await {
+                match self.endpoint.post(payload, headers, attempt.deadline).await {
                     Ok(answer) => {
                         if let Some(why) = &answer.not_stored {
                             tracing::warn!(subscription = %self.name, key = %attempt.id.key,

@@ -436,6 +436,7 @@ impl Broken {
                     (None, Claim::InFlight { lease_until, .. }, Some(r)) => Claim::Acquired {
                         token: r.token,
                         lease_until,
+                        lease_ms: req.policy.lease_ms(),
                         took_over: None,
                     },
                     (_, claim, _) => claim,
@@ -450,6 +451,7 @@ impl Broken {
             (Fault::AlwaysAcquires, _) => Claim::Acquired {
                 token: Token(self.fake_tokens.fetch_add(1, Ordering::SeqCst)),
                 lease_until: self.clock.now().plus_millis(req.policy.lease_ms()),
+                lease_ms: req.policy.lease_ms(),
                 took_over: None,
             },
             (Fault::ExpiresOnlyByPurge, claim @ Claim::Expired { .. }) => {

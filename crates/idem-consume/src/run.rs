@@ -16,6 +16,7 @@
 //! | any live record, other payload | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::KeyReused`]) |
 //! | a tombstone (past retention) | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::Late`]) |
 //! | the store fails | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::StoreUnavailable`]) |
+//! | nothing, but the store's answer left too little of its lease ([`idem_core::lease`]) | not run | released | [`Outcome::Retry`] ([`RetryReason::LeaseSpent`]) |
 //!
 //! A retried message is never acked: it comes back, and the claim decides
 //! again. A record the store could not settle after the effect ran stays
@@ -36,20 +37,29 @@
 //! stored the answer: the record is completed or in progress, never
 //! completed without an effect. The same holds when the effect outlives
 //! its lease: a later claim marks the record ambiguous and this attempt's
-//! write is fenced. So give the effect a timeout shorter than the lease.
+//! write is fenced.
+//!
+//! **The effect's deadline.** The effect never outlives the lease the
+//! store granted: [`RunOnce::run`] notes its monotonic time just before
+//! it sends the claim, and gives the effect until that instant plus the
+//! granted lease, less a margin ([`idem_core::lease::lease_left`]), in
+//! [`Attempt::deadline`]. An effect still running then is dropped and its
+//! outcome is unknown (the record is marked ambiguous); when the store's
+//! answer came so late that less than [`idem_core::FORWARD_MS_MIN`] is
+//! left, the effect is not run at all and the record is released.
 
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
-    FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Scope, Store,
-    StoreError, StoredResult, Timestamp, Token, check_owner, check_region,
+    FingerprintError, HeaderBytes, IdempotencyKey, LeaseLeft, LimitError, Policy, RecordId, Scope,
+    Store, StoreError, StoredResult, Timestamp, Token, check_owner, check_region, lease,
 };
 
 use crate::template::KeyRefusal;
@@ -86,7 +96,7 @@ pub struct Intent {
 
 /// What the effect is given: the record it runs for and the attempt's
 /// token. Forward `id.key` to the service so that it can dedup and be
-/// reconciled by it; finish before `lease_until`.
+/// reconciled by it; finish before `deadline` (the effect is dropped there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempt {
     /// Scope and key.
@@ -95,6 +105,11 @@ pub struct Attempt {
     pub token: Token,
     /// When this attempt's lease ends (store clock).
     pub lease_until: Timestamp,
+    /// When the effect must be over, in this process's monotonic time: the
+    /// granted lease counted from just before the claim was sent, less its
+    /// margin ([`idem_core::lease`]). Give any timeout of the effect's own
+    /// at most this.
+    pub deadline: Instant,
 }
 
 /// The effect's answer when it got one: a status in HTTP terms (what the
@@ -180,6 +195,16 @@ pub enum RetryReason {
     },
     /// The store did not answer the claim: nothing was run.
     StoreUnavailable(StoreError),
+    /// The store acquired the record, but its answer came with less than
+    /// [`idem_core::FORWARD_MS_MIN`] of the lease left: nothing was run,
+    /// and the record was released (or, if the release failed, it is
+    /// reconciled after its lease).
+    LeaseSpent {
+        /// The lease the store granted, in milliseconds.
+        lease_ms: u64,
+        /// What was left of it when the answer came, in milliseconds.
+        left_ms: u64,
+    },
     /// The store answered with a claim this version does not know.
     UnknownClaim,
 }
@@ -282,6 +307,9 @@ impl RunOnce {
             policy: self.policy,
         };
         let id = &request.id;
+        // Just before the claim is sent: the store decided after this, so
+        // its lease ends no earlier than this plus the lease it granted.
+        let sent_at = Instant::now();
         let claim = match self.store.claim(&request).await {
             Ok(claim) => claim,
             Err(e) => {
@@ -289,23 +317,58 @@ impl RunOnce {
                 return retry(STORE_RETRY_MS, RetryReason::StoreUnavailable(e));
             }
         };
-        let (token, lease_until) = match claim {
+        let (token, lease_until, lease_ms) = match claim {
             Claim::Acquired {
-                token, lease_until, ..
-            } => (token, lease_until),
+                token,
+                lease_until,
+                lease_ms,
+                ..
+            } => (token, lease_until, lease_ms),
             other => return self.not_acquired(id, other),
         };
+        let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed())) {
+            LeaseLeft::Forward { forward_ms } => forward_ms,
+            LeaseLeft::TooLittle { left_ms } => {
+                return self.lease_spent(id, token, (lease_ms, left_ms)).await;
+            }
+        };
+        let deadline = Instant::now() + Duration::from_millis(forward_ms);
         let attempt = Attempt {
             id: id.clone(),
             token,
             lease_until,
+            deadline,
         };
         // The call is inside the caught future too: a closure that panics
-        // before it returns its future is an effect that panicked.
-        let effect = async move { effect(attempt).await };
+        // before it returns its future is an effect that panicked. An
+        // effect cut at its deadline may have happened: its outcome is
+        // unknown, as after a timeout of its own.
+        let effect = async move {
+            tokio::time::timeout_at(deadline.into(), effect(attempt))
+                .await
+                .unwrap_or(Err(AttemptOutcome::Lost))
+        };
         match AssertUnwindSafe(effect).catch_unwind().await {
             Ok(answer) => self.finish(id, token, answer).await,
             Err(panic) => self.after_panic(id, token, panic).await,
+        }
+    }
+
+    /// The claim acquired with too little of its lease left: the effect was
+    /// not run, so the record is released for a later delivery.
+    async fn lease_spent(
+        &self,
+        id: &RecordId,
+        token: Token,
+        (lease_ms, left_ms): (u64, u64),
+    ) -> Outcome {
+        tracing::warn!(scope = %id.scope, key = %id.key, lease_ms, left_ms, "the store's answer left too little of its lease; nothing was run");
+        match self.store.release(id, token).await {
+            Ok(()) => retry(
+                RELEASED_RETRY_MS,
+                RetryReason::LeaseSpent { lease_ms, left_ms },
+            ),
+            Err(error) => self.not_recorded(id, Completion::Release, error),
         }
     }
 
@@ -513,6 +576,11 @@ impl fmt::Display for RetryReason {
             RetryReason::StoreUnavailable(e) => {
                 write!(f, "the store did not answer ({e}); nothing was run")
             }
+            RetryReason::LeaseSpent { lease_ms, left_ms } => write!(
+                f,
+                "the store's answer left {left_ms} ms of its {lease_ms} ms lease, too little \
+                 to run the effect; nothing was run and the key was released"
+            ),
             RetryReason::UnknownClaim => {
                 f.write_str("the store answered with an unknown claim; nothing was run")
             }

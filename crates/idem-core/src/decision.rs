@@ -82,8 +82,13 @@ pub enum Claim {
     Acquired {
         /// Fencing token to present on completion or release.
         token: Token,
-        /// When the lease ends.
+        /// When the lease ends (store clock).
         lease_until: Timestamp,
+        /// How long the store leased, in milliseconds: `lease_until` less
+        /// the store's clock at the decision. The claimant cannot compare
+        /// the store's instants with its own, only durations: the effect's
+        /// deadline comes from this through [`crate::lease::lease_left`].
+        lease_ms: u64,
         /// The token of the attempt taken over, if this was a takeover.
         took_over: Option<Token>,
     },
@@ -257,7 +262,8 @@ pub fn acquire(
     token: Token,
     took_over: Option<Token>,
 ) -> (Claim, Write) {
-    let lease_until = now.plus_millis(req.policy.lease_ms());
+    let lease_ms = req.policy.lease_ms();
+    let lease_until = now.plus_millis(lease_ms);
     let record = Record {
         id: req.id.clone(),
         fingerprint: req.fingerprint,
@@ -278,6 +284,7 @@ pub fn acquire(
     let claim = Claim::Acquired {
         token,
         lease_until,
+        lease_ms,
         took_over,
     };
     (claim, Write::Put(record))
@@ -714,6 +721,7 @@ mod tests {
             Claim::Acquired {
                 token: Token(42),
                 lease_until: NOW.plus_millis(30_000),
+                lease_ms: 30_000,
                 took_over: None
             }
         );
@@ -764,6 +772,7 @@ mod tests {
             Claim::Acquired {
                 token: Token(8),
                 lease_until: NOW.plus_millis(100),
+                lease_ms: 100,
                 took_over: Some(Token(7))
             }
         );

@@ -6,6 +6,7 @@
 //! - [`decision`]: the claim table and every other transition, as pure functions.
 //! - [`completion`]: what an attempt's answer means for its record.
 //! - [`verdict`]: what a provider lookup means for an ambiguous attempt.
+//! - [`lease`]: how much of a granted lease is left for the effect.
 //! - [`Store`]: applies a transition atomically; [`MemoryStore`] is the reference.
 //! - [`Clock`]: time comes in from outside, so tests and the simulator own it.
 //!
@@ -62,6 +63,7 @@ pub mod fingerprint;
 mod header_bytes;
 pub mod jcs;
 mod key;
+pub mod lease;
 mod memory;
 mod policy;
 mod record;
@@ -77,6 +79,7 @@ pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use header_bytes::HeaderBytes;
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
+pub use lease::{FORWARD_MS_MIN, LEASE_MARGIN_MS_MAX, LeaseLeft, lease_left};
 pub use memory::MemoryStore;
 pub use policy::{HORIZON_S_MAX, LEASE_MS_MAX, LEASE_MS_MIN, LeaseExpiry, Policy, PolicyError};
 pub use record::{

@@ -67,5 +67,7 @@ pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
     ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
 };
-pub use service::{Idempotency, IdempotencyLayer, REPLAYED_HEADER, RESPONSE_BYTES_MAX, read_body};
+pub use service::{
+    Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER, RESPONSE_BYTES_MAX, read_body,
+};
 pub use trace::TRACESTATE_BYTES_MAX;

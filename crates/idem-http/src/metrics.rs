@@ -475,6 +475,7 @@ mod tests {
         let acquired = |took_over| Claim::Acquired {
             token: Token(1),
             lease_until: Timestamp::from_millis(0),
+            lease_ms: 0,
             took_over,
         };
         let cases = [

@@ -90,6 +90,10 @@ pub enum ProblemKind {
     /// 503: the key's home region's gateway could not be reached or did not
     /// answer in time; nothing was claimed here.
     PeerUnavailable,
+    /// 503: the store granted the lease, but its answer came so late that
+    /// too little of the lease was left to forward; the record was
+    /// released and nothing was forwarded.
+    LeaseSpent,
 }
 
 impl ProblemKind {
@@ -118,6 +122,7 @@ impl ProblemKind {
             ProblemKind::WrongRegion => "wrong-region",
             ProblemKind::UnknownHomeRegion => "unknown-home-region",
             ProblemKind::PeerUnavailable => "peer-unavailable",
+            ProblemKind::LeaseSpent => "lease-spent",
         }
     }
 
@@ -148,6 +153,7 @@ impl ProblemKind {
             ProblemKind::WrongRegion => "The key's home is another region",
             ProblemKind::UnknownHomeRegion => "The key's home region cannot be derived",
             ProblemKind::PeerUnavailable => "The key's home region cannot be reached",
+            ProblemKind::LeaseSpent => "The idempotency store answered too late to forward",
         }
     }
 
@@ -168,7 +174,8 @@ impl ProblemKind {
             ProblemKind::RequestInProgress | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
             ProblemKind::StoreUnavailable
             | ProblemKind::Overloaded
-            | ProblemKind::PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemKind::PeerUnavailable
+            | ProblemKind::LeaseSpent => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::WrongRegion => StatusCode::MISDIRECTED_REQUEST,
             ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamFailed
@@ -178,7 +185,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 22] = [
+    pub const ALL: [ProblemKind; 23] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -201,6 +208,7 @@ impl ProblemKind {
         ProblemKind::WrongRegion,
         ProblemKind::UnknownHomeRegion,
         ProblemKind::PeerUnavailable,
+        ProblemKind::LeaseSpent,
     ];
 }
 

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -15,8 +15,8 @@ use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Completion, LimitError, Record, RecordId, Store,
-    StoreError, StoredResult, Token,
+    AttemptOutcome, Claim, ClaimRequest, Completion, LeaseLeft, LimitError, Record, RecordId,
+    Store, StoreError, StoredResult, Token, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -45,6 +45,11 @@ pub struct IdempotencyLayer {
 
 /// The middleware: enforces the Idempotency-Key contract on protected routes
 /// and passes everything else to `S` untouched.
+///
+/// A protected request is passed to `S` only with enough of its lease left,
+/// and cut when the lease ends ([`LeaseDeadline`], docs/http.md "The
+/// forward's deadline"), on tokio's timer: the runtime the layer runs on
+/// must have time enabled (`#[tokio::main]` and axum's do).
 #[derive(Clone)]
 pub struct Idempotency<S> {
     inner: S,
@@ -259,7 +264,7 @@ where
         }
         Err(p) => return problem(p),
     };
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let body = match read_body(&parts.headers, body, route.body_bytes_max).await {
         Ok(bytes) => bytes,
         Err(p) => return problem(p),
@@ -290,6 +295,9 @@ where
         region: shared.region.clone(),
         policy: *route.policy(),
     };
+    // Just before the claim is sent: the store decided after this instant,
+    // so its lease ends no earlier than `sent_at` plus the lease it granted.
+    let mut sent_at = Instant::now();
     let mut claimed = timed(
         &shared.metrics,
         (StoreOp::Claim, &claim_request.id),
@@ -304,6 +312,7 @@ where
         let legacy = request::legacy_fingerprint(&parts, route, &body);
         if legacy.as_ref() == Some(stored) {
             claim_request.legacy_fingerprint = legacy;
+            sent_at = Instant::now();
             claimed = timed(
                 &shared.metrics,
                 (StoreOp::Claim, &claim_request.id),
@@ -320,23 +329,126 @@ where
     };
     shared.metrics.claim(&claim);
     match claim {
-        Claim::Acquired { token, .. } => {
-            forward_key(&mut parts.headers, route, id);
-            let span = trace::forward_span(id);
-            trace::propagate(&span, &mut parts.headers);
-            let req = Request::from_parts(parts, ReqBody::from(body));
-            let started = Instant::now();
-            let outcome = span
-                .in_scope(|| inner.call(req))
-                .instrument(span.clone())
-                .await;
-            shared.metrics.observe_upstream(started.elapsed());
-            trace::record_forward(&span, &outcome);
-            finish(shared, route, id, token, outcome).await
+        Claim::Acquired {
+            token, lease_ms, ..
+        } => {
+            let acquired = Acquired {
+                token,
+                lease_ms,
+                sent_at,
+            };
+            let req = (parts, body);
+            forward(shared, route, id, acquired, inner, req).await
         }
         Claim::Replay { record } => replay(&record),
         other => problem(refusal(route, id, other)),
     }
+}
+
+/// What an acquiring claim gave this attempt: its token, the lease the
+/// store granted, and when the claim was sent (just before).
+struct Acquired {
+    token: Token,
+    lease_ms: u64,
+    sent_at: Instant,
+}
+
+/// Forwards the request of an acquired attempt within what is left of its
+/// lease ([`idem_core::lease::lease_left`]), or releases it unsent when too
+/// little is left, and records what the answer means.
+async fn forward<S, ReqBody, ResBody>(
+    shared: &Shared,
+    route: &Route,
+    id: &RecordId,
+    acquired: Acquired,
+    mut inner: S,
+    (mut parts, body): (http::request::Parts, Bytes),
+) -> Response<ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Display,
+    ReqBody: HttpBody + From<Bytes>,
+    ResBody: HttpBody + From<Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let Acquired {
+        token,
+        lease_ms,
+        sent_at,
+    } = acquired;
+    let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed())) {
+        LeaseLeft::Forward { forward_ms } => forward_ms,
+        LeaseLeft::TooLittle { left_ms } => {
+            return lease_spent(shared, id, token, (lease_ms, left_ms)).await;
+        }
+    };
+    let deadline = LeaseDeadline(Instant::now() + Duration::from_millis(forward_ms));
+    parts.extensions.insert(deadline);
+    forward_key(&mut parts.headers, route, id);
+    let span = trace::forward_span(id);
+    trace::propagate(&span, &mut parts.headers);
+    let req = Request::from_parts(parts, ReqBody::from(body));
+    let started = Instant::now();
+    let call = span.in_scope(|| inner.call(req)).instrument(span.clone());
+    let outcome = match tokio::time::timeout_at(deadline.0.into(), call).await {
+        Ok(outcome) => outcome,
+        Err(_) => Ok(lease_ended(forward_ms)),
+    };
+    shared.metrics.observe_upstream(started.elapsed());
+    trace::record_forward(&span, &outcome);
+    finish(shared, route, id, token, outcome).await
+}
+
+/// When a forward's lease ends, less its margin, in the gateway's own
+/// monotonic time ([`idem_core::lease`]): the layer cuts the forward there
+/// and puts this in the forwarded request's extensions, so that an inner
+/// service with deadlines of its own can keep within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseDeadline(pub Instant);
+
+/// The store's answer came with too little of its lease left: the request
+/// was not sent, so the record is released with the token, and the caller
+/// told to try again, when a fresh claim gets a whole lease.
+async fn lease_spent<B: From<Bytes>>(
+    shared: &Shared,
+    id: &RecordId,
+    token: Token,
+    (lease_ms, left_ms): (u64, u64),
+) -> Response<B> {
+    let cause =
+        format!("the store's answer left {left_ms} ms of its {lease_ms} ms lease; not forwarded");
+    settle(shared, id, token, Completion::Release, &cause).await;
+    problem(
+        Problem::new(
+            ProblemKind::LeaseSpent,
+            format!(
+                "the idempotency store granted a {lease_ms} ms lease, but its answer came \
+                 with {left_ms} ms of it left, under the {} ms needed to forward; nothing \
+                 was forwarded",
+                idem_core::FORWARD_MS_MIN
+            ),
+        )
+        .retry_after(1),
+    )
+}
+
+/// What a forward cut at its lease's end answers: the request was sent, so
+/// its outcome is unknown ([`AttemptOutcome::Lost`]), as after the proxy's
+/// own response timeout.
+fn lease_ended<B: From<Bytes>>(forward_ms: u64) -> Response<B> {
+    tracing::warn!(
+        forward_ms,
+        "the forward reached its lease's end; outcome unknown"
+    );
+    let mut response = problem(Problem::new(
+        ProblemKind::UpstreamTimeout,
+        format!(
+            "no complete answer within the {forward_ms} ms left of the lease; the request \
+             may have been processed"
+        ),
+    ));
+    response.extensions_mut().insert(AttemptOutcome::Lost);
+    response
 }
 
 /// The response for a problem this layer answers, tagged with its kind so

@@ -37,8 +37,8 @@ use idem_core::{
 use stateright::{Checker, Model, Property};
 
 pub use world::{
-    Action, Answer, Attempt, Client, Effect, Gateway, Kept, Read, ReadFirst, Resolver, Told,
-    Verdict, World,
+    Action, Answer, Attempt, Client, Effect, Gateway, Kept, Read, ReadFirst, Receipt, Resolver,
+    Told, Verdict, World,
 };
 
 /// The protocol the model runs: the real one, or a mutant the checker must
@@ -85,11 +85,15 @@ pub enum Protocol {
     /// unlocked read instead of reading the record again: a record written
     /// since the read is overwritten.
     LockedClaimOnStaleRead,
+    /// A gateway that starts the forward's timeout when the store's answer
+    /// arrives, not from the claim's sending: a late answer forwards on a
+    /// lease that may be over (the defect of a fixed response timeout).
+    ForwardOnStaleLease,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 11] = [
+    pub const ALL: [Protocol; 12] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -101,6 +105,7 @@ impl Protocol {
         Protocol::FailureAsNotFound,
         Protocol::FastPathAnswersAcquire,
         Protocol::LockedClaimOnStaleRead,
+        Protocol::ForwardOnStaleLease,
     ];
 
     /// The name used on the command line and in reports.
@@ -117,6 +122,7 @@ impl Protocol {
             Protocol::FailureAsNotFound => "failure-as-not-found",
             Protocol::FastPathAnswersAcquire => "fast-path-answers-acquire",
             Protocol::LockedClaimOnStaleRead => "locked-claim-on-stale-read",
+            Protocol::ForwardOnStaleLease => "forward-on-stale-lease",
         }
     }
 
@@ -139,6 +145,11 @@ pub struct Bound {
     /// without the lock; two add the traces where both do, at 1.6 times
     /// the states.
     pub fast_path_clients: usize,
+    /// Clients whose claims' answers may also reach the gateway late, some
+    /// steps after the store's commit (the first ones); every client may
+    /// get its answer at once. One client late covers the gap between a
+    /// commit and its answer for the attempt a second client then races.
+    pub late_answer_clients: usize,
     /// How deep the checker looks, the start being at depth 1: states
     /// this deep are neither checked nor expanded, so depth 12 checks
     /// every trace of up to 10 steps.
@@ -153,6 +164,7 @@ impl Bound {
         clients: 2,
         requests_per_client: 2,
         fast_path_clients: 1,
+        late_answer_clients: 1,
         depth_max: 12,
     };
 }
@@ -191,6 +203,11 @@ pub mod property {
     /// contract, in every reachable world.
     pub const FAST_PATH_IS_THE_CLAIM: &str =
         "an unlocked answer is the locked claim's, which writes nothing";
+    /// No effect commits at or after its attempt's lease end (DESIGN I8).
+    pub const FORWARD_WITHIN_LEASE: &str = "a forward never outlives the lease the store granted";
+    /// Reachability: a claim's answer arrives with too little of its lease
+    /// left, and nothing is forwarded.
+    pub const LATE_ANSWER_REFUSED: &str = "a late answer is refused";
     /// Reachability: an unknown outcome ends resolved.
     pub const UNKNOWN_ENDS_RESOLVED: &str = "an unknown outcome is resolved";
     /// Reachability: a failed lookup is counted in the store.
@@ -397,9 +414,25 @@ impl IdemModel {
         claim
     }
 
+    /// How much of the lease the gateway counts as gone when the store's
+    /// answer to a claim granted at `claimed_at` arrives at `now`: the
+    /// time since (the gateway noted the instant before sending), or, in
+    /// the mutant, nothing (a timeout started on arrival).
+    fn elapsed_at_ack(&self, claimed_at: Timestamp, now: Timestamp) -> u64 {
+        match self.protocol {
+            Protocol::ForwardOnStaleLease => 0,
+            _ => claimed_at.millis_until(now),
+        }
+    }
+
     /// Whether `client` may claim through the unlocked fast path.
     fn fast_path(&self, client: usize) -> bool {
         client < self.bound.fast_path_clients
+    }
+
+    /// Whether the store's answers to `client`'s claims may arrive late.
+    fn late_answers(&self, client: usize) -> bool {
+        client < self.bound.late_answer_clients
     }
 
     /// The fast path's answer from an unlocked read of `record` and `now`:
@@ -561,6 +594,16 @@ impl Model for IdemModel {
                     m.first_break(property::FAST_PATH_IS_THE_CLAIM, holds)
                 },
             ),
+            Property::always(
+                property::FORWARD_WITHIN_LEASE,
+                |m: &IdemModel, w: &World| {
+                    let holds = w.effects.iter().all(|e| !e.after_lease);
+                    m.first_break(property::FORWARD_WITHIN_LEASE, holds)
+                },
+            ),
+            Property::sometimes(property::LATE_ANSWER_REFUSED, |_, w: &World| {
+                w.clients.iter().any(|c| c.told.contains(&Told::LeaseSpent))
+            }),
             Property::sometimes(property::UNKNOWN_ENDS_RESOLVED, |_, w: &World| {
                 !w.verdicts.is_empty()
             }),
@@ -628,7 +671,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {} on the fast path, {:.1?}",
+            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {} on the fast path, {} with late answers, {:.1?}",
             self.protocol.name(),
             self.unique_states,
             self.states,
@@ -637,6 +680,7 @@ impl std::fmt::Display for Report {
             self.bound.clients,
             self.bound.requests_per_client,
             self.bound.fast_path_clients.min(self.bound.clients),
+            self.bound.late_answer_clients.min(self.bound.clients),
             self.elapsed,
         )?;
         for name in &self.unreached {

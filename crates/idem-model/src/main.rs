@@ -24,6 +24,9 @@ struct Args {
     /// Clients that may also claim through the unlocked fast path.
     #[arg(long, default_value_t = Bound::DEFAULT.fast_path_clients)]
     fast_path_clients: usize,
+    /// Clients whose claims' answers may also arrive late, after the commit.
+    #[arg(long, default_value_t = Bound::DEFAULT.late_answer_clients)]
+    late_answer_clients: usize,
     /// Which protocol: real, a mutant's name, or all.
     #[arg(long, default_value = "all", value_parser = parse_protocols)]
     protocol: Protocols,
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         clients: args.clients,
         requests_per_client: args.requests,
         fast_path_clients: args.fast_path_clients,
+        late_answer_clients: args.late_answer_clients,
         depth_max: args.depth,
     };
     let mut failed = false;

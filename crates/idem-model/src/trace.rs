@@ -7,7 +7,7 @@ use idem_core::Record;
 use idem_core::decision::{Claim, Write};
 use stateright::Path;
 
-use crate::world::{Action, Answer, Gateway, ReadFirst, Resolver, Told, World};
+use crate::world::{Action, Answer, Gateway, ReadFirst, Receipt, Resolver, Told, World};
 use crate::{IdemModel, world};
 
 const ACTORS: [&str; 2] = ["reconciler", "operator"];
@@ -48,9 +48,22 @@ fn describe(model: &IdemModel, w: &World, action: Action) -> String {
         })
     };
     match action {
-        Action::Request { client } => {
+        Action::Request {
+            client,
+            receipt: Receipt::AtOnce,
+        } => {
             format!("client {client} sends the request; the gateway claims")
         }
+        Action::Request {
+            client,
+            receipt: Receipt::Late,
+        } => format!(
+            "client {client} sends the request; the gateway claims, and the store's answer is delayed"
+        ),
+        Action::Ack { attempt } => format!(
+            "the store's answer for {} reaches the gateway",
+            attempt_of(attempt)
+        ),
         Action::Snapshot { client } => {
             format!("client {client} sends the request; the store begins a read without the lock")
         }
@@ -203,6 +216,7 @@ fn summary(model: &IdemModel, w: &World) -> String {
         .iter()
         .map(|a| {
             let g = match a.gateway {
+                Gateway::Claimed => "awaiting the store's answer",
                 Gateway::Holding if a.sent => "forwarded",
                 Gateway::Holding => "holding",
                 Gateway::Answered => "answered",
@@ -254,5 +268,6 @@ fn told_text(t: &Told) -> String {
         Told::Expired => "expired".into(),
         Told::NotProcessed => "not processed".into(),
         Told::Error => "5xx".into(),
+        Told::LeaseSpent => "503 lease spent".into(),
     }
 }

@@ -8,10 +8,18 @@
 //! read that takes no lock, whose record and clock may be from different
 //! moments, answered by `decision::answer_without_write` when the claim
 //! writes nothing, and otherwise a claim under the lock made at `Decide`.
+//!
+//! A claim's answer reaches the gateway at once or late ([`Receipt`]):
+//! the store commits at `Request`, and a late answer arrives at `Ack`, with
+//! any steps and any time in between. Only then does the gateway know what
+//! is left of the lease (`idem_core::lease::lease_left`), and the upstream
+//! may commit a forwarded request only until that deadline.
 
 use idem_core::decision::{self, Claim, Write};
 use idem_core::verdict::{self, Triage};
-use idem_core::{LookupTries, Outcome, Record, Resolution, State, StoreError, Timestamp, Token};
+use idem_core::{
+    LeaseLeft, LookupTries, Outcome, Record, Resolution, State, StoreError, Timestamp, Token, lease,
+};
 
 use crate::{IdemModel, Protocol};
 
@@ -54,9 +62,17 @@ pub struct Attempt {
     pub client: usize,
     /// The fencing token the claim handed out.
     pub token: Token,
-    /// The end of its lease: the upstream cannot commit it later (routes
-    /// keep the lease longer than the upstream may take).
+    /// The end of its lease (store clock).
     pub lease_until: Timestamp,
+    /// The store's clock when it granted the lease: the gateway sent the
+    /// claim no later (one clock serves both in the model).
+    pub claimed_at: Timestamp,
+    /// How long the store leased, in milliseconds.
+    pub lease_ms: u64,
+    /// The forward's deadline, once the gateway has the store's answer: the
+    /// upstream cannot commit the request later (the gateway cuts it there,
+    /// and an upstream takes no longer than its caller waits).
+    pub deadline: Option<Timestamp>,
     /// Whether the request left the gateway.
     pub sent: bool,
     /// The effect the upstream committed for it, if it did.
@@ -68,6 +84,8 @@ pub struct Attempt {
 /// The gateway process handling one attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Gateway {
+    /// The store committed the claim; its answer is still on the way.
+    Claimed,
     /// Holds the claim and may still act on it.
     Holding,
     /// Answered its client.
@@ -131,6 +149,9 @@ pub enum Told {
     NotProcessed,
     /// The store refused the gateway's write after the effect (5xx).
     Error,
+    /// The store's answer came with too little of the lease left; nothing
+    /// was forwarded (503 `lease-spent`).
+    LeaseSpent,
 }
 
 /// One effect the upstream committed.
@@ -140,6 +161,19 @@ pub struct Effect {
     pub attempt: usize,
     /// That attempt's token, as the provider's lookup finds it.
     pub token: Token,
+    /// Whether it committed at or after its attempt's lease end (DESIGN I8
+    /// forbids it: a retry or the reconciler may have judged the attempt).
+    pub after_lease: bool,
+}
+
+/// When the store's answer to a claim reaches the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Receipt {
+    /// In the same step as the store's commit.
+    AtOnce,
+    /// Later, at an `Ack` step: the network or the disk stalled after the
+    /// commit, and the clock may have moved.
+    Late,
 }
 
 /// A resolver (the reconciler or an operator) between reading an
@@ -192,6 +226,14 @@ pub enum Action {
     Request {
         /// Which client.
         client: usize,
+        /// When the store's answer reaches the gateway.
+        receipt: Receipt,
+    },
+    /// A late answer that acquired reaches the gateway, which forwards
+    /// only with enough of the lease left, and otherwise releases.
+    Ack {
+        /// Which attempt.
+        attempt: usize,
     },
     /// A client sends its request; the store starts a read that takes no
     /// lock.
@@ -316,14 +358,27 @@ impl World {
             if !self.may_request(model, client, c) {
                 continue;
             }
-            out.push(Action::Request { client });
+            out.push(Action::Request {
+                client,
+                receipt: Receipt::AtOnce,
+            });
+            if model.late_answers(client) {
+                out.push(Action::Request {
+                    client,
+                    receipt: Receipt::Late,
+                });
+            }
             if model.fast_path(client) {
                 out.push(Action::Snapshot { client });
             }
         }
         for (attempt, a) in self.attempts.iter().enumerate() {
-            if a.sent && a.effect.is_none() && self.now < a.lease_until {
+            if a.sent && a.effect.is_none() && a.deadline.is_some_and(|d| self.now < d) {
                 out.push(Action::Commit { attempt });
+            }
+            if a.gateway == Gateway::Claimed {
+                out.push(Action::Ack { attempt });
+                out.push(Action::Crash { attempt });
             }
             if a.gateway != Gateway::Holding {
                 continue;
@@ -373,7 +428,8 @@ impl World {
     pub fn after(&self, model: &IdemModel, action: Action) -> Option<World> {
         let mut w = self.clone();
         match action {
-            Action::Request { client } => w.request(model, client)?,
+            Action::Request { client, receipt } => w.request(model, client, receipt)?,
+            Action::Ack { attempt } => w.ack(model, attempt)?,
             Action::Snapshot { client } => w.snapshot(client)?,
             Action::Decide { client, first } => w.decide(model, client, first)?,
             Action::Forward { attempt } => w.attempts.get_mut(attempt)?.sent = true,
@@ -426,10 +482,44 @@ impl World {
             && self.now < model.replay_horizon()
     }
 
-    fn request(&mut self, model: &IdemModel, client: usize) -> Option<()> {
+    fn request(&mut self, model: &IdemModel, client: usize, receipt: Receipt) -> Option<()> {
+        let attempts = self.attempts.len();
         self.send(client)?;
         let claim = model.claim(self);
-        self.tell(client, claim)
+        self.tell(client, claim)?;
+        match (receipt, self.attempts.len() > attempts) {
+            (Receipt::Late, true) => Some(()),
+            // A late answer that acquired nothing tells the same later.
+            (Receipt::Late, false) => None,
+            (Receipt::AtOnce, true) => self.ack(model, attempts),
+            (Receipt::AtOnce, false) => Some(()),
+        }
+    }
+
+    /// The store's answer reaches the gateway: forward with what is left
+    /// of the lease, counted from the claim's sending, or release unsent.
+    fn ack(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
+        let a = self.attempts.get(attempt)?.clone();
+        if a.gateway != Gateway::Claimed {
+            return None;
+        }
+        let elapsed_ms = model.elapsed_at_ack(a.claimed_at, self.now);
+        match lease::lease_left(a.lease_ms, elapsed_ms) {
+            LeaseLeft::Forward { forward_ms } => {
+                let a = self.attempts.get_mut(attempt)?;
+                a.deadline = Some(self.now.plus_millis(forward_ms));
+                a.gateway = Gateway::Holding;
+                Some(())
+            }
+            LeaseLeft::TooLittle { .. } => {
+                // Nothing was sent: release; a fenced release leaves the
+                // record to whoever judged it.
+                if decision::release(self.record(), &model.id, a.token, self.now).is_ok() {
+                    self.apply(Write::Delete);
+                }
+                self.answer(attempt, Told::LeaseSpent)
+            }
+        }
     }
 
     /// The store begins an unlocked read for the client's request.
@@ -452,6 +542,7 @@ impl World {
             ReadFirst::Clock => (self.record.clone(), read.at),
             ReadFirst::Record => (read.record, self.now),
         };
+        let attempts = self.attempts.len();
         let record = record.map(|k| k.0);
         let mut last = self.last_token;
         let claim = match model.answer_unlocked(record.as_ref(), now, &mut last) {
@@ -461,7 +552,12 @@ impl World {
             }
             None => model.claim_after_read(self, record.as_ref(), now),
         };
-        self.tell(client, claim)
+        self.tell(client, claim)?;
+        // The fast path's answer reaches the gateway at once.
+        match self.attempts.len() > attempts {
+            true => self.ack(model, attempts),
+            false => Some(()),
+        }
     }
 
     /// Counts a request the client sends.
@@ -476,15 +572,23 @@ impl World {
     fn tell(&mut self, client: usize, claim: Claim) -> Option<()> {
         let told = match claim {
             Claim::Acquired {
-                token, lease_until, ..
+                token,
+                lease_until,
+                lease_ms,
+                ..
             } => {
                 self.attempts.push(Attempt {
                     client,
                     token,
                     lease_until,
+                    claimed_at: Timestamp::from_millis(
+                        lease_until.as_millis().saturating_sub(lease_ms),
+                    ),
+                    lease_ms,
+                    deadline: None,
                     sent: false,
                     effect: None,
-                    gateway: Gateway::Holding,
+                    gateway: Gateway::Claimed,
                 });
                 return Some(());
             }
@@ -517,8 +621,13 @@ impl World {
     }
 
     fn commit(&mut self, attempt: usize) -> Option<()> {
-        let token = self.attempts.get(attempt)?.token;
-        self.effects.push(Effect { attempt, token });
+        let a = self.attempts.get(attempt)?;
+        let (token, after_lease) = (a.token, self.now >= a.lease_until);
+        self.effects.push(Effect {
+            attempt,
+            token,
+            after_lease,
+        });
         self.attempts.get_mut(attempt)?.effect = Some(self.effects.len() - 1);
         Some(())
     }

@@ -76,7 +76,7 @@ fn a_stale_read_is_reached_only_through_the_fast_path() {
 /// the shortest, whatever the depth.
 #[test]
 fn every_mutant_is_caught_with_a_shortest_trace() {
-    let cases: [(Protocol, &[(&str, usize)]); 10] = [
+    let cases: [(Protocol, &[(&str, usize)]); 11] = [
         (Protocol::LookupDuringLease, &[(property::ONE_EFFECT, 10)]),
         (Protocol::ResolveSkipsLease, &[(property::ONE_EFFECT, 9)]),
         (
@@ -106,6 +106,12 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
         (
             Protocol::LockedClaimOnStaleRead,
             &[(property::ONE_EFFECT, 7)],
+        ),
+        // Caught only through the gap between the store's commit and its
+        // answer's arrival, with the lease running out in between.
+        (
+            Protocol::ForwardOnStaleLease,
+            &[(property::FORWARD_WITHIN_LEASE, 5)],
         ),
     ];
     let checked: Vec<Protocol> = cases.iter().map(|(p, _)| *p).collect();

@@ -6,11 +6,14 @@
 //!   stdout, so a test can kill it at any instant and check the file.
 //! - [`relay::Relay`]: a loopback TCP relay that can stop forwarding, to
 //!   freeze one client's server (PostgreSQL) without freezing it for all.
+//! - [`late_ack::LateAck`]: a store wrapper whose claim answers arrive a
+//!   set time after the commit, for the deadline a lease gives a forward.
 //! - [`pg_cluster::PgCluster`]: a throwaway PostgreSQL primary and
 //!   streaming standby on spare ports, to kill one and promote the other.
 //! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
 
+pub mod late_ack;
 pub mod pg_cluster;
 pub mod relay;
 pub mod tls;

@@ -1,10 +1,13 @@
 //! A loopback TCP relay that can be told to stop forwarding, in both
 //! directions and for new connections too: a peer that froze (SIGSTOP) or
 //! sits behind a network black hole, without touching the real server
-//! other tests share.
+//! other tests share. It can also hold back what the server sends for a
+//! while and then deliver it: a server whose answers arrive late after it
+//! has acted on the request (a commit acknowledged seconds later).
 
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -18,6 +21,7 @@ const CHUNK_BYTES_MAX: usize = 16 * 1024;
 pub struct Relay {
     addr: SocketAddr,
     frozen: watch::Sender<bool>,
+    reply_delay: watch::Sender<Duration>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -28,8 +32,14 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (frozen, watching) = watch::channel(false);
-        let task = tokio::spawn(accept(listener, target, watching));
-        Ok(Relay { addr, frozen, task })
+        let (reply_delay, delaying) = watch::channel(Duration::ZERO);
+        let task = tokio::spawn(accept(listener, target, watching, delaying));
+        Ok(Relay {
+            addr,
+            frozen,
+            reply_delay,
+            task,
+        })
     }
 
     /// Where clients connect.
@@ -49,6 +59,15 @@ impl Relay {
     pub fn thaw(&self) {
         self.frozen.send_replace(false);
     }
+
+    /// From now on every chunk the server sends, on every connection, is
+    /// held for `delay` before it is delivered (in order; a chunk behind a
+    /// held one waits for it). What the client sends still goes at once,
+    /// so the server acts on a request long before its answer arrives.
+    /// `Duration::ZERO` delivers later chunks at once again.
+    pub fn delay_replies(&self, delay: Duration) {
+        self.reply_delay.send_replace(delay);
+    }
 }
 
 impl Drop for Relay {
@@ -57,9 +76,15 @@ impl Drop for Relay {
     }
 }
 
-async fn accept(listener: TcpListener, target: SocketAddr, frozen: watch::Receiver<bool>) {
+async fn accept(
+    listener: TcpListener,
+    target: SocketAddr,
+    frozen: watch::Receiver<bool>,
+    reply_delay: watch::Receiver<Duration>,
+) {
     while let Ok((client, _)) = listener.accept().await {
         let frozen = frozen.clone();
+        let reply_delay = reply_delay.clone();
         tokio::spawn(async move {
             if *frozen.borrow() {
                 hold(client).await;
@@ -71,22 +96,34 @@ async fn accept(listener: TcpListener, target: SocketAddr, frozen: watch::Receiv
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
             tokio::join!(
-                pipe(client_read, server_write, frozen.clone()),
-                pipe(server_read, client_write, frozen),
+                pipe(client_read, server_write, frozen.clone(), None),
+                pipe(server_read, client_write, frozen, Some(reply_delay)),
             );
         });
     }
 }
 
 /// Copies `from` to `to` until either ends or the relay freezes; after a
-/// freeze both halves are held open forever.
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, frozen: watch::Receiver<bool>) {
+/// freeze both halves are held open forever. Each chunk waits the `delay`
+/// in force when it was read, if this direction is delayed.
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    frozen: watch::Receiver<bool>,
+    delay: Option<watch::Receiver<Duration>>,
+) {
     let mut buf = vec![0; CHUNK_BYTES_MAX];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if let Some(delay) = &delay {
+            let hold = *delay.borrow();
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+        }
         if *frozen.borrow() {
             hold((from, to)).await;
             return;

@@ -203,6 +203,7 @@ pub async fn claim_on_expired_lease_takes_over<S: Store + 'static>(
     let expect = Claim::Acquired {
         token: new,
         lease_until: after(now, LEASE_MS),
+        lease_ms: LEASE_MS,
         took_over: Some(old),
     };
     assert_eq!(claim, expect);
@@ -318,6 +319,7 @@ pub async fn claim_after_tombstone_horizon_acquires<S: Store + 'static>(
         let expect = Claim::Acquired {
             token,
             lease_until: after(now, LEASE_MS),
+            lease_ms: LEASE_MS,
             took_over: None,
         };
         assert_eq!(claim, expect, "row {row:?}");

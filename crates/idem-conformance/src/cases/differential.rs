@@ -581,10 +581,12 @@ impl Translate for Claim {
             Claim::Acquired {
                 token,
                 lease_until,
+                lease_ms,
                 took_over,
             } => Claim::Acquired {
                 token: token.translate(tokens)?,
                 lease_until,
+                lease_ms,
                 took_over: took_over.translate(tokens)?,
             },
             Claim::Replay { record } => Claim::Replay {

@@ -114,6 +114,7 @@ pub async fn concurrent_claims_on_one_key_acquire_once<S: Store + 'static>(
         let winner = Claim::Acquired {
             token: *token,
             lease_until,
+            lease_ms: LEASE_MS,
             took_over: None,
         };
         assert_eq!(*winners[0], winner, "round {round}");
@@ -146,6 +147,7 @@ pub async fn concurrent_claims_on_distinct_keys_all_acquire<S: Store + 'static>(
         let expect = Claim::Acquired {
             token,
             lease_until,
+            lease_ms: LEASE_MS,
             took_over: None,
         };
         assert_eq!(claim, expect, "{}", req.id);

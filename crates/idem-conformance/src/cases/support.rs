@@ -113,6 +113,7 @@ pub(crate) async fn acquire<S: Store>(store: &S, clock: &ManualClock, req: &Clai
         Claim::Acquired {
             token,
             lease_until,
+            lease_ms: req.policy.lease_ms(),
             took_over: None
         },
         "acquisition of {}",
