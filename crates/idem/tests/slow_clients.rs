@@ -138,6 +138,10 @@ async fn slow_bodies_hold_only_the_bytes_they_sent_within_the_body_budget() {
     let mut stalls = Vec::new();
     for i in 0..2 {
         let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        // The 900 bytes must leave now: with Nagle's algorithm the kernel
+        // may hold them behind the head's acknowledgement for longer than
+        // the refusal loop below waits.
+        stream.set_nodelay(true).unwrap();
         let head = format!(
             "POST /payouts HTTP/1.1\r\nHost: idem\r\nIdempotency-Key: budget-stall-{i}\r\n\
              Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
