@@ -18,13 +18,15 @@
 //!    to bytes, written as a count of pieces and each piece: so `%ff` and
 //!    `%25ff` differ, and `+` equals neither `%20` (as form decoding would
 //!    say) nor `%2B` (as RFC 3986 would), since an upstream may read it
-//!    either way. A name or value with a literal `;` is first split at
-//!    every `;` and written as the marker `u64::MAX` (no count of pieces can
-//!    reach it), a count of parts and each part as above: so `;` equals
-//!    neither `%3B` nor `&`, since older Rack and Python split pairs at `;`
-//!    and Go drops such pairs. After the name, a byte 0 if the pair has no
-//!    `=` (`?x`), else 1 and the value (`?x=`). Pairs are sorted by name
-//!    with a stable sort, so repeated parameters keep their order. A query
+//!    either way. After the name, a byte 0 if the pair has no `=` (`?x`),
+//!    else 1 and the value (`?x=`). Pairs are sorted by name with a stable
+//!    sort, so repeated parameters keep their order. A query with a literal
+//!    `;` is not split at all: older Rack and Python split pairs at `;` too
+//!    and Go drops such pairs, so its pairs are not the same for every
+//!    upstream; it is written as the marker `u64::MAX` in place of the
+//!    count of pairs (no count reaches it) and its text, escapes in the
+//!    normal form of the path below, in its order: `;` equals neither `%3B`
+//!    nor `&`, and `?x=1;a=2` is not `?x=1;a%3D2`. A query
 //!    with a `%` not followed by two hex digits (`%zz`, `%4`, a lone `%`)
 //!    has no fingerprint ([`FingerprintError::MalformedQuery`]): upstreams
 //!    read it three ways (Go drops the pair, Java and Ruby refuse the
@@ -343,19 +345,7 @@ fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Result<(), F
     sink.put_field(req.route.as_bytes());
     sink.put_field(normalize_path(req.path).as_bytes());
 
-    let mut query: Vec<QueryPair<'_>> = query_pairs(req.query).collect();
-    query.sort_by(|a, b| a.name.cmp(&b.name));
-    sink.put_len(query.len());
-    for pair in &query {
-        put_pieces(sink, &pair.name);
-        match &pair.value {
-            None => sink.put(&[QUERY_NO_VALUE]),
-            Some(value) => {
-                sink.put(&[QUERY_VALUE]);
-                put_pieces(sink, value);
-            }
-        }
-    }
+    put_query(sink, req.query);
 
     sink.put_len(req.content_types.len());
     for value in req.content_types {
@@ -388,26 +378,22 @@ fn put_body(sink: &mut impl Sink, body: Option<(u8, &[u8])>) {
     }
 }
 
-/// One query pair: name and value split at literal `;` into parts and
-/// each part at literal `+` into percent-decoded pieces; `None` for a pair
-/// without `=`.
+/// One query pair: name and value split at literal `+` into
+/// percent-decoded pieces; `None` for a pair without `=`.
 struct QueryPair<'a> {
-    name: Vec<Vec<Cow<'a, [u8]>>>,
-    value: Option<Vec<Vec<Cow<'a, [u8]>>>>,
+    name: Vec<Cow<'a, [u8]>>,
+    value: Option<Vec<Cow<'a, [u8]>>>,
 }
 
-/// The count that marks a name or value split at `;`: no count of pieces
-/// can reach it, so the form of a query without `;` is what it always was.
-const QUERY_SEMICOLON_PARTS: usize = usize::MAX;
+/// The count of pairs that marks a query written whole (it has a literal
+/// `;`): no count of pairs can reach it, so the form of a query without
+/// `;` is what it always was.
+const QUERY_WHOLE: usize = usize::MAX;
 
 fn query_pairs(query: &str) -> impl Iterator<Item = QueryPair<'_>> {
-    fn pieces(part: &str) -> Vec<Vec<Cow<'_, [u8]>>> {
-        part.split(';')
-            .map(|part| {
-                part.split('+')
-                    .map(|piece| Cow::from(percent_decode_str(piece)))
-                    .collect()
-            })
+    fn pieces(part: &str) -> Vec<Cow<'_, [u8]>> {
+        part.split('+')
+            .map(|piece| Cow::from(percent_decode_str(piece)))
             .collect()
     }
     query.split('&').filter(|p| !p.is_empty()).map(move |pair| {
@@ -422,20 +408,35 @@ fn query_pairs(query: &str) -> impl Iterator<Item = QueryPair<'_>> {
     })
 }
 
-fn put_pieces(sink: &mut impl Sink, parts: &[Vec<Cow<'_, [u8]>>]) {
-    fn put_part(sink: &mut impl Sink, pieces: &[Cow<'_, [u8]>]) {
-        sink.put_len(pieces.len());
-        for piece in pieces {
-            sink.put_field(piece);
-        }
+fn put_pieces(sink: &mut impl Sink, pieces: &[Cow<'_, [u8]>]) {
+    sink.put_len(pieces.len());
+    for piece in pieces {
+        sink.put_field(piece);
     }
-    match parts {
-        [one] => put_part(sink, one),
-        parts => {
-            sink.put_len(QUERY_SEMICOLON_PARTS);
-            sink.put_len(parts.len());
-            for part in parts {
-                put_part(sink, part);
+}
+
+/// The query as pairs, or, when it has a literal `;`, whole: upstreams
+/// that split pairs at `;` see pairs, names and values that a split at
+/// `&` cannot (`?x=1;a=2` against `?x=1;a%3D2`, or a reordering across
+/// the `;`), so such a query is written as its own bytes, escapes in the
+/// normal form of the path (unreserved ones decoded, the others
+/// uppercased), and in its order.
+fn put_query(sink: &mut impl Sink, query: &str) {
+    if query.contains(';') {
+        sink.put_len(QUERY_WHOLE);
+        sink.put_field(normalize_path(query).as_bytes());
+        return;
+    }
+    let mut pairs: Vec<QueryPair<'_>> = query_pairs(query).collect();
+    pairs.sort_by(|a, b| a.name.cmp(&b.name));
+    sink.put_len(pairs.len());
+    for pair in &pairs {
+        put_pieces(sink, &pair.name);
+        match &pair.value {
+            None => sink.put(&[QUERY_NO_VALUE]),
+            Some(value) => {
+                sink.put(&[QUERY_VALUE]);
+                put_pieces(sink, value);
             }
         }
     }
@@ -883,6 +884,10 @@ mod tests {
             with(&|r| r.query = "a%3B=1"),
             with(&|r| r.query = "a=;"),
             with(&|r| r.query = "a=%3B"),
+            with(&|r| r.query = "x=1;a=2"),
+            with(&|r| r.query = "x=1;a%3D2"),
+            with(&|r| r.query = "x=1;amount=200&amount=100"),
+            with(&|r| r.query = "amount=100&x=1;amount=200"),
             with(&|r| r.headers = &[("a", b"bc")]),
             with(&|r| r.headers = &[("ab", b"c")]),
             with(&|r| r.headers = &[("a", b"BC")]),

@@ -6,7 +6,8 @@
 //! recorded. A request takes one of `requests_in_flight_max` slots only
 //! once its body is in (`admission`); beyond them it is shed at once,
 //! nothing claimed or forwarded, so a burst of large bodies cannot exhaust
-//! memory and a slow body holds no slot. A store that stopped for good
+//! memory and a slow buffered body holds no slot (a body that streams to
+//! the upstream holds one, within `response_timeout_ms`). A store that stopped for good
 //! (`StoreError::Stopped`) stops the gateway the same way, with an error,
 //! so that its process exits and a supervisor restarts it.
 

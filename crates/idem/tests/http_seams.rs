@@ -574,6 +574,26 @@ async fn query_spellings_that_upstreams_read_apart_never_share_an_answer() {
         Some("urn:idem:problem:key-reused"),
         "{literal:?}"
     );
+    // Upstreams that split pairs at `;` read these pairs apart: an escaped
+    // `=` after a `;`, and the same pairs in another order across a `;`.
+    for (i, (first, other)) in [
+        ("?x=1;a=2", "?x=1;a%3D2"),
+        ("?x=1;amount=200&amount=100", "?amount=100&x=1;amount=200"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("q-split-{i}");
+        let key = [("idempotency-key", key.as_str())];
+        let ran = raw(gw.addr, "POST", &format!("/payouts/x{first}"), &key).await;
+        assert_eq!(ran.status, 201, "{first}: {ran:?}");
+        let respelt = raw(gw.addr, "POST", &format!("/payouts/x{other}"), &key).await;
+        assert_eq!(
+            respelt.problem().as_deref(),
+            Some("urn:idem:problem:key-reused"),
+            "{other} after {first}: {respelt:?}"
+        );
+    }
     // An unprotected route passes any query on untouched.
     let passed = raw(gw.addr, "POST", "/refunds/x?ref=%zz", &[]).await;
     assert_eq!(passed.status, 201, "{passed:?}");
