@@ -28,6 +28,12 @@ pub const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
 /// At most one warning per this many milliseconds says a listener is
 /// closing connections at its cap (each one is logged at debug).
 pub const CAP_WARNING_INTERVAL_MS: u64 = 10_000;
+/// How long connections may go on after the response timeout once the
+/// drain has begun, in milliseconds: a request in flight has had its
+/// whole exchange by then and its record written, so what is left is a
+/// client that does not read its answer, which must not hold the
+/// process forever.
+pub const DRAIN_GRACE_MS: u64 = 5_000;
 /// How long the accept loop pauses after an error that is not one
 /// client's (too many open files): retrying at once would spin.
 pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -57,14 +63,15 @@ pub(crate) enum Transport {
 
 /// Serves `app` on `listener` until `shutdown` resolves; then stops
 /// accepting, lets every request in flight finish, closes idle
-/// connections and returns once every connection has ended. `name` names
-/// the listener in logs.
+/// connections and returns once every connection has ended, or at `drain`
+/// after the stop, closing those still open. `name` names the listener in
+/// logs.
 pub(crate) async fn serve(
     name: &'static str,
     listener: TcpListener,
     transport: Transport,
     app: Router,
-    limits: ConnectionLimits,
+    (limits, drain): (ConnectionLimits, Duration),
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let room = Arc::new(Semaphore::new(limits.connections_max));
@@ -105,7 +112,26 @@ pub(crate) async fn serve(
     }
     drop(listener);
     let _ = drain_tx.send(true);
-    while connections.join_next().await.is_some() {}
+    let deadline = tokio::time::sleep(drain);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = connections.join_next() => if next.is_none() { break },
+            () = &mut deadline => {
+                // Closed, not waited for: an attempt cut here stays in
+                // progress and becomes ambiguous, never re-executed.
+                tracing::warn!(
+                    listener = name,
+                    connections = connections.len(),
+                    drain_ms = drain.as_millis(),
+                    "closing the connections still open at the drain deadline \
+                     (clients that do not read their answers)"
+                );
+                connections.shutdown().await;
+                break;
+            }
+        }
+    }
     Ok(())
 }
 

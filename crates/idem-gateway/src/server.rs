@@ -13,6 +13,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::error_handling::HandleErrorLayer;
 use axum::response::Response;
@@ -116,6 +117,8 @@ pub async fn serve_with(
         stop_rx.clone(),
     ));
     let reconciler = start_reconciler(config, &store, &metrics, stop_rx.clone());
+    // A request in flight has its whole exchange, and then the grace.
+    let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
         // The console authenticates by its own cookie; the admin API's
         // fallback answers every path outside `/ui`.
@@ -142,7 +145,7 @@ pub async fn serve_with(
             admin.listener,
             transport,
             app,
-            config.admin_connections,
+            (config.admin_connections, drain),
             stopped(stop_rx.clone()),
         ))
     });
@@ -203,7 +206,7 @@ pub async fn serve_with(
         listener,
         Transport::Plain,
         app,
-        config.connections,
+        (config.connections, drain),
         shutdown,
     )
     .await;

@@ -530,3 +530,37 @@ async fn get(client: &HttpsClient, url: &str, token: Option<&str>) -> (u16, Stri
     let body = res.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// A client that asks for a large answer and never reads it holds its
+/// connection open while the gateway writes; on SIGTERM it cannot hold the
+/// stop forever: at the drain deadline (the response timeout and
+/// `DRAIN_GRACE_MS`) its connection is closed and the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_cannot_hold_the_stop() {
+    let site = Site::new();
+    let up = Upstream::start().await;
+    let config = site
+        .config("response_timeout_ms = 1000\n[[route]]\npath = \"/payouts\"\nlease_ms = 5000\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gw.addr).await.unwrap();
+    // Unprotected (the route covers /payouts only): 16 MB that the kernel's
+    // buffers cannot hold, so the gateway is still writing when it stops.
+    stream
+        .write_all(b"POST /big?bytes=16000000 HTTP/1.1\r\nHost: idem\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        support::eventually(Duration::from_secs(10), || up.hits() == 1).await,
+        "the upstream was never asked"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // `terminate` fails the test if the process has not exited 15 s after
+    // SIGTERM; the drain deadline here is 6 s.
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    drop(stream);
+}
