@@ -6,14 +6,17 @@
 //! while idle connections close.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -192,6 +195,9 @@ impl Connection {
             .header_read_timeout(self.limits.header_read_timeout)
             .max_buf_size(READ_BUFFER_BYTES_MAX)
             .keep_alive(true);
+        // The answer's writes share the head's bound: a client that reads
+        // nothing of its answer for that long is closed, not waited for.
+        let io = WriteStall::new(io, self.limits.header_read_timeout);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let served = tokio::select! {
@@ -260,4 +266,103 @@ async fn pause_after(name: &'static str, e: &std::io::Error) {
     }
     tracing::error!(listener = name, error = %e, "cannot accept a connection");
     tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+}
+
+/// `io` whose writes fail once none has made progress for `limit`, so a
+/// client that stops reading its answer (hyper writes it, and reads no
+/// next head meanwhile) holds its connection and the answer's memory only
+/// that long. Reads pass through: their bounds are hyper's head timer and
+/// the body deadline.
+struct WriteStall<I> {
+    io: I,
+    limit: Duration,
+    /// Armed when a write first finds no room, disarmed by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> WriteStall<I> {
+    fn new(io: I, limit: Duration) -> WriteStall<I> {
+        WriteStall {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// Called when the inner write is pending: pending until `limit` has
+    /// passed with no progress, then the error that ends the connection.
+    fn stall<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let limit = self.limit;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client read nothing of its answer for {} ms (header_read_timeout_ms)",
+                    limit.as_millis()
+                ),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// The inner write's outcome: progress disarms the timer.
+    fn progress<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => self.stall(cx),
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for WriteStall<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for WriteStall<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progress(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

@@ -542,19 +542,7 @@ async fn a_client_that_never_reads_its_answer_cannot_hold_the_stop() {
     let config = site
         .config("response_timeout_ms = 1000\n[[route]]\npath = \"/payouts\"\nlease_ms = 5000\n");
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = socket.connect(gw.addr).await.unwrap();
-    // Unprotected (the route covers /payouts only): 16 MB that the kernel's
-    // buffers cannot hold, so the gateway is still writing when it stops.
-    stream
-        .write_all(b"POST /big?bytes=16000000 HTTP/1.1\r\nHost: idem\r\nContent-Length: 0\r\n\r\n")
-        .await
-        .unwrap();
-    assert!(
-        support::eventually(Duration::from_secs(10), || up.hits() == 1).await,
-        "the upstream was never asked"
-    );
+    let stream = never_reading(&gw, &up, 16_000_000).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     // `terminate` fails the test if the process has not exited 15 s after
     // SIGTERM; the drain deadline here is 6 s.
@@ -563,4 +551,61 @@ async fn a_client_that_never_reads_its_answer_cannot_hold_the_stop() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     drop(stream);
+}
+
+/// While the gateway runs, a client that reads nothing of its answer holds
+/// its connection only as long as `header_read_timeout_ms`: then the
+/// gateway closes it, and what the client reads afterwards ends early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_is_closed_after_the_bound() {
+    const BYTES: usize = 16_000_000;
+    let site = Site::new();
+    let up = Upstream::start().await;
+    let config = site.config(
+        "header_read_timeout_ms = 1000\nresponse_timeout_ms = 3000\n\
+         [[route]]\npath = \"/payouts\"\nlease_ms = 5000\n",
+    );
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let mut stream = never_reading(&gw, &up, BYTES).await;
+    // Well past the bound, the gateway has given up writing.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let mut read = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the connection is still open ({read} bytes read)"
+    );
+    assert!(
+        read < BYTES,
+        "the whole answer was still written: {read} bytes"
+    );
+    // The gateway itself answers others meanwhile.
+    let ok = post(&gw.url("/payouts"), &[key("after-stall")], "{}").await;
+    assert_eq!(ok.status, 201, "{ok:?}");
+}
+
+/// A connection with a 4 KiB receive buffer that has asked the upstream
+/// (unprotected: the tests' routes cover /payouts only) for `bytes` bytes,
+/// more than the kernel's buffers hold, and reads none of them.
+async fn never_reading(gw: &Gateway, up: &Upstream, bytes: usize) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gw.addr).await.unwrap();
+    let ask =
+        format!("POST /big?bytes={bytes} HTTP/1.1\r\nHost: idem\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(ask.as_bytes()).await.unwrap();
+    assert!(
+        support::eventually(Duration::from_secs(10), || up.hits() == 1).await,
+        "the upstream was never asked"
+    );
+    stream
 }
