@@ -14,6 +14,7 @@ mod config;
 pub mod console;
 pub mod contracts;
 mod listen;
+mod log_budget;
 mod proxy;
 mod purge;
 pub mod regions;

@@ -21,6 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
+
+use crate::log_budget::{LogBudget, Logged};
 use tower::ServiceExt;
 
 /// What one connection buffers of what it reads, in bytes: a request head
@@ -80,7 +82,7 @@ pub(crate) async fn serve(
     let room = Arc::new(Semaphore::new(limits.connections_max));
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
-    let mut refused = Refused::default();
+    let refused = Refused::default();
     tokio::pin!(shutdown);
     loop {
         // Finished connections are reaped as the loop goes, so the set
@@ -215,36 +217,32 @@ impl Connection {
     }
 }
 
-/// Connections closed at the cap since the last warning.
-#[derive(Default)]
-struct Refused {
-    since_warning: u64,
-    warned: Option<tokio::time::Instant>,
+/// The warning that a listener closes connections at its cap: at most one
+/// per [`CAP_WARNING_INTERVAL_MS`], saying how many were closed since.
+struct Refused(LogBudget);
+
+impl Default for Refused {
+    fn default() -> Refused {
+        Refused(LogBudget::new(
+            1,
+            Duration::from_millis(CAP_WARNING_INTERVAL_MS),
+        ))
+    }
 }
 
 impl Refused {
-    /// Counts one, logs it at debug, and warns when the last warning is
-    /// [`CAP_WARNING_INTERVAL_MS`] old, so a flood is visible but not
-    /// written line by line.
-    fn note(&mut self, name: &'static str, addr: std::net::SocketAddr, connections_max: usize) {
-        self.since_warning += 1;
+    /// Counts one, logs it at debug, and warns within the budget, so a
+    /// flood is visible but not written line by line.
+    fn note(&self, name: &'static str, addr: std::net::SocketAddr, connections_max: usize) {
         tracing::debug!(listener = name, %addr, connections_max, "connection closed at the cap");
-        let now = tokio::time::Instant::now();
-        let interval = Duration::from_millis(CAP_WARNING_INTERVAL_MS);
-        if self
-            .warned
-            .is_some_and(|at| now.duration_since(at) < interval)
-        {
-            return;
+        if let Logged::Write { suppressed } = self.0.admit(std::time::Instant::now()) {
+            tracing::warn!(
+                listener = name,
+                connections_max,
+                closed = suppressed + 1,
+                "the listener serves as many connections as it may: closing new ones at once"
+            );
         }
-        tracing::warn!(
-            listener = name,
-            connections_max,
-            closed = self.since_warning,
-            "the listener serves as many connections as it may: closing new ones at once"
-        );
-        self.warned = Some(now);
-        self.since_warning = 0;
     }
 }
 

@@ -5,7 +5,6 @@
 
 mod extract;
 mod problem;
-mod refusals;
 pub(crate) mod resolve;
 
 use std::sync::Arc;
@@ -23,9 +22,14 @@ use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
 pub(crate) use extract::strict_escapes;
-pub use refusals::{ADMIN_REFUSAL_LOG_LINES_MAX, ADMIN_REFUSAL_LOG_WINDOW};
-use refusals::{Logged, RefusalLog};
 pub use resolve::{ADMIN_API_ACTOR, result_header};
+
+use crate::log_budget::{LogBudget, Logged};
+
+/// The most lines a minute that say the admin API refused a request.
+pub const ADMIN_REFUSAL_LOG_LINES_MAX: u32 = 10;
+/// The window of [`ADMIN_REFUSAL_LOG_LINES_MAX`], in seconds.
+pub const ADMIN_REFUSAL_LOG_WINDOW_S: u64 = 60;
 
 /// The shortest admin token accepted, in bytes.
 pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
@@ -95,7 +99,10 @@ pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>, token: AdminToken) -
         store,
         metrics,
         token,
-        refusals: RefusalLog::default(),
+        refusals: LogBudget::new(
+            ADMIN_REFUSAL_LOG_LINES_MAX,
+            std::time::Duration::from_secs(ADMIN_REFUSAL_LOG_WINDOW_S),
+        ),
     });
     let resolve_route =
         only(Allowed::Post, post(resolve)).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX));
@@ -119,7 +126,7 @@ struct Admin {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     token: AdminToken,
-    refusals: RefusalLog,
+    refusals: LogBudget,
 }
 
 /// The one method an endpoint answers (`GET` also answers `HEAD`, without
