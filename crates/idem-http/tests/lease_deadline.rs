@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use idem_core::{FORWARD_MS_MIN, Store, SystemClock, lease::margin_ms};
+use idem_core::{FORWARD_MS_MIN, Store, lease::margin_ms};
 use idem_http::{IdempotencyLayer, LeaseDeadline, Route, RouteSpec};
-use idem_postgres::{PgOptions, PgStore};
-use idem_sqlite::{SqliteOptions, SqliteStore};
 use idem_testkit::late_ack::LateAck;
+use idem_testkit::stores::{Backend, open};
 use proptest::prelude::*;
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -61,78 +60,9 @@ proptest! {
     }
 }
 
-/// Which real store the case runs through.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// What to remove after a case: a temp dir, or a schema of its own.
-enum Cleanup {
-    Dir(#[allow(dead_code, reason = "held to delete it on drop")] tempfile::TempDir),
-    Schema(String),
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let Cleanup::Schema(schema) = self else {
-            return;
-        };
-        let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-        // A runtime of its own on a thread of its own: the guard drops
-        // inside the test's runtime.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let (client, connection) =
-                    tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls)
-                        .await
-                        .unwrap();
-                tokio::spawn(connection);
-                client.batch_execute(&sql).await.unwrap();
-            });
-        });
-        let _ = dropped.join();
-    }
-}
-
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-async fn open(backend: Backend) -> (Arc<dyn Store>, Cleanup) {
-    match backend {
-        Backend::Sqlite => {
-            let dir = tempfile::tempdir().unwrap();
-            let store = SqliteStore::open_with_clock(
-                dir.path().join("idem.db"),
-                SqliteOptions::default(),
-                Arc::new(SystemClock),
-            )
-            .unwrap();
-            (Arc::new(store), Cleanup::Dir(dir))
-        }
-        Backend::Postgres => {
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let schema = format!("idem_http_late_{}_{n}", std::process::id());
-            let options = PgOptions {
-                schema: schema.clone(),
-                ..PgOptions::default()
-            };
-            let store = PgStore::connect(&pg_url(), options).await.unwrap();
-            (Arc::new(store), Cleanup::Schema(schema))
-        }
-    }
-}
-
 async fn check(backend: Backend, ack_delay_ms: u64, upstream_ms: u64) {
-    let (store, _cleanup) = open(backend).await;
+    let opened = open(backend, "http_late").await;
+    let store = opened.store.clone();
     let late = Arc::new(LateAck::new(store));
     late.set_delay(Duration::from_millis(ack_delay_ms));
     let route = Route::new(&RouteSpec {

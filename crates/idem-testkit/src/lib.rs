@@ -16,6 +16,7 @@
 pub mod late_ack;
 pub mod pg_cluster;
 pub mod relay;
+pub mod stores;
 pub mod tls;
 
 /// A loopback port nobody listens on right now, for a process a test
