@@ -6,6 +6,8 @@
 //!   stdout, so a test can kill it at any instant and check the file.
 //! - [`relay::Relay`]: a loopback TCP relay that can stop forwarding, to
 //!   freeze one client's server (PostgreSQL) without freezing it for all.
+//! - [`disk_stall::DiskStall`]: a preload library that makes one process's
+//!   `fsync` calls wait, for a real binary's commit stalled on the disk.
 //! - [`late_ack::LateAck`]: a store wrapper whose claim answers arrive a
 //!   set time after the commit, for the deadline a lease gives a forward.
 //! - [`pg_cluster::PgCluster`]: a throwaway PostgreSQL primary and
@@ -13,6 +15,7 @@
 //! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
 
+pub mod disk_stall;
 pub mod late_ack;
 pub mod pg_cluster;
 pub mod relay;

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use idem_testkit::relay::Relay;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use support::rabbit::{
@@ -591,23 +590,10 @@ async fn a_store_that_stops_answering_runs_and_acks_nothing_until_it_answers_aga
     let bed = Bed::new().await;
     let q = unique("store-down");
     let schema = PgSchema::new("consume_store_down");
-    let server: tokio_postgres::Config = schema.url.parse().unwrap();
-    let port = server.get_ports().first().copied().unwrap_or(5432);
-    let relay = Relay::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
     // The consumer reaches PostgreSQL through the relay; the test reads the
     // records directly.
-    let (user, rest) = schema
-        .store_url()
-        .split_once('@')
-        .map(|(u, r)| (u.to_owned(), r.to_owned()))
-        .unwrap();
-    let (_, path) = rest.split_once('/').unwrap();
-    let relayed = format!(
-        "{user}@{}/{path}&operation_timeout_ms={OPERATION_TIMEOUT_MS}",
-        relay.addr()
-    );
+    let (relay, relayed) = schema.through_relay().await;
+    let relayed = format!("{relayed}&operation_timeout_ms={OPERATION_TIMEOUT_MS}");
     let config = bed
         .site
         .config(&consume_toml(&relayed, &bed.up, &[Sub::new(&q)]));

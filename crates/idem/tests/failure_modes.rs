@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use idem_core::{Clock, SystemClock, Timestamp};
 use idem_gateway::{GatewayConfig, Overrides};
 use idem_sqlite::{SqliteOptions, SqliteStore};
-use idem_testkit::relay::Relay;
 use support::{Gateway, PgSchema, Site, Upstream, key, post};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
@@ -85,21 +84,8 @@ const SLACK_MS: u64 = 2_000;
 async fn a_frozen_postgres_primary_answers_503_quickly_and_forwards_nothing() {
     let up = Upstream::start().await;
     let schema = PgSchema::new("frozen");
-    let server: tokio_postgres::Config = schema.url.parse().unwrap();
-    let port = server.get_ports().first().copied().unwrap_or(5432);
-    let relay = Relay::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
-    let (user, rest) = schema
-        .store_url()
-        .split_once('@')
-        .map(|(u, r)| (u.to_owned(), r.to_owned()))
-        .unwrap();
-    let (_, path) = rest.split_once('/').unwrap();
-    let store_url = format!(
-        "{user}@{}/{path}&operation_timeout_ms={OPERATION_TIMEOUT_MS}",
-        relay.addr()
-    );
+    let (relay, store_url) = schema.through_relay().await;
+    let store_url = format!("{store_url}&operation_timeout_ms={OPERATION_TIMEOUT_MS}");
     let gw = Gateway::start_url(&up.url(), &store_url, None);
     let first = post(&gw.url("/payouts"), &[key("before-freeze")], PAYOUT).await;
     assert_eq!(first.status, 201, "{first:?}");

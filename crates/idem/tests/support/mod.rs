@@ -332,6 +332,18 @@ impl Gateway {
         Gateway::spawn(upstream, &store, config, extra, (None, &[])).0
     }
 
+    /// [`Gateway::start`] with environment variables (a preload library
+    /// that stalls the disk).
+    pub fn start_env(
+        upstream: &str,
+        store: &Path,
+        config: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let store = format!("sqlite://{}", store.display());
+        Gateway::spawn(upstream, &store, config, &[], (None, env)).0
+    }
+
     /// Starts `idem serve` on an ephemeral port and waits until it listens.
     pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
         Gateway::spawn(upstream, store_url, config, &[], (None, &[])).0
@@ -770,6 +782,25 @@ impl PgSchema {
     pub fn store_url(&self) -> String {
         let sep = if self.url.contains('?') { '&' } else { '?' };
         format!("{}{sep}schema={}", self.url, self.name)
+    }
+
+    /// A relay in front of the server and the store URL that reaches the
+    /// schema through it (with a query, so a caller may append `&name=value`),
+    /// to freeze or delay this one client's server.
+    pub async fn through_relay(&self) -> (idem_testkit::relay::Relay, String) {
+        let server: tokio_postgres::Config = self.url.parse().unwrap();
+        let port = server.get_ports().first().copied().unwrap_or(5432);
+        let relay = idem_testkit::relay::Relay::start(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let (user, rest) = self
+            .store_url()
+            .split_once('@')
+            .map(|(u, r)| (u.to_owned(), r.to_owned()))
+            .unwrap();
+        let (_, path) = rest.split_once('/').unwrap();
+        let url = format!("{user}@{}/{path}", relay.addr());
+        (relay, url)
     }
 
     /// Runs one statement on a connection of its own.
