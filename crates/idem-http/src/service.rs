@@ -396,7 +396,7 @@ where
     };
     shared.metrics.observe_upstream(started.elapsed());
     trace::record_forward(&span, &outcome);
-    finish(shared, route, id, token, outcome).await
+    finish(shared, route, id, token, (outcome, deadline)).await
 }
 
 /// When a forward's lease ends, less its margin, in the gateway's own
@@ -543,7 +543,7 @@ async fn finish<ResBody, E>(
     route: &Route,
     id: &RecordId,
     token: Token,
-    outcome: Result<Response<ResBody>, E>,
+    (outcome, deadline): (Result<Response<ResBody>, E>, LeaseDeadline),
 ) -> Response<ResBody>
 where
     ResBody: HttpBody + From<Bytes>,
@@ -572,10 +572,15 @@ where
         return response;
     }
     let (parts, body) = response.into_parts();
-    let bytes = Limited::new(body, RESPONSE_BYTES_MAX)
-        .collect()
-        .await
-        .map(|c| c.to_bytes());
+    // The body is part of the forward: read past the lease, a retry or the
+    // reconciler could judge the attempt while its answer is still arriving.
+    let read = Limited::new(body, RESPONSE_BYTES_MAX).collect();
+    let bytes = match tokio::time::timeout_at(deadline.0.into(), read).await {
+        Ok(read) => read
+            .map(|c| c.to_bytes())
+            .map_err(|e| format!("the body could not be read: {e}")),
+        Err(_) => Err("the body did not end before the lease's deadline".to_owned()),
+    };
     let stored_headers = replay_headers(&parts.headers, route);
     let (result, passthrough) = match bytes {
         Ok(bytes) => {
@@ -584,10 +589,7 @@ where
                 Err(e) => (StoredResult::not_stored(&e.to_string()), Some(bytes)),
             }
         }
-        Err(e) => (
-            StoredResult::not_stored(&format!("the body could not be read: {e}")),
-            None,
-        ),
+        Err(why) => (StoredResult::not_stored(&why), None),
     };
     let completed = timed(
         &shared.metrics,
