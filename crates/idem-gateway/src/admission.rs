@@ -8,7 +8,8 @@
 //! buffered, from its arrival to the request's answer, counts against
 //! `body_buffer_bytes_max`, so that slow bodies and bodies in flight
 //! together never hold more memory than that, and a slow client holds only
-//! the bytes it sent.
+//! the bytes it sent. Once admitted, a request runs on a task of its own:
+//! a client that hangs up frees nothing it holds before its attempt ends.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -125,10 +126,24 @@ where
                     }
                 },
             };
-            let answer = inner.oneshot(req).await;
-            // The body's bytes count until the request is answered.
-            drop(reservation);
-            answer
+            // On a task of its own, so that a client that hangs up cancels
+            // nothing: the request keeps its in-flight slot and its body's
+            // bytes until its attempt has ended and recorded its outcome.
+            let answered = tokio::spawn(async move {
+                let answer = inner.oneshot(req).await;
+                // The body's bytes count until the request is answered.
+                drop(reservation);
+                answer
+            });
+            match answered.await {
+                Ok(answer) => answer,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Ok(Problem::new(
+                    ProblemKind::UpstreamFailed,
+                    "the request was stopped before it answered: the gateway is shutting down",
+                )
+                .into_response()),
+            }
         })
     }
 }

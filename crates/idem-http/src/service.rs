@@ -176,12 +176,11 @@ where
             let route = shared
                 .routes
                 .iter()
-                .enumerate()
-                .find(|(_, r)| r.matches(req.method(), req.uri().path()));
+                .position(|r| r.matches(req.method(), req.uri().path()));
             match route {
-                Some((index, route)) => {
-                    routed.record("http.route", route.pattern.as_str());
-                    let response = protect(&shared, (index, route), inner, req).await;
+                Some(index) => {
+                    routed.record("http.route", shared.routes[index].pattern.as_str());
+                    let response = detached(shared.clone(), index, inner, req).await;
                     // Problems made here and by the proxy carry their kind.
                     if let Some(kind) = response.extensions().get::<ProblemKind>() {
                         shared.metrics.problem(*kind);
@@ -232,6 +231,42 @@ fn normalize_uri(uri: &mut Uri) -> Result<(), Problem> {
     *uri = Uri::from_parts(parts)
         .map_err(|e| refused(format!("the normal form of the path is not a URI: {e}")))?;
     Ok(())
+}
+
+/// [`protect`] on a task of its own, so that a client that hangs up (its
+/// connection dropped, and with it the future that awaits this) cancels
+/// nothing: an attempt that holds a claim runs to its end and records its
+/// outcome, and the client's retry is answered with it. What the attempt
+/// holds is bounded as before, by its lease's deadline.
+async fn detached<S, ReqBody, ResBody>(
+    shared: Arc<Shared>,
+    index: usize,
+    inner: S,
+    req: Request<ReqBody>,
+) -> Response<ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Display + Send,
+    ReqBody: HttpBody + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: HttpBody + From<Bytes> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let attempt = async move {
+        let route = &shared.routes[index];
+        protect(&shared, (index, route), inner, req).await
+    };
+    match tokio::spawn(attempt.in_current_span()).await {
+        Ok(response) => response,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => problem(Problem::new(
+            ProblemKind::UpstreamFailed,
+            "the attempt was stopped before it answered: the runtime is shutting down",
+        )),
+    }
 }
 
 /// One protected request, start to end. Always answers: problems and

@@ -191,3 +191,59 @@ fn a_lease_shorter_than_the_response_timeout_is_refused() {
     );
     assert!(!site.store().exists(), "nothing was opened");
 }
+
+/// A client that sends a protected request and hangs up before the answer
+/// does not cancel the attempt: the forward runs to its end, the outcome
+/// is recorded, and the client's retry is answered with it as a replay,
+/// not with `409` until the lease ends and the record turns ambiguous.
+/// The abandoned attempt keeps its in-flight slot until it ends, so hang-ups
+/// cannot run more attempts at once than `requests_in_flight_max`.
+async fn hang_up_then_retry(store: &str) {
+    use tokio::io::AsyncWriteExt;
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let config = site.config("requests_in_flight_max = 1\n");
+    let gw = Gateway::start_url(&up.url(), store, Some(&config));
+    let body = PAYOUT;
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /slow-before?ms=800 HTTP/1.1\r\nhost: idem\r\nidempotency-key: hang-up-1\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let other = post(&gw.url("/payouts"), &[("idempotency-key", "other-1")], body).await;
+    assert_eq!(
+        other.status, 503,
+        "the abandoned attempt holds the one slot: {other:?}"
+    );
+    // The forward pays at 800 ms; its outcome is recorded right after.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let retry = post(
+        &gw.url("/slow-before?ms=800"),
+        &[("idempotency-key", "hang-up-1")],
+        body,
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{retry:?}\n{}", gw.logs());
+    assert_eq!(
+        retry.header("idempotent-replayed"),
+        Some("true"),
+        "{retry:?}"
+    );
+    assert_eq!(up.effects().len(), 1, "one payment");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_gets_the_outcome_on_its_retry_on_sqlite() {
+    let site = Site::new();
+    hang_up_then_retry(&format!("sqlite://{}", site.store().display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_gets_the_outcome_on_its_retry_on_postgres() {
+    hang_up_then_retry(&PgSchema::new("hang_up").store_url()).await;
+}
