@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use idem_http::{Route, RouteSpec};
+use idem_core::Policy;
+use idem_http::{Route, RouteSpec, WAIT_MS_LIMIT, WaitLimits};
 use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
 use serde::Deserialize;
 
@@ -66,6 +67,8 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// bodies still arriving and bodies of requests in flight together: what
 /// the default in-flight limit buffered with 1 MiB bodies.
 pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+/// The largest accepted `waiters_max` and `waiters_per_key_max`.
+pub const WAITERS_LIMIT: usize = 65_536;
 /// The largest accepted `body_buffer_bytes_max` (64 GiB).
 pub const BODY_BUFFER_BYTES_MAX_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
 
@@ -116,6 +119,10 @@ pub struct FileConfig {
     /// Request body bytes buffered at once; a body that finds no room is
     /// refused with 503.
     pub body_buffer_bytes_max: Option<u64>,
+    /// Requests that may wait for an original attempt at once, in all.
+    pub waiters_max: Option<u64>,
+    /// Requests that may wait for one key's original attempt at once.
+    pub waiters_per_key_max: Option<u64>,
     /// The region this node runs in, written on the records it acquires
     /// and used by `home-region` routes (see [`crate::regions::check_region`]).
     pub region: Option<String>,
@@ -249,6 +256,9 @@ pub struct GatewayConfig {
     /// route's `body_bytes_max`; a body that finds no room is answered 503
     /// `overloaded`, nothing claimed or forwarded.
     pub body_buffer_bytes_max: usize,
+    /// How many requests may wait for an original attempt at once
+    /// (`waiters_max`, `waiters_per_key_max`); beyond, 409 at once.
+    pub wait_limits: WaitLimits,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
     /// The directory of the config file: routes' contract paths are
@@ -483,14 +493,17 @@ impl GatewayConfig {
         };
         let (connections, admin_connections, body_read_timeout) =
             connection_bounds(&file).map_err(|(field, reason)| err(field, reason, true))?;
+        let wait_limits = wait_limits(&file).map_err(|(field, reason)| err(field, reason, true))?;
         let routes = if file.routes.is_empty() {
-            vec![Route::default_catch_all()]
+            let spec = with_wait_default(&RouteSpec::default(), response_timeout);
+            vec![Route::new(&spec).map_err(|e| err(e.field, e.reason, true))?]
         } else {
             file.routes
                 .iter()
                 .enumerate()
                 .map(|(i, spec)| {
-                    Route::new(&relative_to(spec, &base_dir)).map_err(|e| {
+                    let spec = with_wait_default(&relative_to(spec, &base_dir), response_timeout);
+                    Route::new(&spec).map_err(|e| {
                         let name = spec
                             .name
                             .as_deref()
@@ -610,6 +623,7 @@ impl GatewayConfig {
             admin_connections,
             body_read_timeout,
             body_buffer_bytes_max,
+            wait_limits,
             console_sessions,
         })
     }
@@ -820,6 +834,33 @@ fn body_buffer_bytes_max(file: &FileConfig, routes: &[Route]) -> Result<usize, S
         )),
         None => Ok(bytes),
     }
+}
+
+/// The route with `wait_ms_max` defaulted to the response timeout (the
+/// longest the attempt waited for can take), when that is within the lease.
+fn with_wait_default(spec: &RouteSpec, response_timeout: Duration) -> RouteSpec {
+    let timeout_ms = u64::try_from(response_timeout.as_millis()).unwrap_or(u64::MAX);
+    let lease_ms = spec.lease_ms.unwrap_or(Policy::DEFAULT.lease_ms());
+    let mut spec = spec.clone();
+    if spec.wait_ms_max.is_none() && timeout_ms <= lease_ms {
+        spec.wait_ms_max = Some(timeout_ms.min(WAIT_MS_LIMIT));
+    }
+    spec
+}
+
+/// `waiters_max` and `waiters_per_key_max`, in range.
+fn wait_limits(file: &FileConfig) -> Result<WaitLimits, (&'static str, String)> {
+    let d = WaitLimits::default();
+    let field = |name: &'static str, value: Option<u64>, default: usize| match value {
+        None => Ok(default),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=WAITERS_LIMIT).contains(n))
+            .ok_or_else(|| (name, format!("{n} is out of range (1..={WAITERS_LIMIT})"))),
+    };
+    let total = field("waiters_max", file.waiters_max, d.total)?;
+    let per_key = field("waiters_per_key_max", file.waiters_per_key_max, d.per_key)?;
+    Ok(WaitLimits { per_key, total })
 }
 
 /// The route with the files it names resolved against the config file's
@@ -1204,6 +1245,26 @@ mod tests {
             (
                 "connections_max = 0",
                 "idem.toml: connections_max: 0 is out of range (1..=65536)",
+            ),
+            (
+                "waiters_max = 0",
+                "idem.toml: waiters_max: 0 is out of range (1..=65536)",
+            ),
+            (
+                "waiters_per_key_max = 70000",
+                "idem.toml: waiters_per_key_max: 70000 is out of range (1..=65536)",
+            ),
+            (
+                "[[route]]\nwait_ms_max = 40000",
+                "idem.toml: route[0].wait_ms_max: 40000 ms is longer than the lease (30000 ms)",
+            ),
+            (
+                "[[route]]\nwait_ms = 2000\nwait_ms_max = 1000",
+                "idem.toml: route[0].wait_ms: 2000 ms is longer than wait_ms_max (1000 ms)",
+            ),
+            (
+                "[[route]]\nwait_ms = 26000",
+                "idem.toml: route[0].wait_ms: 26000 ms is longer than wait_ms_max (25000 ms)",
             ),
             (
                 "admin_connections_max = 65537",

@@ -93,7 +93,8 @@ pub async fn serve_with(
     // missed (a hand-built config) stops nothing half-started.
     let mut layer = IdempotencyLayer::new(store.clone(), config.routes.clone())
         .with_owner(config.owner.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_wait_limits(config.wait_limits);
     if let Some(region) = &config.region {
         layer = layer.with_region(region.clone()).map_err(|e| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("region: {e}"))

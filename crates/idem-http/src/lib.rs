@@ -50,12 +50,13 @@ mod request;
 mod route;
 mod service;
 mod trace;
+mod wait;
 
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
-    ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
+    ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp, WaitOutcome,
 };
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
@@ -65,9 +66,13 @@ pub use principal::{
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
-    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec,
+    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec, RouteWait,
 };
 pub use service::{
     Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER, RESPONSE_BYTES_MAX, read_body,
 };
 pub use trace::TRACESTATE_BYTES_MAX;
+pub use wait::{
+    WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT, WaitLimits,
+    preferred_wait_ms,
+};

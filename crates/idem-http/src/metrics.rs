@@ -38,6 +38,43 @@ pub struct Metrics {
     purged: [AtomicU64; 2],
     store_seconds: [Histogram; StoreOp::ALL.len()],
     upstream_seconds: Histogram,
+    waits: [AtomicU64; WaitOutcome::ALL.len()],
+}
+
+/// How a request that asked to wait for the original attempt ended, as
+/// counted in `idem_waits_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitOutcome {
+    /// The store's answer changed while it waited (a replay, an
+    /// acquisition after a release, an unknown outcome).
+    Answered,
+    /// The wait ended with the key still in flight: 409.
+    TimedOut,
+    /// Over the waiter limits: answered at once without waiting.
+    Refused,
+    /// The store failed while it waited.
+    StoreFailed,
+}
+
+impl WaitOutcome {
+    /// Every outcome, in the order they are rendered.
+    pub const ALL: [WaitOutcome; 4] = [
+        WaitOutcome::Answered,
+        WaitOutcome::TimedOut,
+        WaitOutcome::Refused,
+        WaitOutcome::StoreFailed,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitOutcome::Answered => "answered",
+            WaitOutcome::TimedOut => "timed_out",
+            WaitOutcome::Refused => "refused",
+            WaitOutcome::StoreFailed => "store_failed",
+        }
+    }
 }
 
 /// The claim decision, as counted in `idem_claims_total{decision}`.
@@ -168,6 +205,16 @@ impl Metrics {
         self.purged[1].fetch_add(report.deleted, Ordering::Relaxed);
     }
 
+    /// Counts one request that asked to wait for the original attempt.
+    pub fn wait(&self, outcome: WaitOutcome) {
+        bump(&self.waits[outcome as usize]);
+    }
+
+    /// The current value of `idem_waits_total{outcome}`.
+    pub fn waits(&self, outcome: WaitOutcome) -> u64 {
+        self.waits[outcome as usize].load(Ordering::Relaxed)
+    }
+
     /// Records how long one store operation took.
     pub fn observe_store(&self, op: StoreOp, elapsed: Duration) {
         self.store_seconds[op as usize].observe(elapsed);
@@ -255,6 +302,14 @@ impl Metrics {
             family(&mut out, name, help, "counter");
             let _ = writeln!(out, "{name} {}", load(value));
         }
+        let waits = WaitOutcome::ALL.map(|o| (o.as_str(), self.waits(o)));
+        labelled(
+            &mut out,
+            "idem_waits_total",
+            "Requests that waited for the original attempt of their key, by how the wait ended.",
+            "outcome",
+            &waits,
+        );
         self.render_resolutions(&mut out);
         let purged = [
             ("tombstoned", load(&self.purged[0])),

@@ -15,6 +15,7 @@ use crate::gate::RegionsSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
 use crate::request;
+use crate::wait::WAIT_MS_LIMIT;
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
@@ -75,6 +76,14 @@ pub struct RouteSpec {
     /// The route's region mode (`single`, `home-region`, `synchronous`);
     /// validated and enforced by the gateway, not by the layer.
     pub regions: Option<RegionsSpec>,
+    /// How long a request whose key is held by another attempt waits for
+    /// that attempt's outcome when it sends no `Prefer: wait`, in
+    /// milliseconds; default 0 (answered 409 at once).
+    pub wait_ms: Option<u64>,
+    /// The most any request waits, `Prefer: wait=N` included, in
+    /// milliseconds; at most the lease. Default: the lease less its margin
+    /// in the layer, `response_timeout_ms` in `idem serve`.
+    pub wait_ms_max: Option<u64>,
 }
 
 /// How the key is passed on to the upstream, as declared.
@@ -106,6 +115,23 @@ pub struct Route {
     pub(crate) forward_header: HeaderName,
     pub(crate) forward_template: KeyTemplate,
     pub(crate) contract: Option<std::path::PathBuf>,
+    pub(crate) wait: RouteWait,
+}
+
+/// How long a request on the route may wait for the original attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteWait {
+    /// The wait of a request that sends no `Prefer: wait`, in milliseconds.
+    pub default_ms: u64,
+    /// The most any request waits, in milliseconds.
+    pub max_ms: u64,
+}
+
+impl RouteWait {
+    /// The wait a request with `preferred` (from `Prefer: wait`) gets.
+    pub fn applied_ms(&self, preferred: Option<u64>) -> u64 {
+        preferred.unwrap_or(self.default_ms).min(self.max_ms)
+    }
 }
 
 /// What names the operation in the scope.
@@ -200,7 +226,9 @@ impl Route {
             ));
         }
         let forward = spec.forward_key.clone().unwrap_or_default();
+        let wait = route_wait(spec, &policy)?;
         Ok(Route {
+            wait,
             operation,
             methods,
             pattern,
@@ -300,6 +328,11 @@ impl Route {
     /// The header the route reads its key from.
     pub fn key_header(&self) -> &HeaderName {
         &self.key_header
+    }
+
+    /// How long a request may wait for the original attempt.
+    pub fn wait(&self) -> RouteWait {
+        self.wait
     }
 
     /// The largest body the route reads, in bytes (413 above it).
@@ -519,6 +552,31 @@ fn policy(spec: &RouteSpec) -> Result<Policy, RouteError> {
         spec.on_lease_expiry.unwrap_or(d.on_lease_expiry()),
     )
     .map_err(|e| err(e.field(), e.to_string()))
+}
+
+fn route_wait(spec: &RouteSpec, policy: &Policy) -> Result<RouteWait, RouteError> {
+    let lease_ms = policy.lease_ms();
+    let max_ms = match spec.wait_ms_max {
+        None => lease_ms.saturating_sub(idem_core::lease::margin_ms(lease_ms)),
+        Some(n) if n > lease_ms || n > WAIT_MS_LIMIT => {
+            return Err(err(
+                "wait_ms_max",
+                format!(
+                    "{n} ms is longer than the lease ({lease_ms} ms) or the limit \
+                     ({WAIT_MS_LIMIT} ms): the attempt waited for is over by the lease's end"
+                ),
+            ));
+        }
+        Some(n) => n,
+    };
+    let default_ms = spec.wait_ms.unwrap_or(0);
+    if default_ms > max_ms {
+        return Err(err(
+            "wait_ms",
+            format!("{default_ms} ms is longer than wait_ms_max ({max_ms} ms)"),
+        ));
+    }
+    Ok(RouteWait { default_ms, max_ms })
 }
 
 fn body_limit(declared: Option<usize>) -> Result<usize, RouteError> {

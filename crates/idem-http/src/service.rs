@@ -22,12 +22,13 @@ use tower::{Layer, Service};
 use tracing::Instrument;
 
 use crate::gate::{BeforeClaim, ClaimGate, Gate};
-use crate::metrics::{ClaimDecision, Metrics, StoreOp};
+use crate::metrics::{ClaimDecision, Metrics, StoreOp, WaitOutcome};
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
 use crate::trace;
+use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};
 
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -64,6 +65,7 @@ struct Shared {
     region: Option<String>,
     metrics: Arc<Metrics>,
     gate: Option<Arc<dyn ClaimGate>>,
+    waiters: Arc<Waiters>,
 }
 
 impl IdempotencyLayer {
@@ -78,6 +80,7 @@ impl IdempotencyLayer {
                 region: None,
                 metrics: Arc::default(),
                 gate: None,
+                waiters: Arc::new(Waiters::new(WaitLimits::default())),
             }),
         }
     }
@@ -110,6 +113,26 @@ impl IdempotencyLayer {
     /// key is claimed here.
     pub fn with_gate(self, gate: Arc<dyn ClaimGate>) -> IdempotencyLayer {
         self.edit(|shared| shared.gate = Some(gate))
+    }
+
+    /// Bounds how many requests may wait for an original attempt at once
+    /// (docs/http.md, "Waiting for the original"); beyond either limit a
+    /// request is answered at once, as if it had not asked to wait.
+    pub fn with_wait_limits(self, limits: WaitLimits) -> IdempotencyLayer {
+        self.edit(|shared| shared.waiters = Arc::new(Waiters::new(limits)))
+    }
+
+    /// Wakes the requests waiting on `id` to ask the store again: for a
+    /// store that reports another process's change to a record (PostgreSQL
+    /// notifications). This layer wakes them itself when it settles an
+    /// attempt on the key.
+    pub fn wake(&self, id: &RecordId) {
+        self.shared.waiters.wake(id);
+    }
+
+    /// How many requests wait for an original attempt now.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiters.waiting()
     }
 
     /// The metrics this layer counts into.
@@ -357,10 +380,26 @@ where
             .await;
         }
     }
+    // Held by another attempt: wait for its outcome, if asked and allowed.
+    let mut waited = None;
+    if let Ok(in_flight @ Claim::InFlight { .. }) = &claimed {
+        let wait_ms = route.wait().applied_ms(preferred_wait_ms(&parts.headers));
+        if wait_ms > 0 {
+            // Counted here; the answer the wait ends with is counted below.
+            shared.metrics.claim(in_flight);
+            match wait_for_original(shared, &claim_request, wait_ms).await {
+                Some((answer, at)) => {
+                    shared.metrics.wait(wait_outcome(&answer));
+                    (claimed, sent_at, waited) = (answer, at, Some(wait_ms));
+                }
+                None => shared.metrics.wait(WaitOutcome::Refused),
+            }
+        }
+    }
     let id = &claim_request.id;
     let claim = match claimed {
         Ok(claim) => claim,
-        Err(e) => return problem(store_unavailable(id, &e)),
+        Err(e) => return with_preference(problem(store_unavailable(id, &e)), waited),
     };
     shared.metrics.claim(&claim);
     match claim {
@@ -373,10 +412,74 @@ where
                 sent_at,
             };
             let req = (parts, body);
-            forward(shared, route, id, acquired, inner, req).await
+            let response = forward(shared, route, id, acquired, inner, req).await;
+            // The attempt is settled (or could not be): whoever waits on
+            // the key asks the store again.
+            shared.waiters.wake(id);
+            with_preference(response, waited)
         }
-        Claim::Replay { record } => replay(&record),
-        other => problem(refusal(route, id, other)),
+        Claim::Replay { record } => with_preference(replay(&record), waited),
+        other => with_preference(problem(refusal(route, id, other)), waited),
+    }
+}
+
+/// How a wait ended, as counted in `idem_waits_total{outcome}`.
+fn wait_outcome(answer: &Result<Claim, StoreError>) -> WaitOutcome {
+    match answer {
+        Ok(Claim::InFlight { .. }) => WaitOutcome::TimedOut,
+        Ok(_) => WaitOutcome::Answered,
+        Err(_) => WaitOutcome::StoreFailed,
+    }
+}
+
+/// Adds `Preference-Applied: wait=N` (seconds, rounded up) to the answer of
+/// a request that waited `waited` milliseconds for the original attempt.
+fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
+    if let Some(ms) = waited
+        && let Ok(value) = HeaderValue::from_str(&format!("wait={}", ms.div_ceil(1000)))
+    {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("preference-applied"), value);
+    }
+    response
+}
+
+/// Waits, up to `wait_ms`, for the attempt that holds the key: asks the
+/// claim again whenever the waiters are woken or it is this waiter's turn
+/// to poll, until the answer is other than in flight or the time is up.
+/// Returns the last answer and when its claim was sent, and whether the
+/// request waited at all (`None`: over the waiter limits, not registered).
+async fn wait_for_original(
+    shared: &Shared,
+    claim_request: &ClaimRequest,
+    wait_ms: u64,
+) -> Option<(Result<Claim, StoreError>, Instant)> {
+    let waiting = shared.waiters.register(&claim_request.id)?;
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let armed = waiting.armed();
+        tokio::pin!(armed);
+        armed.as_mut().enable();
+        let sent_at = Instant::now();
+        let claimed = timed(
+            &shared.metrics,
+            (StoreOp::Claim, &claim_request.id),
+            shared.store.claim(claim_request),
+            decision,
+        )
+        .await;
+        match &claimed {
+            Ok(Claim::InFlight { .. }) => {}
+            Ok(_) => {
+                waiting.changed();
+                return Some((claimed, sent_at));
+            }
+            Err(_) => return Some((claimed, sent_at)),
+        }
+        if waiting.next(armed.as_mut(), deadline).await == Wake::Done {
+            return Some((claimed, sent_at));
+        }
     }
 }
 

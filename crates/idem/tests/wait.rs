@@ -1,0 +1,235 @@
+//! Waiting for the original (docs/http.md): through `idem serve`, requests
+//! whose key is held by a running attempt wait for its outcome and get it
+//! as a replay instead of 409, on SQLite and on PostgreSQL with the
+//! waiters spread over two gateways; a wait cut short, a `Prefer` that
+//! cannot be read, the waiter limits and a waiter whose client hangs up
+//! each get today's answers and never a second effect.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Gateway, PgSchema, Reply, Site, Upstream, key, post};
+
+const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+/// The upstream pays after this long.
+const SLOW: &str = "/slow-before?ms=3000";
+
+/// Sends `n` requests with one key and `prefer` at once, spread over
+/// `gateways` in turn; returns the answers in the order they were sent.
+async fn burst(gateways: &[&Gateway], n: usize, k: &str, prefer: &str) -> Vec<Reply> {
+    let sends = (0..n).map(|i| {
+        let url = gateways[i % gateways.len()].url(SLOW);
+        let (k, prefer) = (k.to_owned(), prefer.to_owned());
+        tokio::spawn(
+            async move { post(&url, &[key(&k), ("prefer", prefer.as_str())], PAYOUT).await },
+        )
+    });
+    let mut replies = Vec::new();
+    for send in sends.collect::<Vec<_>>() {
+        replies.push(send.await.unwrap());
+    }
+    replies
+}
+
+/// One effect, every answer the same 201, all but one marked replayed and
+/// saying the wait was applied.
+fn all_got_the_one_outcome(up: &Upstream, replies: &[Reply], k: &str) {
+    let paid = up
+        .effects()
+        .iter()
+        .filter(|e| e.key.as_deref() == Some(k))
+        .count();
+    assert_eq!(paid, 1, "one effect");
+    let first = replies
+        .iter()
+        .find(|r| r.header("idempotent-replayed").is_none())
+        .expect("one answer is the attempt's own");
+    assert_eq!(first.status, 201, "{first:?}");
+    let mut replayed = 0;
+    for r in replies {
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (201, first.body.as_str()),
+            "{r:?}"
+        );
+        if r.header("idempotent-replayed") == Some("true") {
+            replayed += 1;
+            assert_eq!(r.header("preference-applied"), Some("wait=10"), "{r:?}");
+        }
+    }
+    assert_eq!(
+        replayed,
+        replies.len() - 1,
+        "all but the attempt are replays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_requests_with_one_key_wait_for_the_one_attempt_on_sqlite() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let replies = burst(&[&gw], 50, "fifty-1", "wait=10").await;
+    all_got_the_one_outcome(&up, &replies, "fifty-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_requests_over_two_gateways_wait_for_the_one_attempt_on_postgres() {
+    let up = Upstream::start().await;
+    let schema = PgSchema::new("wait_two");
+    let a = Gateway::start_url(&up.url(), &schema.store_url(), None);
+    let b = Gateway::start_url(&up.url(), &schema.store_url(), None);
+    let replies = burst(&[&a, &b], 50, "fifty-2", "wait=10").await;
+    all_got_the_one_outcome(&up, &replies, "fifty-2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cut_short_answers_409_and_still_one_effect() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let started = Instant::now();
+    let replies = burst(&[&gw], 20, "short-1", "wait=1").await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_900),
+        "the attempt ran to its end"
+    );
+    let (ran, waited): (Vec<_>, Vec<_>) = replies.iter().partition(|r| r.status == 201);
+    assert_eq!(ran.len(), 1, "{replies:?}");
+    for r in waited {
+        assert_eq!(r.status, 409, "{r:?}");
+        assert_eq!(
+            r.problem().as_deref(),
+            Some("urn:idem:problem:request-in-progress"),
+            "{r:?}"
+        );
+        assert!(r.header("retry-after").is_some(), "{r:?}");
+        assert_eq!(r.header("preference-applied"), Some("wait=1"), "{r:?}");
+    }
+    assert_eq!(up.effects().len(), 1);
+    // After the outcome, a retry is a replay.
+    let again = post(&gw.url(SLOW), &[key("short-1")], PAYOUT).await;
+    again.assert_replay_of(ran[0]);
+}
+
+/// A `Prefer` that cannot be read is ignored (the route's `wait_ms`, 0:
+/// 409 at once); a huge one is capped by `wait_ms_max`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefer_that_cannot_be_read_is_ignored_and_a_huge_one_is_capped() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let config = site.config(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\nwait_ms_max = 1500\n",
+    );
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url(SLOW);
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, &[key("odd-1")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for odd in [
+        "wait=-5",
+        "wait=abc",
+        "wait=1.5",
+        "wait",
+        "wait=",
+        "wait=0x10",
+        "wait=+3",
+        "wait=0",
+    ] {
+        let started = Instant::now();
+        let r = post(&url, &[key("odd-1"), ("prefer", odd)], PAYOUT).await;
+        assert_eq!(r.status, 409, "{odd}: {r:?}");
+        assert!(
+            r.header("preference-applied").is_none(),
+            "{odd}: not waited: {r:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{odd}: at once"
+        );
+    }
+    let started = Instant::now();
+    let huge = post(
+        &url,
+        &[key("odd-1"), ("prefer", "wait=99999999999999999999999999")],
+        PAYOUT,
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(huge.status, 409, "{huge:?}");
+    assert_eq!(
+        huge.header("preference-applied"),
+        Some("wait=2"),
+        "{huge:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1_400),
+        "waited its cap: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2_500),
+        "no more than its cap: {took:?}"
+    );
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(up.effects().len(), 1);
+}
+
+/// Beyond `waiters_per_key_max`, a request is answered at once, as if it
+/// had not asked to wait; a waiter whose client hangs up changes nothing
+/// for the others and no registration is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_over_the_limit_are_answered_at_once_and_a_hung_up_waiter_leaves_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let config = site.config("waiters_per_key_max = 2\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url(SLOW);
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, &[key("cap-1")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A waiter whose client hangs up at once.
+    let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST {SLOW} HTTP/1.1\r\nhost: idem\r\nidempotency-key: cap-1\r\nprefer: wait=10\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{PAYOUT}",
+        PAYOUT.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(conn);
+    // One more fits; the next is over the limit.
+    let waiter = {
+        let url = url.clone();
+        tokio::spawn(
+            async move { post(&url, &[key("cap-1"), ("prefer", "wait=10")], PAYOUT).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let over = post(&url, &[key("cap-1"), ("prefer", "wait=10")], PAYOUT).await;
+    assert_eq!(over.status, 409, "{over:?}");
+    assert!(started.elapsed() < Duration::from_millis(500), "at once");
+    assert!(over.header("preference-applied").is_none(), "{over:?}");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    waiter.await.unwrap().assert_replay_of(&first);
+    // Every registration is gone: two more waiters fit on the next attempt.
+    let next = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, &[key("cap-2")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let two = burst(&[&gw], 2, "cap-2", "wait=10").await;
+    let next = next.await.unwrap();
+    for r in &two {
+        r.assert_replay_of(&next);
+    }
+    assert_eq!(up.effects().len(), 2, "one effect per key");
+}
