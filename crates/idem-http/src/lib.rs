@@ -69,7 +69,8 @@ pub use route::{
     ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec, RouteWait,
 };
 pub use service::{
-    Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER, RESPONSE_BYTES_MAX, read_body,
+    EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
+    RESPONSE_BYTES_MAX, read_body,
 };
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{

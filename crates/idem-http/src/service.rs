@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -736,8 +736,10 @@ where
         |_| "completed",
     )
     .await;
+    let mut expires_at = None;
     match completed {
-        Ok(_) => {
+        Ok(record) => {
+            expires_at = record.expires_at;
             shared.metrics.completion(Completion::Final);
             tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed")
         }
@@ -748,10 +750,11 @@ where
             tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "could not record the result; the record will become ambiguous when its lease ends")
         }
     }
-    match passthrough {
+    let response = match passthrough {
         Some(bytes) => Response::from_parts(parts, ResBody::from(bytes)),
         None => stored_response(&result, false),
-    }
+    };
+    with_expiry(response, expires_at)
 }
 
 /// Releases or marks ambiguous; failures leave the record in progress,
@@ -817,9 +820,32 @@ fn replay_headers(
         .collect()
 }
 
+/// The header that says until when a stored result is replayed: an HTTP
+/// date, from the record's `expires_at` (the store's clock).
+pub const EXPIRES_HEADER: &str = "idempotency-expires";
+
+/// Adds [`EXPIRES_HEADER`] for a record that expires at `expires_at`.
+fn with_expiry<B>(
+    mut response: Response<B>,
+    expires_at: Option<idem_core::Timestamp>,
+) -> Response<B> {
+    let Some(at) = expires_at else {
+        return response;
+    };
+    let Some(when) = UNIX_EPOCH.checked_add(Duration::from_millis(at.as_millis())) else {
+        return response;
+    };
+    if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(when)) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(EXPIRES_HEADER), value);
+    }
+    response
+}
+
 fn replay<B: From<Bytes>>(record: &Record) -> Response<B> {
     match &record.result {
-        Some(result) => stored_response(result, true),
+        Some(result) => with_expiry(stored_response(result, true), record.expires_at),
         // A completed record always carries its result; a missing one means
         // the store lost it, which must not be answered as a fresh success.
         None => problem(Problem::new(

@@ -247,3 +247,51 @@ async fn a_client_that_hangs_up_gets_the_outcome_on_its_retry_on_sqlite() {
 async fn a_client_that_hangs_up_gets_the_outcome_on_its_retry_on_postgres() {
     hang_up_then_retry(&PgSchema::new("hang_up").store_url()).await;
 }
+
+/// Every answer that stored or replayed a result says until when the
+/// record is kept (`Idempotency-Expires`, an HTTP date): completion plus
+/// the route's retention, the same date on every replay; a refusal says
+/// nothing. On both stores.
+async fn answers_say_when_the_record_expires(store: &str) {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let config = site.config("[[route]]\nname = \"payouts\"\nretention_s = 3600\n");
+    let gw = Gateway::start_url(&up.url(), store, Some(&config));
+    let url = gw.url("/payouts");
+    let before = std::time::SystemTime::now();
+    let first = post(&url, &[("idempotency-key", "expires-1")], PAYOUT).await;
+    let after = std::time::SystemTime::now();
+    assert_eq!(first.status, 201, "{first:?}");
+    let stamp = first
+        .header("idempotency-expires")
+        .unwrap_or_else(|| panic!("{first:?}"));
+    let expires = httpdate::parse_http_date(stamp).unwrap();
+    let retention = Duration::from_secs(3600);
+    // An HTTP date has whole seconds; the store's clock may be a little off.
+    let slack = Duration::from_secs(5);
+    assert!(
+        expires + slack >= before + retention && expires <= after + retention + slack,
+        "{stamp}"
+    );
+    let again = post(&url, &[("idempotency-key", "expires-1")], PAYOUT).await;
+    again.assert_replay_of(&first);
+    assert_eq!(
+        again.header("idempotency-expires"),
+        Some(stamp),
+        "{again:?}"
+    );
+    let other = post(&url, &[("idempotency-key", "expires-1")], r#"{"amount":1}"#).await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert!(other.header("idempotency-expires").is_none(), "{other:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_say_when_the_record_expires_on_sqlite() {
+    let site = Site::new();
+    answers_say_when_the_record_expires(&format!("sqlite://{}", site.store().display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_say_when_the_record_expires_on_postgres() {
+    answers_say_when_the_record_expires(&PgSchema::new("expires").store_url()).await;
+}
