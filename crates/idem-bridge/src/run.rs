@@ -205,7 +205,7 @@ fn background(
     let mut stop = stop_rx.clone();
     let reconciled = reconciler.map(|r| {
         let stop = stop_rx.clone();
-        tokio::spawn(r.run(stopped(stop)))
+        tokio::spawn(async move { r.run(stopped(stop)).await })
     });
     // The gateway's purge: bounded batches per run, damaged rows named.
     let purge = tokio::spawn(idem_gateway::run_purge(

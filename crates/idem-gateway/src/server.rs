@@ -19,8 +19,8 @@ use axum::error_handling::HandleErrorLayer;
 use axum::response::Response;
 use http::Request;
 use idem_core::{Store, SystemClock};
-use idem_http::{IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver};
-use idem_reconcile::Reconciler;
+use idem_http::{IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver, SettleOnRetry};
+use idem_reconcile::{Reconciler, Settled};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
@@ -108,6 +108,12 @@ pub async fn serve_with(
     ) {
         layer = layer.with_gate(gate);
     }
+    // One reconciler: its scans, and the lookups of retries that meet an
+    // ambiguous record of a route with a lookup.
+    let reconciler = reconciler(config, store.clone(), metrics.clone()).map(Arc::new);
+    if let Some(reconciler) = &reconciler {
+        layer = layer.with_settle_on_retry(Arc::new(SettleByLookup(reconciler.clone())));
+    }
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -117,7 +123,10 @@ pub async fn serve_with(
         config.purge_interval,
         stop_rx.clone(),
     ));
-    let reconciler = start_reconciler(config, &store, &metrics, stop_rx.clone());
+    let reconciler = reconciler.map(|reconciler| {
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move { reconciler.run(stop).await })
+    });
     // A request in flight has its whole exchange, and then the grace.
     let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
@@ -259,18 +268,6 @@ fn home_headers(modes: &[RegionMode]) -> Vec<http::HeaderName> {
         .collect()
 }
 
-/// Starts the reconciler when any route has a lookup; it resolves ambiguous
-/// records by asking the provider and stops with the gateway.
-fn start_reconciler(
-    config: &GatewayConfig,
-    store: &Arc<dyn Store>,
-    metrics: &Arc<Metrics>,
-    stop: watch::Receiver<bool>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let reconciler = reconciler(config, store.clone(), metrics.clone())?;
-    Some(tokio::spawn(reconciler.run(stopped(stop))))
-}
-
 /// The reconciler for `config`'s lookups, counting into `metrics`; `None`
 /// when no route has a lookup.
 pub fn reconciler(
@@ -297,6 +294,24 @@ pub fn reconciler(
             tracing::error!(error = %e, "the reconciler cannot start");
             None
         }
+    }
+}
+
+/// A retry that meets an ambiguous record asks the reconciler to settle it
+/// at once (the same lookup, verdict, tries and backoff as its scans).
+struct SettleByLookup(Arc<Reconciler>);
+
+impl SettleOnRetry for SettleByLookup {
+    fn settle<'a>(
+        &'a self,
+        id: &'a idem_core::RecordId,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            matches!(
+                self.0.settle_now(id).await,
+                Settled::Resolved { .. } | Settled::Changed
+            )
+        })
     }
 }
 

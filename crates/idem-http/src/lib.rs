@@ -49,6 +49,7 @@ mod problem;
 mod request;
 mod route;
 mod service;
+mod settle;
 mod trace;
 mod wait;
 
@@ -72,6 +73,7 @@ pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
     RESPONSE_BYTES_MAX, read_body,
 };
+pub use settle::SettleOnRetry;
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
     WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT, WaitLimits,

@@ -27,6 +27,7 @@ use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
+use crate::settle::SettleOnRetry;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};
 
@@ -66,6 +67,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     gate: Option<Arc<dyn ClaimGate>>,
     waiters: Arc<Waiters>,
+    settler: Option<Arc<dyn SettleOnRetry>>,
 }
 
 impl IdempotencyLayer {
@@ -81,6 +83,7 @@ impl IdempotencyLayer {
                 metrics: Arc::default(),
                 gate: None,
                 waiters: Arc::new(Waiters::new(WaitLimits::default())),
+                settler: None,
             }),
         }
     }
@@ -120,6 +123,13 @@ impl IdempotencyLayer {
     /// request is answered at once, as if it had not asked to wait.
     pub fn with_wait_limits(self, limits: WaitLimits) -> IdempotencyLayer {
         self.edit(|shared| shared.waiters = Arc::new(Waiters::new(limits)))
+    }
+
+    /// Asks `settler` to settle an ambiguous record when a retry meets it
+    /// (the gateway's reconciler, for routes with a lookup), then asks the
+    /// claim again; without one, the retry gets 409 `outcome-unknown`.
+    pub fn with_settle_on_retry(self, settler: Arc<dyn SettleOnRetry>) -> IdempotencyLayer {
+        self.edit(|shared| shared.settler = Some(settler))
     }
 
     /// Wakes the requests waiting on `id` to ask the store again: for a
@@ -395,6 +405,22 @@ where
                 None => shared.metrics.wait(WaitOutcome::Refused),
             }
         }
+    }
+    // The outcome is unknown: settle it now if a lookup can, and ask again.
+    if let (Ok(Claim::OutcomeUnknown { .. }), Some(settler)) = (&claimed, &shared.settler)
+        && settler.settle(&claim_request.id).await
+    {
+        if let Ok(unknown) = &claimed {
+            shared.metrics.claim(unknown);
+        }
+        sent_at = Instant::now();
+        claimed = timed(
+            &shared.metrics,
+            (StoreOp::Claim, &claim_request.id),
+            shared.store.claim(&claim_request),
+            decision,
+        )
+        .await;
     }
     let id = &claim_request.id;
     let claim = match claimed {

@@ -68,7 +68,9 @@ pub use lookup::{
     TIMEOUT_MS_MAX, Verdict, scope_parts,
 };
 pub use probe::{Finding, Provider, ProviderFuture};
-pub use reconciler::{RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, TRACKED_MAX};
+pub use reconciler::{
+    RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, Settled, TRACKED_MAX,
+};
 pub use settings::{
     BACKOFF_MS_LIMIT, BATCH_LIMIT, CONCURRENCY_LIMIT, ConfigError, INTERVAL_S_LIMIT,
     MAX_TRIES_LIMIT, RATE_PER_S_LIMIT, ReconcileSettings, ReconcileSpec,

@@ -54,6 +54,39 @@ pub struct Reconciler {
     clock: Arc<dyn Clock>,
     on_resolution: Option<ResolutionHook>,
     scan: Mutex<ScanState>,
+    inline: Inline,
+}
+
+/// What [`Reconciler::settle_now`] keeps: one lookup per key at a time, and
+/// a bound on them all.
+struct Inline {
+    /// A second caller for the same key waits for the first's lookup and
+    /// then finds the record settled (or its backoff running).
+    keys: std::sync::Mutex<HashMap<RecordId, Arc<Mutex<()>>>>,
+    /// At most `concurrency` lookups at once besides the scans'; a caller
+    /// that finds none free asks nothing.
+    permits: tokio::sync::Semaphore,
+    rng: std::sync::Mutex<SplitMix64>,
+}
+
+/// What settling one record at once ([`Reconciler::settle_now`]) came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// This call resolved it: completed with the provider's answer (true)
+    /// or released as not executed (false).
+    Resolved {
+        /// Whether the provider found the effect.
+        completed: bool,
+    },
+    /// The record is no longer the ambiguous attempt it was (settled by
+    /// another caller, a scan or an operator, released, claimed again, or
+    /// gone): whatever it is now, the claim will say.
+    Changed,
+    /// Nothing decided now: its operation has no lookup, a backoff or the
+    /// lease still runs, the lookup failed (counted, as a scan's would be),
+    /// the store failed, or every inline lookup slot is taken.
+    NotNow,
 }
 
 /// What one scan did. Every scanned record is counted in exactly one of the
@@ -211,6 +244,11 @@ impl Reconciler {
         let seed = settings
             .seed()
             .unwrap_or_else(|| clock.now().as_millis() ^ (u64::from(std::process::id()) << 32));
+        let inline = Inline {
+            keys: std::sync::Mutex::new(HashMap::new()),
+            permits: tokio::sync::Semaphore::new(settings.concurrency()),
+            rng: std::sync::Mutex::new(SplitMix64::new(seed.rotate_left(17))),
+        };
         Ok(Reconciler {
             store,
             probers,
@@ -226,6 +264,7 @@ impl Reconciler {
                 rng: SplitMix64::new(seed),
                 next_start: Instant::now(),
             }),
+            inline,
         })
     }
 
@@ -289,9 +328,98 @@ impl Reconciler {
         report
     }
 
+    /// Settles the ambiguous record `id` now, if it is due, by the same
+    /// lookup, verdict, try count and backoff a scan uses: for a retry
+    /// that meets the record, so that it need not wait for the next scan.
+    /// One lookup per key at a time (a second caller waits for the first
+    /// and finds the record settled), at most `concurrency` at once
+    /// besides the scans' (none free: nothing is asked). Each lookup is
+    /// bounded by its own timeout.
+    pub async fn settle_now(&self, id: &RecordId) -> Settled {
+        let (operation, _) = scope_parts(id);
+        let Some(prober) = self.probers.get(operation).cloned() else {
+            return Settled::NotNow;
+        };
+        let key = {
+            let mut keys = self.inline.keys.lock().unwrap_or_else(|e| e.into_inner());
+            keys.entry(id.clone()).or_default().clone()
+        };
+        let step = {
+            let _one_at_a_time = key.lock().await;
+            self.settle_due(id, &*prober).await
+        };
+        {
+            let mut keys = self.inline.keys.lock().unwrap_or_else(|e| e.into_inner());
+            // The map's and this caller's: nobody else waits on the key.
+            if Arc::strong_count(&key) <= 2 {
+                keys.remove(id);
+            }
+        }
+        match step {
+            Some(Step::Resolved { completed }) => {
+                if let Some(hook) = &self.on_resolution {
+                    hook(
+                        RESOLVED_BY,
+                        if completed {
+                            "completed"
+                        } else {
+                            "not_executed"
+                        },
+                    );
+                }
+                Settled::Resolved { completed }
+            }
+            Some(Step::LookupFailed { reason, tries }) => {
+                tracing::info!(record = %id, tries = tries.failures, %reason, "lookup on retry failed; will try again");
+                Settled::NotNow
+            }
+            Some(Step::GaveUp { reason, tries }) => {
+                tracing::warn!(record = %id, tries = tries.failures, %reason, "ambiguous record needs an operator: every lookup failed");
+                Settled::NotNow
+            }
+            Some(Step::StoreFailed(reason)) => {
+                tracing::warn!(record = %id, %reason, "cannot record what the lookup on retry learned");
+                Settled::NotNow
+            }
+            Some(Step::Elsewhere) => Settled::Changed,
+            Some(Step::NotYet { .. }) | None => Settled::NotNow,
+        }
+    }
+
+    /// The lookup of `id` if it is ambiguous and due (its tries allow it
+    /// now); `None` when nothing was asked, [`Step::Elsewhere`] when the
+    /// record is not ambiguous any more.
+    async fn settle_due(&self, id: &RecordId, prober: &dyn Provider) -> Option<Step> {
+        let record = match self.store.get(id).await.ok()? {
+            Some(record) if record.state == State::Ambiguous => record,
+            _ => return Some(Step::Elsewhere),
+        };
+        // Taken only to ask: retries of a key being looked up wait on the
+        // key, not on a slot.
+        let _permit = self.inline.permits.try_acquire().ok()?;
+        let token = record.token;
+        let tries = self.store.lookup_tries(id, token).await.ok()?;
+        let tries_max = self.settings.max_tries();
+        let Triage::Ask { failures } = verdict::triage(tries.as_ref(), tries_max, self.clock.now())
+        else {
+            return None;
+        };
+        let backoff = Backoff {
+            base_ms: self.settings.backoff_ms(),
+            max_ms: self.settings.backoff_max_ms(),
+        };
+        let delay_ms = {
+            let mut rng = self.inline.rng.lock().unwrap_or_else(|e| e.into_inner());
+            backoff.delay_ms(failures.saturating_add(1), &mut rng)
+        };
+        let attempt = (id, token, record.lease_until);
+        let store = &*self.store;
+        Some(ask_and_record(store, &*self.clock, prober, attempt, (delay_ms, tries_max)).await)
+    }
+
     /// Runs a scan every `interval_s` until `shutdown` completes; a scan in
     /// progress is abandoned (lookups are reads, resolutions atomic).
-    pub async fn run<F: Future>(self, shutdown: F) {
+    pub async fn run<F: Future>(&self, shutdown: F) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -457,40 +585,14 @@ impl Reconciler {
             }
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
             let tries_max = self.settings.max_tries();
-            // One trace per looked-up record: the lookup, then its resolution.
-            let span = tracing::info_span!(
-                "idem.lookup",
-                idem.scope = %id.scope,
-                idem.key = %id.key,
-                idem.finding = Empty,
-                idem.verdict = Empty,
-            );
-            let lookup = span.clone();
             let task = async move {
-                // Taken before the question leaves: the answer is about the
-                // provider's ledger at some moment after this one.
-                let asked_at = clock.now();
-                let (answer, reason) = match prober.ask(&id).await {
-                    Finding::Found { result, reason } => (LookupAnswer::Found(result), reason),
-                    Finding::NotFound { reason } => (LookupAnswer::NotFound, reason),
-                    Finding::Failed { reason } => (LookupAnswer::Failed, reason),
-                };
-                lookup.record("idem.finding", finding_name(&answer));
-                let verdict = verdict::verdict(answer, asked_at, lease_until);
-                lookup.record("idem.verdict", verdict_name(&verdict));
-                let step = match verdict {
-                    Verdict::Resolve(outcome) => {
-                        resolve(&*store, &id, token, outcome, &reason).await
-                    }
-                    Verdict::AskAgain { at } => Step::NotYet { until: at },
-                    Verdict::CountFailure => {
-                        let next_at = clock.now().plus_millis(delay_ms);
-                        count_failure(&*store, &id, token, next_at, tries_max, reason).await
-                    }
-                };
+                let attempt = (&id, token, lease_until);
+                let step =
+                    ask_and_record(&*store, &*clock, &*prober, attempt, (delay_ms, tries_max))
+                        .await;
                 (id, token, step)
             };
-            tasks.spawn(task.instrument(span));
+            tasks.spawn(task);
         }
         while let Some(done) = tasks.join_next().await {
             self.settle(state, done, report);
@@ -641,6 +743,50 @@ impl ReconcileReport {
         self.errors += 1;
         self
     }
+}
+
+/// Asks `prober` about the attempt holding `token` of `id` (its lease ends
+/// at `lease_until`) and records what the one verdict makes of the answer:
+/// a resolution, or a failed lookup counted with the next try `delay_ms`
+/// away. The scans and [`Reconciler::settle_now`] both call this. One trace
+/// per looked-up record: the lookup, then its resolution.
+async fn ask_and_record(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    prober: &dyn Provider,
+    (id, token, lease_until): (&RecordId, Token, Timestamp),
+    (delay_ms, tries_max): (u64, u32),
+) -> Step {
+    let span = tracing::info_span!(
+        "idem.lookup",
+        idem.scope = %id.scope,
+        idem.key = %id.key,
+        idem.finding = Empty,
+        idem.verdict = Empty,
+    );
+    let lookup = span.clone();
+    let asked = async move {
+        // Taken before the question leaves: the answer is about the
+        // provider's ledger at some moment after this one.
+        let asked_at = clock.now();
+        let (answer, reason) = match prober.ask(id).await {
+            Finding::Found { result, reason } => (LookupAnswer::Found(result), reason),
+            Finding::NotFound { reason } => (LookupAnswer::NotFound, reason),
+            Finding::Failed { reason } => (LookupAnswer::Failed, reason),
+        };
+        lookup.record("idem.finding", finding_name(&answer));
+        let verdict = verdict::verdict(answer, asked_at, lease_until);
+        lookup.record("idem.verdict", verdict_name(&verdict));
+        match verdict {
+            Verdict::Resolve(outcome) => resolve(store, id, token, outcome, &reason).await,
+            Verdict::AskAgain { at } => Step::NotYet { until: at },
+            Verdict::CountFailure => {
+                let next_at = clock.now().plus_millis(delay_ms);
+                count_failure(store, id, token, next_at, tries_max, reason).await
+            }
+        }
+    };
+    asked.instrument(span).await
 }
 
 /// Counts a failed lookup of the attempt holding `token` in the store; a

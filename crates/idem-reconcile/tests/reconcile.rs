@@ -560,9 +560,13 @@ async fn run_scans_until_shutdown() {
             }
         }));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(reconciler.run(async move {
-        let _ = stop_rx.await;
-    }));
+    let running = tokio::spawn(async move {
+        reconciler
+            .run(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
 
     tokio::time::timeout(Duration::from_secs(10), resolved_rx)
         .await

@@ -88,12 +88,17 @@ async fn keys_with_quotes_are_their_own_intents_on_postgres() {
 #[derive(Clone, Default)]
 struct Provider {
     paid: Arc<Mutex<Vec<String>>>,
+    /// Keys `/lost-once` has seen.
+    seen: Arc<Mutex<Vec<String>>>,
+    /// Lookups answered.
+    lookups: Arc<Mutex<usize>>,
 }
 
 impl Provider {
     async fn start(self) -> String {
         let app = axum::Router::new()
             .route("/commit-late", axum::routing::post(commit_late))
+            .route("/lost-once", axum::routing::post(lost_once))
             .route("/by-key/{key}", axum::routing::get(by_key))
             .with_state(self);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -121,7 +126,29 @@ async fn commit_late(State(p): State<Provider>, headers: HeaderMap, _body: Bytes
     (StatusCode::CREATED, "{\"payout\":\"late\"}").into_response()
 }
 
+/// The first request with a key is lost (it answers too late and pays
+/// nothing); a later one pays at once.
+async fn lost_once(State(p): State<Provider>, headers: HeaderMap, _body: Bytes) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let first = {
+        let mut seen = p.seen.lock().unwrap();
+        let first = !seen.contains(&key);
+        seen.push(key.clone());
+        first
+    };
+    if first {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        return (StatusCode::CREATED, "{\"payout\":\"lost\"}").into_response();
+    }
+    p.paid.lock().unwrap().push(key);
+    (StatusCode::CREATED, "{\"payout\":\"paid\"}").into_response()
+}
+
 async fn by_key(State(p): State<Provider>, Path(key): Path<String>) -> Response {
+    *p.lookups.lock().unwrap() += 1;
     if p.paid.lock().unwrap().contains(&key) {
         (StatusCode::OK, "{\"payout\":\"found\"}").into_response()
     } else {
@@ -166,6 +193,91 @@ async fn an_early_not_found_never_releases_an_attempt_that_may_still_commit() {
     );
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     assert_eq!(provider.payouts(), 1, "paid once\n{}", gw.logs());
+}
+
+/// A retry that meets an unknown outcome settles it itself, at once, with
+/// the route's lookup, instead of 409 until the next scan (here an hour
+/// away): found → a replay of the provider's answer, nothing forwarded;
+/// not found before the lease ended → 409, nothing released; not found
+/// after → released, and this retry runs, once.
+async fn a_retry_settles_an_unknown_outcome_itself(store: &str) {
+    let provider = Provider::default();
+    let base = provider.clone().start().await;
+    let site = Site::new();
+    let lookup = format!("{base}/by-key/{{forwarded_key}}");
+    let config = site.config(&format!(
+        "response_timeout_ms = 1000\n\
+         [reconcile]\ninterval_s = 3600\nbackoff_ms = 50\nbackoff_max_ms = 200\n\
+         [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/commit-late\"\n\
+         lease_ms = 3500\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [[route]]\nname = \"lost\"\nmethods = [\"POST\"]\npath = \"/lost-once\"\n\
+         lease_ms = 3500\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [[lookup]]\nroute = \"payouts\"\nurl = \"{lookup}\"\ntimeout_ms = 500\n\
+         [[lookup]]\nroute = \"lost\"\nurl = \"{lookup}\"\ntimeout_ms = 500\n"
+    ));
+    let gw = Gateway::start_url(&base, store, Some(&config));
+    let (late, lost) = (gw.url("/commit-late"), gw.url("/lost-once"));
+    let started = std::time::Instant::now();
+    let (first_late, first_lost) = tokio::join!(
+        post(&late, &[("idempotency-key", "settle-1")], PAYOUT),
+        post(&lost, &[("idempotency-key", "settle-2")], PAYOUT),
+    );
+    assert_eq!(first_late.status, 504, "{first_late:?}");
+    assert_eq!(first_lost.status, 504, "{first_lost:?}");
+    // Not found while the lease runs proves nothing: 409, nothing released.
+    let early = post(&lost, &[("idempotency-key", "settle-2")], PAYOUT).await;
+    assert_eq!(early.status, 409, "{early:?}\n{}", gw.logs());
+    assert_eq!(
+        early.problem().as_deref(),
+        Some("urn:idem:problem:outcome-unknown"),
+        "{early:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(3_900).saturating_sub(started.elapsed())).await;
+    // Eight retries at once: one lookup, eight replays.
+    let lookups_before = *provider.lookups.lock().unwrap();
+    let retries = (0..8).map(|_| {
+        let late = late.clone();
+        tokio::spawn(async move { post(&late, &[("idempotency-key", "settle-1")], PAYOUT).await })
+    });
+    for retry in retries.collect::<Vec<_>>() {
+        let found = retry.await.unwrap();
+        assert_eq!(
+            (found.status, found.header("idempotent-replayed")),
+            (200, Some("true")),
+            "found: a replay of the provider's answer\n{found:?}\n{}",
+            gw.logs()
+        );
+    }
+    let lookups = *provider.lookups.lock().unwrap() - lookups_before;
+    assert_eq!(lookups, 1, "one lookup for eight retries of one key");
+    let ran = post(&lost, &[("idempotency-key", "settle-2")], PAYOUT).await;
+    assert_eq!(
+        (
+            ran.status,
+            ran.body.as_str(),
+            ran.header("idempotent-replayed")
+        ),
+        (201, "{\"payout\":\"paid\"}", None),
+        "not found after the lease: released, and this retry ran\n{ran:?}\n{}",
+        gw.logs()
+    );
+    let again = post(&lost, &[("idempotency-key", "settle-2")], PAYOUT).await;
+    again.assert_replay_of(&ran);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let paid = provider.paid.lock().unwrap().clone();
+    assert_eq!(paid.len(), 2, "one payment per key: {paid:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_settles_an_unknown_outcome_itself_on_sqlite() {
+    let site = Site::new();
+    a_retry_settles_an_unknown_outcome_itself(&format!("sqlite://{}", site.store().display()))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_settles_an_unknown_outcome_itself_on_postgres() {
+    a_retry_settles_an_unknown_outcome_itself(&PgSchema::new("settle_retry").store_url()).await;
 }
 
 /// The lease must outlast the response timeout: a config where it does not
