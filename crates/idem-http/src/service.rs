@@ -363,16 +363,7 @@ where
         region: shared.region.clone(),
         policy: *route.policy(),
     };
-    // Just before the claim is sent: the store decided after this instant,
-    // so its lease ends no earlier than `sent_at` plus the lease it granted.
-    let mut sent_at = Instant::now();
-    let mut claimed = timed(
-        &shared.metrics,
-        (StoreOp::Claim, &claim_request.id),
-        shared.store.claim(&claim_request),
-        decision,
-    )
-    .await;
+    let (mut claimed, mut sent_at) = claim(shared, &claim_request).await;
     // A record written before fingerprint version 2 holds this request's
     // version 1 fingerprint: only then is it computed, and the claim asked
     // again with it (a second atomic decision over the record as it is now).
@@ -380,14 +371,7 @@ where
         let legacy = request::legacy_fingerprint(&parts, route, &body);
         if legacy.as_ref() == Some(stored) {
             claim_request.legacy_fingerprint = legacy;
-            sent_at = Instant::now();
-            claimed = timed(
-                &shared.metrics,
-                (StoreOp::Claim, &claim_request.id),
-                shared.store.claim(&claim_request),
-                decision,
-            )
-            .await;
+            (claimed, sent_at) = claim(shared, &claim_request).await;
         }
     }
     // Held by another attempt: wait for its outcome, if asked and allowed.
@@ -413,14 +397,7 @@ where
         if let Ok(unknown) = &claimed {
             shared.metrics.claim(unknown);
         }
-        sent_at = Instant::now();
-        claimed = timed(
-            &shared.metrics,
-            (StoreOp::Claim, &claim_request.id),
-            shared.store.claim(&claim_request),
-            decision,
-        )
-        .await;
+        (claimed, sent_at) = claim(shared, &claim_request).await;
     }
     let id = &claim_request.id;
     let claim = match claimed {
@@ -487,14 +464,7 @@ async fn wait_for_original(
         let armed = waiting.armed();
         tokio::pin!(armed);
         armed.as_mut().enable();
-        let sent_at = Instant::now();
-        let claimed = timed(
-            &shared.metrics,
-            (StoreOp::Claim, &claim_request.id),
-            shared.store.claim(claim_request),
-            decision,
-        )
-        .await;
+        let (claimed, sent_at) = claim(shared, claim_request).await;
         match &claimed {
             Ok(Claim::InFlight { .. }) => {}
             Ok(_) => {
@@ -507,6 +477,21 @@ async fn wait_for_original(
             return Some((claimed, sent_at));
         }
     }
+}
+
+/// Asks the store's claim, timed; returns its answer and the instant just
+/// before it was sent: the store decided after it, so a lease it granted
+/// ends no earlier than that instant plus the lease.
+async fn claim(shared: &Shared, req: &ClaimRequest) -> (Result<Claim, StoreError>, Instant) {
+    let sent_at = Instant::now();
+    let claimed = timed(
+        &shared.metrics,
+        (StoreOp::Claim, &req.id),
+        shared.store.claim(req),
+        decision,
+    )
+    .await;
+    (claimed, sent_at)
 }
 
 /// What an acquiring claim gave this attempt: its token, the lease the
