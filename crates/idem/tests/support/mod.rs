@@ -344,6 +344,13 @@ impl Gateway {
         Gateway::spawn(upstream, &store, config, &[], (None, env)).0
     }
 
+    /// Starts `idem serve` on `listen` (a port named in advance, to start
+    /// it again there after a kill) with the store URL and config file.
+    pub fn start_listen(upstream: &str, store_url: &str, config: &Path, listen: &str) -> Gateway {
+        let extra = ["--listen", listen];
+        Gateway::spawn(upstream, store_url, Some(config), &extra, (None, &[])).0
+    }
+
     /// Starts `idem serve` on an ephemeral port and waits until it listens.
     pub fn start_url(upstream: &str, store_url: &str, config: Option<&Path>) -> Gateway {
         Gateway::spawn(upstream, store_url, config, &[], (None, &[])).0
