@@ -233,3 +233,92 @@ async fn waiters_over_the_limit_are_answered_at_once_and_a_hung_up_waiter_leaves
     }
     assert_eq!(up.effects().len(), 2, "one effect per key");
 }
+
+/// A retry storm: 1,000 requests asking to wait for ten keys in flight.
+/// `waiters_max` of them wait and get the replay; the rest are answered
+/// 409 at once, and the gateway's memory grows by less than
+/// [`STORM_RSS_KIB_PER_REQUEST`] per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_storm_waits_within_the_limits_and_answers_the_excess_at_once() {
+    const STORM: usize = 1_000;
+    const WAITERS: usize = 400;
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let config = site.config(&format!(
+        "waiters_max = {WAITERS}\nrequests_in_flight_max = 2048\nconnections_max = 2048\n"
+    ));
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url("/slow-before?ms=4000");
+    let originals: Vec<_> = (0..10)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, &[key(&format!("storm-{i}"))], PAYOUT).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = gw.rss_kib();
+    let started = Instant::now();
+    let storm: Vec<_> = (0..STORM)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let reply = post(
+                    &url,
+                    &[key(&format!("storm-{}", i % 10)), ("prefer", "wait=10")],
+                    PAYOUT,
+                )
+                .await;
+                (reply, started.elapsed())
+            })
+        })
+        .collect();
+    // While the storm waits.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let during = gw.rss_kib();
+    let mut firsts = Vec::new();
+    for original in originals {
+        firsts.push(original.await.unwrap());
+    }
+    let (mut replayed, mut refused) = (0, 0);
+    for done in storm {
+        let (reply, took) = done.await.unwrap();
+        match reply.status {
+            201 => {
+                assert_eq!(
+                    reply.header("idempotent-replayed"),
+                    Some("true"),
+                    "{reply:?}"
+                );
+                replayed += 1;
+            }
+            409 => {
+                assert!(reply.header("preference-applied").is_none(), "{reply:?}");
+                assert!(took < Duration::from_millis(3_000), "at once: {took:?}");
+                refused += 1;
+            }
+            _ => panic!("{reply:?}"),
+        }
+    }
+    let grown = during.saturating_sub(before);
+    eprintln!(
+        "retry storm: {STORM} requests, {replayed} waited and replayed, {refused} refused at \
+         once; RSS {before} KiB before, {during} KiB while waiting (+{grown} KiB, {} KiB per \
+         request)",
+        grown / STORM as u64
+    );
+    assert_eq!(replayed, WAITERS, "waiters_max waited");
+    assert_eq!(refused, STORM - WAITERS, "the excess was refused");
+    assert!(
+        grown < STORM_RSS_KIB_PER_REQUEST * STORM as u64,
+        "RSS grew {grown} KiB for {STORM} requests"
+    );
+    assert_eq!(up.effects().len(), 10, "one effect per key");
+    for first in firsts {
+        assert_eq!(first.status, 201);
+    }
+}
+
+/// The memory one request of a storm may cost the gateway while it waits or
+/// is refused (its connection, its buffered body, its task), in KiB:
+/// docs/http.md states the bound.
+const STORM_RSS_KIB_PER_REQUEST: u64 = 64;

@@ -476,6 +476,16 @@ impl Gateway {
         format!("http://{}{path}", self.addr)
     }
 
+    /// The process's resident memory, in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
     /// SIGSTOP or SIGCONT: freeze or thaw the process.
     pub fn signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
