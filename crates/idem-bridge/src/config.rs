@@ -129,6 +129,13 @@ pub struct SubscriptionSpec {
     /// outcome unknown) is held back before it comes again, in
     /// milliseconds; default 5 000 (1–3 600 000).
     pub retry_after_max_ms: Option<u64>,
+    /// How long a delivery that finds its intent in flight (another
+    /// delivery runs it) waits for that attempt's outcome before it is held
+    /// back, in milliseconds; it asks again every 250 ms and acks the
+    /// replay once the attempt completed. Default: `response_timeout_ms`
+    /// (less, to stay within a NATS `ack_wait_ms`); 0 waits not at all; at
+    /// most the lease.
+    pub wait_ms: Option<u64>,
     /// After this many deliveries, a message that is still not final goes
     /// to the dead-letter destination (`undecided`) instead of being handed
     /// back again; default: never. Set it at or below a broker's own limit
@@ -193,6 +200,8 @@ pub struct Subscription {
     pub retry_after_max: Duration,
     /// Deliveries after which a message still not final is dead-lettered.
     pub max_deliveries: Option<u64>,
+    /// How long a delivery whose intent is in flight waits for its outcome.
+    pub wait: Duration,
     /// The contract file, resolved against the config file's directory.
     pub contract: Option<PathBuf>,
     /// The broker.
@@ -495,6 +504,8 @@ fn subscription(
             ),
         ));
     }
+    let wait_ms = wait_ms(spec, &policy, response_timeout_ms, broker.ack_wait_ms())
+        .map_err(|reason| (at("wait_ms"), reason))?;
     // The broker would stop delivering a message after its own limit:
     // the bridge dead-letters it at that delivery instead.
     let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
@@ -514,6 +525,7 @@ fn subscription(
         message_bytes_max: usize::try_from(message_bytes_max).unwrap_or(MESSAGE_BYTES_MAX_DEFAULT),
         retry_after_max: Duration::from_millis(retry_after_max_ms),
         max_deliveries,
+        wait: Duration::from_millis(wait_ms),
         contract: spec.contract.as_ref().map(|c| base_dir.join(c)),
         broker,
     })
@@ -582,6 +594,37 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// A subscription's `wait_ms`: by default the response timeout, less
+/// where a NATS `ack_wait_ms` must still cover the wait and the delivery
+/// after it (or JetStream hands the message to another worker meanwhile);
+/// one that is set must fit the lease and that window.
+fn wait_ms(
+    spec: &SubscriptionSpec,
+    policy: &Policy,
+    response_timeout_ms: u64,
+    ack_wait_ms: Option<u64>,
+) -> Result<u64, String> {
+    let window = ack_wait_ms.map(|ack| ack.saturating_sub(response_timeout_ms).saturating_sub(1));
+    let Some(wait_ms) = spec.wait_ms else {
+        return Ok(window.map_or(response_timeout_ms, |w| w.min(response_timeout_ms)));
+    };
+    if wait_ms > policy.lease_ms() {
+        return Err(format!(
+            "{wait_ms} ms is longer than the lease ({} ms): the attempt waited for is over by then",
+            policy.lease_ms()
+        ));
+    }
+    if let (Some(ack), Some(window)) = (ack_wait_ms, window)
+        && wait_ms > window
+    {
+        return Err(format!(
+            "{wait_ms} ms plus response_timeout_ms ({response_timeout_ms} ms) must be shorter \
+             than nats.ack_wait_ms ({ack} ms), or JetStream delivers the message again meanwhile"
+        ));
+    }
+    Ok(wait_ms)
+}
 
 #[cfg(test)]
 mod tests {
@@ -760,6 +803,26 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
 
     /// Each mistake is refused naming the field it is in.
     #[test]
+    fn the_default_wait_is_the_response_timeout_and_fits_a_nats_ack_wait() {
+        let config = load(GOOD).unwrap();
+        assert_eq!(
+            config.subscriptions[0].wait,
+            Duration::from_millis(RESPONSE_TIMEOUT_MS_DEFAULT)
+        );
+        let nats = GOOD.replace(
+            "[subscription.rabbitmq]\nqueue = \"payouts\"",
+            "[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nack_wait_ms = 15000",
+        );
+        let config = load(&nats).unwrap();
+        assert_eq!(config.subscriptions[0].wait, Duration::from_millis(4_999));
+        let none = GOOD.replace(
+            "[subscription.rabbitmq]",
+            "wait_ms = 0\n[subscription.rabbitmq]",
+        );
+        assert_eq!(load(&none).unwrap().subscriptions[0].wait, Duration::ZERO);
+    }
+
+    #[test]
     fn every_mistake_names_its_field() {
         let cases = [
             (
@@ -824,6 +887,20 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                     "concurrency = 0\n[subscription.rabbitmq]",
                 ),
                 "subscription[0].concurrency",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "wait_ms = 40000\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].wait_ms",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]\nqueue = \"payouts\"",
+                    "wait_ms = 20000\n[subscription.nats]\nstream = \"P\"\nsubjects = [\"p\"]\nack_wait_ms = 25000",
+                ),
+                "subscription[0].wait_ms",
             ),
             (
                 GOOD.replace(

@@ -42,6 +42,7 @@ impl Subscriber {
         region: Option<&str>,
     ) -> Result<Subscriber, String> {
         let mut run = RunOnce::new(store, sub.policy, sub.completion.clone())
+            .with_wait(sub.wait)
             .with_owner(owner)
             .map_err(|e| format!("owner {owner:?}: {e}"))?;
         if let Some(region) = region {

@@ -82,6 +82,9 @@ pub struct RunOnce {
     completion: CompletionTable,
     owner: String,
     region: Option<String>,
+    /// How long a delivery that finds its intent in flight waits for that
+    /// attempt's outcome.
+    wait: Duration,
 }
 
 /// What a message asks for: the record it claims and the fingerprint of
@@ -257,7 +260,17 @@ impl RunOnce {
             completion,
             owner: format!("idem-consume-{}", std::process::id()),
             region: None,
+            wait: Duration::ZERO,
         }
+    }
+
+    /// Lets a delivery that finds its intent in flight (another delivery
+    /// runs it) wait up to `wait` for that attempt's outcome, asking the
+    /// claim again every [`idem_core::lease::WAIT_POLL_MS`], instead of
+    /// being handed back at once: a completion is then acked as a replay,
+    /// a release runs it here. Zero (the default) waits not at all.
+    pub fn with_wait(self, wait: Duration) -> RunOnce {
+        RunOnce { wait, ..self }
     }
 
     /// Labels the records this runner acquires with `owner` (a consumer
@@ -307,11 +320,8 @@ impl RunOnce {
             policy: self.policy,
         };
         let id = &request.id;
-        // Just before the claim is sent: the store decided after this, so
-        // its lease ends no earlier than this plus the lease it granted.
-        let sent_at = Instant::now();
-        let claim = match self.store.claim(&request).await {
-            Ok(claim) => claim,
+        let (claim, sent_at) = match self.claim_waiting(&request).await {
+            Ok(claimed) => claimed,
             Err(e) => {
                 tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "store unavailable; nothing was run");
                 return retry(STORE_RETRY_MS, RetryReason::StoreUnavailable(e));
@@ -351,6 +361,26 @@ impl RunOnce {
         match AssertUnwindSafe(effect).catch_unwind().await {
             Ok(answer) => self.finish(id, token, answer).await,
             Err(panic) => self.after_panic(id, token, panic).await,
+        }
+    }
+
+    /// Asks the claim, and while another attempt holds the key and the
+    /// wait allows, asks again every [`idem_core::lease::WAIT_POLL_MS`]: the
+    /// same decision each time, so a later answer is what a redelivery then
+    /// would have got. Returns the last answer and the instant just before
+    /// its claim was sent (the store decided after it, so a lease it
+    /// granted ends no earlier than that instant plus the lease).
+    async fn claim_waiting(&self, request: &ClaimRequest) -> Result<(Claim, Instant), StoreError> {
+        let deadline = Instant::now() + self.wait;
+        let poll = Duration::from_millis(idem_core::lease::WAIT_POLL_MS);
+        loop {
+            let sent_at = Instant::now();
+            let claim = self.store.claim(request).await?;
+            let now = Instant::now();
+            if !matches!(claim, Claim::InFlight { .. }) || now >= deadline {
+                return Ok((claim, sent_at));
+            }
+            tokio::time::sleep_until((now + poll).min(deadline).into()).await;
         }
     }
 

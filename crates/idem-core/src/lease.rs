@@ -23,6 +23,12 @@ pub const LEASE_MARGIN_MS_MAX: u64 = 1_000;
 /// cut at the deadline and leave an unknown outcome behind.
 pub const FORWARD_MS_MIN: u64 = 50;
 
+/// How often, at most, a claimant waiting for another attempt's outcome
+/// asks the claim again when nothing told it the record changed, in
+/// milliseconds: the gateway's waiters (one per key) and `idem consume`'s
+/// deliveries both poll at this pace.
+pub const WAIT_POLL_MS: u64 = 250;
+
 /// What a claimant that acquired a lease may still do with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseLeft {

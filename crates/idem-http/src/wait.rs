@@ -27,8 +27,8 @@ use tokio::sync::Notify;
 
 /// How often, at most, one waiter per key asks the store again when
 /// nothing woke it, in milliseconds: the fallback for a change the store
-/// could not report (another gateway's completion without notifications).
-pub const WAIT_POLL_MS: u64 = 250;
+/// could not report (another gateway's completion).
+pub use idem_core::lease::WAIT_POLL_MS;
 
 /// The most a route may let a request wait, in milliseconds (`wait_ms_max`).
 pub const WAIT_MS_LIMIT: u64 = 300_000;

@@ -90,6 +90,33 @@ async fn one_intent_republished_under_three_message_ids_runs_once_and_all_are_ac
     bed.drop_streams(&[&s]).await;
 }
 
+/// Copies that arrive while the first one's endpoint call runs wait for its
+/// outcome (`wait_ms`, by default the response timeout) and are acked with
+/// its replay: none is handed back to come again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_arriving_while_the_first_runs_wait_for_it_and_are_acked_with_its_replay() {
+    let bed = Bed::new().await;
+    let s = unique("wait");
+    // The default wait is the response timeout (1.5 s), which JetStream's
+    // ack wait must cover together with the delivery after it.
+    let sub = Sub {
+        deliver: "/slow?ms=1000".into(),
+        ack_wait_ms: 6_000,
+        ..Sub::new(&s)
+    };
+    let consumer = Consumer::start(&bed.config(&[sub]), 1);
+    let intent = payout(847, "2026-W36", 1200);
+    for id in ["m-1", "m-2", "m-3"] {
+        bed.nats.publish(&s, &intent, id).await;
+    }
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    let stopped = stop_settled(&bed.nats, &bed.store_url(), 1, &drained(&s), vec![consumer]).await;
+    bed.assert_effects(&[(&payout_key(847, "2026-W36"), 1)]);
+    let c = settled(&stopped, "payouts");
+    assert_eq!((c.acked, c.retried, c.dead_lettered), (3, 0, 0), "{c:?}");
+    bed.drop_streams(&[&s]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_between_the_effect_and_the_ack_never_repeats_the_effect() {
     let bed = Bed::new().await;

@@ -54,6 +54,7 @@ macro_rules! run_once_suite {
             concurrent_deliveries_run_the_effect_once,
             a_key_past_retention_is_rejected_as_late,
             the_runner_s_region_is_on_the_records_it_acquires,
+            waiting_deliveries_are_acked_with_the_replay,
         );
     };
     (@each $make:path; $($name:ident),* $(,)?) => {
@@ -570,6 +571,72 @@ pub async fn concurrent_deliveries_run_the_effect_once(h: &Harness) {
         };
         check_concurrent(&seen, &expect_first);
     }
+}
+
+/// Deliveries that find their intent in flight and may wait for it get
+/// its outcome: the first runs, every other one is acked with its replay,
+/// none is handed back in flight. A release lets one waiter run after it;
+/// a wait shorter than the effect still hands the message back.
+pub async fn waiting_deliveries_are_acked_with_the_replay(h: &Harness) {
+    let hold = Duration::from_millis(300);
+    let runner = h.runner().with_wait(Duration::from_secs(3));
+    let effects = Arc::new(Effects::default());
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (runner, effects, intent) =
+                (runner.clone(), Arc::clone(&effects), intent("w-1", 7));
+            tokio::spawn(async move {
+                // The first is under way before the others arrive.
+                tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 50 })).await;
+                seen(
+                    &runner
+                        .run(&intent, |_| effects.run(Answer::Status(201), hold))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    assert_eq!(effects.runs(), 1, "{outcomes:?}");
+    assert_eq!(outcomes[0], Seen::Executed(stored(201, 1)), "{outcomes:?}");
+    for other in &outcomes[1..] {
+        assert_eq!(*other, Seen::Replayed(stored(201, 1)), "{outcomes:?}");
+    }
+    // The first answers 425 (released): one waiter acquires and runs.
+    let effects = Arc::new(Effects::default());
+    let (first, second) = {
+        let (r1, e1, i1) = (runner.clone(), Arc::clone(&effects), intent("w-2", 7));
+        let (r2, e2, i2) = (runner.clone(), Arc::clone(&effects), intent("w-2", 7));
+        let first =
+            tokio::spawn(
+                async move { seen(&r1.run(&i1, |_| e1.run(Answer::Status(425), hold)).await) },
+            );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = tokio::spawn(async move {
+            seen(
+                &r2.run(&i2, |_| e2.run(Answer::Status(201), Duration::ZERO))
+                    .await,
+            )
+        });
+        (first.await.unwrap(), second.await.unwrap())
+    };
+    assert_eq!((first, effects.runs()), (Seen::Released, 2));
+    assert_eq!(second, Seen::Executed(stored(201, 2)));
+    // A wait shorter than the effect: handed back in flight, as without one.
+    let short = h.runner().with_wait(Duration::from_millis(100));
+    let effects = Arc::new(Effects::default());
+    let (r1, e1, i1) = (short.clone(), Arc::clone(&effects), intent("w-3", 7));
+    let first =
+        tokio::spawn(
+            async move { seen(&r1.run(&i1, |_| e1.run(Answer::Status(201), hold)).await) },
+        );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let later = deliver(&short, &effects, "w-3", 7, Answer::Status(201)).await;
+    assert_eq!(seen(&later), Seen::InFlight);
+    assert_eq!(first.await.unwrap(), Seen::Executed(stored(201, 1)));
 }
 
 /// `deliveries` concurrent deliveries of one intent, the effect holding
