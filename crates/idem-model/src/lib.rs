@@ -89,11 +89,19 @@ pub enum Protocol {
     /// arrives, not from the claim's sending: a late answer forwards on a
     /// lease that may be over (the defect of a fixed response timeout).
     ForwardOnStaleLease,
+    /// A waiter woken after the attempt it waited for released the key
+    /// forwards its request without a claim of its own (it takes the wake
+    /// for permission), so nothing stops another client's claim.
+    WaiterForwardsUnclaimed,
+    /// A retry's inline lookup trusts a "not found" whenever it was asked,
+    /// as if its question came after the lease: the defect
+    /// `lookup-during-lease` was for the reconciler, on the new path.
+    InlineLookupDuringLease,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 12] = [
+    pub const ALL: [Protocol; 14] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -106,6 +114,8 @@ impl Protocol {
         Protocol::FastPathAnswersAcquire,
         Protocol::LockedClaimOnStaleRead,
         Protocol::ForwardOnStaleLease,
+        Protocol::WaiterForwardsUnclaimed,
+        Protocol::InlineLookupDuringLease,
     ];
 
     /// The name used on the command line and in reports.
@@ -123,6 +133,8 @@ impl Protocol {
             Protocol::FastPathAnswersAcquire => "fast-path-answers-acquire",
             Protocol::LockedClaimOnStaleRead => "locked-claim-on-stale-read",
             Protocol::ForwardOnStaleLease => "forward-on-stale-lease",
+            Protocol::WaiterForwardsUnclaimed => "waiter-forwards-unclaimed",
+            Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
         }
     }
 
@@ -150,6 +162,12 @@ pub struct Bound {
     /// get its answer at once. One client late covers the gap between a
     /// commit and its answer for the attempt a second client then races.
     pub late_answer_clients: usize,
+    /// Clients whose request, told another attempt holds the key, may wait
+    /// and ask the claim again (the first ones), as `Prefer: wait` does.
+    pub waiting_clients: usize,
+    /// Clients whose request, told the outcome is unknown, may have the
+    /// retry's inline lookup settle it and ask again (the first ones).
+    pub settling_clients: usize,
     /// How deep the checker looks, the start being at depth 1: states
     /// this deep are neither checked nor expanded, so depth 12 checks
     /// every trace of up to 10 steps.
@@ -165,6 +183,8 @@ impl Bound {
         requests_per_client: 2,
         fast_path_clients: 1,
         late_answer_clients: 1,
+        waiting_clients: 1,
+        settling_clients: 1,
         depth_max: 12,
     };
 }
@@ -214,6 +234,11 @@ pub mod property {
     pub const LOOKUP_FAILS: &str = "a failed lookup is counted";
     /// Reachability: a retry is answered by a replay.
     pub const RETRY_REPLAYS: &str = "a retry can be answered by a replay";
+    /// Reachability: a waiter asks again and is answered by a replay.
+    pub const WAITER_REPLAYED: &str = "a waiter is answered by a replay";
+    /// Reachability: a retry's inline lookup resolves the unknown outcome
+    /// and the claim after it replays or acquires.
+    pub const SETTLED_ON_RETRY: &str = "a retry settles an unknown outcome itself";
     /// Reachability: the fast path answers from a read whose record or
     /// clock is no longer the store's.
     pub const STALE_READ_ANSWERED: &str = "a stale unlocked read can be answered";
@@ -259,7 +284,7 @@ pub struct IdemModel {
     bound: Bound,
     start: Timestamp,
     id: RecordId,
-    request: ClaimRequest,
+    pub(crate) request: ClaimRequest,
     /// The upstream's answer for each effect: status 201, body the effect's index.
     results: Vec<StoredResult>,
     not_found: Resolution,
@@ -354,6 +379,7 @@ impl IdemModel {
         answer: Answer,
         asked_at: Timestamp,
         lease_until: Timestamp,
+        inline: bool,
     ) -> idem_core::verdict::Verdict {
         use idem_core::verdict::{LookupAnswer, verdict};
         let answer = match (answer, self.protocol) {
@@ -369,8 +395,9 @@ impl IdemModel {
             }
             (Answer::Failed, _) => LookupAnswer::Failed,
         };
-        let asked_at = match self.protocol {
-            Protocol::LookupDuringLease | Protocol::ResolveSkipsLease => asked_at.max(lease_until),
+        let asked_at = match (self.protocol, inline) {
+            (Protocol::LookupDuringLease | Protocol::ResolveSkipsLease, _)
+            | (Protocol::InlineLookupDuringLease, true) => asked_at.max(lease_until),
             _ => asked_at,
         };
         verdict(answer, asked_at, lease_until)
@@ -423,6 +450,16 @@ impl IdemModel {
             Protocol::ForwardOnStaleLease => 0,
             _ => claimed_at.millis_until(now),
         }
+    }
+
+    /// Whether `client`'s request may wait for the attempt holding the key.
+    fn may_wait(&self, client: usize) -> bool {
+        client < self.bound.waiting_clients
+    }
+
+    /// Whether `client`'s request may settle an unknown outcome itself.
+    fn may_settle(&self, client: usize) -> bool {
+        client < self.bound.settling_clients
     }
 
     /// Whether `client` may claim through the unlocked fast path.
@@ -611,6 +648,10 @@ impl Model for IdemModel {
             Property::sometimes(property::RETRY_REPLAYS, |_, w: &World| {
                 told_effects(w).any(|(_, replayed)| replayed)
             }),
+            Property::sometimes(property::WAITER_REPLAYED, |_, w: &World| w.waiter_replayed),
+            Property::sometimes(property::SETTLED_ON_RETRY, |_, w: &World| {
+                w.settled_on_retry
+            }),
             Property::sometimes(property::STALE_READ_ANSWERED, |m: &IdemModel, w: &World| {
                 m.stale_read_answered(w)
             }),
@@ -671,7 +712,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {} on the fast path, {} with late answers, {:.1?}",
+            "protocol {}: {} unique states ({} generated), depth {} of {}, {} clients x {} requests, {} on the fast path, {} with late answers, {} waiting, {} settling on retry, {:.1?}",
             self.protocol.name(),
             self.unique_states,
             self.states,
@@ -681,6 +722,8 @@ impl std::fmt::Display for Report {
             self.bound.requests_per_client,
             self.bound.fast_path_clients.min(self.bound.clients),
             self.bound.late_answer_clients.min(self.bound.clients),
+            self.bound.waiting_clients.min(self.bound.clients),
+            self.bound.settling_clients.min(self.bound.clients),
             self.elapsed,
         )?;
         for name in &self.unreached {

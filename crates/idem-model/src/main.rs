@@ -27,6 +27,12 @@ struct Args {
     /// Clients whose claims' answers may also arrive late, after the commit.
     #[arg(long, default_value_t = Bound::DEFAULT.late_answer_clients)]
     late_answer_clients: usize,
+    /// Clients whose request may wait for the attempt holding the key.
+    #[arg(long, default_value_t = Bound::DEFAULT.waiting_clients)]
+    waiting_clients: usize,
+    /// Clients whose retry may settle an unknown outcome with a lookup.
+    #[arg(long, default_value_t = Bound::DEFAULT.settling_clients)]
+    settling_clients: usize,
     /// Which protocol: real, a mutant's name, or all.
     #[arg(long, default_value = "all", value_parser = parse_protocols)]
     protocol: Protocols,
@@ -52,6 +58,8 @@ fn main() -> ExitCode {
         requests_per_client: args.requests,
         fast_path_clients: args.fast_path_clients,
         late_answer_clients: args.late_answer_clients,
+        waiting_clients: args.waiting_clients,
+        settling_clients: args.settling_clients,
         depth_max: args.depth,
     };
     let mut failed = false;

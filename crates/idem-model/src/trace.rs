@@ -10,7 +10,7 @@ use stateright::Path;
 use crate::world::{Action, Answer, Gateway, ReadFirst, Receipt, Resolver, Told, World};
 use crate::{IdemModel, world};
 
-const ACTORS: [&str; 2] = ["reconciler", "operator"];
+const ACTORS: [&str; 3] = ["reconciler", "operator", "the retry's inline lookup"];
 
 /// The steps of `path`, each followed by the world it led to, and how
 /// many there are. A trace that breaks `property` ends with what it was
@@ -115,6 +115,12 @@ fn describe(model: &IdemModel, w: &World, action: Action) -> String {
                 ),
                 _ => format!("{actor} resolves"),
             }
+        }
+        Action::Wake { client } => {
+            format!("client {client}'s waiting request asks the claim again")
+        }
+        Action::Settle { client } => {
+            format!("client {client}'s retry asks the claim again after its inline lookup")
         }
         Action::Purge => "retention purge".into(),
         Action::Advance => "clock advances to the next deadline".into(),

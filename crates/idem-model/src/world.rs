@@ -9,6 +9,13 @@
 //! moments, answered by `decision::answer_without_write` when the claim
 //! writes nothing, and otherwise a claim under the lock made at `Decide`.
 //!
+//! A request told that another attempt holds the key may wait for it
+//! (`Pending::Waiting`) and ask the claim again later (`Wake`), as the
+//! gateway's waiters and `idem consume` do; one told the outcome is unknown
+//! may have the retry's inline lookup settle it (`Pending::Settling`, the
+//! third resolver) and then ask the claim again (`Settle`). Both answer
+//! only what a claim answers.
+//!
 //! A claim's answer reaches the gateway at once or late ([`Receipt`]):
 //! the store commits at `Request`, and a late answer arrives at `Ack`, with
 //! any steps and any time in between. Only then does the gateway know what
@@ -39,14 +46,20 @@ pub struct World {
     pub clients: Vec<Client>,
     /// The effects the upstream committed, in order.
     pub effects: Vec<Effect>,
-    /// The reconciler (0) and the operator (1).
-    pub resolvers: [Resolver; 2],
+    /// The reconciler (0), the operator (1), and the inline lookup of a
+    /// retry that met an unknown outcome (2), one per key at a time.
+    pub resolvers: [Resolver; 3],
     /// Every verdict the store accepted.
     pub verdicts: Vec<Verdict>,
     /// The failed lookups the store keeps for the record:
     /// `(token, failures, next_at)` of [`LookupTries`], which does not
     /// derive `Hash`.
     pub tries: Option<(Token, u32, Timestamp)>,
+    /// Reachability: a waiter asked the claim again and got a replay.
+    pub waiter_replayed: bool,
+    /// Reachability: a retry's inline lookup resolved the record, and the
+    /// claim asked after it replayed or acquired.
+    pub settled_on_retry: bool,
 }
 
 /// The stored record. A wrapper only because `Record` does not derive
@@ -103,6 +116,30 @@ pub struct Client {
     pub told: Vec<Told>,
     /// The unlocked read begun for the request in hand, not yet decided.
     pub reading: Option<Read>,
+    /// A request in hand whose answer is not given yet.
+    pub pending: Pending,
+}
+
+/// A request whose claim answered, but whose client is not told yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Pending {
+    /// Nothing pending.
+    #[default]
+    None,
+    /// Told another attempt holds the key, it waits to ask again.
+    Waiting,
+    /// Told the outcome is unknown, it waits for the inline lookup (or
+    /// none) and then asks again.
+    Settling,
+}
+
+/// Which ask of one request a claim's answer is: the first, the waiter's
+/// second, or the one after the inline lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ask {
+    First,
+    Waited,
+    Settled,
 }
 
 /// Which half of an unlocked read the store took first: that half is as
@@ -216,6 +253,8 @@ pub struct Verdict {
     pub landed_on: Token,
     /// Whether the verdict said the effect happened.
     pub executed: bool,
+    /// Whether a retry's inline lookup gave it.
+    pub by_retry: bool,
 }
 
 /// One step of one actor.
@@ -294,6 +333,18 @@ pub enum Action {
         /// 0: the reconciler, 1: the operator.
         resolver: usize,
     },
+    /// A waiting request asks the claim again (woken by a settle or its
+    /// poll), under the store's lock.
+    Wake {
+        /// Which client.
+        client: usize,
+    },
+    /// After the inline lookup (or without one, when none was due), the
+    /// retry that met an unknown outcome asks the claim again.
+    Settle {
+        /// Which client.
+        client: usize,
+    },
     /// The retention purge passes over the record.
     Purge,
     /// The clock moves to the next deadline (a lease, retention, the
@@ -322,9 +373,11 @@ impl World {
             attempts: Vec::new(),
             clients: vec![Client::default(); model.bound.clients],
             effects: Vec::new(),
-            resolvers: [Resolver::Idle; 2],
+            resolvers: [Resolver::Idle; 3],
             verdicts: Vec::new(),
             tries: None,
+            waiter_replayed: false,
+            settled_on_retry: false,
         }
     }
 
@@ -354,6 +407,15 @@ impl World {
                 for first in [ReadFirst::Clock, ReadFirst::Record] {
                     out.push(Action::Decide { client, first });
                 }
+            }
+            match c.pending {
+                Pending::Waiting => out.push(Action::Wake { client }),
+                // The inline lookup is single-flight: asked again once it
+                // is over, or at once when none is due.
+                Pending::Settling if self.resolvers[2] == Resolver::Idle => {
+                    out.push(Action::Settle { client });
+                }
+                _ => {}
             }
             if !self.may_request(model, client, c) {
                 continue;
@@ -398,14 +460,17 @@ impl World {
         if record.is_some_and(|r| r.state == State::InProgress && self.now >= r.lease_until) {
             out.push(Action::Sweep);
         }
+        let settling = self.clients.iter().any(|c| c.pending == Pending::Settling);
         for (resolver, r) in self.resolvers.iter().enumerate() {
             match r {
+                // The inline lookup only for a retry that met the unknown outcome.
+                Resolver::Idle if resolver == 2 && !settling => {}
                 Resolver::Idle if record.is_some_and(|r| self.may_look(resolver, r)) => {
                     out.push(Action::Look {
                         resolver,
                         fails: false,
                     });
-                    if resolver == 0 {
+                    if resolver != 1 {
                         out.push(Action::Look {
                             resolver,
                             fails: true,
@@ -441,6 +506,8 @@ impl World {
             Action::Sweep => w.sweep(model)?,
             Action::Look { resolver, fails } => w.look(resolver, fails)?,
             Action::Resolve { resolver } => w.resolve(model, resolver)?,
+            Action::Wake { client } => w.wake(model, client)?,
+            Action::Settle { client } => w.settle(model, client)?,
             Action::Purge => {
                 let write = decision::purge(w.record()?, w.now);
                 w.apply(write);
@@ -451,14 +518,15 @@ impl World {
     }
 
     /// Whether a resolver may read `record` now and ask the provider: the
-    /// operator whenever it is ambiguous; the reconciler only as its triage
-    /// of the tries the store keeps allows (`verdict::triage`: not during a
-    /// backoff, not after `MAX_TRIES` failures).
+    /// operator whenever it is ambiguous; the reconciler and a retry's
+    /// inline lookup only as the triage of the tries the store keeps allows
+    /// (`verdict::triage`: not during a backoff, not after `MAX_TRIES`
+    /// failures).
     fn may_look(&self, resolver: usize, record: &Record) -> bool {
         if record.state != State::Ambiguous {
             return false;
         }
-        resolver != 0
+        resolver == 1
             || matches!(
                 verdict::triage(
                     self.tries_of(record.token).as_ref(),
@@ -478,6 +546,7 @@ impl World {
         !waiting
             && !satisfied
             && c.reading.is_none()
+            && c.pending == Pending::None
             && usize::from(c.sent) < model.bound.requests_per_client
             && self.now < model.replay_horizon()
     }
@@ -486,7 +555,7 @@ impl World {
         let attempts = self.attempts.len();
         self.send(client)?;
         let claim = model.claim(self);
-        self.tell(client, claim)?;
+        self.tell(model, client, claim, Ask::First)?;
         match (receipt, self.attempts.len() > attempts) {
             (Receipt::Late, true) => Some(()),
             // A late answer that acquired nothing tells the same later.
@@ -552,7 +621,7 @@ impl World {
             }
             None => model.claim_after_read(self, record.as_ref(), now),
         };
-        self.tell(client, claim)?;
+        self.tell(model, client, claim, Ask::First)?;
         // The fast path's answer reaches the gateway at once.
         match self.attempts.len() > attempts {
             true => self.ack(model, attempts),
@@ -567,9 +636,74 @@ impl World {
         Some(())
     }
 
+    /// A waiting request asks the claim again under the lock; in the
+    /// mutant, a waiter that finds the key released forwards without a
+    /// claim of its own.
+    fn wake(&mut self, model: &IdemModel, client: usize) -> Option<()> {
+        if self.clients.get(client)?.pending != Pending::Waiting {
+            return None;
+        }
+        let attempts = self.attempts.len();
+        let claim = match model.protocol() {
+            Protocol::WaiterForwardsUnclaimed if self.record.is_none() => {
+                // The claim it skipped, and the write it never made.
+                let mut last = self.last_token;
+                let (claim, _unwritten) = decision::claim(None, &model.request, self.now, || {
+                    last = last.saturating_add(1);
+                    Token(last)
+                });
+                self.last_token = last;
+                claim
+            }
+            _ => model.claim(self),
+        };
+        self.tell(model, client, claim, Ask::Waited)?;
+        match self.attempts.len() > attempts {
+            true => self.ack(model, attempts),
+            false => Some(()),
+        }
+    }
+
+    /// The retry that met an unknown outcome asks the claim again once the
+    /// inline lookup is over (or none was due).
+    fn settle(&mut self, model: &IdemModel, client: usize) -> Option<()> {
+        if self.clients.get(client)?.pending != Pending::Settling {
+            return None;
+        }
+        let attempts = self.attempts.len();
+        let claim = model.claim(self);
+        self.tell(model, client, claim, Ask::Settled)?;
+        match self.attempts.len() > attempts {
+            true => self.ack(model, attempts),
+            false => Some(()),
+        }
+    }
+
     /// Tells the client the claim's answer; an acquisition starts an
-    /// attempt, whose gateway answers later.
-    fn tell(&mut self, client: usize, claim: Claim) -> Option<()> {
+    /// attempt, whose gateway answers later. A first "in flight" makes a
+    /// client that may wait wait, and an "unknown" makes one that may
+    /// settle on retry wait for the inline lookup, instead of telling it.
+    fn tell(&mut self, model: &IdemModel, client: usize, claim: Claim, ask: Ask) -> Option<()> {
+        self.clients.get_mut(client)?.pending = Pending::None;
+        match (&claim, ask) {
+            (Claim::InFlight { .. }, Ask::First) if model.may_wait(client) => {
+                self.clients.get_mut(client)?.pending = Pending::Waiting;
+                return Some(());
+            }
+            (Claim::OutcomeUnknown { .. }, Ask::First | Ask::Waited)
+                if model.may_settle(client) =>
+            {
+                self.clients.get_mut(client)?.pending = Pending::Settling;
+                return Some(());
+            }
+            (Claim::Replay { .. }, Ask::Waited) => self.waiter_replayed = true,
+            (Claim::Replay { .. } | Claim::Acquired { .. }, Ask::Settled)
+                if self.verdicts.iter().any(|v| v.by_retry) =>
+            {
+                self.settled_on_retry = true;
+            }
+            _ => {}
+        }
         let told = match claim {
             Claim::Acquired {
                 token,
@@ -693,7 +827,8 @@ impl World {
             return None;
         };
         *self.resolvers.get_mut(resolver)? = Resolver::Idle;
-        let (verdict, executed) = match model.verdict(answer, asked_at, lease_until) {
+        let inline = resolver == 2;
+        let (verdict, executed) = match model.verdict(answer, asked_at, lease_until, inline) {
             verdict::Verdict::Resolve(Outcome::Completed { result }) => {
                 (model.found_with(result)?, true)
             }
@@ -712,6 +847,7 @@ impl World {
                 about: token,
                 landed_on: landed_on?,
                 executed,
+                by_retry: resolver == 2,
             });
         }
         Some(())
