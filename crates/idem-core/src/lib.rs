@@ -79,7 +79,7 @@ pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use header_bytes::HeaderBytes;
 pub use jcs::{JcsError, JsonPointer};
 pub use key::{IdempotencyKey, KEY_BYTES_MAX, KeyError};
-pub use lease::{FORWARD_MS_MIN, LEASE_MARGIN_MS_MAX, LeaseLeft, lease_left};
+pub use lease::{FORWARD_MS_MIN, LEASE_MARGIN_MS_MAX, LeaseLeft, WAIT_POLL_MS, lease_left};
 pub use memory::MemoryStore;
 pub use policy::{HORIZON_S_MAX, LEASE_MS_MAX, LEASE_MS_MIN, LeaseExpiry, Policy, PolicyError};
 pub use record::{

@@ -375,16 +375,19 @@ where
         }
     }
     // Held by another attempt: wait for its outcome, if asked and allowed.
+    // `Preference-Applied` answers a request that sent the preference.
     let mut waited = None;
     if let Ok(in_flight @ Claim::InFlight { .. }) = &claimed {
-        let wait_ms = route.wait().applied_ms(preferred_wait_ms(&parts.headers));
+        let preferred = preferred_wait_ms(&parts.headers);
+        let wait_ms = route.wait().applied_ms(preferred);
         if wait_ms > 0 {
             // Counted here; the answer the wait ends with is counted below.
             shared.metrics.claim(in_flight);
             match wait_for_original(shared, &claim_request, wait_ms).await {
                 Some((answer, at)) => {
                     shared.metrics.wait(wait_outcome(&answer));
-                    (claimed, sent_at, waited) = (answer, at, Some(wait_ms));
+                    (claimed, sent_at) = (answer, at);
+                    waited = preferred.map(|_| wait_ms);
                 }
                 None => shared.metrics.wait(WaitOutcome::Refused),
             }
@@ -436,7 +439,7 @@ fn wait_outcome(answer: &Result<Claim, StoreError>) -> WaitOutcome {
 }
 
 /// Adds `Preference-Applied: wait=N` (seconds, rounded up) to the answer of
-/// a request that waited `waited` milliseconds for the original attempt.
+/// a request that asked to wait and waited up to `waited` milliseconds.
 fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
     if let Some(ms) = waited
         && let Ok(value) = HeaderValue::from_str(&format!("wait={}", ms.div_ceil(1000)))
