@@ -4,35 +4,24 @@
 //! Through the layer over the real SQLite and PostgreSQL stores.
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem_http::{IdempotencyLayer, Route, RouteSpec};
 use idem_testkit::stores::{Backend, open};
-use tower::{Layer, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt};
 
 async fn abandoned_attempt_is_replayed(backend: Backend) {
     let opened = open(backend, "http_hang_up").await;
     let route = Route::new(&RouteSpec::default()).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    let upstream = {
-        let calls = calls.clone();
-        service_fn(move |_req: Request<Full<Bytes>>| {
-            let calls = calls.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-                let mut response =
-                    Response::new(Full::new(Bytes::from(format!("{{\"payout\":{n}}}"))));
-                *response.status_mut() = StatusCode::CREATED;
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let upstream = support::slow_payouts(calls.clone(), Duration::from_millis(300));
     let service = IdempotencyLayer::new(opened.store.clone(), vec![route]).layer(upstream);
     let request = || {
         Request::post("/payouts")

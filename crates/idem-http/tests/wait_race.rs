@@ -8,18 +8,20 @@
 //! claim answer held back until the original has completed.
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem_core::WAIT_POLL_MS;
 use idem_http::{IdempotencyLayer, Route, RouteSpec};
 use idem_testkit::late_ack::LateAck;
 use idem_testkit::stores::{Backend, open};
-use tower::{Layer, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_completes_while_a_waiter_registers_is_still_replayed() {
@@ -34,19 +36,7 @@ async fn an_attempt_that_completes_while_a_waiter_registers_is_still_replayed() 
     })
     .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    let upstream = {
-        let calls = calls.clone();
-        service_fn(move |_req: Request<Full<Bytes>>| {
-            let calls = calls.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                calls.fetch_add(1, Ordering::SeqCst);
-                let mut response = Response::new(Full::new(Bytes::from_static(b"{\"payout\":1}")));
-                *response.status_mut() = StatusCode::CREATED;
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let upstream = support::slow_payouts(calls.clone(), Duration::from_millis(100));
     let service = IdempotencyLayer::new(late.clone(), vec![route]).layer(upstream);
     let request = || {
         Request::post("/payouts")
