@@ -18,6 +18,7 @@
 //! at once as if it had not asked to wait.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,9 @@ impl Default for WaitLimits {
 pub(crate) struct Waiters {
     limits: WaitLimits,
     state: Mutex<Registry>,
+    /// `Registry::total`, readable without the lock: every settled attempt
+    /// calls [`Waiters::wake`], and almost always nobody waits.
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +106,7 @@ impl Waiters {
         Waiters {
             limits,
             state: Mutex::new(Registry::default()),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -129,6 +134,7 @@ impl Waiters {
         *count += 1;
         drop(count);
         state.total += 1;
+        self.waiting.store(state.total, Ordering::Release);
         Some(Waiting {
             waiters: self.clone(),
             id: id.clone(),
@@ -138,6 +144,11 @@ impl Waiters {
 
     /// Wakes every waiter on `id` to ask the store again.
     pub(crate) fn wake(&self, id: &RecordId) {
+        // A waiter registers (under the lock) before it asks the claim, so
+        // one that registers after this read asks after the settle anyway.
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(key) = state.keys.get(id) {
             key.notify.notify_waiters();
@@ -201,6 +212,7 @@ impl Drop for Waiting {
     fn drop(&mut self) {
         let mut state = self.waiters.state.lock().unwrap_or_else(|e| e.into_inner());
         state.total = state.total.saturating_sub(1);
+        self.waiters.waiting.store(state.total, Ordering::Release);
         let mut count = self.key.count.lock().unwrap_or_else(|e| e.into_inner());
         *count = count.saturating_sub(1);
         if *count == 0 {
