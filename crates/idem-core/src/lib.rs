@@ -92,6 +92,6 @@ pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
     DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError,
-    StoreFuture,
+    StoreFuture, WakeFn,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

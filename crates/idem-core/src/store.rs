@@ -108,7 +108,28 @@ pub trait Store: Send + Sync {
     ///
     /// [`decision::purge_due`]: crate::decision::purge_due
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport>;
+
+    /// Says that a request waits, until `until` (this store's clock or
+    /// not: a bound for forgetting it), for the attempt holding `id`, so
+    /// that a store shared by several processes tells whoever listens
+    /// ([`Store::on_completed`]) when that record completes. A store used
+    /// by one process needs nothing: the process wakes its own waiters.
+    /// The default does nothing.
+    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
+        let _ = (id, until);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Registers `wake`, to be called with each record that completed in
+    /// any process sharing this store and that a request noted waiting on
+    /// ([`Store::note_waiting`]). The default never calls it.
+    fn on_completed(&self, wake: WakeFn) {
+        let _ = wake;
+    }
 }
+
+/// What [`Store::on_completed`] calls with a completed record's id.
+pub type WakeFn = std::sync::Arc<dyn Fn(&RecordId) + Send + Sync>;
 
 /// Which records `list` returns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -177,6 +177,10 @@ pub async fn serve_with(
     let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));
     // `load_shed` answers at once when `concurrency_limit` has no permit
     // left, instead of queueing the request (and its body) behind it.
+    // Completions on other gateways sharing the store wake this one's
+    // waiters (PostgreSQL notifies the keys someone waits on).
+    let waker = layer.clone();
+    store.on_completed(Arc::new(move |id| waker.wake(id)));
     let admission_metrics = metrics.clone();
     let limited = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(move |e: BoxError| {

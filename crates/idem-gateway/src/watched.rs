@@ -116,4 +116,12 @@ impl Store for Watched {
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
         self.watch(self.inner.purge(limit))
     }
+
+    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
+        self.watch(self.inner.note_waiting(id, until))
+    }
+
+    fn on_completed(&self, wake: idem_core::WakeFn) {
+        self.inner.on_completed(wake);
+    }
 }

@@ -15,8 +15,8 @@ use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Completion, LeaseLeft, LimitError, Record, RecordId,
-    Store, StoreError, StoredResult, Token, lease,
+    AttemptOutcome, Claim, ClaimRequest, Clock, Completion, LeaseLeft, LimitError, Record,
+    RecordId, Store, StoreError, StoredResult, Token, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -463,6 +463,10 @@ async fn wait_for_original(
 ) -> Option<(Result<Claim, StoreError>, Instant)> {
     let waiting = shared.waiters.register(&claim_request.id)?;
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    // A store shared with other gateways then tells this one when the
+    // record completes there; failing that, the poll still finds it.
+    let until = idem_core::SystemClock.now().plus_millis(wait_ms);
+    let _ = shared.store.note_waiting(&claim_request.id, until).await;
     loop {
         let armed = waiting.armed();
         tokio::pin!(armed);

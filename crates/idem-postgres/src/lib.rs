@@ -88,6 +88,7 @@
 
 mod config;
 mod error;
+mod listen;
 mod ops;
 pub mod replication;
 mod row;
@@ -123,6 +124,8 @@ pub use tokio_postgres;
 /// A [`Store`] in a PostgreSQL schema, shared by any number of nodes.
 pub struct PgStore {
     pool: Pool,
+    /// How the pool connects, for the listener's own connection.
+    pg: tokio_postgres::Config,
     ctx: Ctx,
     timeout: Duration,
     operation_timeout: Duration,
@@ -251,6 +254,7 @@ impl PgStore {
             clock: options.clock,
         };
         let found = migrate(&target.pg, &ctx, create, target.operation_timeout).await?;
+        let pg = target.pg.clone();
         let manager = Manager::from_config(
             target.pg,
             NoTls,
@@ -274,6 +278,7 @@ impl PgStore {
             .map_err(|e| error::unavailable(&store, format!("cannot build the pool: {e}")))?;
         let pg = PgStore {
             pool,
+            pg,
             ctx,
             timeout: target.timeout,
             operation_timeout: target.operation_timeout,
@@ -453,6 +458,20 @@ impl Store for PgStore {
 
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
         Box::pin(self.purge_pooled(limit))
+    }
+
+    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
+        Box::pin(self.bounded(async move |client| {
+            let _ = until; // the flag goes with the record
+            ops::note_waiting(&Exec::Pooled(client), &self.ctx, id).await
+        }))
+    }
+
+    /// Starts a connection that `LISTEN`s on the schema's channel (its
+    /// name: `idem_` and a digest of the schema's); it reconnects after a
+    /// second when it ends, for as long as the runtime lives.
+    fn on_completed(&self, wake: idem_core::WakeFn) {
+        listen::spawn(self.pg.clone(), self.ctx.schema.channel.clone(), wake);
     }
 }
 

@@ -316,6 +316,22 @@ pub(crate) async fn tries(
     }))
 }
 
+/// Notes that a request waits on the attempt holding `id`, so that its
+/// completion notifies the schema's channel. A record no longer in
+/// progress is left alone: its answer is already there to be claimed.
+pub(crate) async fn note_waiting(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    id: &RecordId,
+) -> Result<(), StoreError> {
+    let params: [Param<'_>; 2] = [
+        (&id.scope.as_str(), Type::TEXT),
+        (&id.key.as_str(), Type::TEXT),
+    ];
+    ctx.query(exec, &ctx.schema.wait_note, &params).await?;
+    Ok(())
+}
+
 /// `decision::complete` in one statement and one round trip: the SQL locks
 /// the record, reads it as it was and writes the completion only where the
 /// decision's fencing check passes; the row it returns is then held to the

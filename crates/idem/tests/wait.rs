@@ -322,3 +322,41 @@ async fn a_retry_storm_waits_within_the_limits_and_answers_the_excess_at_once() 
 /// is refused (its connection, its buffered body, its task), in KiB:
 /// docs/http.md states the bound.
 const STORM_RSS_KIB_PER_REQUEST: u64 = 64;
+
+/// A waiter on gateway B is woken by gateway A's completion over one
+/// PostgreSQL store: B noted the key it waits on, A's completion notifies
+/// the schema's channel, and B asks the claim again at once. B's route
+/// waits 240 ms, less than the 250 ms poll, so only the notification can
+/// answer it before its wait ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_gateway_is_woken_by_the_completion_there() {
+    const { assert!(240 < idem_core::WAIT_POLL_MS) };
+    let up = Upstream::start().await;
+    let schema = PgSchema::new("wait_notify");
+    let site = Site::new();
+    let config = site.config(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\n\
+         wait_ms = 240\nwait_ms_max = 240\n",
+    );
+    let a = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
+    let b = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
+    let url = "/slow-before?ms=100";
+    // Pooled connections, prepared statements and B's listener, before the
+    // race: each key twice, a fresh claim and a replay.
+    for _round in 0..2 {
+        for (gw, k) in [(&a, "warm-a"), (&b, "warm-b")] {
+            let w = post(&gw.url(url), &[key(k)], PAYOUT).await;
+            assert_eq!(w.status, 201, "{w:?}");
+        }
+    }
+    let original = {
+        let url = a.url(url);
+        tokio::spawn(async move { post(&url, &[key("notify-1")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let waited = post(&b.url(url), &[key("notify-1")], PAYOUT).await;
+    let first = original.await.unwrap();
+    assert_eq!(first.status, 201, "{first:?}");
+    waited.assert_replay_of(&first);
+    assert_eq!(up.effects().len(), 3, "two warm-ups and the one payment");
+}
