@@ -7,6 +7,8 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +24,8 @@ pub struct Relay {
     addr: SocketAddr,
     frozen: watch::Sender<bool>,
     reply_delay: watch::Sender<Duration>,
+    /// Reply chunks still to deliver at once before the delay applies.
+    skip: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -33,11 +37,13 @@ impl Relay {
         let addr = listener.local_addr()?;
         let (frozen, watching) = watch::channel(false);
         let (reply_delay, delaying) = watch::channel(Duration::ZERO);
-        let task = tokio::spawn(accept(listener, target, watching, delaying));
+        let skip = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(accept(listener, target, watching, (delaying, skip.clone())));
         Ok(Relay {
             addr,
             frozen,
             reply_delay,
+            skip,
             task,
         })
     }
@@ -66,6 +72,14 @@ impl Relay {
     /// so the server acts on a request long before its answer arrives.
     /// `Duration::ZERO` delivers later chunks at once again.
     pub fn delay_replies(&self, delay: Duration) {
+        self.delay_replies_after(0, delay);
+    }
+
+    /// As [`Relay::delay_replies`], but the next `skip` chunks the server
+    /// sends (on any connection) are delivered at once first: to hold the
+    /// answer to a client's second request and not its first.
+    pub fn delay_replies_after(&self, skip: usize, delay: Duration) {
+        self.skip.store(skip, Ordering::SeqCst);
         self.reply_delay.send_replace(delay);
     }
 }
@@ -80,7 +94,7 @@ async fn accept(
     listener: TcpListener,
     target: SocketAddr,
     frozen: watch::Receiver<bool>,
-    reply_delay: watch::Receiver<Duration>,
+    reply_delay: (watch::Receiver<Duration>, Arc<AtomicUsize>),
 ) {
     while let Ok((client, _)) = listener.accept().await {
         let frozen = frozen.clone();
@@ -110,7 +124,7 @@ async fn pipe(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     frozen: watch::Receiver<bool>,
-    delay: Option<watch::Receiver<Duration>>,
+    delay: Option<(watch::Receiver<Duration>, Arc<AtomicUsize>)>,
 ) {
     let mut buf = vec![0; CHUNK_BYTES_MAX];
     loop {
@@ -118,9 +132,13 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(delay) = &delay {
+        if let Some((delay, skip)) = &delay {
             let hold = *delay.borrow();
-            if !hold.is_zero() {
+            let skipped = !hold.is_zero()
+                && skip
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if !hold.is_zero() && !skipped {
                 tokio::time::sleep(hold).await;
             }
         }

@@ -360,3 +360,52 @@ async fn a_waiter_on_another_gateway_is_woken_by_the_completion_there() {
     waited.assert_replay_of(&first);
     assert_eq!(up.effects().len(), 3, "two warm-ups and the one payment");
 }
+
+/// The attempt waited for completes on another gateway while the waiter
+/// is being registered: the relay in front of gateway B delivers the
+/// answer to B's first statement of the claim at once and holds the next
+/// (the read that decides "in flight") until gateway A has completed the
+/// attempt; nothing wakes B for a completion that came before it waited.
+/// B's route waits 240 ms, less than the 250 ms poll: B still answers with
+/// the replay because it asks the claim again at once after registering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_completed_elsewhere_while_the_waiter_registers_is_still_replayed() {
+    let up = Upstream::start().await;
+    let schema = PgSchema::new("wait_register");
+    let site = Site::new();
+    let config = site.config(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\n\
+         wait_ms = 240\nwait_ms_max = 240\n",
+    );
+    let a = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
+    let (relay, relayed) = schema.through_relay().await;
+    let b = Gateway::start_url(&up.url(), &relayed, Some(&config));
+    let url = "/slow-before?ms=100";
+    // Pooled connections with every statement of a claim prepared, on
+    // both gateways: each key twice, a fresh claim and a replay.
+    for _round in 0..2 {
+        for (gw, k) in [(&a, "warm-a"), (&b, "warm-b")] {
+            let w = post(&gw.url(url), &[key(k)], PAYOUT).await;
+            assert_eq!(w.status, 201, "{w:?}");
+        }
+    }
+    let original = {
+        let url = a.url(url);
+        tokio::spawn(async move { post(&url, &[key("register-1")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // B's claim: the fresh-key insert finds the key taken (delivered at
+    // once), the read decides "in flight" (held 500 ms).
+    relay.delay_replies_after(1, Duration::from_millis(500));
+    let waiter = {
+        let url = b.url(url);
+        tokio::spawn(async move { post(&url, &[key("register-1")], PAYOUT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    relay.delay_replies(Duration::ZERO);
+    let first = original.await.unwrap();
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = waiter.await.unwrap();
+    again.assert_replay_of(&first);
+    assert_eq!(up.effects().len(), 3, "two warm-ups and the one payment");
+}
