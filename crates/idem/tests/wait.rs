@@ -330,25 +330,15 @@ const STORM_RSS_KIB_PER_REQUEST: u64 = 64;
 /// answer it before its wait ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_on_another_gateway_is_woken_by_the_completion_there() {
-    const { assert!(240 < idem_core::WAIT_POLL_MS) };
-    let up = Upstream::start().await;
-    let schema = PgSchema::new("wait_notify");
-    let site = Site::new();
-    let config = site.config(
-        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\n\
-         wait_ms = 240\nwait_ms_max = 240\n",
-    );
-    let a = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
-    let b = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
-    let url = "/slow-before?ms=100";
-    // Pooled connections, prepared statements and B's listener, before the
-    // race: each key twice, a fresh claim and a replay.
-    for _round in 0..2 {
-        for (gw, k) in [(&a, "warm-a"), (&b, "warm-b")] {
-            let w = post(&gw.url(url), &[key(k)], PAYOUT).await;
-            assert_eq!(w.status, 201, "{w:?}");
-        }
-    }
+    let TwoGateways {
+        up,
+        a,
+        b,
+        _schema,
+        _site,
+        ..
+    } = two_waiting_gateways("wait_notify", false).await;
+    let url = SLOW_100;
     let original = {
         let url = a.url(url);
         tokio::spawn(async move { post(&url, &[key("notify-1")], PAYOUT).await })
@@ -370,25 +360,16 @@ async fn a_waiter_on_another_gateway_is_woken_by_the_completion_there() {
 /// the replay because it asks the claim again at once after registering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_completed_elsewhere_while_the_waiter_registers_is_still_replayed() {
-    let up = Upstream::start().await;
-    let schema = PgSchema::new("wait_register");
-    let site = Site::new();
-    let config = site.config(
-        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\n\
-         wait_ms = 240\nwait_ms_max = 240\n",
-    );
-    let a = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
-    let (relay, relayed) = schema.through_relay().await;
-    let b = Gateway::start_url(&up.url(), &relayed, Some(&config));
-    let url = "/slow-before?ms=100";
-    // Pooled connections with every statement of a claim prepared, on
-    // both gateways: each key twice, a fresh claim and a replay.
-    for _round in 0..2 {
-        for (gw, k) in [(&a, "warm-a"), (&b, "warm-b")] {
-            let w = post(&gw.url(url), &[key(k)], PAYOUT).await;
-            assert_eq!(w.status, 201, "{w:?}");
-        }
-    }
+    let TwoGateways {
+        up,
+        a,
+        b,
+        relay,
+        _schema,
+        _site,
+    } = two_waiting_gateways("wait_register", true).await;
+    let relay = relay.expect("B is behind the relay");
+    let url = SLOW_100;
     let original = {
         let url = a.url(url);
         tokio::spawn(async move { post(&url, &[key("register-1")], PAYOUT).await })
@@ -408,4 +389,56 @@ async fn an_attempt_completed_elsewhere_while_the_waiter_registers_is_still_repl
     let again = waiter.await.unwrap();
     again.assert_replay_of(&first);
     assert_eq!(up.effects().len(), 3, "two warm-ups and the one payment");
+}
+
+/// The upstream path the two-gateway tests pay on: 100 ms before paying.
+const SLOW_100: &str = "/slow-before?ms=100";
+
+/// Two gateways on one PostgreSQL schema, whose route waits 240 ms (less
+/// than the 250 ms poll), B's store reached through a relay when asked;
+/// warmed up so that pooled connections, prepared statements and B's
+/// listener are in place before a race (each key twice: a fresh claim,
+/// then a replay). Bind `_schema` and `_site` where it is taken apart:
+/// dropped, they remove the schema and the config under the gateways.
+struct TwoGateways {
+    up: Upstream,
+    a: Gateway,
+    b: Gateway,
+    relay: Option<idem_testkit::relay::Relay>,
+    _schema: PgSchema,
+    _site: Site,
+}
+
+async fn two_waiting_gateways(tag: &str, relayed: bool) -> TwoGateways {
+    const { assert!(240 < idem_core::WAIT_POLL_MS) };
+    let up = Upstream::start().await;
+    let schema = PgSchema::new(tag);
+    let site = Site::new();
+    let config = site.config(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/slow-before\"\n\
+         wait_ms = 240\nwait_ms_max = 240\n",
+    );
+    let a = Gateway::start_url(&up.url(), &schema.store_url(), Some(&config));
+    let (relay, b_store) = match relayed {
+        true => {
+            let (relay, url) = schema.through_relay().await;
+            (Some(relay), url)
+        }
+        false => (None, schema.store_url()),
+    };
+    let b = Gateway::start_url(&up.url(), &b_store, Some(&config));
+    for _round in 0..2 {
+        for (gw, k) in [(&a, "warm-a"), (&b, "warm-b")] {
+            let w = post(&gw.url(SLOW_100), &[key(k)], PAYOUT).await;
+            assert_eq!(w.status, 201, "{w:?}");
+        }
+    }
+    TwoGateways {
+        up,
+        a,
+        b,
+        relay,
+        _schema: schema,
+        _site: site,
+    }
 }
