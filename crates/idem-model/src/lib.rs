@@ -93,6 +93,10 @@ pub enum Protocol {
     /// forwards its request without a claim of its own (it takes the wake
     /// for permission), so nothing stops another client's claim.
     WaiterForwardsUnclaimed,
+    /// A waiter whose attempt turned ambiguous while it waited takes the
+    /// unknown outcome for "not done" and runs the request itself, without
+    /// a claim (it never saw 409 again, so it "retries").
+    WaiterRunsUnknown,
     /// A retry's inline lookup trusts a "not found" whenever it was asked,
     /// as if its question came after the lease: the defect
     /// `lookup-during-lease` was for the reconciler, on the new path.
@@ -101,7 +105,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 14] = [
+    pub const ALL: [Protocol; 15] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -115,6 +119,7 @@ impl Protocol {
         Protocol::LockedClaimOnStaleRead,
         Protocol::ForwardOnStaleLease,
         Protocol::WaiterForwardsUnclaimed,
+        Protocol::WaiterRunsUnknown,
         Protocol::InlineLookupDuringLease,
     ];
 
@@ -134,6 +139,7 @@ impl Protocol {
             Protocol::LockedClaimOnStaleRead => "locked-claim-on-stale-read",
             Protocol::ForwardOnStaleLease => "forward-on-stale-lease",
             Protocol::WaiterForwardsUnclaimed => "waiter-forwards-unclaimed",
+            Protocol::WaiterRunsUnknown => "waiter-runs-unknown",
             Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
         }
     }

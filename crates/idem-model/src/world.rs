@@ -644,17 +644,22 @@ impl World {
             return None;
         }
         let attempts = self.attempts.len();
+        let unclaimed = |w: &mut World| {
+            // The claim it skipped, and the write it never made.
+            let mut last = w.last_token;
+            let (claim, _unwritten) = decision::claim(None, &model.request, w.now, || {
+                last = last.saturating_add(1);
+                Token(last)
+            });
+            w.last_token = last;
+            claim
+        };
         let claim = match model.protocol() {
-            Protocol::WaiterForwardsUnclaimed if self.record.is_none() => {
-                // The claim it skipped, and the write it never made.
-                let mut last = self.last_token;
-                let (claim, _unwritten) = decision::claim(None, &model.request, self.now, || {
-                    last = last.saturating_add(1);
-                    Token(last)
-                });
-                self.last_token = last;
-                claim
-            }
+            Protocol::WaiterForwardsUnclaimed if self.record.is_none() => unclaimed(self),
+            Protocol::WaiterRunsUnknown => match model.claim(self) {
+                Claim::OutcomeUnknown { .. } => unclaimed(self),
+                claim => claim,
+            },
             _ => model.claim(self),
         };
         self.tell(model, client, claim, Ask::Waited)?;

@@ -76,7 +76,7 @@ fn a_stale_read_is_reached_only_through_the_fast_path() {
 /// the shortest, whatever the depth.
 #[test]
 fn every_mutant_is_caught_with_a_shortest_trace() {
-    let cases: [(Protocol, &[(&str, usize)]); 13] = [
+    let cases: [(Protocol, &[(&str, usize)]); 14] = [
         (Protocol::LookupDuringLease, &[(property::ONE_EFFECT, 10)]),
         (Protocol::ResolveSkipsLease, &[(property::ONE_EFFECT, 9)]),
         (
@@ -120,6 +120,9 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
             Protocol::WaiterForwardsUnclaimed,
             &[(property::ONE_EFFECT, 9)],
         ),
+        // Caught only through a request that waited while the attempt it
+        // waited for turned ambiguous.
+        (Protocol::WaiterRunsUnknown, &[(property::ONE_EFFECT, 8)]),
         // Caught only through a retry that met the unknown outcome and ran
         // the lookup itself; 11 steps, so checked one step deeper than the
         // default bound (see `depth_for`).
