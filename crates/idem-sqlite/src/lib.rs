@@ -75,6 +75,7 @@
 //! `PRAGMA application_id` = [`APPLICATION_ID`] and versioned with
 //! `PRAGMA user_version` = [`SCHEMA_VERSION`].
 
+mod backup;
 mod reader;
 mod row;
 mod schema;
@@ -95,6 +96,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::reader::ReadOp;
 use crate::writer::{Counters, Death, Op, Reply, Writer};
 
+pub use backup::{BackupReport, backup};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The most operations one group commit takes.

@@ -8,6 +8,7 @@ mod reconcile;
 mod records;
 mod serve;
 mod sim;
+mod store_cmd;
 mod store_url;
 mod telemetry;
 
@@ -46,9 +47,19 @@ enum Command {
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
     #[command(subcommand)]
     Records(RecordsCommand),
+    /// Copy a store while it serves (`idem store backup`).
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Walk through the contract in a few seconds: a demo payout API behind
     /// the gateway, on loopback, every step checked.
     Demo(demo::DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum StoreCommand {
+    /// Write a consistent copy of an SQLite store to a new file, while the
+    /// gateway serves from it (SQLite's online backup), and check the copy.
+    Backup(store_cmd::BackupArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +118,7 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
         Command::Demo(args) => block_on(demo::run(args)),
+        Command::Store(StoreCommand::Backup(args)) => finish(store_cmd::backup(args)),
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
@@ -116,6 +128,18 @@ fn main() -> ExitCode {
 
 /// Runs one command on a multi-threaded runtime: 0 on success, 1 with the
 /// error and its causes on stderr.
+/// The exit code of a command that needs no runtime: 0, or 1 with the
+/// error on stderr.
+fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn block_on(command: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
     let runtime = match runtime() {
         Ok(rt) => rt,
