@@ -95,71 +95,43 @@ async fn a_backup_taken_while_serving_is_a_whole_store_that_replays() {
     again.assert_replay_of(&firsts[7]);
 }
 
+/// Runs `idem store backup --store STORE --to TO`, which must exit 1;
+/// returns its stderr.
+fn refused(store: &str, to: &std::path::Path) -> String {
+    let out = idem(&[
+        "store",
+        "backup",
+        "--store",
+        store,
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    text(&out.stderr)
+}
+
 #[test]
 fn a_backup_never_overwrites_and_names_what_it_refuses() {
     let site = Site::new();
     let store = format!("sqlite://{}", site.store().display());
     // No store at the path: nothing is created.
     let copy = site.dir.path().join("copy.db");
-    let out = idem(&[
-        "store",
-        "backup",
-        "--store",
-        &store,
-        "--to",
-        copy.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("no store"),
-        "{}",
-        text(&out.stderr)
-    );
+    let said = refused(&store, &copy);
+    assert!(said.contains("no store"), "{said}");
     assert!(!copy.exists() && !site.store().exists(), "nothing created");
     // An existing file is never overwritten.
     std::fs::write(&copy, b"an earlier backup").unwrap();
     // A database at the store's path, but an empty one, not idem's.
     rusqlite::Connection::open(site.store()).unwrap();
-    let out = idem(&[
-        "store",
-        "backup",
-        "--store",
-        &store,
-        "--to",
-        copy.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("exists"),
-        "{}",
-        text(&out.stderr)
-    );
+    let said = refused(&store, &copy);
+    assert!(said.contains("exists"), "{said}");
     assert_eq!(std::fs::read(&copy).unwrap(), b"an earlier backup");
     // A file that is not an idem store: refused, and no copy left behind.
     let other = site.dir.path().join("other.db");
-    let out = idem(&[
-        "store",
-        "backup",
-        "--store",
-        &store,
-        "--to",
-        other.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = refused(&store, &other);
+    assert!(said.contains("not usable"), "{said}");
     assert!(!other.exists(), "a failed copy is not left behind");
     // A PostgreSQL store is backed up with its database.
-    let out = idem(&[
-        "store",
-        "backup",
-        "--store",
-        "postgres://postgres@127.0.0.1:5432/test",
-        "--to",
-        other.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("docs/stores.md"),
-        "{}",
-        text(&out.stderr)
-    );
+    let said = refused("postgres://postgres@127.0.0.1:5432/test", &other);
+    assert!(said.contains("docs/stores.md"), "{said}");
 }
