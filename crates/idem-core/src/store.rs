@@ -109,14 +109,14 @@ pub trait Store: Send + Sync {
     /// [`decision::purge_due`]: crate::decision::purge_due
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport>;
 
-    /// Says that a request waits, until `until` (this store's clock or
-    /// not: a bound for forgetting it), for the attempt holding `id`, so
-    /// that a store shared by several processes tells whoever listens
-    /// ([`Store::on_completed`]) when that record completes. A store used
-    /// by one process needs nothing: the process wakes its own waiters.
-    /// The default does nothing.
-    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
-        let _ = (id, until);
+    /// Says that a request waits for the attempt holding `id`, so that a
+    /// store shared by several processes tells whoever listens
+    /// ([`Store::on_completed`]) when that record completes. The mark goes
+    /// with the record, so it needs no expiry of its own. A store used by
+    /// one process needs nothing: the process wakes its own waiters. The
+    /// default does nothing.
+    fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
+        let _ = id;
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -117,8 +117,8 @@ impl Store for Watched {
         self.watch(self.inner.purge(limit))
     }
 
-    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
-        self.watch(self.inner.note_waiting(id, until))
+    fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
+        self.watch(self.inner.note_waiting(id))
     }
 
     fn on_completed(&self, wake: idem_core::WakeFn) {

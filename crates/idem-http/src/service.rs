@@ -15,8 +15,8 @@ use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Clock, Completion, LeaseLeft, LimitError, Record,
-    RecordId, Store, StoreError, StoredResult, Token, lease,
+    AttemptOutcome, Claim, ClaimRequest, Completion, LeaseLeft, LimitError, Record, RecordId,
+    Store, StoreError, StoredResult, Token, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -465,8 +465,7 @@ async fn wait_for_original(
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     // A store shared with other gateways then tells this one when the
     // record completes there; failing that, the poll still finds it.
-    let until = idem_core::SystemClock.now().plus_millis(wait_ms);
-    let _ = shared.store.note_waiting(&claim_request.id, until).await;
+    let _ = shared.store.note_waiting(&claim_request.id).await;
     loop {
         let armed = waiting.armed();
         tokio::pin!(armed);

@@ -112,6 +112,10 @@ impl Waiters {
 
     /// Registers a waiter on `id`, or `None` when either limit is reached.
     pub(crate) fn register(self: &Arc<Self>, id: &RecordId) -> Option<Waiting> {
+        // Zero allows no waiter; checked first, so no empty entry is left.
+        if self.limits.per_key == 0 {
+            return None;
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.total >= self.limits.total {
             return None;
@@ -324,5 +328,14 @@ mod tests {
             "entries freed"
         );
         assert!(waiters.register(&id("a")).is_some());
+        let none = Arc::new(Waiters::new(WaitLimits {
+            per_key: 0,
+            total: 3,
+        }));
+        assert!(none.register(&id("a")).is_none(), "no waiter allowed");
+        assert!(
+            none.state.lock().unwrap().keys.is_empty(),
+            "and no entry left"
+        );
     }
 }

@@ -460,9 +460,8 @@ impl Store for PgStore {
         Box::pin(self.purge_pooled(limit))
     }
 
-    fn note_waiting<'a>(&'a self, id: &'a RecordId, until: Timestamp) -> StoreFuture<'a, ()> {
+    fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
         Box::pin(self.bounded(async move |client| {
-            let _ = until; // the flag goes with the record
             ops::note_waiting(&Exec::Pooled(client), &self.ctx, id).await
         }))
     }
