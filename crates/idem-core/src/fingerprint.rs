@@ -20,7 +20,12 @@
 //!    say) nor `%2B` (as RFC 3986 would), since an upstream may read it
 //!    either way. After the name, a byte 0 if the pair has no `=` (`?x`),
 //!    else 1 and the value (`?x=`). Pairs are sorted by name with a stable
-//!    sort, so repeated parameters keep their order. A query with a literal
+//!    sort, so repeated parameters keep their order, but only when every
+//!    name is made of unreserved characters and no two different names are
+//!    alike once lowercased with `-._~` dropped (`A` and `a`, `page_size`
+//!    and `pageSize`, `+` and `%20`, `%FE` and `%FF`: some upstream reads
+//!    each as one name); otherwise they stay in the order sent (see
+//!    `names_sort_safely`). A query with a literal
 //!    `;` is not split at all: older Rack and Python split pairs at `;` too
 //!    and Go drops such pairs, so its pairs are not the same for every
 //!    upstream; it is written as the marker `u64::MAX` in place of the
@@ -62,7 +67,8 @@
 //! and headers by (name, value) and reads JSON numbers as doubles. Because
 //! of this it cannot tell some requests apart, so it is computed only for
 //! requests it reads exactly: the method has no lower-case letter, the
-//! query has no literal `;` and no malformed escape, every query name and
+//! query has no literal `;` and no malformed escape, its names sort safely
+//! as version 2 sorts them, every query name and
 //! value is UTF-8 once decoded, no query name or declared header is repeated, at most one
 //! `Content-Type` is sent, declared header values are UTF-8, and every JSON
 //! number's ECMAScript spelling has the literal's value. What it still cannot
@@ -428,7 +434,9 @@ fn put_query(sink: &mut impl Sink, query: &str) {
         return;
     }
     let mut pairs: Vec<QueryPair<'_>> = query_pairs(query).collect();
-    pairs.sort_by(|a, b| a.name.cmp(&b.name));
+    if names_sort_safely(&pairs) {
+        pairs.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     sink.put_len(pairs.len());
     for pair in &pairs {
         put_pieces(sink, &pair.name);
@@ -440,6 +448,44 @@ fn put_query(sink: &mut impl Sink, query: &str) {
             }
         }
     }
+}
+
+/// Whether sorting `pairs` by name can change no upstream's reading. A
+/// sort moves pairs past each other, which is harmless only between names
+/// that every upstream reads as different: a stable sort keeps the order
+/// of pairs with equal names, but not of `A` and `a` (ASP.NET binds query
+/// names without regard to case), `page_size` and `pageSize` (relaxed
+/// binders), `a.b` and `a_b` (PHP), `+` and `%20` (form decoding reads
+/// both as a space) or `%FE` and `%FF` (a lenient UTF-8 decoder reads both
+/// as U+FFFD). So pairs are sorted only when every name, decoded, is made of
+/// RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`, no literal `+`)
+/// and no two different names are alike once lowercased with `-._~`
+/// dropped; otherwise they are written in the order sent. Whether a query
+/// is sorted depends only on its names, which its form shows, so a sorted
+/// form and one in the order sent can never be mistaken for each other.
+fn names_sort_safely(pairs: &[QueryPair<'_>]) -> bool {
+    let mut names: Vec<(Vec<u8>, &[u8])> = Vec::with_capacity(pairs.len());
+    for pair in pairs {
+        let [name] = pair.name.as_slice() else {
+            return false;
+        };
+        if !name
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+        {
+            return false;
+        }
+        let alike = name
+            .iter()
+            .filter(|b| b.is_ascii_alphanumeric())
+            .map(u8::to_ascii_lowercase)
+            .collect();
+        names.push((alike, name));
+    }
+    names.sort_unstable();
+    names
+        .windows(2)
+        .all(|w| w[0].0 != w[1].0 || w[0].1 == w[1].1)
 }
 
 /// Refuses a `%` that does not start an escape of two hex digits. The
@@ -551,10 +597,12 @@ mod v1 {
     pub(super) fn write_canonical(req: &RequestParts<'_>, sink: &mut impl Sink) -> Option<()> {
         // Version 1 upper-cased the method and decoded `%3B` to the `;` it
         // left literal, so it cannot tell `patch` from `PATCH` or `a=1;b`
-        // from `a=1%3Bb`, nor read a malformed escape as anything.
+        // from `a=1%3Bb`, nor read a malformed escape as anything; it
+        // sorted every query, which only names that sort safely allow.
         if req.method.bytes().any(|b| b.is_ascii_lowercase())
             || req.query.contains(';')
             || super::check_escapes(req.query).is_err()
+            || !super::names_sort_safely(&super::query_pairs(req.query).collect::<Vec<_>>())
         {
             return None;
         }
@@ -888,6 +936,15 @@ mod tests {
             with(&|r| r.query = "x=1;a%3D2"),
             with(&|r| r.query = "x=1;amount=200&amount=100"),
             with(&|r| r.query = "amount=100&x=1;amount=200"),
+            // Names some upstream reads as one: their order counts.
+            with(&|r| r.query = "+=&%20"),
+            with(&|r| r.query = "%20&+="),
+            with(&|r| r.query = "A=1&a=2"),
+            with(&|r| r.query = "a=2&A=1"),
+            with(&|r| r.query = "page_size=1&pageSize=2"),
+            with(&|r| r.query = "pageSize=2&page_size=1"),
+            with(&|r| r.query = "%FE=1&%FF=2"),
+            with(&|r| r.query = "%FF=2&%FE=1"),
             with(&|r| r.headers = &[("a", b"bc")]),
             with(&|r| r.headers = &[("ab", b"c")]),
             with(&|r| r.headers = &[("a", b"BC")]),

@@ -100,6 +100,21 @@ async fn requests_that_differ_in_one_component_never_replay_each_other() {
             query("?to=b&to=a"),
         ),
         ("a flag against an empty value", query("?x"), query("?x=")),
+        (
+            "names a form reader reads as one space, reordered",
+            query("?+=&%20"),
+            query("?%20&+="),
+        ),
+        (
+            "names alike but for case, reordered",
+            query("?Ref=1&ref=2"),
+            query("?ref=2&Ref=1"),
+        ),
+        (
+            "names alike but for a separator, reordered",
+            query("?page_size=1&pageSize=2"),
+            query("?pageSize=2&page_size=1"),
+        ),
         ("a plus against %2B", query("?q=a+b"), query("?q=a%2Bb")),
         (
             "a decimal below double precision",
