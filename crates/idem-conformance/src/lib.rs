@@ -94,6 +94,8 @@ macro_rules! conformance_suite {
             concurrent_claims_on_one_key_acquire_once,
             concurrent_claims_on_distinct_keys_all_acquire,
             every_answer_is_the_reference_stores,
+            suspect_window_is_kept_and_only_extended,
+            concurrent_window_openings_are_serialised,
         );
     };
     (@tests $make_store:path; $($case:ident),+ $(,)?) => {

@@ -72,6 +72,7 @@ mod scope;
 mod store;
 mod time;
 pub mod verdict;
+pub mod window;
 
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
@@ -92,6 +93,7 @@ pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
     DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError,
-    StoreFuture, WakeFn,
+    StoreFuture, WakeFn, WindowFn,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use window::{SuspectWindow, Verification, WindowOpening, WindowWatch};

@@ -10,6 +10,7 @@ use crate::record::{
     Token,
 };
 use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError, StoreFuture};
+use crate::window::{SuspectWindow, WindowOpening};
 use crate::{Clock, State, Timestamp};
 
 /// An in-memory [`Store`] with an injected clock.
@@ -26,6 +27,8 @@ struct Inner {
     journal: BTreeMap<RecordId, VecDeque<JournalEntry>>,
     /// Failed lookups per ambiguous record; removed when it is resolved.
     tries: BTreeMap<RecordId, LookupTries>,
+    /// The suspect window, once one was opened.
+    window: Option<SuspectWindow>,
 }
 
 impl MemoryStore {
@@ -236,5 +239,19 @@ impl Store for MemoryStore {
             apply(&mut inner.records, &id, write);
         }
         ready(Ok(report))
+    }
+
+    fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {
+        ready(Ok(self.lock().window.clone()))
+    }
+
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a WindowOpening,
+    ) -> StoreFuture<'a, SuspectWindow> {
+        let mut inner = self.lock();
+        let window = SuspectWindow::opened(inner.window.as_ref(), opening, self.clock.now());
+        inner.window = Some(window.clone());
+        ready(Ok(window))
     }
 }

@@ -10,6 +10,7 @@ use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
     JournalEntry, LimitError, LookupTries, Record, RecordId, Resolution, State, StoredResult, Token,
 };
+use crate::window::{SuspectWindow, WindowOpening};
 
 /// The future every store operation returns. Boxed so that `dyn Store` works
 /// and the core needs no async runtime; a store that answers at once (the
@@ -126,7 +127,38 @@ pub trait Store: Send + Sync {
     fn on_completed(&self, wake: WakeFn) {
         let _ = wake;
     }
+
+    /// The suspect window the store keeps ([`crate::window`]), open or
+    /// closed; `None` when none was ever opened. The default keeps none.
+    fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Opens the suspect window, or extends the open one
+    /// ([`SuspectWindow::opened`] applied atomically against the store's
+    /// clock), and returns it. The default refuses: the store keeps none.
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a WindowOpening,
+    ) -> StoreFuture<'a, SuspectWindow> {
+        let _ = opening;
+        Box::pin(std::future::ready(Err(StoreError::Incompatible {
+            store: "this store".into(),
+            reason: "it keeps no suspect window".into(),
+        })))
+    }
+
+    /// Registers `opened`, to be called with each window this store opens
+    /// by itself (a PostgreSQL store that finds itself on a promoted
+    /// server), before the connection that found it is used. The default
+    /// never calls it.
+    fn on_window_opened(&self, opened: WindowFn) {
+        let _ = opened;
+    }
 }
+
+/// What [`Store::on_window_opened`] calls with the window opened.
+pub type WindowFn = std::sync::Arc<dyn Fn(&SuspectWindow) + Send + Sync>;
 
 /// What [`Store::on_completed`] calls with a completed record's id.
 pub type WakeFn = std::sync::Arc<dyn Fn(&RecordId) + Send + Sync>;

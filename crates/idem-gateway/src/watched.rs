@@ -124,4 +124,19 @@ impl Store for Watched {
     fn on_completed(&self, wake: idem_core::WakeFn) {
         self.inner.on_completed(wake);
     }
+
+    fn suspect_window(&self) -> StoreFuture<'_, Option<idem_core::SuspectWindow>> {
+        self.watch(self.inner.suspect_window())
+    }
+
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a idem_core::WindowOpening,
+    ) -> StoreFuture<'a, idem_core::SuspectWindow> {
+        self.watch(self.inner.open_suspect_window(opening))
+    }
+
+    fn on_window_opened(&self, opened: idem_core::WindowFn) {
+        self.inner.on_window_opened(opened);
+    }
 }

@@ -93,6 +93,7 @@ mod ops;
 pub mod replication;
 mod row;
 mod schema;
+mod window;
 
 use std::time::Duration;
 
@@ -100,7 +101,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use idem_core::decision;
 use idem_core::{
     Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
+    Token, WindowFn, WindowOpening,
 };
 use tokio_postgres::NoTls;
 
@@ -130,9 +132,40 @@ pub struct PgStore {
     timeout: Duration,
     operation_timeout: Duration,
     synchronous: replication::Required,
+    promotion: window::PromotionWatch,
+    window_sql: window::Statements,
 }
 
 impl PgStore {
+    /// From now on, every new pooled connection compares the server it
+    /// reached with the one the schema was last written on, and a server
+    /// that is not that one (a promoted standby, a point-in-time restore, a
+    /// copy in another cluster) opens the suspect window for `length_ms`
+    /// before the connection is used (`0`: never). The connections already
+    /// pooled are dropped and one new connection is checked now; returns the
+    /// window that check opened, if any. A gateway calls this before it
+    /// serves.
+    pub async fn open_window_on_promotion(
+        &self,
+        length_ms: u64,
+    ) -> Result<Option<SuspectWindow>, StoreError> {
+        self.promotion.set_length(length_ms);
+        self.pool.retain(|_, _| false);
+        let mut client = self.client().await?;
+        // The hook checked it already; a second check finds it recorded.
+        let opened = self
+            .promotion
+            .check(
+                &mut client,
+                &self.window_sql,
+                (&self.ctx.store, self.ctx.clock.as_deref()),
+            )
+            .await;
+        drop(Object::take(client));
+        self.pool.retain(|_, _| false);
+        opened
+    }
+
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`),
     /// creating the schema or migrating it to [`SCHEMA_VERSION`]. idem's
     /// own query parameters ([`URL_PARAMETERS`], e.g.
@@ -265,10 +298,17 @@ impl PgStore {
             },
         );
         let synchronous = replication::Required::default();
+        let promotion = window::PromotionWatch::default();
+        let window_sql = window::Statements::new(&options.schema);
         let pool = Pool::builder(manager)
             .post_create(deadpool_postgres::Hook::async_fn(
                 synchronous.hook(store.clone()),
             ))
+            .post_create(deadpool_postgres::Hook::async_fn(promotion.hook(
+                window_sql.clone(),
+                store.clone(),
+                ctx.clock.clone(),
+            )))
             .max_size(target.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(target.timeout))
@@ -283,6 +323,8 @@ impl PgStore {
             timeout: target.timeout,
             operation_timeout: target.operation_timeout,
             synchronous,
+            promotion,
+            window_sql,
         };
         Ok((pg, found))
     }
@@ -471,6 +513,34 @@ impl Store for PgStore {
     /// second when it ends, for as long as the runtime lives.
     fn on_completed(&self, wake: idem_core::WakeFn) {
         listen::spawn(self.pg.clone(), self.ctx.schema.channel.clone(), wake);
+    }
+
+    fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {
+        Box::pin(self.bounded(async |client| {
+            window::read(&***client, &self.window_sql, &self.ctx.store).await
+        }))
+    }
+
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a WindowOpening,
+    ) -> StoreFuture<'a, SuspectWindow> {
+        let now = self
+            .ctx
+            .clock
+            .as_ref()
+            .map(|c| row::int(c.now().as_millis()));
+        Box::pin(self.bounded(async move |client| {
+            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let opened =
+                window::open(&*tx, &self.window_sql, &self.ctx.store, (now, opening)).await?;
+            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            Ok(opened)
+        }))
+    }
+
+    fn on_window_opened(&self, opened: WindowFn) {
+        self.promotion.listen(opened);
     }
 }
 

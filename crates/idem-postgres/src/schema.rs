@@ -100,6 +100,24 @@ const MIGRATIONS: &[&str] = &[
     // no row is rewritten, and the column is not indexed, so setting it is
     // a HOT update.
     "ALTER TABLE {s}.records ADD COLUMN waited BOOLEAN;",
+    // 7: the suspect window (`idem_core::window`), at most one row, kept
+    // after it closes so that its version keeps counting; and the server
+    // the schema was last written on (timeline and system identifier), so
+    // that a connection to another one (a promoted standby, a restore)
+    // opens the window.
+    "CREATE TABLE {s}.suspect_window (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        opened_at_ms BIGINT NOT NULL,
+        until_ms BIGINT NOT NULL,
+        since_ms BIGINT,
+        cause TEXT NOT NULL,
+        version BIGINT NOT NULL
+    );
+    CREATE TABLE {s}.server_epoch (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        timeline BIGINT NOT NULL,
+        system_identifier TEXT NOT NULL
+    );",
 ];
 
 /// The schema version this build writes and reads.

@@ -21,7 +21,7 @@ async fn ambiguous(store: &PgStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_schema_migrates_on_connect() {
-    assert_eq!(SCHEMA_VERSION, 6);
+    assert_eq!(SCHEMA_VERSION, 7);
     let schema = SchemaGuard::new();
     let store = schema.store(None).await;
     let id = ambiguous(&store, "from-v1").await;
@@ -33,6 +33,7 @@ async fn a_version_1_schema_migrates_on_connect() {
             "DROP TABLE {s}.resolutions; DROP TABLE {s}.lookup_tries; \
              DROP INDEX {s}.records_expiring; DROP INDEX {s}.records_tombstones; \
              ALTER TABLE {s}.records DROP COLUMN region; ALTER TABLE {s}.records DROP COLUMN waited; \
+             DROP TABLE {s}.suspect_window; DROP TABLE {s}.server_epoch; \
              UPDATE {s}.schema_version SET version = 1"
         ))
         .await

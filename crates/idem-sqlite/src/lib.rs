@@ -79,6 +79,7 @@ mod backup;
 mod reader;
 mod row;
 mod schema;
+mod window;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -88,8 +89,8 @@ use std::thread::JoinHandle;
 
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, ReplayCache, Resolution, Store, StoreError, StoreFuture, StoredResult, SystemClock,
-    Timestamp, Token,
+    RecordId, ReplayCache, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
+    SystemClock, Timestamp, Token, WindowOpening,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -399,6 +400,18 @@ impl Store for SqliteStore {
 
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
         self.write(|reply| Op::Purge { limit, reply })
+    }
+
+    fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {
+        self.read(|reply| ReadOp::Window { reply })
+    }
+
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a WindowOpening,
+    ) -> StoreFuture<'a, SuspectWindow> {
+        let opening = opening.clone();
+        self.write(|reply| Op::OpenWindow { opening, reply })
     }
 }
 

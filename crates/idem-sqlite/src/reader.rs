@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use idem_core::decision;
 use idem_core::{
     Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Listing, LookupTries, Record, RecordId,
-    State, StoreError, Token,
+    State, StoreError, SuspectWindow, Token,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -38,6 +38,8 @@ pub(crate) enum ReadOp {
         token: Token,
         reply: Reply<Option<LookupTries>>,
     },
+    /// The suspect window.
+    Window { reply: Reply<Option<SuspectWindow>> },
 }
 
 /// The queue every reader thread takes work from.
@@ -67,6 +69,9 @@ pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue:
             Some(ReadOp::LookupTries { id, token, reply }) => {
                 let kept = row::tries(&conn, &id, &store);
                 let _ = reply.send(kept.map(|k| decision::tries_of_attempt(k.as_ref(), token)));
+            }
+            Some(ReadOp::Window { reply }) => {
+                let _ = reply.send(crate::window::read(&conn, &store));
             }
             None => return,
         }

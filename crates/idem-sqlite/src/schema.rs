@@ -88,6 +88,16 @@ const MIGRATIONS: &[&str] = &[
         WHERE state = 'completed';
     CREATE INDEX records_tombstones ON records (tombstone_until_ms, scope, key)
         WHERE state = 'tombstone';",
+    // 6: the suspect window (`idem_core::window`): at most one row, kept
+    // after it closes so that its version keeps counting.
+    "CREATE TABLE suspect_window (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        opened_at_ms INTEGER NOT NULL,
+        until_ms INTEGER NOT NULL,
+        since_ms INTEGER,
+        cause TEXT NOT NULL,
+        version INTEGER NOT NULL
+    ) STRICT;",
 ];
 
 /// The schema version this build writes and reads.

@@ -13,13 +13,14 @@ use std::sync::{Arc, OnceLock};
 use idem_core::decision::{self, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, LookupTries, PurgeReport, Record, RecordId,
-    Resolution, StoreError, StoredResult, Timestamp, Token,
+    Resolution, StoreError, StoredResult, SuspectWindow, Timestamp, Token, WindowOpening,
 };
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::row;
 use crate::schema;
+use crate::window;
 
 /// Where a caller waits for the result of its operation.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -61,6 +62,10 @@ pub(crate) enum Op {
     Purge {
         limit: usize,
         reply: Reply<PurgeReport>,
+    },
+    OpenWindow {
+        opening: WindowOpening,
+        reply: Reply<SuspectWindow>,
     },
 }
 
@@ -311,6 +316,13 @@ impl Writer {
                 Done::Tries(reply, out)
             }
             Op::Purge { limit, reply } => Done::Purge(reply, self.purge(limit)),
+            Op::OpenWindow { opening, reply } => {
+                let out = window::read(&self.conn, &self.store).and_then(|held| {
+                    let opened = SuspectWindow::opened(held.as_ref(), &opening, self.clock.now());
+                    window::write(&self.conn, &self.store, &opened).map(|()| opened)
+                });
+                Done::Window(reply, out)
+            }
         }
     }
 
@@ -449,6 +461,7 @@ enum Done {
     MaybeRecord(Reply<Option<Record>>, Result<Option<Record>, StoreError>),
     Tries(Reply<LookupTries>, Result<LookupTries, StoreError>),
     Purge(Reply<PurgeReport>, Result<PurgeReport, StoreError>),
+    Window(Reply<SuspectWindow>, Result<SuspectWindow, StoreError>),
 }
 
 impl Done {
@@ -463,6 +476,7 @@ impl Done {
             Op::Resolve { reply, .. } => Done::MaybeRecord(reply, Err(e)),
             Op::NoteFailedLookup { reply, .. } => Done::Tries(reply, Err(e)),
             Op::Purge { reply, .. } => Done::Purge(reply, Err(e)),
+            Op::OpenWindow { reply, .. } => Done::Window(reply, Err(e)),
         }
     }
 
@@ -474,6 +488,7 @@ impl Done {
             Done::MaybeRecord(_, r) => r.is_err(),
             Done::Tries(_, r) => r.is_err(),
             Done::Purge(_, r) => r.is_err(),
+            Done::Window(_, r) => r.is_err(),
         }
     }
 
@@ -485,6 +500,7 @@ impl Done {
             Done::MaybeRecord(reply, _) => Done::MaybeRecord(reply, Err(e)),
             Done::Tries(reply, _) => Done::Tries(reply, Err(e)),
             Done::Purge(reply, _) => Done::Purge(reply, Err(e)),
+            Done::Window(reply, _) => Done::Window(reply, Err(e)),
         }
     }
 
@@ -504,6 +520,7 @@ impl Done {
             Done::MaybeRecord(reply, out) => answer(reply, out, failed),
             Done::Tries(reply, out) => answer(reply, out, failed),
             Done::Purge(reply, out) => answer(reply, out, failed),
+            Done::Window(reply, out) => answer(reply, out, failed),
         }
     }
 }

@@ -169,7 +169,7 @@ fn newer_schema(dir: &Path) -> PathBuf {
     let path = dir.join("idem.db");
     drop(SqliteStore::open(&path, SqliteOptions::default()).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.pragma_update(None, "user_version", 7).unwrap();
+    conn.pragma_update(None, "user_version", 8).unwrap();
     path
 }
 
@@ -225,7 +225,7 @@ fn refused_files_are_named_with_the_reason() {
             setup: newer_schema,
             create: true,
             incompatible: true,
-            reason: "schema version 7 is newer than this idem supports (5); upgrade idem",
+            reason: "schema version 8 is newer than this idem supports (6); upgrade idem",
         },
         Refusal {
             name: "missing directory",
@@ -256,7 +256,7 @@ fn refused_files_are_named_with_the_reason() {
             reason: "is a directory, not a database file",
         },
     ];
-    assert_eq!(SCHEMA_VERSION, 5, "update the newer-schema case");
+    assert_eq!(SCHEMA_VERSION, 6, "update the newer-schema case");
     for case in cases {
         let dir = tempfile::tempdir().unwrap();
         let path = (case.setup)(dir.path());

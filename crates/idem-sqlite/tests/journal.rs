@@ -37,7 +37,7 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_file_migrates_on_open() {
-    assert_eq!(SCHEMA_VERSION, 5);
+    assert_eq!(SCHEMA_VERSION, 6);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = open(&path);
@@ -48,7 +48,8 @@ async fn a_version_1_file_migrates_on_open() {
     conn.execute_batch(
         "DROP TABLE resolutions; DROP TABLE lookup_tries; \
          DROP INDEX records_expiring; DROP INDEX records_tombstones; \
-         ALTER TABLE records DROP COLUMN region; PRAGMA user_version = 1;",
+         ALTER TABLE records DROP COLUMN region; DROP TABLE suspect_window; \
+         PRAGMA user_version = 1;",
     )
     .unwrap();
 

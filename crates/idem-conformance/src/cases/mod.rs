@@ -25,6 +25,7 @@ mod resolve;
 mod roundtrip;
 mod support;
 mod tries;
+mod window;
 
 pub use claim::*;
 pub use differential::*;
@@ -37,3 +38,4 @@ pub use region::*;
 pub use resolve::*;
 pub use roundtrip::*;
 pub use tries::*;
+pub use window::*;
