@@ -20,9 +20,9 @@ use crate::verdict::LookupAnswer;
 /// The longest text kept as a window's cause, in bytes.
 pub const WINDOW_CAUSE_BYTES_MAX: usize = 512;
 
-/// The longest a window may be opened for: 400 days, in milliseconds
-/// (longer than any horizon a route may have).
-pub const WINDOW_MS_MAX: u64 = 400 * 24 * 3600 * 1000;
+/// The longest a window may be opened for, in milliseconds: the longest
+/// horizon a route may have ([`crate::HORIZON_S_MAX`]).
+pub const WINDOW_MS_MAX: u64 = crate::HORIZON_S_MAX * 1000;
 
 /// An open (or past) suspect window, as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

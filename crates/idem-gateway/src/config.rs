@@ -41,6 +41,8 @@ pub const ADMIN_TOKEN_ENV_DEFAULT: &str = "IDEM_ADMIN_TOKEN";
 pub const PURGE_INTERVAL_S_DEFAULT: u64 = 60;
 /// The longest time between two purges, in seconds (one day).
 pub const PURGE_INTERVAL_S_MAX: u64 = 86_400;
+/// The longest `suspect_window_s`: the longest horizon a route may have.
+pub const SUSPECT_WINDOW_S_MAX: u64 = idem_core::HORIZON_S_MAX;
 /// Default bound on requests the proxy serves at once. With the default
 /// limits (1 MiB request body, 1 MiB stored response) the requests in
 /// flight buffer at most about 512 MiB.
@@ -103,6 +105,9 @@ pub struct FileConfig {
     pub admin_tls_key_file: Option<PathBuf>,
     /// Seconds between two runs of the retention purge.
     pub purge_interval_s: Option<u64>,
+    /// Seconds a suspect window stays open once the store is found on a
+    /// promoted server; 0 turns the check off.
+    pub suspect_window_s: Option<u64>,
     /// Requests the proxy serves at once; more are refused with 503.
     pub requests_in_flight_max: Option<u64>,
     /// Connections the proxy listener serves at once; more are closed.
@@ -234,6 +239,12 @@ pub struct GatewayConfig {
     pub admin_tls: Option<AdminTls>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// How long a suspect window stays open once a PostgreSQL store is
+    /// found on another server than it was written on (a promotion, a
+    /// point-in-time restore); zero: not checked. Defaults to the longest
+    /// retention of any route, after which the records a failover lost
+    /// would have been forgotten anyway.
+    pub suspect_window: Duration,
     /// Requests the proxy serves at once (each buffers up to its route's
     /// body limit and its response); a request over it is refused at once
     /// with 503 `overloaded` and `Retry-After`, nothing claimed or
@@ -599,6 +610,23 @@ impl GatewayConfig {
         let admin_tls = tls
             .admin()
             .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
+        let suspect_window = match file.suspect_window_s {
+            None => Duration::from_secs(
+                routes
+                    .iter()
+                    .map(|r| r.policy().retention_s())
+                    .max()
+                    .unwrap_or(idem_core::Policy::default().retention_s()),
+            ),
+            Some(s @ 0..=SUSPECT_WINDOW_S_MAX) => Duration::from_secs(s),
+            Some(s) => {
+                return Err(err(
+                    "suspect_window_s",
+                    format!("{s} is out of range (0..={SUSPECT_WINDOW_S_MAX})"),
+                    true,
+                ));
+            }
+        };
         Ok(GatewayConfig {
             base_dir,
             lookups,
@@ -618,6 +646,7 @@ impl GatewayConfig {
             admin_listen,
             admin_token_env,
             purge_interval,
+            suspect_window,
             requests_in_flight_max,
             connections,
             admin_connections,

@@ -57,7 +57,8 @@ pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
-    ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp, WaitOutcome,
+    ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
+    WaitOutcome, WindowOutcome,
 };
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
@@ -73,7 +74,7 @@ pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
     RESPONSE_BYTES_MAX, read_body,
 };
-pub use settle::SettleOnRetry;
+pub use settle::{SettleOnRetry, VerifyFresh};
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
     WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT, WaitLimits,

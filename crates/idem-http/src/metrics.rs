@@ -39,6 +39,46 @@ pub struct Metrics {
     store_seconds: [Histogram; StoreOp::ALL.len()],
     upstream_seconds: Histogram,
     waits: [AtomicU64; WaitOutcome::ALL.len()],
+    window_claims: [AtomicU64; WindowOutcome::ALL.len()],
+}
+
+/// What became of a fresh claim inside a suspect window, as counted in
+/// `idem_window_claims_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WindowOutcome {
+    /// The provider had the effect: its answer was stored and replayed.
+    Executed,
+    /// The provider had no effect: forwarded.
+    NotExecuted,
+    /// "Not found" while a forgotten attempt might still run: 503.
+    NotYet,
+    /// The lookup gave no answer: 503, nothing forwarded.
+    LookupFailed,
+    /// The route has no lookup: forwarded unverified.
+    Unverified,
+}
+
+impl WindowOutcome {
+    /// Every outcome, in the order they are rendered.
+    pub const ALL: [WindowOutcome; 5] = [
+        WindowOutcome::Executed,
+        WindowOutcome::NotExecuted,
+        WindowOutcome::NotYet,
+        WindowOutcome::LookupFailed,
+        WindowOutcome::Unverified,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowOutcome::Executed => "executed",
+            WindowOutcome::NotExecuted => "not_executed",
+            WindowOutcome::NotYet => "not_yet",
+            WindowOutcome::LookupFailed => "lookup_failed",
+            WindowOutcome::Unverified => "unverified",
+        }
+    }
 }
 
 /// How a request that asked to wait for the original attempt ended, as
@@ -215,6 +255,16 @@ impl Metrics {
         self.waits[outcome as usize].load(Ordering::Relaxed)
     }
 
+    /// Counts one fresh claim inside a suspect window.
+    pub fn window_claim(&self, outcome: WindowOutcome) {
+        bump(&self.window_claims[outcome as usize]);
+    }
+
+    /// The current value of `idem_window_claims_total{outcome}`.
+    pub fn window_claims(&self, outcome: WindowOutcome) -> u64 {
+        self.window_claims[outcome as usize].load(Ordering::Relaxed)
+    }
+
     /// Records how long one store operation took.
     pub fn observe_store(&self, op: StoreOp, elapsed: Duration) {
         self.store_seconds[op as usize].observe(elapsed);
@@ -309,6 +359,15 @@ impl Metrics {
             "Requests that waited for the original attempt of their key, by how the wait ended.",
             "outcome",
             &waits,
+        );
+        let window = WindowOutcome::ALL.map(|o| (o.as_str(), self.window_claims(o)));
+        labelled(
+            &mut out,
+            "idem_window_claims_total",
+            "Fresh claims inside a suspect window (the store may have lost records), by what \
+             the provider's lookup said; unverified: the route has no lookup.",
+            "outcome",
+            &window,
         );
         self.render_resolutions(&mut out);
         let purged = [

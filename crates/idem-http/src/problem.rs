@@ -94,6 +94,11 @@ pub enum ProblemKind {
     /// too little of the lease was left to forward; the record was
     /// released and nothing was forwarded.
     LeaseSpent,
+    /// The store may have lost this key's record (a suspect window after a
+    /// failover or a restore) and the provider could not yet say whether
+    /// its effect happened; the record was released and nothing was
+    /// forwarded.
+    Unverified,
 }
 
 impl ProblemKind {
@@ -123,6 +128,7 @@ impl ProblemKind {
             ProblemKind::UnknownHomeRegion => "unknown-home-region",
             ProblemKind::PeerUnavailable => "peer-unavailable",
             ProblemKind::LeaseSpent => "lease-spent",
+            ProblemKind::Unverified => "unverified",
         }
     }
 
@@ -154,6 +160,9 @@ impl ProblemKind {
             ProblemKind::UnknownHomeRegion => "The key's home region cannot be derived",
             ProblemKind::PeerUnavailable => "The key's home region cannot be reached",
             ProblemKind::LeaseSpent => "The idempotency store answered too late to forward",
+            ProblemKind::Unverified => {
+                "The key could not be verified after the store may have lost records"
+            }
         }
     }
 
@@ -175,7 +184,8 @@ impl ProblemKind {
             ProblemKind::StoreUnavailable
             | ProblemKind::Overloaded
             | ProblemKind::PeerUnavailable
-            | ProblemKind::LeaseSpent => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemKind::LeaseSpent
+            | ProblemKind::Unverified => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::WrongRegion => StatusCode::MISDIRECTED_REQUEST,
             ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamFailed
@@ -185,7 +195,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 23] = [
+    pub const ALL: [ProblemKind; 24] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -209,6 +219,7 @@ impl ProblemKind {
         ProblemKind::UnknownHomeRegion,
         ProblemKind::PeerUnavailable,
         ProblemKind::LeaseSpent,
+        ProblemKind::Unverified,
     ];
 }
 

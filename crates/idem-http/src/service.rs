@@ -15,19 +15,20 @@ use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Completion, LeaseLeft, LimitError, Record, RecordId,
-    Store, StoreError, StoredResult, Token, lease,
+    AttemptOutcome, Claim, ClaimRequest, Clock, Completion, LeaseLeft, LimitError, Record,
+    RecordId, Store, StoreError, StoredResult, SuspectWindow, SystemClock, Token, Verification,
+    WindowWatch, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
 
 use crate::gate::{BeforeClaim, ClaimGate, Gate};
-use crate::metrics::{ClaimDecision, Metrics, StoreOp, WaitOutcome};
+use crate::metrics::{ClaimDecision, Metrics, StoreOp, WaitOutcome, WindowOutcome};
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
-use crate::settle::SettleOnRetry;
+use crate::settle::{SettleOnRetry, VerifyFresh};
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};
 
@@ -68,6 +69,8 @@ struct Shared {
     gate: Option<Arc<dyn ClaimGate>>,
     waiters: Arc<Waiters>,
     settler: Option<Arc<dyn SettleOnRetry>>,
+    window: Arc<WindowWatch>,
+    verifier: Option<Arc<dyn VerifyFresh>>,
 }
 
 impl IdempotencyLayer {
@@ -84,6 +87,8 @@ impl IdempotencyLayer {
                 gate: None,
                 waiters: Arc::new(Waiters::new(WaitLimits::default())),
                 settler: None,
+                window: Arc::default(),
+                verifier: None,
             }),
         }
     }
@@ -130,6 +135,23 @@ impl IdempotencyLayer {
     /// claim again; without one, the retry gets 409 `outcome-unknown`.
     pub fn with_settle_on_retry(self, settler: Arc<dyn SettleOnRetry>) -> IdempotencyLayer {
         self.edit(|shared| shared.settler = Some(settler))
+    }
+
+    /// Verifies every fresh claim while `window` says the store may have
+    /// lost records (a suspect window after a failover or a restore):
+    /// asks `verifier` (the gateway's reconciler, for routes with a lookup)
+    /// before anything is forwarded. A route `verifier` does not cover, or
+    /// every route when there is none, is forwarded unverified and counted
+    /// (`idem_window_claims_total{outcome="unverified"}`).
+    pub fn with_suspect_window(
+        self,
+        window: Arc<WindowWatch>,
+        verifier: Option<Arc<dyn VerifyFresh>>,
+    ) -> IdempotencyLayer {
+        self.edit(|shared| {
+            shared.window = window;
+            shared.verifier = verifier;
+        })
     }
 
     /// Wakes the requests waiting on `id` to ask the store again: for a
@@ -410,13 +432,25 @@ where
     shared.metrics.claim(&claim);
     match claim {
         Claim::Acquired {
-            token, lease_ms, ..
+            token,
+            lease_ms,
+            took_over,
+            ..
         } => {
             let acquired = Acquired {
                 token,
                 lease_ms,
                 sent_at,
             };
+            // A key the store holds no record of may still have executed
+            // while a suspect window is open: ask the provider first.
+            if took_over.is_none()
+                && let Some(window) = shared.window.open_at(SystemClock.now())
+                && let Some(answer) = verify_fresh(shared, route, id, &window, token).await
+            {
+                shared.waiters.wake(id);
+                return with_preference(answer, waited);
+            }
             let req = (parts, body);
             let response = forward(shared, route, id, acquired, inner, req).await;
             // The attempt is settled (or could not be): whoever waits on
@@ -427,6 +461,79 @@ where
         Claim::Replay { record } => with_preference(replay(&record), waited),
         other => with_preference(problem(refusal(route, id, other)), waited),
     }
+}
+
+/// Verifies a fresh claim of `id` inside `window` (see
+/// [`IdempotencyLayer::with_suspect_window`]): `None` to forward it, or the
+/// answer instead: the provider's result stored and replayed, or, when the
+/// provider cannot yet say, 503 with the attempt released unsent.
+async fn verify_fresh<B: From<Bytes>>(
+    shared: &Shared,
+    route: &Route,
+    id: &RecordId,
+    window: &SuspectWindow,
+    token: Token,
+) -> Option<Response<B>> {
+    let Some(verifier) = shared.verifier.as_ref().filter(|v| v.covers(id)) else {
+        shared.metrics.window_claim(WindowOutcome::Unverified);
+        tracing::warn!(scope = %id.scope, key = %id.key, cause = %window.cause,
+            "a fresh claim inside the suspect window on a route without a lookup: forwarded \
+             unverified; the store may have lost a record of this key");
+        return None;
+    };
+    let lease_ms = route.policy().lease_ms();
+    let (retry_after_s, detail) = match verifier.verify(id, window, lease_ms).await {
+        Verification::NotExecuted => {
+            shared.metrics.window_claim(WindowOutcome::NotExecuted);
+            return None;
+        }
+        Verification::Executed(result) => {
+            shared.metrics.window_claim(WindowOutcome::Executed);
+            tracing::info!(scope = %id.scope, key = %id.key,
+                "the provider has this key's effect, which the store had lost: its answer is \
+                 stored and replayed, nothing forwarded");
+            let completed = timed(
+                &shared.metrics,
+                (StoreOp::Complete, id),
+                shared.store.complete(id, token, result),
+                |_| "completed",
+            )
+            .await;
+            return Some(match completed {
+                Ok(record) => replay(&record),
+                Err(e) => problem(store_unavailable(id, &e)),
+            });
+        }
+        Verification::NotYet { at } => {
+            shared.metrics.window_claim(WindowOutcome::NotYet);
+            let wait_ms = SystemClock.now().millis_until(at);
+            (
+                wait_ms.div_ceil(1000).max(1),
+                format!(
+                    "the store may have lost records ({}), and an attempt it forgot may still \
+                     be running at the provider for {wait_ms} ms; nothing was forwarded, retry \
+                     after that",
+                    window.cause
+                ),
+            )
+        }
+        Verification::Failed { reason } => {
+            shared.metrics.window_claim(WindowOutcome::LookupFailed);
+            (
+                1,
+                format!(
+                    "the store may have lost records ({}), and the provider could not say \
+                     whether this key executed ({reason}); nothing was forwarded",
+                    window.cause
+                ),
+            )
+        }
+    };
+    let cause = "not verified inside the suspect window; not forwarded";
+    settle(shared, id, token, Completion::Release, cause).await;
+    Some(problem(
+        Problem::new(ProblemKind::Unverified, detail).retry_after(retry_after_s),
+    ))
 }
 
 /// How a wait ended, as counted in `idem_waits_total{outcome}`.

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::verdict::{self, AfterFailure, AfterResolve, LookupAnswer, Triage, Verdict};
+use idem_core::window::{self, SuspectWindow, Verification};
 use idem_core::{
     Clock, DamagedRow, ListCursor, ListQuery, Listing, LookupTries, Outcome, RecordId, Resolution,
     State, Store, StoreError, Timestamp, Token,
@@ -383,6 +384,55 @@ impl Reconciler {
             }
             Some(Step::Elsewhere) => Settled::Changed,
             Some(Step::NotYet { .. }) | None => Settled::NotNow,
+        }
+    }
+
+    /// Whether the operation of `id` has a lookup.
+    pub fn has_lookup(&self, id: &RecordId) -> bool {
+        self.probers.contains_key(scope_parts(id).0)
+    }
+
+    /// Asks the provider about `id`, claimed fresh inside the suspect
+    /// `window` by a route leasing `lease_ms`, and gives the verdict
+    /// ([`idem_core::window::verify_verdict`]): the same lookup a scan
+    /// sends, bounded by its timeout, counted against the same
+    /// `concurrency` as the lookups made on retries (none free: failed,
+    /// nothing asked). Writes nothing: the claim holds the record.
+    pub async fn verify_fresh(
+        &self,
+        id: &RecordId,
+        window: &SuspectWindow,
+        lease_ms: u64,
+    ) -> Verification {
+        let Some(prober) = self.probers.get(scope_parts(id).0) else {
+            return Verification::Failed {
+                reason: "the operation has no lookup".into(),
+            };
+        };
+        let Ok(_permit) = self.inline.permits.try_acquire() else {
+            return Verification::Failed {
+                reason: format!(
+                    "every one of the {} lookup slots is busy",
+                    self.settings.concurrency()
+                ),
+            };
+        };
+        let span = tracing::info_span!(
+            "idem.verify",
+            idem.scope = %id.scope,
+            idem.key = %id.key,
+            idem.finding = Empty,
+        );
+        let asked_at = self.clock.now();
+        let (answer, reason) = match prober.ask(id).instrument(span.clone()).await {
+            Finding::Found { result, reason } => (LookupAnswer::Found(result), reason),
+            Finding::NotFound { reason } => (LookupAnswer::NotFound, reason),
+            Finding::Failed { reason } => (LookupAnswer::Failed, reason),
+        };
+        span.record("idem.finding", finding_name(&answer));
+        match window::verify_verdict(answer, asked_at, window, lease_ms) {
+            Verification::Failed { .. } => Verification::Failed { reason },
+            verdict => verdict,
         }
     }
 

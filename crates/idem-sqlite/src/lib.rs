@@ -97,7 +97,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::reader::ReadOp;
 use crate::writer::{Counters, Death, Op, Reply, Writer};
 
-pub use backup::{BackupReport, backup};
+pub use backup::{BackupReport, RestoreReport, backup, restore};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The most operations one group commit takes.

@@ -47,7 +47,8 @@ enum Command {
     /// Inspect idempotency records in a store, and resolve ambiguous ones.
     #[command(subcommand)]
     Records(RecordsCommand),
-    /// Copy a store while it serves (`idem store backup`).
+    /// Back up and restore a store (`idem store backup`, `restore`,
+    /// `mark-restored`).
     #[command(subcommand)]
     Store(StoreCommand),
     /// Walk through the contract in a few seconds: a demo payout API behind
@@ -60,6 +61,13 @@ enum StoreCommand {
     /// Write a consistent copy of an SQLite store to a new file, while the
     /// gateway serves from it (SQLite's online backup), and check the copy.
     Backup(store_cmd::BackupArgs),
+    /// Put a backup back in place of an SQLite store (stopped), with the
+    /// suspect window open: keys the backup lacks are verified with the
+    /// provider before they run again.
+    Restore(store_cmd::RestoreArgs),
+    /// Tell a store (SQLite or PostgreSQL) it was restored to a point in
+    /// time by other means: opens the suspect window from that point.
+    MarkRestored(store_cmd::MarkRestoredArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -119,6 +127,10 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
         Command::Demo(args) => block_on(demo::run(args)),
         Command::Store(StoreCommand::Backup(args)) => finish(store_cmd::backup(args)),
+        Command::Store(StoreCommand::Restore(args)) => finish(store_cmd::restore(args)),
+        Command::Store(StoreCommand::MarkRestored(args)) => {
+            block_on(store_cmd::mark_restored(args))
+        }
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();

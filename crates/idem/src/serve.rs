@@ -93,11 +93,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .filter(|(_, mode)| **mode == RegionMode::Synchronous)
         .map(|(route, _)| format!("{:?}", idem_gateway::contracts::route_name(route)))
         .collect();
-    let store = if synchronous.is_empty() {
-        url.open()?
-    } else {
-        url.open_synchronous(&synchronous)?
-    };
+    let suspect_window_ms = u64::try_from(config.suspect_window.as_millis()).unwrap_or(u64::MAX);
+    let store = url.open_serving(&synchronous, suspect_window_ms)?;
     store_url::log_opened(url);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -2,12 +2,19 @@
 //! gateway serves from it (docs/stores.md, "Backups"). A PostgreSQL store
 //! is backed up with the database that holds it, together with the
 //! business data, not by idem.
+//!
+//! `idem store restore` puts such a copy back, and `idem store
+//! mark-restored` tells any store that it was restored by other means:
+//! both open the suspect window (docs/contract.md, "After a failover or a
+//! restore"), in which fresh claims on routes with a lookup are verified
+//! with the provider before they run.
 
 use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
+use idem_core::{Clock, SystemClock, Timestamp, WindowOpening};
 
-use crate::store_url::{self, STORE_DEFAULT, StoreUrl};
+use crate::store_url::{self, OpenStore, STORE_DEFAULT, StoreUrl};
 
 /// `idem store backup`.
 #[derive(Debug, clap::Args)]
@@ -42,4 +49,155 @@ pub fn backup(args: BackupArgs) -> anyhow::Result<()> {
         idem_sqlite::SCHEMA_VERSION
     );
     Ok(())
+}
+
+/// The default length of a suspect window opened from the command line:
+/// the default retention of a route (24 h), after which the records a
+/// restore lost would have been forgotten anyway.
+pub const WINDOW_S_DEFAULT: u64 = 86_400;
+
+/// `idem store restore`.
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    /// The store to replace, as a URL (an SQLite store). No process may
+    /// have it open: stop the gateway first.
+    #[arg(long, default_value = STORE_DEFAULT)]
+    store: String,
+    /// The backup to restore (a file `idem store backup` wrote).
+    #[arg(long)]
+    from: PathBuf,
+    /// How long the suspect window stays open, in seconds: the longest
+    /// retention of your routes.
+    #[arg(long, default_value_t = WINDOW_S_DEFAULT)]
+    window_s: u64,
+}
+
+/// Restores the backup in place of the store, with the suspect window
+/// open; prints what it did.
+pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let url = store_url::from_flag(&args.store)?;
+    let path = match &url {
+        StoreUrl::Sqlite(path) => path,
+        StoreUrl::Postgres(_) => bail!(
+            "--store: {url} is a PostgreSQL store: restore it with the database that holds it \
+             (point-in-time recovery), then run `idem store mark-restored --since TIME`; \
+             docs/stores.md, \"Backups\""
+        ),
+    };
+    let window_ms = window_ms(args.window_s)?;
+    let report = idem_sqlite::restore(&args.from, path, (window_ms, SystemClock.now()))
+        .map_err(|e| anyhow::anyhow!("cannot restore {} into {url}: {e}", args.from.display()))?;
+    println!(
+        "restored {} into {url}: {} records{}",
+        args.from.display(),
+        report.records,
+        report.replaced.map_or(String::new(), |p| format!(
+            "; the store it replaced is kept as {}",
+            p.display()
+        ))
+    );
+    print_window(&report.window);
+    Ok(())
+}
+
+/// `idem store mark-restored`.
+#[derive(Debug, clap::Args)]
+pub struct MarkRestoredArgs {
+    /// The store that was restored, as a URL.
+    #[arg(long, default_value = STORE_DEFAULT)]
+    store: String,
+    /// The point it was restored to: an RFC 3339 instant
+    /// (2026-12-01T09:30:00Z). Records written after it may be gone.
+    #[arg(long)]
+    since: String,
+    /// How long the suspect window stays open, in seconds: the longest
+    /// retention of your routes.
+    #[arg(long, default_value_t = WINDOW_S_DEFAULT)]
+    window_s: u64,
+}
+
+/// Opens the suspect window on the store from `--since`; gateways already
+/// running see it within a second.
+pub async fn mark_restored(args: MarkRestoredArgs) -> anyhow::Result<()> {
+    let url = store_url::from_flag(&args.store)?;
+    let since = parse_instant(&args.since).context("--since")?;
+    let opening = WindowOpening {
+        length_ms: window_ms(args.window_s)?,
+        since: Some(since),
+        cause: format!("marked restored to {} by an operator", args.since.trim()),
+    };
+    let Some(store) = url.open_existing()? else {
+        bail!("--store: there is no store at {url}");
+    };
+    let window = store
+        .open_suspect_window(&opening)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the suspect window on {url}: {e}"))?;
+    println!("marked {url} restored to {}", args.since.trim());
+    print_window(&window);
+    Ok(())
+}
+
+fn window_ms(window_s: u64) -> anyhow::Result<u64> {
+    match window_s {
+        0 => bail!("--window-s: 0 would open no window; give the longest retention of your routes"),
+        s if s > idem_core::HORIZON_S_MAX => bail!(
+            "--window-s: {s} is out of range (1..={})",
+            idem_core::HORIZON_S_MAX
+        ),
+        s => Ok(s * 1000),
+    }
+}
+
+/// An RFC 3339 instant as milliseconds since the epoch; refused before the
+/// epoch or in the future.
+fn parse_instant(text: &str) -> anyhow::Result<Timestamp> {
+    let at =
+        time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{text:?} is not an RFC 3339 instant (e.g. 2026-12-01T09:30:00Z): {e}"
+                )
+            })?;
+    let ms = at.unix_timestamp_nanos() / 1_000_000;
+    let ms = u64::try_from(ms).map_err(|_| anyhow::anyhow!("{text:?} is before 1970"))?;
+    let at = Timestamp::from_millis(ms);
+    if at > SystemClock.now() {
+        bail!("{text:?} is in the future; give the point the store was restored to");
+    }
+    Ok(at)
+}
+
+fn print_window(w: &idem_core::SuspectWindow) {
+    println!(
+        "suspect window open until {} ({}): fresh claims on routes with a lookup are verified \
+         with the provider before they run; routes without one are counted as unverified",
+        idem_gateway::rfc3339(w.until),
+        w.cause
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rfc3339_in_the_past() {
+        assert_eq!(
+            parse_instant("2026-01-02T03:04:05.678Z").unwrap(),
+            Timestamp::from_millis(1_767_323_045_678)
+        );
+        assert_eq!(
+            parse_instant(" 2026-01-02T04:04:05.678+01:00 ").unwrap(),
+            Timestamp::from_millis(1_767_323_045_678)
+        );
+        for bad in [
+            "yesterday",
+            "2026-01-02",
+            "1969-12-31T23:59:59Z",
+            "2999-01-01T00:00:00Z",
+        ] {
+            assert!(parse_instant(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -29,11 +29,19 @@ pub fn log_opened(url: &StoreUrl) {
 
 /// Opening what a [`StoreUrl`] names.
 pub trait OpenStore {
-    /// Opens the store for routes in `synchronous` mode: refused on SQLite
-    /// (one file on one machine is not replicated); on PostgreSQL the
-    /// replication settings are checked now and on every new connection
-    /// ([`idem_postgres::replication`]).
-    fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>>;
+    /// Opens the store for `idem serve`, creating an empty one if there is
+    /// none. With routes in `synchronous` mode: refused on SQLite (one file
+    /// on one machine is not replicated); on PostgreSQL the replication
+    /// settings are checked now and on every new connection
+    /// ([`idem_postgres::replication`]). On PostgreSQL, every new
+    /// connection also checks that the server is the one last written on,
+    /// and opens the suspect window for `suspect_window_ms` when it is not
+    /// (`0`: not checked).
+    fn open_serving(
+        &self,
+        synchronous: &[String],
+        suspect_window_ms: u64,
+    ) -> anyhow::Result<Arc<dyn Store>>;
     /// Opens the store, creating an empty one if there is none.
     fn open(&self) -> anyhow::Result<Arc<dyn Store>>;
     /// Opens an existing store for inspection, or `None` if there is none
@@ -43,21 +51,31 @@ pub trait OpenStore {
 }
 
 impl OpenStore for StoreUrl {
-    fn open_synchronous(&self, routes: &[String]) -> anyhow::Result<Arc<dyn Store>> {
-        let names = routes.join(", ");
+    fn open_serving(
+        &self,
+        synchronous: &[String],
+        suspect_window_ms: u64,
+    ) -> anyhow::Result<Arc<dyn Store>> {
+        let names = synchronous.join(", ");
+        let serving = Serving {
+            synchronous: !synchronous.is_empty(),
+            suspect_window_ms,
+        };
         match self {
-            StoreUrl::Sqlite(_) => bail!(
+            StoreUrl::Sqlite(_) if serving.synchronous => bail!(
                 "route {names} has regions = {{ mode = \"synchronous\" }}, but the store {self} \
                  is one SQLite file on one machine, not replicated: use a PostgreSQL primary \
                  with a synchronous standby, or another mode"
             ),
-            StoreUrl::Postgres(url) => match connect_postgres(url, true, true) {
+            StoreUrl::Sqlite(_) => self.open(),
+            StoreUrl::Postgres(url) => match connect_postgres(url, true, serving) {
                 Ok(Some(store)) => Ok(Arc::new(store)),
                 Ok(None) => bail!("store {self} was not created"),
-                Err(e) => Err(e.context(format!(
+                Err(e) if serving.synchronous => Err(e.context(format!(
                     "route {names} has regions = {{ mode = \"synchronous\" }}, and the store \
                      {self} is refused"
                 ))),
+                Err(e) => Err(e),
             },
         }
     }
@@ -69,7 +87,7 @@ impl OpenStore for StoreUrl {
                     .with_context(|| format!("cannot open store {self}"))?;
                 Ok(Arc::new(store))
             }
-            StoreUrl::Postgres(url) => match connect_postgres(url, true, false)? {
+            StoreUrl::Postgres(url) => match connect_postgres(url, true, Serving::default())? {
                 Some(store) => Ok(Arc::new(store)),
                 None => bail!("store {self} was not created"),
             },
@@ -91,7 +109,7 @@ impl OpenStore for StoreUrl {
                 Ok(Some(Arc::new(store)))
             }
             StoreUrl::Postgres(url) => {
-                let store = connect_postgres(url, false, false)?;
+                let store = connect_postgres(url, false, Serving::default())?;
                 Ok(store.map(|s| Arc::new(s) as Arc<dyn Store>))
             }
         }
@@ -102,7 +120,16 @@ impl OpenStore for StoreUrl {
 /// its own, so that this synchronous call works inside or outside the
 /// caller's runtime; the pool opens its connections later, on the runtime
 /// of the operations that use them.
-fn connect_postgres(url: &str, create: bool, synchronous: bool) -> anyhow::Result<Option<PgStore>> {
+/// What a serving gateway asks of a PostgreSQL store beyond opening it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Serving {
+    /// Check on every connection that commits wait for a synchronous standby.
+    synchronous: bool,
+    /// Open the suspect window this long on a changed server; 0: do not check.
+    suspect_window_ms: u64,
+}
+
+fn connect_postgres(url: &str, create: bool, serving: Serving) -> anyhow::Result<Option<PgStore>> {
     let options = PgOptions::default();
     let connect = || -> anyhow::Result<Result<Option<PgStore>, StoreError>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -115,13 +142,24 @@ fn connect_postgres(url: &str, create: bool, synchronous: bool) -> anyhow::Resul
             } else {
                 PgStore::connect_existing(url, options.clone()).await
             };
-            if synchronous && let Ok(Some(store)) = &store {
+            if serving.synchronous
+                && let Ok(Some(store)) = &store
+            {
                 let settings = store.require_synchronous_replication().await?;
                 tracing::info!(
                     synchronous_commit = %settings.synchronous_commit,
                     synchronous_standby_names = %settings.synchronous_standby_names,
                     "the store is synchronously replicated"
                 );
+            }
+            if serving.suspect_window_ms > 0
+                && let Ok(Some(store)) = &store
+            {
+                // A window this finds is logged by the gateway, which reads
+                // the store's window when it starts.
+                store
+                    .open_window_on_promotion(serving.suspect_window_ms)
+                    .await?;
             }
             Ok::<_, anyhow::Error>(store)
         })
