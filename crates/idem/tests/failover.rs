@@ -7,8 +7,12 @@
 //!
 //! With a synchronous standby (`remote_apply`) nothing may run twice and
 //! nothing may be lost. With asynchronous replication the records in the
-//! unreplicated tail are gone: their redelivery executes again, and the
-//! test counts those duplicates (docs/regions.md has the figures).
+//! unreplicated tail are gone, but the gateway notices it reached another
+//! server (a new timeline) and opens the suspect window: each redelivery
+//! of a key the store forgot is looked up at the provider by its forwarded
+//! key and answered with the provider's answer, so nothing runs twice.
+//! Without a lookup the redeliveries execute again, and the test counts
+//! those duplicates (docs/regions.md has the figures).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -39,8 +43,16 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// little longer than the upstream's response timeout, a lookup at the
 /// upstream and a reconciler that scans every second, so the records a
 /// failover leaves in progress are resolved within seconds.
-fn gateway_config(site: &Site, up: &Upstream, replication: Replication) -> PathBuf {
-    let lookup = format!("{}/transfers/by-key/{{forwarded_key}}", up.url());
+fn gateway_config(site: &Site, up: &Upstream, (replication, lookup): Scenario) -> PathBuf {
+    let lookup = if lookup {
+        format!(
+            "[[lookup]]\nroute = \"transfers\"\nurl = \"{}/transfers/by-key/{{forwarded_key}}\"\n\
+             timeout_ms = 500\nconnect_timeout_ms = 200\n",
+            up.url()
+        )
+    } else {
+        String::new()
+    };
     // The synchronous scenario's route asks for it: `idem serve` checks the
     // store at start and every new connection after the failover.
     let mode = match replication {
@@ -53,8 +65,7 @@ fn gateway_config(site: &Site, up: &Upstream, replication: Replication) -> PathB
          max_tries = 100\nconcurrency = 8\nrate_per_s = 1000\n\
          [[route]]\nname = \"transfers\"\nmethods = [\"POST\"]\npath = \"/transfers\"\n\
          {mode}lease_ms = 2000\nforward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
-         [[lookup]]\nroute = \"transfers\"\nurl = \"{lookup}\"\ntimeout_ms = 500\n\
-         connect_timeout_ms = 200\n"
+         {lookup}"
     ))
 }
 
@@ -68,7 +79,7 @@ fn store_url(cluster: &PgCluster) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronous_replication_fails_over_without_duplicates_or_losses() {
-    let report = failover(Replication::Synchronous).await;
+    let report = failover((Replication::Synchronous, WITH_LOOKUP)).await;
     report.print("synchronous (remote_apply)");
     report.assert_gateway_held();
     assert_eq!(report.duplicates, Vec::<String>::new(), "duplicates");
@@ -82,16 +93,49 @@ async fn synchronous_replication_fails_over_without_duplicates_or_losses() {
     );
 }
 
+/// The suspect window with a lookup: twice, since the tail differs from
+/// run to run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn asynchronous_replication_fails_over_and_counts_the_tail() {
-    let report = failover(Replication::Asynchronous).await;
-    report.print("asynchronous");
+async fn asynchronous_replication_fails_over_without_duplicates_when_the_provider_answers() {
+    for run in 1..=2 {
+        let report = failover((Replication::Asynchronous, WITH_LOOKUP)).await;
+        report.print(&format!("asynchronous, with a lookup, run {run}"));
+        report.assert_gateway_held();
+        assert!(report.window_opened, "the promotion opened the window");
+        assert!(
+            report.tail_records > 0,
+            "there was a tail to lose: {report:?}"
+        );
+        assert_eq!(
+            report.duplicates,
+            Vec::<String>::new(),
+            "run {run}: duplicates"
+        );
+        assert_eq!(report.lost, Vec::<String>::new(), "run {run}: lost intents");
+        assert_eq!(
+            report.executed_again, 0,
+            "run {run}: redeliveries that executed"
+        );
+        assert!(report.left_for_operator.is_empty(), "run {run}: {report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_replication_without_a_lookup_counts_the_tail() {
+    let report = failover((Replication::Asynchronous, !WITH_LOOKUP)).await;
+    report.print("asynchronous, no lookup");
     report.assert_gateway_held();
+    assert!(report.window_opened, "the promotion opened the window");
     assert_eq!(report.lost, Vec::<String>::new(), "lost intents");
     // Every second effect is a record lost with the tail, met again by
     // its redelivery; none comes from a retry the gateway let through.
     assert_eq!(report.duplicates.len(), report.executed_again, "{report:?}");
 }
+
+/// A scenario: how the store replicates, and whether the route has a
+/// lookup at the upstream.
+type Scenario = (Replication, bool);
+const WITH_LOOKUP: bool = true;
 
 /// What one scenario saw.
 #[derive(Debug, Default)]
@@ -119,13 +163,19 @@ struct Report {
     /// Synchronous only: the answer to a fresh key while the promoted node
     /// had no synchronous standby.
     unreplicated_primary: Option<Reply>,
+    /// The gateway said it opened the suspect window.
+    window_opened: bool,
+    /// Without a lookup: keys whose outcome stays unknown until an
+    /// operator resolves them (409 `outcome-unknown`).
+    left_for_operator: BTreeSet<String>,
 }
 
 impl Report {
     fn print(&self, mode: &str) {
         println!(
             "failover, {mode}: {} intents, {} duplicates, {} lost, {} redeliveries executed again, \
-             {} records ({} bytes of WAL) in the unreplicated tail, {} 503s retried",
+             {} records ({} bytes of WAL) in the unreplicated tail, {} 503s retried, {} left for \
+             an operator",
             self.intents,
             self.duplicates.len(),
             self.lost.len(),
@@ -133,6 +183,7 @@ impl Report {
             self.tail_records,
             self.tail_wal_bytes,
             self.unavailable_seen,
+            self.left_for_operator.len(),
         );
     }
 
@@ -151,17 +202,18 @@ impl Report {
     }
 }
 
-async fn failover(replication: Replication) -> Report {
+async fn failover(scenario: Scenario) -> Report {
+    let (replication, lookup) = scenario;
     let mut cluster = PgCluster::start_primary(replication).unwrap();
     let relay = Relay::start(cluster.primary_addr()).await.unwrap();
     tokio::task::block_in_place(|| cluster.add_standby(relay.addr())).unwrap();
     let (up, site) = (Upstream::start().await, Site::new());
-    let config = gateway_config(&site, &up, replication);
+    let config = gateway_config(&site, &up, scenario);
     let gw = Gateway::start_url(&up.url(), &store_url(&cluster), Some(&config));
     let url = gw.url("/transfers");
     let mut report = Report::default();
 
-    let load = Load::start(&url, replication);
+    let load = Load::start(&url, scenario);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     relay.freeze();
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -192,7 +244,7 @@ async fn failover(replication: Replication) -> Report {
         })
         .unwrap();
     }
-    report.reconnected = settle(&support::client(), &url, "after-promotion-probe")
+    report.reconnected = settle(&support::client(), (&url, lookup), "after-promotion-probe")
         .await
         .is_some_and(|r| r.status == 200);
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -200,8 +252,9 @@ async fn failover(replication: Replication) -> Report {
     report.unavailable_seen = unavailable_seen;
     report.intents = answers.len();
 
-    redeliver(&url, &answers, &mut report).await;
+    redeliver((&url, lookup), &answers, &mut report).await;
     count(&up, &answers, &mut report);
+    report.window_opened = gw.logs().contains("suspect window open");
     if !report.lost.is_empty() || !report.reconnected {
         eprintln!("gateway log:\n{}", gw.logs());
         eprintln!("new primary log:\n{}", cluster.log(Role::Standby));
@@ -213,14 +266,20 @@ async fn failover(replication: Replication) -> Report {
 /// Each intent once more, as an at-least-once queue would redeliver it:
 /// a replay of the first answer, or (a record lost with the tail) a new
 /// execution.
-async fn redeliver(url: &str, answers: &HashMap<String, Option<Reply>>, report: &mut Report) {
+async fn redeliver(
+    url: (&str, bool),
+    answers: &HashMap<String, Option<Reply>>,
+    report: &mut Report,
+) {
     let client = support::client();
     for (k, first) in answers {
         let Some(first) = first else { continue };
         let again = settle(&client, url, k)
             .await
             .unwrap_or_else(|| panic!("{k}: no answer to the redelivery"));
-        if again.header("idempotent-replayed") == Some("true") {
+        if outcome_unknown(&again) {
+            report.left_for_operator.insert(k.clone());
+        } else if again.header("idempotent-replayed") == Some("true") {
             again.assert_replay_of(first);
         } else {
             assert_eq!(again.status, 200, "{k}: {again:?}");
@@ -243,6 +302,9 @@ fn count(up: &Upstream, answers: &HashMap<String, Option<Reply>>, report: &mut R
     for k in keys {
         let n = effects.get(k.as_str()).copied().unwrap_or(0);
         match &answers[k] {
+            Some(first) if outcome_unknown(first) => {
+                report.left_for_operator.insert(k.clone());
+            }
             Some(first) if first.status == 200 && n == 0 => report.lost.push(k.clone()),
             Some(first) => assert_eq!(first.status, 200, "{k}: {first:?}"),
             None => report.lost.push(k.clone()),
@@ -296,7 +358,7 @@ struct Load {
 }
 
 impl Load {
-    fn start(url: &str, replication: Replication) -> Load {
+    fn start(url: &str, (replication, lookup): Scenario) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let unavailable = Arc::new(AtomicUsize::new(0));
         let mode = match replication {
@@ -314,7 +376,7 @@ impl Load {
                             break;
                         }
                         let k = format!("{mode}-c{c}-{n}");
-                        let answer = until_final(&client, &url, &k, &unavailable).await;
+                        let answer = until_final(&client, (&url, lookup), &k, &unavailable).await;
                         answers.push((k, answer));
                     }
                     answers
@@ -346,7 +408,7 @@ type HttpClient =
 /// backing off, for at most [`INTENT_DEADLINE`]; `None` if there was none.
 async fn until_final(
     client: &HttpClient,
-    url: &str,
+    (url, lookup): (&str, bool),
     k: &str,
     unavailable: &AtomicUsize,
 ) -> Option<Reply> {
@@ -357,7 +419,8 @@ async fn until_final(
             Ok(reply) if reply.status == 503 => {
                 unavailable.fetch_add(1, Ordering::SeqCst);
             }
-            Ok(reply) if reply.status == 409 => {}
+            // With no lookup, an unknown outcome waits for an operator.
+            Ok(reply) if reply.status == 409 && (lookup || !outcome_unknown(&reply)) => {}
             Ok(reply) => return Some(reply),
             Err(_) => {}
         }
@@ -368,8 +431,12 @@ async fn until_final(
 }
 
 /// [`until_final`] for a single key outside the load.
-async fn settle(client: &HttpClient, url: &str, k: &str) -> Option<Reply> {
+async fn settle(client: &HttpClient, url: (&str, bool), k: &str) -> Option<Reply> {
     until_final(client, url, k, &AtomicUsize::new(0)).await
+}
+
+fn outcome_unknown(reply: &Reply) -> bool {
+    reply.problem().as_deref() == Some("urn:idem:problem:outcome-unknown")
 }
 
 /// One POST of the transfer with key `k`; a connection error or an
