@@ -36,4 +36,4 @@ pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
 pub use store_url::{StoreUrl, StoreUrlError};
 pub use tls::{AdminTls, AdminTransport, PEM_FILE_BYTES_MAX, TlsError, UpstreamTls};
-pub use view::{RecordView, ResolutionView, ResultView, outcome_name, rfc3339};
+pub use view::{RecordView, ResolutionView, ResultView, WindowView, outcome_name, rfc3339};

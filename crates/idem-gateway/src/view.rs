@@ -5,6 +5,41 @@
 use idem_core::{Outcome, Record, State, Timestamp, to_hex};
 use serde::Serialize;
 
+/// The store's suspect window, as the admin API and the console show it
+/// (docs/operations.md, "After a failover or a restore").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WindowView {
+    /// Whether fresh claims are verified now.
+    pub open: bool,
+    /// When it was first opened (RFC 3339).
+    pub opened_at: String,
+    /// When it closes, or closed (RFC 3339).
+    pub until: String,
+    /// Seconds until it closes; 0 once closed.
+    pub closes_in_s: u64,
+    /// The restore point, when known (RFC 3339).
+    pub since: Option<String>,
+    /// Why it was opened.
+    pub cause: String,
+    /// How many times the store's window changed.
+    pub version: u64,
+}
+
+impl WindowView {
+    /// `window` as of `now`.
+    pub fn new(window: &idem_core::SuspectWindow, now: Timestamp) -> WindowView {
+        WindowView {
+            open: window.is_open(now),
+            opened_at: rfc3339(window.opened_at),
+            until: rfc3339(window.until),
+            closes_in_s: now.millis_until(window.until).div_ceil(1000),
+            since: window.since.map(rfc3339),
+            cause: window.cause.clone(),
+            version: window.version,
+        }
+    }
+}
+
 /// One record, as shown.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RecordView {

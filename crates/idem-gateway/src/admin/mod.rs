@@ -17,7 +17,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use idem_core::{Clock, Store, StoreError, SystemClock};
 use idem_http::{METRICS_CONTENT_TYPE, Metrics, Resolver};
 
-use crate::view::{RecordView, outcome_name};
+use crate::view::{RecordView, WindowView, outcome_name};
 use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
@@ -111,6 +111,7 @@ pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>, token: AdminToken) -
         .route("/records", only(Allowed::Get, get(list)))
         .route("/records/{scope}/{key}", only(Allowed::Get, get(show)))
         .route("/records/{scope}/{key}/resolve", resolve_route)
+        .route("/window", only(Allowed::Get, get(window)))
         .fallback(not_found)
         .with_state(admin.clone());
     // The token is checked around the whole routed router, not as a layer
@@ -221,6 +222,18 @@ async fn list(
         "next": next,
     });
     Ok(json(&answer))
+}
+
+/// `GET /window`: the store's suspect window, or `null` when none was
+/// ever opened.
+async fn window(State(admin): State<Arc<Admin>>) -> Result<Response, Refusal> {
+    let window = admin
+        .store
+        .suspect_window()
+        .await
+        .map_err(|e| admin.store_problem(e))?;
+    let view = window.map(|w| WindowView::new(&w, SystemClock.now()));
+    Ok(json(&serde_json::json!({ "window": view })))
 }
 
 /// `GET /records/{scope}/{key}`.

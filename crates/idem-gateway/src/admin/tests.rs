@@ -614,3 +614,45 @@ fn refused_paths_are_logged_cut_to_a_bound() {
         assert_eq!(super::logged_path(path), expected);
     }
 }
+
+#[tokio::test]
+async fn the_suspect_window_is_shown_open_and_then_closed() {
+    let f = fixture();
+    let (status, _, body) = send(&f.app, "GET", "/window", Some(&bearer()), "").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"window":null}"#));
+    let opening = idem_core::WindowOpening {
+        length_ms: 90_000,
+        since: Some(f.clock.now()),
+        cause: "restored <from> a backup".into(),
+    };
+    f.store.open_suspect_window(&opening).await.unwrap();
+    let (status, _, body) = send(&f.app, "GET", "/window", Some(&bearer()), "").await;
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let w = &doc["window"];
+    assert_eq!(w["open"], true, "{body}");
+    assert_eq!(w["cause"], "restored <from> a backup");
+    assert_eq!(w["version"], 1);
+    assert!(w["closes_in_s"].as_u64().unwrap() <= 90, "{body}");
+    assert!(w["since"].is_string(), "{body}");
+    // Closed once its time has passed, by the wall clock the view uses: a
+    // window the store opened two hours ago for a minute.
+    let f = fixture();
+    f.clock.set(idem_core::Timestamp::from_millis(
+        f.clock.now().as_millis() - 7_200_000,
+    ));
+    f.store
+        .open_suspect_window(&idem_core::WindowOpening {
+            length_ms: 60_000,
+            since: None,
+            cause: "short".into(),
+        })
+        .await
+        .unwrap();
+    let (_, _, body) = send(&f.app, "GET", "/window", Some(&bearer()), "").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["window"]["open"], false, "{body}");
+    assert_eq!(doc["window"]["closes_in_s"], 0, "{body}");
+    let (status, _, _) = send(&f.app, "GET", "/window", None, "").await;
+    assert_eq!(status, 401, "the window needs the token");
+}

@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 
 use crate::admin::AdminToken;
 use crate::tls::AdminTransport;
-use crate::view::outcome_name;
+use crate::view::{WindowView, outcome_name};
 use pages::{Chrome, ResolveForm};
 use records::Filter;
 use samples::{Samples, Totals};
@@ -360,8 +360,14 @@ async fn overview(State(c): Shared, SignedIn(live): SignedIn) -> Response {
         Ok(backlog) => backlog,
         Err(e) => return store_failed(chrome, &e),
     };
+    let window = match c.state.store.suspect_window().await {
+        Ok(window) => window,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let now = SystemClock.now();
+    let window = window.map(|w| WindowView::new(&w, now));
     let series = c.samples.series(Totals::of(&c.state.metrics));
-    let page = pages::overview(chrome, &backlog, &series, SystemClock.now());
+    let page = pages::overview(chrome, (&backlog, window.as_ref()), &series, now);
     html(StatusCode::OK, page)
 }
 

@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::records::{self, Backlog, Detail, Filter, Page, SCAN_ROWS_MAX, ScopeParts};
 use super::samples::Series;
-use crate::view::{RecordView, rfc3339};
+use crate::view::{RecordView, WindowView, rfc3339};
 
 /// What every signed-in page needs: the session's CSRF token for the
 /// sign-out button.
@@ -54,7 +54,7 @@ pub(crate) fn sign_in(message: Option<&str>) -> Markup {
 /// The overview: the backlog and the last hour's charts.
 pub(crate) fn overview(
     chrome: Chrome,
-    backlog: &Backlog,
+    (backlog, window): (&Backlog, Option<&WindowView>),
     series: &[Series],
     now: Timestamp,
 ) -> Markup {
@@ -65,6 +65,22 @@ pub(crate) fn overview(
     };
     let body = html! {
         h1 { "Overview" }
+        @if let Some(w) = window.filter(|w| w.open) {
+            section #suspect-window.warning role="alert" aria-labelledby="window" {
+                h2 #window { "Suspect window open" }
+                p {
+                    "The store may have lost records (" (w.cause) "). Until " (w.until)
+                    ", fresh claims on routes with a lookup are verified with the provider \
+                     before they run; routes without one run unverified."
+                }
+                dl.facts {
+                    dt { "Closes in" }
+                    dd #window-closes { (w.closes_in_s) " s" }
+                    dt { "Records may be lost after" }
+                    dd { (w.since.as_deref().unwrap_or("unknown (a promotion)")) }
+                }
+            }
+        }
         section aria-labelledby="backlog" {
             h2 #backlog { "Ambiguous backlog" }
             dl.facts {

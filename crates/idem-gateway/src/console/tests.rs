@@ -613,3 +613,26 @@ async fn header_bytes_that_are_not_utf8_show_escaped_never_dropped() {
     );
     assert!(!page.body.contains("<b>naïve"), "{}", page.body);
 }
+
+#[tokio::test]
+async fn the_overview_warns_while_a_suspect_window_is_open() {
+    let f = fixture();
+    let (cookie, _) = f.sign_in().await;
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    assert!(!page.body.contains("suspect-window"), "no window yet");
+    let opening = idem_core::WindowOpening {
+        length_ms: 3_600_000,
+        since: None,
+        cause: "timeline 1 -> 2 <b>".into(),
+    };
+    f.store.open_suspect_window(&opening).await.unwrap();
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("id=\"suspect-window\""), "{}", page.body);
+    assert!(
+        page.body.contains("timeline 1 -&gt; 2 &lt;b&gt;"),
+        "escaped: {}",
+        page.body
+    );
+    assert!(page.body.contains("unknown (a promotion)"), "{}", page.body);
+}
