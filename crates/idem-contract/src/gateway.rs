@@ -104,6 +104,37 @@ pub enum ForwardedReference {
 /// two principals who chose the same key, or one principal's record is
 /// completed with another's effect.
 ///
+/// Whether a route is exposed to a lost tail (a failover or a restore
+/// that loses records): with a lookup and the suspect window on, a fresh
+/// key inside the window is verified with the provider before it runs;
+/// without either, a retry of a key the store forgot runs again. Named,
+/// not failed: whether a tail can be lost is the contract's `failover`
+/// and `recovery` answer.
+pub fn lost_tail_finding(has_lookup: bool, suspect_window_s: u64) -> Finding {
+    let t = "gateway.lost_tail";
+    match (has_lookup, suspect_window_s) {
+        (true, 0) => Finding::pass(
+            t,
+            "exposed: suspect_window_s = 0, so a promoted PostgreSQL server opens no suspect \
+             window and a retry of a key the store lost runs again (idem store restore and \
+             mark-restored still open one)",
+        ),
+        (true, s) => Finding::pass(
+            t,
+            format!(
+                "after a failover or a restore that loses records, fresh keys are verified with \
+                 the provider's lookup for {s} s before they run"
+            ),
+        ),
+        (false, _) => Finding::pass(
+            t,
+            "exposed: no [[lookup]], so after a failover or a restore that loses records a retry \
+             of a key the store forgot runs again (counted in \
+             idem_window_claims_total{outcome=\"unverified\"})",
+        ),
+    }
+}
+
 /// Every principal source can yield several principals (a credential
 /// digest gives each credential its own, and `anonymous`), so every route
 /// with a lookup needs a forwarded reference per scope.

@@ -28,7 +28,7 @@ use std::path::Path;
 pub use error::{ContractError, ErrorKind};
 pub use gateway::{
     ForwardedReference, GatewayFacts, PrincipalSource, RouteRegionMode, cross_check,
-    lookup_tenancy_finding, principal_finding,
+    lookup_tenancy_finding, lost_tail_finding, principal_finding,
 };
 pub use horizon::{Horizon, format_duration, replay_horizon};
 pub use questions::check;

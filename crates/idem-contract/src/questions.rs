@@ -551,26 +551,54 @@ fn recovery(c: &Contract) -> Finding {
     let Some(r) = &c.recovery else {
         return missing(Question::Recovery, "recovery");
     };
+    // What a restore can lose, in hours, as the findings name it.
+    let gap = match r.backup_interval_h {
+        Some(h) => format!("up to {h} h"),
+        None => "an unknown span (declare backup_interval_h)".to_owned(),
+    };
+    let back_up_together =
+        "back up records with the business data (same database, or one consistent point in time)";
     match r.restore {
         Restore::Together => Finding::pass(
             t,
-            "records and business data are restored from the same point in time",
+            match r.backup_interval_h {
+                Some(h) => format!(
+                    "records and business data are restored from the same point in time; \
+                     trade-off: a restore loses up to {h} h of both"
+                ),
+                None => "records and business data are restored from the same point in time".into(),
+            },
         ),
         Restore::NoBackups => Finding::pass(
             t,
             "nothing is restored, so records and data cannot diverge; trade-off: a lost store loses both",
         ),
+        Restore::RecordsWithoutData if r.suspect_window => Finding::pass(
+            t,
+            format!(
+                "a restore rolls records back by {gap} but not the data; the suspect window it \
+                 opens verifies every fresh key with the provider before it runs; trade-off: \
+                 routes without a lookup stay exposed (idem check --gateway names them)"
+            ),
+        ),
         Restore::RecordsWithoutData => Finding::fail(
             t,
-            "a restore rolls records back but not the data: effects that happened lose their records \
-             and a retry executes them again",
-            "back up records with the business data (same database, or one consistent point in time)",
+            format!(
+                "a restore rolls records back by {gap} but not the data: effects of that span lose \
+                 their records and a retry executes them again"
+            ),
+            format!(
+                "{back_up_together}, or restore with `idem store restore` / `idem store \
+                 mark-restored` (suspect_window = true) and give each route a lookup"
+            ),
         ),
         Restore::DataWithoutRecords => Finding::fail(
             t,
-            "a restore rolls the data back but not the records: completed records replay success for \
-             effects the data no longer has",
-            "back up records with the business data (same database, or one consistent point in time)",
+            format!(
+                "a restore rolls the data back by {gap} but not the records: completed records \
+                 replay success for effects the data no longer has"
+            ),
+            back_up_together,
         ),
     }
 }

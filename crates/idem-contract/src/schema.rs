@@ -303,6 +303,13 @@ pub enum Claims {
 pub struct Recovery {
     /// How records and business data are restored relative to each other.
     pub restore: Restore,
+    /// Hours between two backups: the most a restore can lose.
+    pub backup_interval_h: Option<u64>,
+    /// A restore opens idem's suspect window (`idem store restore`, or
+    /// `idem store mark-restored` after the operator's own restore), in
+    /// which fresh keys are verified with the provider before they run.
+    #[serde(default)]
+    pub suspect_window: bool,
 }
 
 /// How records are restored relative to the business data.

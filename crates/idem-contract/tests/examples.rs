@@ -173,3 +173,50 @@ fn home_region_over_async_replication_leans_on_the_providers_dedup() {
         );
     }
 }
+
+/// Question 11 from `[recovery]`: records rolled back without the data
+/// fail unless a restore opens the suspect window, and every finding that
+/// loses something names the gap in hours.
+#[test]
+fn recovery_names_the_gap_and_credits_the_suspect_window() {
+    let text = std::fs::read_to_string(example("payouts.toml")).unwrap();
+    let (head, _) = text.split_once("[recovery]").unwrap();
+    let rest = text.split_once("[recovery]").unwrap().1;
+    let tail = rest.split_once("\n[").map_or("", |(_, t)| t);
+    let cases = [
+        (
+            "restore = \"together\"\nbackup_interval_h = 24",
+            P,
+            "loses up to 24 h of both",
+        ),
+        (
+            "restore = \"records_without_data\"\nbackup_interval_h = 6",
+            F,
+            "rolls records back by up to 6 h",
+        ),
+        (
+            "restore = \"records_without_data\"\nbackup_interval_h = 6\nsuspect_window = true",
+            P,
+            "routes without a lookup stay exposed",
+        ),
+        (
+            "restore = \"records_without_data\"",
+            F,
+            "an unknown span (declare backup_interval_h)",
+        ),
+        (
+            "restore = \"data_without_records\"\nbackup_interval_h = 1\nsuspect_window = true",
+            F,
+            "by up to 1 h",
+        ),
+    ];
+    for (recovery, verdict, says) in cases {
+        let contract = format!("{head}[recovery]\n{recovery}\n\n[{tail}");
+        let file = std::env::temp_dir().join(format!("idem-recovery-{}.toml", std::process::id()));
+        std::fs::write(&file, &contract).unwrap();
+        let report = check(&load(&file).unwrap());
+        let finding = report.finding(Question::Recovery).unwrap();
+        assert_eq!(finding.verdict, verdict, "{recovery}: {}", finding.why);
+        assert!(finding.why.contains(says), "{recovery}: {}", finding.why);
+    }
+}

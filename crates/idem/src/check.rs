@@ -125,9 +125,14 @@ fn gateway(
             None => (None, Vec::new(), None),
         };
         cross.push(principal);
-        if idem_gateway::contracts::has_lookup(&config, route) {
+        let has_lookup = idem_gateway::contracts::has_lookup(&config, route);
+        if has_lookup {
             cross.push(idem_gateway::contracts::lookup_tenancy(route));
         }
+        cross.push(idem_contract::lost_tail_finding(
+            has_lookup,
+            config.suspect_window.as_secs(),
+        ));
         let ok =
             report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
         passed &= ok;

@@ -270,3 +270,46 @@ fn the_example_consumer_passes_and_its_unsafe_variants_fail() {
         assert!(failed, "{topic} should fail: {doc}");
     }
 }
+
+/// `idem check --gateway` names each route's exposure to a lost tail: a
+/// route with a lookup is verified inside the suspect window, one without
+/// is named exposed, and so is every route when the window is off.
+#[test]
+fn check_gateway_names_the_routes_a_lost_tail_exposes() {
+    let site = Site::new();
+    let config = site.config(
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\n\
+         forward_key = { template = \"{scope_digest}:{key}\" }\n\
+         [[route]]\nname = \"emails\"\nmethods = [\"POST\"]\npath = \"/emails\"\n\
+         [[lookup]]\nroute = \"payouts\"\nurl = \"http://127.0.0.1:9/payouts/by-key/{forwarded_key}\"\n",
+    );
+    let out = idem(&[
+        "check",
+        "--format",
+        "json",
+        "--gateway",
+        config.to_str().unwrap(),
+    ]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lost_tail = |route: &str| -> String {
+        let entry = doc
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["route"] == route)
+            .unwrap();
+        let finding = entry["gateway"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["topic"] == "gateway.lost_tail")
+            .unwrap();
+        finding["why"].as_str().unwrap().to_owned()
+    };
+    assert!(lost_tail("payouts").contains("verified with the provider's lookup for 86400 s"));
+    assert!(
+        lost_tail("emails").starts_with("exposed: no [[lookup]]"),
+        "{}",
+        lost_tail("emails")
+    );
+}
