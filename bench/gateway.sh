@@ -16,6 +16,10 @@ Measures, interleaved within each round and at each connection count:
   sqlite-fresh    wrk -> idem serve (embedded SQLite store), a new key per request
   sqlite-hot      ... one key sent before the run, replayed
   sqlite-many     ... KEYS keys sent before the run, cycled
+  sqlite-window   ... fresh keys while the store's suspect window is open (after
+                  `idem store mark-restored`): each is looked up at the upstream
+                  (nginx answering 404) before it is forwarded; printed as a ratio
+                  to sqlite-fresh of the same round
   pg-fresh/-hot/-many   the same with the PostgreSQL store
   pg2-fresh/-many  two gateways on one PostgreSQL schema, one wrk each, summed
   pg-insert       the raw-insert baseline: pgbench, 16 clients (one gateway's pool),
@@ -219,6 +223,8 @@ pick_port upstream_port
         listen 127.0.0.1:$upstream_port backlog=4096;
         default_type application/json;
         location / { return 201 '$answer'; }
+        # The provider's lookup by forwarded key: no such effect.
+        location /payouts/by-key/ { return 404; }
         # echo_sleep waits on a timer, not a thread: 256 waiting requests cost nothing.
         location /slow/ { echo_status 201; echo_sleep 0.02; echo -n '$answer'; }
     }
@@ -250,7 +256,7 @@ EOF
 start_nginx hop "$hop_port"
 
 declare -A gateway_pid gateway_port
-start_gateway() { # NAME STORE_URL
+start_gateway() { # NAME STORE_URL [ROUTE_EXTRA]
     local port log="$work/$1.log"
     pick_port port
     cat >"$work/$1.toml" <<EOF
@@ -265,6 +271,7 @@ name = "payouts"
 methods = ["POST"]
 path = "/payouts"
 principal = { header = "x-tenant-id" }
+${3-}
 
 [[route]]
 name = "slow-payouts"
@@ -313,7 +320,23 @@ seed() { # NAME
 start_gateway sqlite "sqlite://$work/idem.db"
 check_replay sqlite
 seed sqlite
-gateways=(sqlite)
+# The same route with a lookup, on a store marked restored: every fresh key
+# is verified at the upstream first. A short lease, so that a "not found"
+# counts one second after the window opens.
+start_gateway sqlite-window "sqlite://$work/window.db" "lease_ms = 1000
+forward_key = { template = \"{scope_digest}:{key}\" }
+
+[[lookup]]
+route = \"payouts\"
+url = \"http://127.0.0.1:$upstream_port/payouts/by-key/{forwarded_key}\""
+"$idem_bin" store mark-restored --store "sqlite://$work/window.db" \
+    --since "$(date -u -d '-1 hour' +%Y-%m-%dT%H:%M:%SZ)" >"$work/mark-restored.out" 2>&1 ||
+    { cat "$work/mark-restored.out" >&2; die "idem store mark-restored failed"; }
+sleep 2
+grep -q "suspect window open" "$work/sqlite-window.log" ||
+    die "idem serve (sqlite-window) did not see the suspect window (log: $work/sqlite-window.log)"
+check_replay sqlite-window
+gateways=(sqlite sqlite-window)
 if ((use_postgres)); then
     pg_store="$postgres_url"
     if [[ $pg_store == *\?* ]]; then pg_store+="&schema=$schema"; else pg_store+="?schema=$schema"; fi
@@ -354,6 +377,7 @@ modes=(
     "sqlite-fresh fast sqlite fresh"
     "sqlite-hot fast sqlite hot"
     "sqlite-many fast sqlite many"
+    "sqlite-window fast sqlite-window fresh"
 )
 if ((use_postgres)); then modes+=(
     "pg-fresh fast pg1 fresh"
@@ -531,6 +555,20 @@ if ((use_postgres)); then
             }
         }' "$results"
 fi
+echo
+echo "fresh keys inside the suspect window against outside it (sqlite-window / sqlite-fresh of the"
+echo "same round, median over rounds; +p50: the lookup each fresh key waits for)"
+awk -F'\t' "$awk_median"'
+    $3 == "sqlite-fresh" { out_rps[$1, $2] = $5; out_p50[$1, $2] = $6 }
+    $3 == "sqlite-window" { in_rps[$1, $2] = $5; in_p50[$1, $2] = $6; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
+    END {
+        for (k = 1; k <= n; k++) {
+            c = order[k]; lx = lp = ""
+            for (key in in_rps) { split(key, rc, SUBSEP); if (rc[2] == c && out_rps[rc[1], c] > 0) {
+                lx = lx " " in_rps[key] / out_rps[rc[1], c]; lp = lp " " (in_p50[key] - out_p50[rc[1], c]) } }
+            if (lx != "") printf "sqlite-window %6d %9.2f x sqlite-fresh   %+9.3f ms p50\n", c, median(lx), median(lp) / 1000
+        }
+    }' "$results"
 echo
 echo "gateway RSS after the 256-connection runs (VmHWM: the peak since start)"
 awk -F'\t' '{ if ($3 > rss[$2]) rss[$2] = $3; if ($4 > hwm[$2]) hwm[$2] = $4; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
