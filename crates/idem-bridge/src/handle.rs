@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::header::{self, HeaderName, HeaderValue};
 use idem_broker::{Message, Reason};
 use idem_consume::{Done, IntentSpec, Outcome, RejectReason, Reply, RunOnce, Sink};
-use idem_core::{AttemptOutcome, Store};
+use idem_core::{AttemptOutcome, Store, VerifyFresh, WindowWatch};
 
 use crate::config::Subscription;
 use crate::deliver::Endpoint;
@@ -38,11 +38,12 @@ impl Subscriber {
     pub fn new(
         sub: &Subscription,
         store: Arc<dyn Store>,
-        owner: &str,
-        region: Option<&str>,
+        (owner, region): (&str, Option<&str>),
+        (window, verifier): (Arc<WindowWatch>, Option<Arc<dyn VerifyFresh>>),
     ) -> Result<Subscriber, String> {
         let mut run = RunOnce::new(store, sub.policy, sub.completion.clone())
             .with_wait(sub.wait)
+            .with_suspect_window(window, verifier)
             .with_owner(owner)
             .map_err(|e| format!("owner {owner:?}: {e}"))?;
         if let Some(region) = region {

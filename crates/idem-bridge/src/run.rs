@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
-use idem_core::{Store, SystemClock};
+use idem_core::{Store, SystemClock, VerifyFresh, WindowWatch};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -98,13 +98,30 @@ pub async fn run(
     store: Arc<dyn Store>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Report, RunError> {
+    let reconciler = if config.lookups.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            Reconciler::new(
+                Arc::clone(&store),
+                config.lookups.clone(),
+                config.reconcile.clone(),
+                Arc::new(SystemClock),
+            )
+            .map_err(|e| RunError::Reconciler(e.to_string()))?,
+        ))
+    };
+    // Fresh claims inside the store's suspect window are verified by the
+    // reconciler's lookups before their effect runs.
+    let window = idem_reconcile::window::watch(&*store).await;
+    let verifier = reconciler.clone().map(|r| r as Arc<dyn VerifyFresh>);
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let handler = Subscriber::new(
             sub,
             Arc::clone(&store),
-            &config.owner,
-            config.region.as_deref(),
+            (&config.owner, config.region.as_deref()),
+            (Arc::clone(&window), verifier.clone()),
         )
         .map_err(|reason| RunError::Subscription {
             name: sub.name.clone(),
@@ -120,19 +137,6 @@ pub async fn run(
             deliver = %sub.deliver, concurrency = sub.concurrency, "consuming");
         pumps.push((i, sub, broker, handler));
     }
-    let reconciler = if config.lookups.is_empty() {
-        None
-    } else {
-        Some(
-            Reconciler::new(
-                Arc::clone(&store),
-                config.lookups.clone(),
-                config.reconcile.clone(),
-                Arc::new(SystemClock),
-            )
-            .map_err(|e| RunError::Reconciler(e.to_string()))?,
-        )
-    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for (i, sub, broker, handler) in pumps {
@@ -143,7 +147,7 @@ pub async fn run(
             (i, name, section, pumped)
         });
     }
-    let background = background(&store, config, reconciler, &stop_rx);
+    let background = background(&store, config, (reconciler, window), &stop_rx);
     let mut report = Report::new();
     let mut failure = None;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -199,7 +203,7 @@ pub async fn run(
 fn background(
     store: &Arc<dyn Store>,
     config: &ConsumeConfig,
-    reconciler: Option<Reconciler>,
+    (reconciler, window): (Option<Arc<Reconciler>>, Arc<WindowWatch>),
     stop_rx: &watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + use<> {
     let mut stop = stop_rx.clone();
@@ -207,6 +211,11 @@ fn background(
         let stop = stop_rx.clone();
         tokio::spawn(async move { r.run(stopped(stop)).await })
     });
+    let window_kept = tokio::spawn(idem_reconcile::window::keep_current(
+        Arc::clone(store),
+        window,
+        stopped(stop_rx.clone()),
+    ));
     // The gateway's purge: bounded batches per run, damaged rows named.
     let purge = tokio::spawn(idem_gateway::run_purge(
         Arc::clone(store),
@@ -223,6 +232,9 @@ fn background(
         }
         if let Err(e) = purge.await {
             tracing::error!(error = %e, "the retention purge task failed");
+        }
+        if let Err(e) = window_kept.await {
+            tracing::error!(error = %e, "the suspect window's refresh task failed");
         }
     }
 }

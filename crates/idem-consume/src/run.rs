@@ -57,9 +57,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Completion, CompletionTable, Fingerprint,
+    AttemptOutcome, Claim, ClaimRequest, Clock, Completion, CompletionTable, Fingerprint,
     FingerprintError, HeaderBytes, IdempotencyKey, LeaseLeft, LimitError, Policy, RecordId, Scope,
-    Store, StoreError, StoredResult, Timestamp, Token, check_owner, check_region, lease,
+    Store, StoreError, StoredResult, SuspectWindow, SystemClock, Timestamp, Token, Verification,
+    VerifyFresh, WindowWatch, check_owner, check_region, lease,
 };
 
 use crate::template::KeyRefusal;
@@ -85,6 +86,9 @@ pub struct RunOnce {
     /// How long a delivery that finds its intent in flight waits for that
     /// attempt's outcome.
     wait: Duration,
+    /// The store's suspect window, and who verifies a fresh claim inside it.
+    window: Arc<WindowWatch>,
+    verifier: Option<Arc<dyn VerifyFresh>>,
 }
 
 /// What a message asks for: the record it claims and the fingerprint of
@@ -210,6 +214,13 @@ pub enum RetryReason {
     },
     /// The store answered with a claim this version does not know.
     UnknownClaim,
+    /// Inside the store's suspect window (it may have lost records), the
+    /// provider could not yet say whether this intent ran: nothing was
+    /// run, and the record was released.
+    Unverified {
+        /// Why (the lookup failed, or a forgotten attempt may still run).
+        reason: String,
+    },
 }
 
 /// Why a message is never run.
@@ -261,6 +272,27 @@ impl RunOnce {
             owner: format!("idem-consume-{}", std::process::id()),
             region: None,
             wait: Duration::ZERO,
+            window: Arc::default(),
+            verifier: None,
+        }
+    }
+
+    /// Verifies every fresh claim while `window` says the store may have
+    /// lost records (a suspect window after a failover or a restore): asks
+    /// `verifier` (the reconciler, for subscriptions with a lookup) before
+    /// the effect runs. Found: the record is completed with the provider's
+    /// answer and the message acked as a replay. Not yet provable, or no
+    /// answer: released and retried, nothing run. Without a verifier that
+    /// covers the subscription, the effect runs, with a warning.
+    pub fn with_suspect_window(
+        self,
+        window: Arc<WindowWatch>,
+        verifier: Option<Arc<dyn VerifyFresh>>,
+    ) -> RunOnce {
+        RunOnce {
+            window,
+            verifier,
+            ..self
         }
     }
 
@@ -332,8 +364,18 @@ impl RunOnce {
                 token,
                 lease_until,
                 lease_ms,
-                ..
-            } => (token, lease_until, lease_ms),
+                took_over,
+            } => {
+                // A key the store holds no record of may still have run
+                // while a suspect window is open: ask the provider first.
+                if took_over.is_none()
+                    && let Some(window) = self.window.open_at(SystemClock.now())
+                    && let Some(outcome) = self.verify_fresh(id, token, &window).await
+                {
+                    return outcome;
+                }
+                (token, lease_until, lease_ms)
+            }
             other => return self.not_acquired(id, other),
         };
         let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed())) {
@@ -382,6 +424,47 @@ impl RunOnce {
             }
             tokio::time::sleep_until((now + poll).min(deadline).into()).await;
         }
+    }
+
+    /// Verifies a fresh claim of `id` inside `window`: `None` to run the
+    /// effect, or the outcome instead.
+    async fn verify_fresh(
+        &self,
+        id: &RecordId,
+        token: Token,
+        window: &SuspectWindow,
+    ) -> Option<Outcome> {
+        let Some(verifier) = self.verifier.as_ref().filter(|v| v.covers(id)) else {
+            tracing::warn!(scope = %id.scope, key = %id.key, cause = %window.cause,
+                "a fresh claim inside the suspect window without a lookup: run unverified; \
+                 the store may have lost a record of this key");
+            return None;
+        };
+        let (after_ms, reason) = match verifier.verify(id, window, self.policy.lease_ms()).await {
+            Verification::NotExecuted => return None,
+            Verification::Executed(result) => {
+                tracing::info!(scope = %id.scope, key = %id.key,
+                    "the provider has this key's effect, which the store had lost: its answer \
+                     is stored, nothing run");
+                return Some(match self.store.complete(id, token, result).await {
+                    Ok(record) => Outcome::Ack {
+                        done: Done::Replayed {
+                            result: record.result,
+                        },
+                    },
+                    Err(error) => self.not_recorded(id, Completion::Final, error),
+                });
+            }
+            Verification::NotYet { at } => (
+                SystemClock.now().millis_until(at).max(1),
+                "an attempt the store forgot may still be running".to_owned(),
+            ),
+            Verification::Failed { reason } => (STORE_RETRY_MS, reason),
+        };
+        Some(match self.store.release(id, token).await {
+            Ok(()) => retry(after_ms, RetryReason::Unverified { reason }),
+            Err(error) => self.not_recorded(id, Completion::Release, error),
+        })
     }
 
     /// The claim acquired with too little of its lease left: the effect was
@@ -614,6 +697,12 @@ impl fmt::Display for RetryReason {
             RetryReason::UnknownClaim => {
                 f.write_str("the store answered with an unknown claim; nothing was run")
             }
+            RetryReason::Unverified { reason } => write!(
+                f,
+                "the store may have lost records (a suspect window is open) and the provider \
+                 could not yet say whether this intent ran ({reason}); nothing was run and the \
+                 key was released"
+            ),
         }
     }
 }

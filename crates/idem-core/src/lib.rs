@@ -96,4 +96,4 @@ pub use store::{
     StoreFuture, WakeFn, WindowFn,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
-pub use window::{SuspectWindow, Verification, WindowOpening, WindowWatch};
+pub use window::{SuspectWindow, Verification, VerifyFresh, WindowOpening, WindowWatch};

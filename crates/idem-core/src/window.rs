@@ -10,11 +10,13 @@
 //! extends it: it never shortens, and it covers the earliest restore point
 //! either opening named ([`SuspectWindow::opened`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Timestamp;
-use crate::record::StoredResult;
+use crate::record::{RecordId, StoredResult};
 use crate::verdict::LookupAnswer;
 
 /// The longest text kept as a window's cause, in bytes.
@@ -152,6 +154,25 @@ pub fn verify_verdict(
     }
 }
 
+/// Verifies a fresh claim inside a suspect window: asks the provider by
+/// the forwarded key whether the key executed before the store lost its
+/// record (the reconciler, with the operation's lookup). Used by the HTTP
+/// layer and the queue consumer alike.
+pub trait VerifyFresh: Send + Sync {
+    /// Whether the record's operation has a lookup to ask.
+    fn covers(&self, id: &RecordId) -> bool;
+
+    /// Asks the provider about `id`, claimed fresh inside `window` under a
+    /// lease of `lease_ms`, and gives the verdict ([`verify_verdict`]).
+    /// Bounded in time by the lookup's own timeout; writes nothing.
+    fn verify<'a>(
+        &'a self,
+        id: &'a RecordId,
+        window: &'a SuspectWindow,
+        lease_ms: u64,
+    ) -> Pin<Box<dyn Future<Output = Verification> + Send + 'a>>;
+}
+
 /// A process's view of the store's window, cheap to ask on every claim:
 /// set from the store at start, refreshed by the caller, and at once by a
 /// store that opens a window itself (a PostgreSQL promotion noticed on a
@@ -192,6 +213,23 @@ impl WindowWatch {
         }
         let held = self.window.lock().unwrap_or_else(|e| e.into_inner());
         held.clone().filter(|w| w.is_open(now))
+    }
+
+    /// Reads the store's window into the watch; returns it when it is open
+    /// and newer than the one the watch held (a window opened elsewhere,
+    /// for the caller to say so).
+    pub async fn refresh(
+        &self,
+        store: &dyn crate::Store,
+        now: Timestamp,
+    ) -> Result<Option<SuspectWindow>, crate::StoreError> {
+        let Some(window) = store.suspect_window().await? else {
+            return Ok(None);
+        };
+        let newer = self.last().is_none_or(|held| held.version < window.version);
+        let news = (newer && window.is_open(now)).then(|| window.clone());
+        self.set(Some(window));
+        Ok(news)
     }
 
     /// The window last seen, open or not.

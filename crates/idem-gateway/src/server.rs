@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::error_handling::HandleErrorLayer;
 use axum::response::Response;
 use http::Request;
-use idem_core::{Store, SuspectWindow, SystemClock, WindowWatch};
+use idem_core::{Store, SystemClock};
 use idem_http::{
     IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver, SettleOnRetry, VerifyFresh,
 };
@@ -118,16 +118,8 @@ pub async fn serve_with(
     }
     // The suspect window, as the store keeps it: read now, refreshed every
     // second, and at once when the store opens one itself.
-    let window = Arc::new(WindowWatch::new());
-    refresh_window(&*store, &window).await;
-    let opened = window.clone();
-    store.on_window_opened(Arc::new(move |w: &SuspectWindow| {
-        warn_window_opened(w);
-        opened.set(Some(w.clone()));
-    }));
-    let verifier = reconciler
-        .clone()
-        .map(|r| Arc::new(VerifyByLookup(r)) as Arc<dyn VerifyFresh>);
+    let window = idem_reconcile::window::watch(&*store).await;
+    let verifier = reconciler.clone().map(|r| r as Arc<dyn VerifyFresh>);
     layer = layer.with_suspect_window(window.clone(), verifier);
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
@@ -142,21 +134,11 @@ pub async fn serve_with(
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { reconciler.run(stop).await })
     });
-    let window_refresh = {
-        let (store, window, stop) = (store.clone(), window.clone(), stopped(stop_rx.clone()));
-        tokio::spawn(async move {
-            let refresh = async {
-                loop {
-                    tokio::time::sleep(WINDOW_REFRESH).await;
-                    refresh_window(&*store, &window).await;
-                }
-            };
-            tokio::select! {
-                () = stop => {}
-                () = refresh => {}
-            }
-        })
-    };
+    let window_refresh = tokio::spawn(idem_reconcile::window::keep_current(
+        store.clone(),
+        window.clone(),
+        stopped(stop_rx.clone()),
+    ));
     // A request in flight has its whole exchange, and then the grace.
     let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
@@ -331,53 +313,6 @@ pub fn reconciler(
             tracing::error!(error = %e, "the reconciler cannot start");
             None
         }
-    }
-}
-
-/// How often the gateway reads the store's suspect window, so that one
-/// opened by another process (`idem store mark-restored`) is seen.
-const WINDOW_REFRESH: Duration = Duration::from_secs(1);
-
-/// Reads the store's window into `window`, and says so when it is a newer
-/// open one than the one held.
-async fn refresh_window(store: &dyn Store, window: &WindowWatch) {
-    match store.suspect_window().await {
-        Ok(Some(w)) => {
-            let newer = window.last().is_none_or(|held| held.version < w.version);
-            if newer && w.is_open(idem_core::Clock::now(&SystemClock)) {
-                warn_window_opened(&w);
-            }
-            window.set(Some(w));
-        }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot read the store's suspect window"),
-    }
-}
-
-fn warn_window_opened(w: &SuspectWindow) {
-    tracing::warn!(cause = %w.cause, until_ms = w.until.as_millis(),
-        since_ms = w.since.map(|t| t.as_millis()),
-        "suspect window open: the store may have lost records; fresh claims on routes with a \
-         lookup are verified with the provider before they are forwarded");
-}
-
-/// A fresh claim inside a suspect window asks the reconciler's lookup
-/// whether the key executed before the store lost its record.
-struct VerifyByLookup(Arc<Reconciler>);
-
-impl VerifyFresh for VerifyByLookup {
-    fn covers(&self, id: &idem_core::RecordId) -> bool {
-        self.0.has_lookup(id)
-    }
-
-    fn verify<'a>(
-        &'a self,
-        id: &'a idem_core::RecordId,
-        window: &'a SuspectWindow,
-        lease_ms: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = idem_core::Verification> + Send + 'a>>
-    {
-        Box::pin(self.0.verify_fresh(id, window, lease_ms))
     }
 }
 

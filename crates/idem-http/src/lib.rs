@@ -55,6 +55,7 @@ mod wait;
 
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
+pub use idem_core::VerifyFresh;
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
@@ -74,7 +75,7 @@ pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
     RESPONSE_BYTES_MAX, read_body,
 };
-pub use settle::{SettleOnRetry, VerifyFresh};
+pub use settle::SettleOnRetry;
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
     WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT, WaitLimits,

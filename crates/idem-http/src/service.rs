@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Limited};
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Clock, Completion, LeaseLeft, LimitError, Record,
     RecordId, Store, StoreError, StoredResult, SuspectWindow, SystemClock, Token, Verification,
-    WindowWatch, lease,
+    VerifyFresh, WindowWatch, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -28,7 +28,7 @@ use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
-use crate::settle::{SettleOnRetry, VerifyFresh};
+use crate::settle::SettleOnRetry;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};
 

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_core::{RecordId, SuspectWindow, Verification};
+use idem_core::RecordId;
 
 /// Settles an ambiguous record now, when a retry meets it.
 pub trait SettleOnRetry: Send + Sync {
@@ -19,24 +19,4 @@ pub trait SettleOnRetry: Send + Sync {
     /// so that the claim is worth asking again. Bounded in time by the
     /// lookup's own timeout.
     fn settle<'a>(&'a self, id: &'a RecordId) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
-}
-
-/// Verifies a fresh claim inside a suspect window (docs/contract.md,
-/// "After a failover or a restore"): the store may have lost the record of
-/// a key that executed, so before a request with such a key is forwarded,
-/// the provider is asked by the forwarded key (the gateway's reconciler,
-/// with the route's lookup).
-pub trait VerifyFresh: Send + Sync {
-    /// Whether the record's operation has a lookup to ask.
-    fn covers(&self, id: &RecordId) -> bool;
-
-    /// Asks the provider about `id`, claimed fresh inside `window` by a
-    /// route leasing `lease_ms`, and gives the verdict. Bounded in time by
-    /// the lookup's own timeout; writes nothing.
-    fn verify<'a>(
-        &'a self,
-        id: &'a RecordId,
-        window: &'a SuspectWindow,
-        lease_ms: u64,
-    ) -> Pin<Box<dyn Future<Output = Verification> + Send + 'a>>;
 }

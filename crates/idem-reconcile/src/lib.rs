@@ -62,6 +62,7 @@ mod lookup;
 mod probe;
 mod reconciler;
 mod settings;
+pub mod window;
 
 pub use lookup::{
     CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_core::verdict::{self, AfterFailure, AfterResolve, LookupAnswer, Triage, Verdict};
-use idem_core::window::{self, SuspectWindow, Verification};
+use idem_core::window::{self, SuspectWindow, Verification, VerifyFresh};
 use idem_core::{
     Clock, DamagedRow, ListCursor, ListQuery, Listing, LookupTries, Outcome, RecordId, Resolution,
     State, Store, StoreError, Timestamp, Token,
@@ -88,6 +88,23 @@ pub enum Settled {
     /// lease still runs, the lookup failed (counted, as a scan's would be),
     /// the store failed, or every inline lookup slot is taken.
     NotNow,
+}
+
+/// A fresh claim inside a suspect window asks the operation's lookup, as
+/// [`Reconciler::verify_fresh`] does.
+impl VerifyFresh for Reconciler {
+    fn covers(&self, id: &RecordId) -> bool {
+        self.has_lookup(id)
+    }
+
+    fn verify<'a>(
+        &'a self,
+        id: &'a RecordId,
+        window: &'a SuspectWindow,
+        lease_ms: u64,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Verification> + Send + 'a>> {
+        Box::pin(self.verify_fresh(id, window, lease_ms))
+    }
 }
 
 /// What one scan did. Every scanned record is counted in exactly one of the

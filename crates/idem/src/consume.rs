@@ -37,7 +37,16 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         config.store = store_url::from_flag(store)?;
     }
     judge_contracts(&config, args.allow_unsafe_contract)?;
-    let store = config.store.open()?;
+    // A PostgreSQL store found on a promoted server opens the suspect
+    // window for the longest retention of the subscriptions, as a
+    // gateway's does by default.
+    let suspect_window_ms = config
+        .subscriptions
+        .iter()
+        .map(|s| s.policy.retention_s().saturating_mul(1000))
+        .max()
+        .unwrap_or(0);
+    let store = config.store.open_serving(&[], suspect_window_ms)?;
     store_url::log_opened(&config.store);
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
