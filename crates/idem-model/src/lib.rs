@@ -101,11 +101,16 @@ pub enum Protocol {
     /// as if its question came after the lease: the defect
     /// `lookup-during-lease` was for the reconciler, on the new path.
     InlineLookupDuringLease,
+    /// After the store lost the key's record (a failover, a restore), a
+    /// fresh claim inside the suspect window is forwarded without asking
+    /// the provider: the check skipped. Caught only at bounds with
+    /// [`Bound::lost_tail`].
+    WindowSkipsCheck,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 15] = [
+    pub const ALL: [Protocol; 16] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -121,6 +126,7 @@ impl Protocol {
         Protocol::WaiterForwardsUnclaimed,
         Protocol::WaiterRunsUnknown,
         Protocol::InlineLookupDuringLease,
+        Protocol::WindowSkipsCheck,
     ];
 
     /// The name used on the command line and in reports.
@@ -141,6 +147,7 @@ impl Protocol {
             Protocol::WaiterForwardsUnclaimed => "waiter-forwards-unclaimed",
             Protocol::WaiterRunsUnknown => "waiter-runs-unknown",
             Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
+            Protocol::WindowSkipsCheck => "window-skips-check",
         }
     }
 
@@ -174,6 +181,11 @@ pub struct Bound {
     /// Clients whose request, told the outcome is unknown, may have the
     /// retry's inline lookup settle it and ask again (the first ones).
     pub settling_clients: usize,
+    /// Whether the store may lose its record of the key once (a hard
+    /// failover to a standby without the last writes, a restore), opening
+    /// the suspect window in which fresh claims are verified with the
+    /// provider.
+    pub lost_tail: bool,
     /// How deep the checker looks, the start being at depth 1: states
     /// this deep are neither checked nor expanded, so depth 12 checks
     /// every trace of up to 10 steps.
@@ -191,6 +203,21 @@ impl Bound {
         late_answer_clients: 1,
         waiting_clients: 1,
         settling_clients: 1,
+        lost_tail: false,
+        depth_max: 12,
+    };
+
+    /// The bound of the lost tail: two clients, two requests each, the
+    /// store losing its record once; no fast path, late answers, waiters
+    /// or inline lookups, which the default bound covers.
+    pub const LOST_TAIL: Bound = Bound {
+        clients: 2,
+        requests_per_client: 2,
+        fast_path_clients: 0,
+        late_answer_clients: 0,
+        waiting_clients: 0,
+        settling_clients: 0,
+        lost_tail: true,
         depth_max: 12,
     };
 }
@@ -248,6 +275,9 @@ pub mod property {
     /// Reachability: the fast path answers from a read whose record or
     /// clock is no longer the store's.
     pub const STALE_READ_ANSWERED: &str = "a stale unlocked read can be answered";
+    /// Reachability (at bounds with a lost tail): a key the store forgot is
+    /// answered with the provider's answer inside the suspect window.
+    pub const VERIFIED_REPLAY: &str = "a forgotten key is answered from the provider";
 }
 
 /// What one check found.
@@ -660,6 +690,10 @@ impl Model for IdemModel {
             }),
             Property::sometimes(property::STALE_READ_ANSWERED, |m: &IdemModel, w: &World| {
                 m.stale_read_answered(w)
+            }),
+            // Reached at once where the bound has no lost tail.
+            Property::sometimes(property::VERIFIED_REPLAY, |m: &IdemModel, w: &World| {
+                !m.bound.lost_tail || w.verified_replay
             }),
         ]
     }

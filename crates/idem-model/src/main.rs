@@ -33,6 +33,10 @@ struct Args {
     /// Clients whose retry may settle an unknown outcome with a lookup.
     #[arg(long, default_value_t = Bound::DEFAULT.settling_clients)]
     settling_clients: usize,
+    /// Let the store lose its record of the key once (a hard failover or a
+    /// restore), opening the suspect window.
+    #[arg(long)]
+    lost_tail: bool,
     /// Which protocol: real, a mutant's name, or all.
     #[arg(long, default_value = "all", value_parser = parse_protocols)]
     protocol: Protocols,
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         late_answer_clients: args.late_answer_clients,
         waiting_clients: args.waiting_clients,
         settling_clients: args.settling_clients,
+        lost_tail: args.lost_tail,
         depth_max: args.depth,
     };
     let mut failed = false;

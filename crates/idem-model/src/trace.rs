@@ -87,6 +87,14 @@ fn describe(model: &IdemModel, w: &World, action: Action) -> String {
         ),
         Action::Crash { attempt } => format!("gateway crashes holding {}", attempt_of(attempt)),
         Action::Sweep => "reconciler's lease sweep marks the expired lease ambiguous".into(),
+        Action::LoseTail => {
+            "the store loses the key's record with its last writes; the suspect window opens".into()
+        }
+        Action::Verify { attempt, fails } => format!(
+            "gateway asks the provider about {} before it forwards{}",
+            attempt_of(attempt),
+            if fails { " (the lookup fails)" } else { "" }
+        ),
         Action::Look { resolver, fails } => format!(
             "{} reads the ambiguous record and asks the provider{}",
             ACTORS.get(resolver).unwrap_or(&"?"),
@@ -223,6 +231,7 @@ fn summary(model: &IdemModel, w: &World) -> String {
         .map(|a| {
             let g = match a.gateway {
                 Gateway::Claimed => "awaiting the store's answer",
+                Gateway::Verifying => "asking the provider",
                 Gateway::Holding if a.sent => "forwarded",
                 Gateway::Holding => "holding",
                 Gateway::Answered => "answered",

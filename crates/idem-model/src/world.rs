@@ -60,6 +60,12 @@ pub struct World {
     /// Reachability: a retry's inline lookup resolved the record, and the
     /// claim asked after it replayed or acquired.
     pub settled_on_retry: bool,
+    /// When the store lost its record of the key (a failover to a standby
+    /// without the last writes, a restore) and opened the suspect window.
+    pub tail_lost: Option<Timestamp>,
+    /// Reachability: a fresh claim inside the window was answered with the
+    /// provider's answer, nothing forwarded.
+    pub verified_replay: bool,
 }
 
 /// The stored record. A wrapper only because `Record` does not derive
@@ -86,6 +92,9 @@ pub struct Attempt {
     /// upstream cannot commit the request later (the gateway cuts it there,
     /// and an upstream takes no longer than its caller waits).
     pub deadline: Option<Timestamp>,
+    /// Whether the claim found no record while the suspect window was
+    /// open: the gateway asks the provider before it forwards.
+    pub verify: bool,
     /// Whether the request left the gateway.
     pub sent: bool,
     /// The effect the upstream committed for it, if it did.
@@ -99,6 +108,9 @@ pub struct Attempt {
 pub enum Gateway {
     /// The store committed the claim; its answer is still on the way.
     Claimed,
+    /// Holds a claim made inside the suspect window and asks the provider
+    /// whether the key already executed before it forwards.
+    Verifying,
     /// Holds the claim and may still act on it.
     Holding,
     /// Answered its client.
@@ -345,6 +357,16 @@ pub enum Action {
         /// Which client.
         client: usize,
     },
+    /// The store loses its record of the key with the last writes (a hard
+    /// failover, a restore) and opens the suspect window.
+    LoseTail,
+    /// The gateway of a claim made inside the window asks the provider.
+    Verify {
+        /// Which attempt.
+        attempt: usize,
+        /// The lookup fails.
+        fails: bool,
+    },
     /// The retention purge passes over the record.
     Purge,
     /// The clock moves to the next deadline (a lease, retention, the
@@ -378,6 +400,8 @@ impl World {
             tries: None,
             waiter_replayed: false,
             settled_on_retry: false,
+            tail_lost: None,
+            verified_replay: false,
         }
     }
 
@@ -408,11 +432,19 @@ impl World {
                     out.push(Action::Decide { client, first });
                 }
             }
+            // A request that waits asks the claim again before the replay
+            // horizon too: the wait is part of how long a request may take
+            // to reach its claim, which the tombstone horizon must cover
+            // (a waiter that asked after it would find the key free).
             match c.pending {
-                Pending::Waiting => out.push(Action::Wake { client }),
+                Pending::Waiting if self.now < model.replay_horizon() => {
+                    out.push(Action::Wake { client });
+                }
                 // The inline lookup is single-flight: asked again once it
                 // is over, or at once when none is due.
-                Pending::Settling if self.resolvers[2] == Resolver::Idle => {
+                Pending::Settling
+                    if self.resolvers[2] == Resolver::Idle && self.now < model.replay_horizon() =>
+                {
                     out.push(Action::Settle { client });
                 }
                 _ => {}
@@ -440,6 +472,12 @@ impl World {
             }
             if a.gateway == Gateway::Claimed {
                 out.push(Action::Ack { attempt });
+                out.push(Action::Crash { attempt });
+            }
+            if a.gateway == Gateway::Verifying {
+                for fails in [false, true] {
+                    out.push(Action::Verify { attempt, fails });
+                }
                 out.push(Action::Crash { attempt });
             }
             if a.gateway != Gateway::Holding {
@@ -484,6 +522,9 @@ impl World {
         if record.is_some_and(|r| decision::purge(r, self.now) != Write::None) {
             out.push(Action::Purge);
         }
+        if model.bound.lost_tail && self.tail_lost.is_none() && record.is_some() {
+            out.push(Action::LoseTail);
+        }
         if self.next_deadline(model).is_some() {
             out.push(Action::Advance);
         }
@@ -512,6 +553,12 @@ impl World {
                 let write = decision::purge(w.record()?, w.now);
                 w.apply(write);
             }
+            Action::LoseTail => {
+                w.record = None;
+                w.tries = None;
+                w.tail_lost = Some(w.now);
+            }
+            Action::Verify { attempt, fails } => w.verify(model, attempt, fails)?,
             Action::Advance => w.now = w.next_deadline(model)?,
         }
         Some(w)
@@ -577,7 +624,10 @@ impl World {
             LeaseLeft::Forward { forward_ms } => {
                 let a = self.attempts.get_mut(attempt)?;
                 a.deadline = Some(self.now.plus_millis(forward_ms));
-                a.gateway = Gateway::Holding;
+                a.gateway = match a.verify && model.protocol() != Protocol::WindowSkipsCheck {
+                    true => Gateway::Verifying,
+                    false => Gateway::Holding,
+                };
                 Some(())
             }
             LeaseLeft::TooLittle { .. } => {
@@ -714,8 +764,9 @@ impl World {
                 token,
                 lease_until,
                 lease_ms,
-                ..
+                took_over,
             } => {
+                let verify = took_over.is_none() && self.tail_lost.is_some();
                 self.attempts.push(Attempt {
                     client,
                     token,
@@ -725,6 +776,7 @@ impl World {
                     ),
                     lease_ms,
                     deadline: None,
+                    verify,
                     sent: false,
                     effect: None,
                     gateway: Gateway::Claimed,
@@ -745,6 +797,64 @@ impl World {
         };
         self.clients.get_mut(client)?.told.push(told);
         Some(())
+    }
+
+    /// The gateway of a claim made inside the suspect window asks the
+    /// provider by the key, and follows the production verdict
+    /// (`idem_core::window::verify_verdict`): found, the record is
+    /// completed with the provider's answer and replayed; not found once
+    /// every forgotten lease has ended, it may forward; otherwise it
+    /// releases the claim, nothing sent.
+    fn verify(&mut self, model: &IdemModel, attempt: usize, fails: bool) -> Option<()> {
+        use idem_core::verdict::LookupAnswer;
+        use idem_core::window::{SuspectWindow, Verification, verify_verdict};
+        let a = self.attempts.get(attempt)?.clone();
+        if a.gateway != Gateway::Verifying {
+            return None;
+        }
+        let answer = match (fails, self.effects.first()) {
+            (true, _) => LookupAnswer::Failed,
+            (false, Some(_)) => LookupAnswer::Found(model.results.first()?.clone()),
+            (false, None) => LookupAnswer::NotFound,
+        };
+        let window = SuspectWindow {
+            opened_at: self.tail_lost?,
+            until: Timestamp::MAX,
+            since: None,
+            cause: String::new(),
+            version: 1,
+        };
+        match verify_verdict(answer, self.now, &window, crate::LEASE_MS) {
+            Verification::NotExecuted => {
+                self.attempts.get_mut(attempt)?.gateway = Gateway::Holding;
+                Some(())
+            }
+            Verification::Executed(result) => {
+                let done = decision::complete(self.record(), &model.id, a.token, result, self.now);
+                let told = match done {
+                    Ok(done) => {
+                        let effect = effect_of(&done);
+                        self.apply(Write::Put(done));
+                        self.verified_replay = true;
+                        match effect {
+                            Some(effect) => Told::Effect {
+                                effect,
+                                replayed: true,
+                            },
+                            None => Told::Error,
+                        }
+                    }
+                    Err(_) => Told::Error,
+                };
+                self.answer(attempt, told)
+            }
+            Verification::NotYet { .. } | Verification::Failed { .. } => {
+                if decision::release(self.record(), &model.id, a.token, self.now).is_ok() {
+                    self.apply(Write::Delete);
+                }
+                self.answer(attempt, Told::NotProcessed)
+            }
+        }
     }
 
     fn not_sent(&mut self, model: &IdemModel, attempt: usize) -> Option<()> {
@@ -900,6 +1010,7 @@ impl World {
         let mut deadlines = vec![model.replay_horizon()];
         deadlines.extend(self.attempts.iter().map(|a| a.lease_until));
         deadlines.extend(self.tries.map(|(_, _, next_at)| next_at));
+        deadlines.extend(self.tail_lost.map(|at| at.plus_millis(crate::LEASE_MS)));
         if let Some(r) = self.record() {
             deadlines.push(r.lease_until);
             deadlines.extend(r.expires_at);
