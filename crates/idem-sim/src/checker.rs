@@ -47,6 +47,8 @@ pub(crate) struct Log {
     pub tail_writes_lost: u64,
     /// Distinct keys those writes were about.
     pub tail_keys_lost: u64,
+    /// Fresh claims inside the suspect window the bank's lookup answered.
+    pub window_verified: u64,
     pub stuck: u64,
     pub coverage: Coverage,
     pub truncated: bool,
@@ -150,6 +152,7 @@ pub(crate) fn check(log: &Log, topo: &Topology) -> (Counts, Vec<Finding>) {
         cross_region_keys,
         tail_writes_lost: log.tail_writes_lost,
         tail_keys_lost: log.tail_keys_lost,
+        window_verified: log.window_verified,
         virtual_s: log.end_ms / 1000,
     };
     (counts, findings)

@@ -68,6 +68,11 @@ pub struct Workload {
     pub bank_dedup: bool,
     /// First retry backoff; doubles per attempt up to the contract's maximum.
     pub backoff_base_ms: u64,
+    /// The surviving region's store opens the suspect window at the
+    /// failover (as a PostgreSQL store does on a promoted server): a fresh
+    /// claim there is verified with the bank's lookup before the API is
+    /// called. Off by default, so the tail's cost without it is measured.
+    pub suspect_window: bool,
 }
 
 impl Default for Workload {
@@ -90,6 +95,7 @@ impl Default for Workload {
             purge_every_s: 3600,
             bank_dedup: false,
             backoff_base_ms: 100,
+            suspect_window: false,
         }
     }
 }

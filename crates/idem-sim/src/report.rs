@@ -38,6 +38,10 @@ pub struct Counts {
     pub tail_writes_lost: u64,
     /// Distinct keys those lost writes were about.
     pub tail_keys_lost: u64,
+    /// Claims of keys the surviving store had no record of, inside the
+    /// suspect window, answered with the bank's answer instead of paying
+    /// again (0 without `suspect_window`).
+    pub window_verified: u64,
     /// Virtual seconds simulated.
     pub virtual_s: u64,
 }
@@ -220,6 +224,7 @@ pub fn render_table(summaries: &[Summary]) -> String {
         "lost",
         "tail-lost",
         "tail-keys",
+        "window-verified",
         "reconciled",
         "stuck",
         "wrong-replay",
@@ -243,6 +248,7 @@ pub fn render_table(summaries: &[Summary]) -> String {
             k.lost,
             k.tail_writes_lost,
             k.tail_keys_lost,
+            k.window_verified,
             k.reconciliations,
             k.stuck,
             k.wrong_replays,
@@ -321,7 +327,7 @@ macro_rules! add_fields {
 fn add_counts(sum: &mut Counts, c: &Counts) {
     add_fields!(sum, c; intents, attempts, effects, duplicates, lost, wrong_replays, stuck,
         reconciliations, late_replays_rejected, cross_region_keys, tail_writes_lost, tail_keys_lost,
-        virtual_s);
+        window_verified, virtual_s);
 }
 
 fn add_coverage(sum: &mut Coverage, c: &Coverage) {

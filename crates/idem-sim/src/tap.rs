@@ -121,6 +121,17 @@ impl Store for Tapped {
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
         self.inner.purge(limit)
     }
+
+    fn suspect_window(&self) -> StoreFuture<'_, Option<idem_core::SuspectWindow>> {
+        self.inner.suspect_window()
+    }
+
+    fn open_suspect_window<'a>(
+        &'a self,
+        opening: &'a idem_core::WindowOpening,
+    ) -> StoreFuture<'a, idem_core::SuspectWindow> {
+        self.inner.open_suspect_window(opening)
+    }
 }
 
 /// The bank's lookup API: what it paid, by the key the gateway forwarded

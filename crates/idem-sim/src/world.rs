@@ -9,12 +9,16 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use idem_core::verdict::LookupAnswer;
+use idem_core::window::verify_verdict;
 use idem_core::{
     Claim, ClaimRequest, Clock, Completion, CompletionTable, Dedup, Fingerprint, IdempotencyKey,
     LeaseExpiry, ListQuery, ManualClock, Outcome, RecordId, Resolution, Scope, State, Store,
-    StoreError, StoreFuture, StoredResult, Timestamp, Token,
+    StoreError, StoreFuture, StoredResult, Timestamp, Token, Verification, WindowOpening,
 };
-use idem_reconcile::{ReconcileReport, ReconcileSettings, Reconciler};
+use idem_reconcile::{
+    Finding, Provider, ProviderFuture, ReconcileReport, ReconcileSettings, Reconciler,
+};
 
 use crate::checker::{AnswerObs, EffectObs, Log};
 use crate::design::{RegionMode, Topology, Workload};
@@ -449,11 +453,18 @@ impl<'a> World<'a> {
             policy: self.topo.policy,
         };
         let reply = match now_ready(self.stores[r].claim(&req)) {
-            Ok(Claim::Acquired { token, .. }) => {
+            Ok(Claim::Acquired {
+                token, took_over, ..
+            }) => {
                 self.attempts[a].token = Some(token);
-                self.replicate(r, ReplOp::Claim(req, token));
+                self.replicate(r, ReplOp::Claim(req.clone(), token));
                 // The record is in progress: the lease sweep must see it.
                 self.wake_reconciler(r);
+                if took_over.is_none()
+                    && let Some(reply) = self.verify_fresh(r, &req.id, token)
+                {
+                    return self.send_reply(a, reply);
+                }
                 return self.start_api(a);
             }
             Ok(Claim::Replay { record }) => {
@@ -488,6 +499,45 @@ impl<'a> World<'a> {
             Ok(_) | Err(_) => Reply::Unavailable,
         };
         self.send_reply(a, reply);
+    }
+
+    /// Inside the suspect window of region `r`'s store, a fresh claim asks
+    /// the bank by the key first, as the gateway does
+    /// (`idem_core::window::verify_verdict`): found, the record is
+    /// completed with the bank's answer and that is the reply; not yet
+    /// provable or no answer, the claim is released and the caller told to
+    /// try again; `None`: call the API.
+    fn verify_fresh(&mut self, r: usize, id: &RecordId, token: Token) -> Option<Reply> {
+        let window = now_ready(self.stores[r].suspect_window()).ok().flatten()?;
+        let now = self.clock.now();
+        if !window.is_open(now) {
+            return None;
+        }
+        let answer = match now_ready_finding(self.bank_api.ask(id)) {
+            Finding::Found { result, .. } => LookupAnswer::Found(result),
+            Finding::NotFound { .. } => LookupAnswer::NotFound,
+            Finding::Failed { .. } => LookupAnswer::Failed,
+        };
+        match verify_verdict(answer, now, &window, self.topo.policy.lease_ms()) {
+            Verification::NotExecuted => None,
+            Verification::Executed(result) => {
+                let body = body_text(result.body());
+                match now_ready(self.stores[r].complete(id, token, result.clone())) {
+                    Ok(_) => {
+                        self.replicate(r, ReplOp::Complete(id.clone(), token, result));
+                        self.log.window_verified += 1;
+                        Some(Reply::Ok { body, replay: true })
+                    }
+                    Err(_) => Some(Reply::Unavailable),
+                }
+            }
+            Verification::NotYet { .. } | Verification::Failed { .. } => {
+                if now_ready(self.stores[r].release(id, token)).is_ok() {
+                    self.replicate(r, ReplOp::Release(id.clone(), token));
+                }
+                Some(Reply::Unavailable)
+            }
+        }
     }
 
     /// The key this attempt sends: the intent's, or a fresh one per attempt.
@@ -803,6 +853,18 @@ impl<'a> World<'a> {
         self.failed_over = true;
         self.down[0] = true;
         self.drop_tail(0);
+        if self.w.suspect_window && self.stores.len() > 1 {
+            let opening = WindowOpening {
+                length_ms: idem_core::window::WINDOW_MS_MAX,
+                since: None,
+                cause: "region 0 failed hard".into(),
+            };
+            if let Err(e) = now_ready(self.stores[1].open_suspect_window(&opening)) {
+                self.log
+                    .errors
+                    .push(format!("cannot open the suspect window: {e}"));
+            }
+        }
         for a in 0..self.attempts.len() {
             if self.attempts[a].region == 0 && !self.attempts[a].settled {
                 self.after(
@@ -990,6 +1052,18 @@ impl SimReconciler {
 }
 
 /// Polls a store future once: the simulated stores answer at once.
+/// The bank's answer, which it gives at once (an unready one counts as a
+/// failed lookup).
+fn now_ready_finding(mut f: ProviderFuture<'_>) -> Finding {
+    let mut cx = Context::from_waker(Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        Poll::Ready(finding) => finding,
+        Poll::Pending => Finding::Failed {
+            reason: "the bank's lookup was not ready at once".into(),
+        },
+    }
+}
+
 pub(crate) fn now_ready<T>(mut f: StoreFuture<'_, T>) -> Result<T, StoreError> {
     let mut cx = Context::from_waker(Waker::noop());
     match f.as_mut().poll(&mut cx) {

@@ -33,6 +33,11 @@ pub struct SimArgs {
     /// Also measure simulated intents per second.
     #[arg(long)]
     bench: bool,
+    /// Open the suspect window on the surviving region's store at a hard
+    /// failover: fresh claims there are verified with the bank's lookup
+    /// before the API is called (docs/regions.md, "The suspect window").
+    #[arg(long)]
+    suspect_window: bool,
 }
 
 /// Runs the designs; exit 0 when no seed violated an invariant, 1 when one
@@ -55,6 +60,11 @@ pub fn run(args: SimArgs) -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
+        }
+    }
+    if args.suspect_window {
+        for design in &mut designs {
+            design.workload.suspect_window = true;
         }
     }
     let first = args.seed.unwrap_or(0);
