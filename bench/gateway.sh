@@ -256,7 +256,7 @@ EOF
 start_nginx hop "$hop_port"
 
 declare -A gateway_pid gateway_port
-start_gateway() { # NAME STORE_URL [ROUTE_EXTRA]
+start_gateway() { # NAME STORE_URL [ROUTE_EXTRA [TOP_EXTRA]]
     local port log="$work/$1.log"
     pick_port port
     cat >"$work/$1.toml" <<EOF
@@ -265,6 +265,7 @@ upstream = "http://127.0.0.1:$upstream_port"
 store = "$2"
 owner = "bench-$1"
 requests_in_flight_max = 4096
+${4-}
 
 [[route]]
 name = "payouts"
@@ -328,7 +329,8 @@ forward_key = { template = \"{scope_digest}:{key}\" }
 
 [[lookup]]
 route = \"payouts\"
-url = \"http://127.0.0.1:$upstream_port/payouts/by-key/{forwarded_key}\""
+url = \"http://127.0.0.1:$upstream_port/payouts/by-key/{forwarded_key}\"" \
+    "response_timeout_ms = 800"
 "$idem_bin" store mark-restored --store "sqlite://$work/window.db" \
     --since "$(date -u -d '-1 hour' +%Y-%m-%dT%H:%M:%SZ)" >"$work/mark-restored.out" 2>&1 ||
     { cat "$work/mark-restored.out" >&2; die "idem store mark-restored failed"; }
