@@ -412,9 +412,11 @@ impl Reconciler {
     /// Asks the provider about `id`, claimed fresh inside the suspect
     /// `window` by a route leasing `lease_ms`, and gives the verdict
     /// ([`idem_core::window::verify_verdict`]): the same lookup a scan
-    /// sends, bounded by its timeout, counted against the same
-    /// `concurrency` as the lookups made on retries (none free: failed,
-    /// nothing asked). Writes nothing: the claim holds the record.
+    /// sends, bounded by its timeout. Not counted against `concurrency`:
+    /// inside the window every fresh request asks, and the caller's own
+    /// bound on requests at once (the gateway's `requests_in_flight_max`,
+    /// a subscription's `concurrency`) bounds these lookups. Writes
+    /// nothing: the claim holds the record.
     pub async fn verify_fresh(
         &self,
         id: &RecordId,
@@ -424,14 +426,6 @@ impl Reconciler {
         let Some(prober) = self.probers.get(scope_parts(id).0) else {
             return Verification::Failed {
                 reason: "the operation has no lookup".into(),
-            };
-        };
-        let Ok(_permit) = self.inline.permits.try_acquire() else {
-            return Verification::Failed {
-                reason: format!(
-                    "every one of the {} lookup slots is busy",
-                    self.settings.concurrency()
-                ),
             };
         };
         let span = tracing::info_span!(

@@ -215,9 +215,29 @@ async fn a_restored_sqlite_store_verifies_the_intents_it_forgot() {
     }
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(up.effects().len(), 11 + INTENTS, "the new intent ran once");
+
+    // Every fresh key inside the window asks the provider, so many at once
+    // must all be answered: the lookups are bounded by the requests the
+    // gateway serves at once, not by the reconciler's background slots.
+    let sends = (0..CONCURRENT).map(|i| {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, &[key(&format!("burst-{i}"))], TRANSFER).await })
+    });
+    for (i, sent) in sends.collect::<Vec<_>>().into_iter().enumerate() {
+        let reply = sent.await.unwrap();
+        assert_eq!(reply.status, 200, "burst {i}: {reply:?}");
+    }
+    assert_eq!(up.effects().len(), 11 + INTENTS + CONCURRENT);
     let page = metrics(admin).await;
-    assert_eq!(window_claims(&page, "not_executed"), 1.0, "{page}");
+    assert_eq!(
+        window_claims(&page, "not_executed"),
+        (1 + CONCURRENT) as f64,
+        "{page}"
+    );
 }
+
+/// Fresh keys sent at once inside the window.
+const CONCURRENT: usize = 48;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inside_the_window_a_provider_that_cannot_answer_stops_nothing_and_loses_nothing() {
