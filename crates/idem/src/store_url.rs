@@ -159,7 +159,13 @@ fn connect_postgres(url: &str, create: bool, serving: Serving) -> anyhow::Result
                 // the store's window when it starts.
                 store
                     .open_window_on_promotion(serving.suspect_window_ms)
-                    .await?;
+                    .await
+                    .context(
+                        "cannot read which server the store is on (its timeline and system \
+                         identifier), which every new connection checks to notice a promotion; \
+                         grant EXECUTE on pg_control_system() and pg_walfile_name() to the role, \
+                         or set suspect_window_s = 0 to run without the check",
+                    )?;
             }
             Ok::<_, anyhow::Error>(store)
         })
