@@ -301,14 +301,8 @@ impl PgStore {
         let promotion = window::PromotionWatch::default();
         let window_sql = window::Statements::new(&options.schema);
         let pool = Pool::builder(manager)
-            .post_create(deadpool_postgres::Hook::async_fn(
-                synchronous.hook(store.clone()),
-            ))
-            .post_create(deadpool_postgres::Hook::async_fn(promotion.hook(
-                window_sql.clone(),
-                store.clone(),
-                ctx.clock.clone(),
-            )))
+            .post_create(synchronous.hook(store.clone()))
+            .post_create(promotion.hook(window_sql.clone(), store.clone(), ctx.clock.clone()))
             .max_size(target.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(target.timeout))

@@ -131,18 +131,9 @@ impl Required {
 
     /// The hook: a connection that fails the check is never handed out, so
     /// the operation that wanted it fails as the store being unavailable.
-    pub(crate) fn hook(
-        &self,
-        store: String,
-    ) -> impl for<'a> Fn(
-        &'a mut deadpool_postgres::ClientWrapper,
-        &'a deadpool_postgres::Metrics,
-    ) -> HookFuture<'a>
-    + Send
-    + Sync
-    + 'static {
+    pub(crate) fn hook(&self, store: String) -> deadpool_postgres::Hook {
         let required = self.0.clone();
-        move |client, _| {
+        deadpool_postgres::Hook::async_fn(move |client, _| -> HookFuture<'_> {
             let required = required.load(Ordering::SeqCst);
             let store = store.clone();
             Box::pin(async move {
@@ -155,7 +146,7 @@ impl Required {
                     Err(e) => Err(HookError::Message(e.to_string().into())),
                 }
             })
-        }
+        })
     }
 }
 

@@ -251,15 +251,9 @@ impl PromotionWatch {
         sql: Statements,
         store: String,
         clock: Option<Arc<dyn Clock>>,
-    ) -> impl for<'a> Fn(
-        &'a mut deadpool_postgres::ClientWrapper,
-        &'a deadpool_postgres::Metrics,
-    ) -> HookFuture<'a>
-    + Send
-    + Sync
-    + 'static {
+    ) -> deadpool_postgres::Hook {
         let watch = self.clone();
-        move |client, _| {
+        deadpool_postgres::Hook::async_fn(move |client, _| -> HookFuture<'_> {
             let (watch, sql, store, clock) =
                 (watch.clone(), sql.clone(), store.clone(), clock.clone());
             Box::pin(async move {
@@ -269,7 +263,7 @@ impl PromotionWatch {
                     Err(e) => Err(HookError::Message(e.to_string().into())),
                 }
             })
-        }
+        })
     }
 }
 
