@@ -510,22 +510,23 @@ async fn verify_fresh<B: From<Bytes>>(
             (
                 wait_ms.div_ceil(1000).max(1),
                 format!(
-                    "the store may have lost records ({}), and an attempt it forgot may still \
-                     be running at the provider for {wait_ms} ms; nothing was forwarded, retry \
-                     after that",
-                    window.cause
+                    "the idempotency store may have lost records (a failover or a restore), \
+                     and an attempt it forgot may still be running at the provider for \
+                     {wait_ms} ms; nothing was forwarded, retry after that"
                 ),
             )
         }
         Verification::Failed { reason } => {
             shared.metrics.window_claim(WindowOutcome::LookupFailed);
+            // The reason names the provider's lookup URL and the cause the
+            // backup's path: the log's, not the client's.
+            tracing::warn!(scope = %id.scope, key = %id.key, cause = %window.cause, %reason,
+                "a fresh claim inside the suspect window could not be verified; not forwarded");
             (
                 1,
-                format!(
-                    "the store may have lost records ({}), and the provider could not say \
-                     whether this key executed ({reason}); nothing was forwarded",
-                    window.cause
-                ),
+                "the idempotency store may have lost records (a failover or a restore), and \
+                 the provider could not say whether this key executed; nothing was forwarded"
+                    .to_owned(),
             )
         }
     };

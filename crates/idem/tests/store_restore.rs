@@ -209,6 +209,7 @@ async fn a_restored_sqlite_store_verifies_the_intents_it_forgot() {
             Some("urn:idem:problem:unverified")
         );
         assert!(answer.header("retry-after").is_some(), "{answer:?}");
+        assert!(!answer.body.contains("backup.db"), "{}", answer.body);
         assert!(std::time::Instant::now() < deadline, "{answer:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         answer = post(&url, &[key("new-after-restore")], TRANSFER).await;
@@ -253,6 +254,11 @@ async fn inside_the_window_a_provider_that_cannot_answer_stops_nothing_and_loses
             Some("urn:idem:problem:unverified")
         );
         assert_eq!(reply.header("retry-after"), Some("1"));
+        // Neither the backup's path nor the provider's lookup URL reaches
+        // the client: they are the operator's, in the log.
+        for private in ["backup.db", "/transfers/by-key/", "127.0.0.1"] {
+            assert!(!reply.body.contains(private), "{private}: {}", reply.body);
+        }
     }
     assert_eq!(up.effects().len(), 5, "nothing forwarded while unverified");
     let page = metrics(admin).await;
