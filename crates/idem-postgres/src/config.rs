@@ -34,13 +34,20 @@ pub const STATEMENT_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// The largest accepted `operation_timeout_ms`.
 pub const OPERATION_TIMEOUT_MS_MAX: u64 = 600_000;
+/// The default number of write batches of one kind in flight at once: two
+/// keep the server busy while the next batch fills; more make smaller
+/// batches and more commits for the same work.
+pub const BATCH_LANES_DEFAULT: usize = 2;
+/// The most write batches of one kind in flight at once.
+pub const BATCH_LANES_MAX: usize = 16;
 /// idem's own query parameters of a store URL. Each sets the
 /// [`PgOptions`] field of the same name and is taken out of the URL before
 /// the driver reads it; every other parameter goes to the driver, which
 /// refuses the ones it does not know.
-pub const URL_PARAMETERS: [&str; 5] = [
+pub const URL_PARAMETERS: [&str; 6] = [
     "schema",
     "pool_size",
+    "batch_lanes",
     "connect_timeout_ms",
     "statement_timeout_ms",
     "operation_timeout_ms",
@@ -96,6 +103,14 @@ pub struct PgOptions {
     /// 1..=[`OPERATION_TIMEOUT_MS_MAX`]. Default
     /// [`OPERATION_TIMEOUT_MS_DEFAULT`].
     pub operation_timeout_ms: u64,
+    /// Group commit: claims of new keys that arrive together go to the
+    /// server as one statement and one commit, and so do completions. Up
+    /// to this many batches of each kind are in flight at once (each on a
+    /// pooled connection); a write that finds all of them busy joins the
+    /// next, so nothing waits when the store is idle. `0` sends every
+    /// write alone. Clamped to [`BATCH_LANES_MAX`]. Default
+    /// [`BATCH_LANES_DEFAULT`].
+    pub batch_lanes: usize,
 }
 
 impl Default for PgOptions {
@@ -107,6 +122,7 @@ impl Default for PgOptions {
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             statement_timeout_ms: STATEMENT_TIMEOUT_MS_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+            batch_lanes: BATCH_LANES_DEFAULT,
         }
     }
 }
@@ -123,6 +139,7 @@ impl fmt::Debug for PgOptions {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("statement_timeout_ms", &self.statement_timeout_ms)
             .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .field("batch_lanes", &self.batch_lanes)
             .finish()
     }
 }
@@ -311,6 +328,17 @@ fn set_parameter(options: &mut PgOptions, name: &str, value: &str) -> Result<(),
         "pool_size" => {
             options.pool_size =
                 usize::try_from(number(POOL_SIZE_MAX as u64, "")?).unwrap_or(POOL_SIZE_MAX);
+        }
+        "batch_lanes" => {
+            options.batch_lanes = match value.parse::<usize>() {
+                Ok(n) if n <= BATCH_LANES_MAX => n,
+                _ => {
+                    return Err(format!(
+                        "parameter {name}={value:?} is not a whole number from 0 to \
+                         {BATCH_LANES_MAX}"
+                    ));
+                }
+            };
         }
         "connect_timeout_ms" => {
             options.connect_timeout_ms = number(CONNECT_TIMEOUT_MS_MAX, "of milliseconds ")?;

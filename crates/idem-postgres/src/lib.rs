@@ -86,6 +86,7 @@
 //! transaction under an advisory lock, so nodes starting together do not
 //! race.
 
+mod batch;
 mod config;
 mod error;
 mod listen;
@@ -95,6 +96,7 @@ mod row;
 mod schema;
 mod window;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -106,14 +108,15 @@ use idem_core::{
 };
 use tokio_postgres::NoTls;
 
-use crate::ops::{Ctx, Decided, Exec};
+use crate::batch::{Batched, Batcher};
+use crate::ops::{Completion, Ctx, Decided, Exec, Inserted};
 use crate::schema::Found;
 
 pub use config::{
-    APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, CONNECT_TIMEOUT_MS_MAX,
-    OPERATION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_MAX, POOL_SIZE_DEFAULT, POOL_SIZE_MAX,
-    PgOptions, SCHEMA_BYTES_MAX, SCHEMA_DEFAULT, STATEMENT_TIMEOUT_MS_DEFAULT,
-    STATEMENT_TIMEOUT_MS_MAX, URL_PARAMETERS, check_url, redact_url,
+    APPLICATION_NAME_DEFAULT, BATCH_LANES_DEFAULT, BATCH_LANES_MAX, CONNECT_TIMEOUT_MS_DEFAULT,
+    CONNECT_TIMEOUT_MS_MAX, OPERATION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_MAX,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, PgOptions, SCHEMA_BYTES_MAX, SCHEMA_DEFAULT,
+    STATEMENT_TIMEOUT_MS_DEFAULT, STATEMENT_TIMEOUT_MS_MAX, URL_PARAMETERS, check_url, redact_url,
 };
 /// The pool, re-exported so callers of [`PgStore::client`] name the same
 /// version.
@@ -125,12 +128,15 @@ pub use tokio_postgres;
 
 /// A [`Store`] in a PostgreSQL schema, shared by any number of nodes.
 pub struct PgStore {
-    pool: Pool,
+    shared: Arc<Shared>,
     /// How the pool connects, for the listener's own connection.
     pg: tokio_postgres::Config,
-    ctx: Ctx,
-    timeout: Duration,
-    operation_timeout: Duration,
+    /// Claims of new keys, many to a statement.
+    claims: Arc<Batcher<ClaimRequest>>,
+    /// Completions, many to a statement.
+    completions: Arc<Batcher<Completion>>,
+    /// Whether writes go through the batchers (`batch_lanes` above 0).
+    batching: bool,
     synchronous: replication::Required,
     promotion: window::PromotionWatch,
     window_sql: window::Statements,
@@ -150,7 +156,7 @@ impl PgStore {
         length_ms: u64,
     ) -> Result<Option<SuspectWindow>, StoreError> {
         self.promotion.set_length(length_ms);
-        self.pool.retain(|_, _| false);
+        self.shared.pool.retain(|_, _| false);
         let mut client = self.client().await?;
         // The hook checked it already; a second check finds it recorded.
         let opened = self
@@ -158,11 +164,11 @@ impl PgStore {
             .check(
                 &mut client,
                 &self.window_sql,
-                (&self.ctx.store, self.ctx.clock.as_deref()),
+                (&self.shared.ctx.store, self.shared.ctx.clock.as_deref()),
             )
             .await;
         drop(Object::take(client));
-        self.pool.retain(|_, _| false);
+        self.shared.pool.retain(|_, _| false);
         opened
     }
 
@@ -193,10 +199,7 @@ impl PgStore {
     /// A pooled connection, for running your own statements (such as a
     /// transaction for [`PgStore::claim_in`]) on the store's pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| error::from_pool(&self.ctx.store, e, self.timeout))
+        self.shared.client().await
     }
 
     /// Claims in the caller's transaction: the same decision as
@@ -220,7 +223,7 @@ impl PgStore {
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
         req.check_labels()?;
-        ops::claim_on(&Exec::Foreign(tx), &self.ctx, req).await
+        ops::claim_on(&Exec::Foreign(tx), &self.shared.ctx, req).await
     }
 
     /// Completes in the caller's transaction: the same transition as
@@ -232,7 +235,7 @@ impl PgStore {
         token: Token,
         result: StoredResult,
     ) -> Result<Record, StoreError> {
-        ops::complete_one(&Exec::Foreign(tx), &self.ctx, id, token, result).await
+        ops::complete_one(&Exec::Foreign(tx), &self.shared.ctx, id, token, result).await
     }
 
     /// From now on, every new pooled connection is checked with
@@ -244,33 +247,45 @@ impl PgStore {
     pub async fn require_synchronous_replication(
         &self,
     ) -> Result<replication::ReplicationSettings, replication::ReplicationError> {
-        self.pool.retain(|_, _| false);
+        self.shared.pool.retain(|_, _| false);
         let client =
             self.client()
                 .await
                 .map_err(|e| replication::ReplicationError::Unreadable {
-                    store: self.ctx.store.clone(),
+                    store: self.shared.ctx.store.clone(),
                     reason: e.to_string(),
                 })?;
-        let settings = replication::check(&client, &self.ctx.store).await;
+        let settings = replication::check(&client, &self.shared.ctx.store).await;
         // Checked on this caller's runtime: not kept for the operations.
         drop(Object::take(client));
         // Only now does the hook check every new connection, so a refusal
         // here names the settings rather than a pool failure.
         self.synchronous.set();
-        self.pool.retain(|_, _| false);
+        self.shared.pool.retain(|_, _| false);
         settings
+    }
+
+    /// The batches of writes this store has sent ([`PgOptions::batch_lanes`]).
+    pub fn batch_stats(&self) -> BatchStats {
+        let (claim_batches, claims) = self.claims.counts();
+        let (completion_batches, completions) = self.completions.counts();
+        BatchStats {
+            claim_batches,
+            claims,
+            completion_batches,
+            completions,
+        }
     }
 
     /// The schema holding the store's tables.
     pub fn schema(&self) -> &str {
-        &self.ctx.schema.name
+        &self.shared.ctx.schema.name
     }
 
     /// The store as messages name it: `postgres://USER@HOST:PORT/DB
     /// (schema S)`, without the password.
     pub fn name(&self) -> &str {
-        &self.ctx.store
+        &self.shared.ctx.store
     }
 
     async fn open(
@@ -310,12 +325,27 @@ impl PgStore {
             .recycle_timeout(Some(target.timeout))
             .build()
             .map_err(|e| error::unavailable(&store, format!("cannot build the pool: {e}")))?;
-        let pg = PgStore {
+        let lanes = options.batch_lanes.min(BATCH_LANES_MAX);
+        let shared = Arc::new(Shared {
             pool,
-            pg,
             ctx,
             timeout: target.timeout,
             operation_timeout: target.operation_timeout,
+        });
+        let pg = PgStore {
+            batching: lanes > 0,
+            claims: Batcher::new(
+                lanes,
+                store.clone(),
+                Shared::runner(&shared, Shared::insert_batch),
+            ),
+            completions: Batcher::new(
+                lanes,
+                store.clone(),
+                Shared::runner(&shared, Shared::complete_batch),
+            ),
+            shared,
+            pg,
             synchronous,
             promotion,
             window_sql,
@@ -323,17 +353,181 @@ impl PgStore {
         Ok((pg, found))
     }
 
-    /// Runs `op` on a pooled connection within the operation deadline,
-    /// which covers the pool wait and connecting too. Past it, the
-    /// connection is taken out of the pool and closed: it is mid-statement
-    /// and may answer late or never, and the next operation must not queue
-    /// behind it. Whatever `op` had sent may still commit; the caller only
-    /// hears `Unavailable`.
+    /// [`Shared::bounded`], from now.
     async fn bounded<T>(
         &self,
         op: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.operation_timeout;
+        self.shared.bounded(self.shared.deadline(), op).await
+    }
+
+    /// Runs `transition` as a locked read-decide-write in its own
+    /// transaction on a pooled connection.
+    async fn modify<T>(
+        &self,
+        id: &RecordId,
+        transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.bounded(async |client| {
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| self.shared.ctx.error(&e))?;
+            let out = ops::modify(&Exec::PooledTx(&tx), &self.shared.ctx, id, transition).await?;
+            tx.commit().await.map_err(|e| self.shared.ctx.error(&e))?;
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The fast path in a batch of claims (one statement and one commit
+    /// for every claim of a new key queued meanwhile), then, for a key that
+    /// has a record, on a pooled connection in autocommit: a read without
+    /// a lock for an answer that writes nothing, then the locked path in a
+    /// transaction, retried if the record vanished in between. One
+    /// deadline covers it all.
+    async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        req.check_labels()?;
+        let deadline = self.shared.deadline();
+        let batched = if self.batching {
+            tokio::time::timeout_at(deadline, self.claims.submit(req.clone()))
+                .await
+                .map_err(|_| self.shared.late())??
+        } else {
+            Inserted::Alone
+        };
+        let mut insert = match batched {
+            Inserted::Acquired {
+                claim,
+                token,
+                waited_ms,
+            } => {
+                let settled = self
+                    .shared
+                    .bounded(deadline, async |client| {
+                        let exec = Exec::Pooled(client);
+                        let acquired = (claim, token, waited_ms);
+                        ops::settle_inserted(&exec, &self.shared.ctx, req, acquired).await
+                    })
+                    .await?;
+                if let Some(claim) = settled {
+                    return Ok(claim);
+                }
+                false
+            }
+            Inserted::Exists => false,
+            Inserted::Alone => true,
+        };
+        let ctx = &self.shared.ctx;
+        self.shared
+            .bounded(deadline, async |client| {
+                for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
+                    let exec = Exec::Pooled(client);
+                    if insert && let Some(claim) = ops::insert_new(&exec, ctx, req).await? {
+                        return Ok(claim);
+                    }
+                    insert = true;
+                    if let Some(claim) = ops::answer_unlocked(&exec, ctx, req).await? {
+                        return Ok(claim);
+                    }
+                    let tx = client.transaction().await.map_err(|e| ctx.error(&e))?;
+                    let claim = ops::claim_locked(&Exec::PooledTx(&tx), ctx, req).await?;
+                    tx.commit().await.map_err(|e| ctx.error(&e))?;
+                    if let Some(claim) = claim {
+                        return Ok(claim);
+                    }
+                }
+                Err(ops::vanishing(ctx, &req.id))
+            })
+            .await
+    }
+
+    /// A completion in a batch of completions: one statement and one
+    /// commit for every completion queued meanwhile.
+    async fn complete_pooled(
+        &self,
+        id: &RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> Result<Record, StoreError> {
+        let deadline = self.shared.deadline();
+        if !self.batching {
+            return self
+                .shared
+                .bounded(deadline, async move |client| {
+                    let exec = Exec::Pooled(client);
+                    ops::complete_one(&exec, &self.shared.ctx, id, token, result).await
+                })
+                .await;
+        }
+        let completion = Completion::new(&self.shared.ctx, id, token, result)?;
+        tokio::time::timeout_at(deadline, self.completions.submit(completion))
+            .await
+            .map_err(|_| self.shared.late())?
+    }
+
+    async fn purge_pooled(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        if limit == 0 {
+            return Ok(PurgeReport::default());
+        }
+        self.bounded(async |client| {
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| self.shared.ctx.error(&e))?;
+            let report = ops::purge(&Exec::PooledTx(&tx), &self.shared.ctx, limit).await?;
+            tx.commit().await.map_err(|e| self.shared.ctx.error(&e))?;
+            Ok(report)
+        })
+        .await
+    }
+}
+
+/// The batches of writes a [`PgStore`] has sent: each batch is one
+/// statement and one commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Statements inserting new keys.
+    pub claim_batches: u64,
+    /// Claims they carried.
+    pub claims: u64,
+    /// Statements completing records.
+    pub completion_batches: u64,
+    /// Completions they carried.
+    pub completions: u64,
+}
+
+/// What every operation needs, shared with the tasks that run batches.
+struct Shared {
+    pool: Pool,
+    ctx: Ctx,
+    timeout: Duration,
+    operation_timeout: Duration,
+}
+
+impl Shared {
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| error::from_pool(&self.ctx.store, e, self.timeout))
+    }
+
+    /// The deadline of an operation starting now.
+    fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.operation_timeout
+    }
+
+    /// Runs `op` on a pooled connection before `deadline`, which covers
+    /// the pool wait and connecting too. Past it, the connection is taken
+    /// out of the pool and closed: it is mid-statement and may answer late
+    /// or never, and the next operation must not queue behind it. Whatever
+    /// `op` had sent may still commit; the caller only hears `Unavailable`.
+    async fn bounded<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        op: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut client = tokio::time::timeout_at(deadline, self.client())
             .await
             .map_err(|_| self.late())??;
@@ -358,60 +552,80 @@ impl PgStore {
         )
     }
 
-    /// Runs `transition` as a locked read-decide-write in its own
-    /// transaction on a pooled connection.
-    async fn modify<T>(
-        &self,
-        id: &RecordId,
-        transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<T>, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.bounded(async |client| {
-            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-            let out = ops::modify(&Exec::PooledTx(&tx), &self.ctx, id, transition).await?;
-            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-            Ok(out)
-        })
-        .await
+    /// A batcher's runner calling `run` on this.
+    fn runner<I, F>(shared: &Arc<Shared>, run: fn(Arc<Shared>, Vec<I>) -> F) -> batch::RunFn<I>
+    where
+        I: Batched,
+        F: Future<Output = Vec<Result<I::Out, StoreError>>> + Send + 'static,
+    {
+        let shared = Arc::clone(shared);
+        Arc::new(move |items| Box::pin(run(Arc::clone(&shared), items)))
     }
 
-    /// The fast path on the pooled connection in autocommit (one round
-    /// trip for a new key; a second, without a lock, for an answer that
-    /// writes nothing), then the locked path in a transaction, retried if
-    /// the record vanished in between.
-    async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        req.check_labels()?;
-        self.bounded(async |client| {
-            for _ in 0..ops::CLAIM_ATTEMPTS_MAX {
-                let exec = Exec::Pooled(client);
-                if let Some(claim) = ops::insert_new(&exec, &self.ctx, req).await? {
-                    return Ok(claim);
-                }
-                if let Some(claim) = ops::answer_unlocked(&exec, &self.ctx, req).await? {
-                    return Ok(claim);
-                }
-                let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-                let claim = ops::claim_locked(&Exec::PooledTx(&tx), &self.ctx, req).await?;
-                tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-                if let Some(claim) = claim {
-                    return Ok(claim);
-                }
+    /// One statement inserting every new key of `reqs`. When it fails
+    /// for a reason about its rows rather than the server, each claim is
+    /// told to insert alone, so that one bad row fails only its own.
+    async fn insert_batch(
+        self: Arc<Self>,
+        reqs: Vec<ClaimRequest>,
+    ) -> Vec<Result<Inserted, StoreError>> {
+        let refs: Vec<&ClaimRequest> = reqs.iter().collect();
+        let ran = self
+            .bounded(self.deadline(), async |client| {
+                Ok(ops::insert_batch(&Exec::Pooled(client), &self.ctx, &refs).await)
+            })
+            .await;
+        let failed = match ran {
+            Ok(Ok(answers)) => return answers,
+            Ok(Err(e)) if reqs.len() > 1 && ops::each_alone(&e) => {
+                return reqs.iter().map(|_| Ok(Inserted::Alone)).collect();
             }
-            Err(ops::vanishing(&self.ctx, &req.id))
-        })
-        .await
+            Ok(Err(e)) => self.ctx.error(&e),
+            Err(e) => e,
+        };
+        reqs.iter().map(|_| Err(failed.clone())).collect()
     }
 
-    async fn purge_pooled(&self, limit: usize) -> Result<PurgeReport, StoreError> {
-        if limit == 0 {
-            return Ok(PurgeReport::default());
-        }
-        self.bounded(async |client| {
-            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-            let report = ops::purge(&Exec::PooledTx(&tx), &self.ctx, limit).await?;
-            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
-            Ok(report)
-        })
-        .await
+    /// One statement completing every record of `done`. When it fails for
+    /// a reason about its rows rather than the server, each completion runs
+    /// alone, so that one bad row fails only its own.
+    async fn complete_batch(
+        self: Arc<Self>,
+        done: Vec<Completion>,
+    ) -> Vec<Result<Record, StoreError>> {
+        let n = done.len();
+        let ran = self
+            .bounded(self.deadline(), async |client| {
+                let exec = Exec::Pooled(client);
+                match ops::complete_batch(&exec, &self.ctx, done).await {
+                    Ok(answers) => Ok(answers),
+                    Err((e, done)) if n > 1 && ops::each_alone(&e) => {
+                        let mut answers = Vec::with_capacity(n);
+                        for c in done {
+                            let one = ops::complete_one(&exec, &self.ctx, &c.id, c.token, c.result);
+                            answers.push(one.await);
+                        }
+                        Ok(answers)
+                    }
+                    Err((e, _)) => Err(self.ctx.error(&e)),
+                }
+            })
+            .await;
+        ran.unwrap_or_else(|failed| (0..n).map(|_| Err(failed.clone())).collect())
+    }
+}
+
+impl Batched for ClaimRequest {
+    type Out = Inserted;
+    fn id(&self) -> &RecordId {
+        &self.id
+    }
+}
+
+impl Batched for Completion {
+    type Out = Record;
+    fn id(&self) -> &RecordId {
+        &self.id
     }
 }
 
@@ -426,9 +640,7 @@ impl Store for PgStore {
         token: Token,
         result: StoredResult,
     ) -> StoreFuture<'a, Record> {
-        Box::pin(self.bounded(async move |client| {
-            ops::complete_one(&Exec::Pooled(client), &self.ctx, id, token, result).await
-        }))
+        Box::pin(self.complete_pooled(id, token, result))
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
@@ -455,10 +667,14 @@ impl Store for PgStore {
         next_at: Timestamp,
     ) -> StoreFuture<'a, LookupTries> {
         Box::pin(self.bounded(async move |client| {
-            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| self.shared.ctx.error(&e))?;
             let exec = Exec::PooledTx(&tx);
-            let noted = ops::note_failed_lookup(&exec, &self.ctx, id, token, next_at).await?;
-            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            let noted =
+                ops::note_failed_lookup(&exec, &self.shared.ctx, id, token, next_at).await?;
+            tx.commit().await.map_err(|e| self.shared.ctx.error(&e))?;
             Ok(noted)
         }))
     }
@@ -469,27 +685,29 @@ impl Store for PgStore {
         token: Token,
     ) -> StoreFuture<'a, Option<LookupTries>> {
         Box::pin(self.bounded(async move |client| {
-            let kept = ops::tries(&Exec::Pooled(client), &self.ctx, id).await?;
+            let kept = ops::tries(&Exec::Pooled(client), &self.shared.ctx, id).await?;
             Ok(decision::tries_of_attempt(kept.as_ref(), token))
         }))
     }
 
     fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
+        Box::pin(self.bounded(async |client| {
+            ops::resolutions(&Exec::Pooled(client), &self.shared.ctx, id).await
+        }))
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
         Box::pin(
             self.bounded(async |client| {
-                ops::resolutions(&Exec::Pooled(client), &self.ctx, id).await
+                ops::get(&Exec::Pooled(client), &self.shared.ctx, id).await
             }),
         )
     }
 
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(self.bounded(async |client| ops::get(&Exec::Pooled(client), &self.ctx, id).await))
-    }
-
     fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        Box::pin(
-            self.bounded(async |client| ops::list(&Exec::Pooled(client), &self.ctx, query).await),
-        )
+        Box::pin(self.bounded(async |client| {
+            ops::list(&Exec::Pooled(client), &self.shared.ctx, query).await
+        }))
     }
 
     fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
@@ -498,7 +716,7 @@ impl Store for PgStore {
 
     fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
         Box::pin(self.bounded(async move |client| {
-            ops::note_waiting(&Exec::Pooled(client), &self.ctx, id).await
+            ops::note_waiting(&Exec::Pooled(client), &self.shared.ctx, id).await
         }))
     }
 
@@ -506,12 +724,16 @@ impl Store for PgStore {
     /// name: `idem_` and a digest of the schema's); it reconnects after a
     /// second when it ends, for as long as the runtime lives.
     fn on_completed(&self, wake: idem_core::WakeFn) {
-        listen::spawn(self.pg.clone(), self.ctx.schema.channel.clone(), wake);
+        listen::spawn(
+            self.pg.clone(),
+            self.shared.ctx.schema.channel.clone(),
+            wake,
+        );
     }
 
     fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {
         Box::pin(self.bounded(async |client| {
-            window::read(&***client, &self.window_sql, &self.ctx.store).await
+            window::read(&***client, &self.window_sql, &self.shared.ctx.store).await
         }))
     }
 
@@ -520,15 +742,24 @@ impl Store for PgStore {
         opening: &'a WindowOpening,
     ) -> StoreFuture<'a, SuspectWindow> {
         let now = self
+            .shared
             .ctx
             .clock
             .as_ref()
             .map(|c| row::int(c.now().as_millis()));
         Box::pin(self.bounded(async move |client| {
-            let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
-            let opened =
-                window::open(&*tx, &self.window_sql, &self.ctx.store, (now, opening)).await?;
-            tx.commit().await.map_err(|e| self.ctx.error(&e))?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| self.shared.ctx.error(&e))?;
+            let opened = window::open(
+                &*tx,
+                &self.window_sql,
+                &self.shared.ctx.store,
+                (now, opening),
+            )
+            .await?;
+            tx.commit().await.map_err(|e| self.shared.ctx.error(&e))?;
             Ok(opened)
         }))
     }

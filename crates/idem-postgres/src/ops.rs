@@ -129,11 +129,8 @@ pub(crate) async fn insert_new(
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let (claim, token, waited_ms) = acquired(ctx, req, row)?;
-    if waited_ms > FAST_PATH_WAIT_MS_MAX {
-        return restart_lease(exec, ctx, req, token).await;
-    }
-    Ok(Some(claim))
+    let acquired = acquired(ctx, req, row)?;
+    settle_inserted(exec, ctx, req, acquired).await
 }
 
 /// The claim's answer from a read that takes no lock, when the decision on
@@ -347,8 +344,7 @@ pub(crate) async fn complete_one(
     let now = ctx.now();
     let token_param = int(token.0);
     let status = i32::from(result.status());
-    let headers = serde_json::to_string(result.headers())
-        .map_err(|e| ctx.damaged("a result to write", format!("cannot encode it: {e}")))?;
+    let headers = encode_headers(ctx, &result)?;
     let body = result.body();
     let params: [Param<'_>; 7] = [
         now_param(&now),
@@ -363,6 +359,20 @@ pub(crate) async fn complete_one(
     let row = rows
         .first()
         .ok_or_else(|| ctx.damaged(&id.to_string(), "the completion returned no row".into()))?;
+    held_to_decision(ctx, id, token, result, row)
+}
+
+/// A completion's row (the time, the record as it was, the record as
+/// written) held to `decision::complete` on the record as it was: the
+/// written record when they agree, the decision's refusal when nothing was
+/// written, and a bug reported when the statement ever disagreed.
+fn held_to_decision(
+    ctx: &Ctx,
+    id: &RecordId,
+    token: Token,
+    result: StoredResult,
+    row: &Row,
+) -> Result<Record, StoreError> {
     let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&id.to_string(), why))?;
     let old = row::decode(row, 1, &ctx.store)?;
     let written = row::decode(row, 1 + row::COLUMNS.len(), &ctx.store)?;
@@ -725,4 +735,183 @@ async fn delete(exec: &Exec<'_, '_>, ctx: &Ctx, ids: &[RecordId]) -> Result<(), 
     let params: [Param<'_>; 2] = [(&scopes, Type::TEXT_ARRAY), (&keys, Type::TEXT_ARRAY)];
     ctx.query(exec, &ctx.schema.delete, &params).await?;
     Ok(())
+}
+
+/// One claim's share of a batched insert ([`insert_batch`]).
+pub(crate) enum Inserted {
+    /// Its key was new: acquired, with the token and how long the
+    /// statement had waited when it inserted the row.
+    Acquired {
+        claim: Claim,
+        token: Token,
+        waited_ms: u64,
+    },
+    /// Its key has a record: the claim goes on as an unbatched one would
+    /// after its insert changed nothing.
+    Exists,
+    /// The statement failed for a reason about some row ([`each_alone`]):
+    /// the claim inserts alone.
+    Alone,
+}
+
+/// Whether a failed batch statement should be tried again write by write:
+/// an error about one row's values or about the statement meeting another
+/// transaction (a deadlock, a serialization failure) says nothing about
+/// the other rows, which must not fail with it. Anything else (the server
+/// is down, the deadline passed) would fail each of them alone too.
+pub(crate) fn each_alone(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return false;
+    };
+    matches!(db.code().code().get(..2), Some("22" | "23" | "40" | "54"))
+}
+
+/// The fast path for many claims in one statement (one commit): each
+/// request's answer as [`insert_new`] would give it, in the order given.
+/// The requests hold distinct records. An error of the statement is
+/// returned whole, for the caller to judge with [`each_alone`].
+pub(crate) async fn insert_batch(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    reqs: &[&ClaimRequest],
+) -> Result<Vec<Result<Inserted, StoreError>>, tokio_postgres::Error> {
+    let now = ctx.now();
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&reqs[a].id, &reqs[b].id);
+        (a.scope.as_str(), a.key.as_str()).cmp(&(b.scope.as_str(), b.key.as_str()))
+    });
+    let sorted = || order.iter().map(|&i| reqs[i]);
+    let scopes: Vec<&str> = sorted().map(|r| r.id.scope.as_str()).collect();
+    let keys: Vec<&str> = sorted().map(|r| r.id.key.as_str()).collect();
+    let fingerprints: Vec<&[u8]> = sorted().map(|r| &r.fingerprint.as_bytes()[..]).collect();
+    let owners: Vec<&str> = sorted().map(|r| r.owner.as_str()).collect();
+    let leases: Vec<i64> = sorted().map(|r| int(r.policy.lease_ms())).collect();
+    let retentions: Vec<i64> = sorted().map(|r| int(r.policy.retention_s())).collect();
+    let tombstones: Vec<i64> = sorted().map(|r| int(r.policy.tombstone_s())).collect();
+    let regions: Vec<Option<&str>> = sorted().map(|r| r.region.as_deref()).collect();
+    let params: [Param<'_>; 9] = [
+        now_param(&now),
+        (&scopes, Type::TEXT_ARRAY),
+        (&keys, Type::TEXT_ARRAY),
+        (&fingerprints, Type::BYTEA_ARRAY),
+        (&owners, Type::TEXT_ARRAY),
+        (&leases, Type::INT8_ARRAY),
+        (&retentions, Type::INT8_ARRAY),
+        (&tombstones, Type::INT8_ARRAY),
+        (&regions, Type::TEXT_ARRAY),
+    ];
+    let rows = exec.query(&ctx.schema.insert_batch, &params).await?;
+    let mut answers: Vec<Result<Inserted, StoreError>> =
+        reqs.iter().map(|_| Ok(Inserted::Exists)).collect();
+    for row in &rows {
+        let (scope, key): (&str, &str) = match (row.try_get(4), row.try_get(5)) {
+            (Ok(scope), Ok(key)) => (scope, key),
+            _ => continue,
+        };
+        let Some(at) = reqs
+            .iter()
+            .position(|r| r.id.scope.as_str() == scope && r.id.key.as_str() == key)
+        else {
+            continue;
+        };
+        answers[at] =
+            acquired(ctx, reqs[at], row).map(|(claim, token, waited_ms)| Inserted::Acquired {
+                claim,
+                token,
+                waited_ms,
+            });
+    }
+    Ok(answers)
+}
+
+/// What an acquired fast-path claim answers: the claim itself, or, when
+/// its statement waited past [`FAST_PATH_WAIT_MS_MAX`], the claim with its
+/// lease restarted from the clock after the wait (`None`: the record
+/// changed meanwhile; decide on it as it is).
+pub(crate) async fn settle_inserted(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+    (claim, token, waited_ms): (Claim, Token, u64),
+) -> Result<Option<Claim>, StoreError> {
+    if waited_ms > FAST_PATH_WAIT_MS_MAX {
+        return restart_lease(exec, ctx, req, token).await;
+    }
+    Ok(Some(claim))
+}
+
+/// One completion of a batch ([`complete_batch`]), its headers encoded
+/// as the column holds them.
+pub(crate) struct Completion {
+    pub(crate) id: RecordId,
+    pub(crate) token: Token,
+    pub(crate) result: StoredResult,
+    pub(crate) headers: String,
+}
+
+impl Completion {
+    /// Fails only if the headers cannot be encoded.
+    pub(crate) fn new(
+        ctx: &Ctx,
+        id: &RecordId,
+        token: Token,
+        result: StoredResult,
+    ) -> Result<Completion, StoreError> {
+        let headers = encode_headers(ctx, &result)?;
+        Ok(Completion {
+            id: id.clone(),
+            token,
+            result,
+            headers,
+        })
+    }
+}
+
+fn encode_headers(ctx: &Ctx, result: &StoredResult) -> Result<String, StoreError> {
+    serde_json::to_string(result.headers())
+        .map_err(|e| ctx.damaged("a result to write", format!("cannot encode it: {e}")))
+}
+
+/// Many completions in one statement (one commit): each one's answer as
+/// [`complete_one`] would give it, in the order given. The completions
+/// hold distinct records. An error of the statement is returned whole,
+/// with the completions, for the caller to judge with [`each_alone`].
+pub(crate) async fn complete_batch(
+    exec: &Exec<'_, '_>,
+    ctx: &Ctx,
+    done: Vec<Completion>,
+) -> Result<Vec<Result<Record, StoreError>>, (tokio_postgres::Error, Vec<Completion>)> {
+    let now = ctx.now();
+    let scopes: Vec<&str> = done.iter().map(|c| c.id.scope.as_str()).collect();
+    let keys: Vec<&str> = done.iter().map(|c| c.id.key.as_str()).collect();
+    let tokens: Vec<i64> = done.iter().map(|c| int(c.token.0)).collect();
+    let statuses: Vec<i32> = done.iter().map(|c| i32::from(c.result.status())).collect();
+    let headers: Vec<&str> = done.iter().map(|c| c.headers.as_str()).collect();
+    let bodies: Vec<&[u8]> = done.iter().map(|c| c.result.body()).collect();
+    let params: [Param<'_>; 7] = [
+        now_param(&now),
+        (&scopes, Type::TEXT_ARRAY),
+        (&keys, Type::TEXT_ARRAY),
+        (&tokens, Type::INT8_ARRAY),
+        (&statuses, Type::INT4_ARRAY),
+        (&headers, Type::TEXT_ARRAY),
+        (&bodies, Type::BYTEA_ARRAY),
+    ];
+    let rows = match exec.query(&ctx.schema.complete_batch, &params).await {
+        Ok(rows) => rows,
+        Err(e) => return Err((e, done)),
+    };
+    let mut rows = rows.into_iter();
+    let answers = done
+        .into_iter()
+        .map(|c| match rows.next() {
+            Some(row) => held_to_decision(ctx, &c.id, c.token, c.result, &row),
+            None => Err(ctx.damaged(
+                &c.id.to_string(),
+                "the batched completion returned no row for it".into(),
+            )),
+        })
+        .collect();
+    Ok(answers)
 }

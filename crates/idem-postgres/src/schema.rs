@@ -149,6 +149,12 @@ pub(crate) struct Schema {
     /// The fast path: a new key in one statement, or no row on conflict;
     /// it also returns the time after the insert, to notice a wait.
     pub(crate) insert_new: String,
+    /// The fast path for many new keys in one statement: the rows given as
+    /// one array per column, inserted in the order given (sorted by the
+    /// caller, so that two batches sharing keys wait on each other in one
+    /// order and never deadlock), nothing for a key that has a record; per
+    /// inserted row, what `insert_new` returns and its scope and key.
+    pub(crate) insert_batch: String,
     /// The record read without a lock, and the time in the same
     /// statement: no row when there is no record.
     pub(crate) peek: String,
@@ -162,6 +168,9 @@ pub(crate) struct Schema {
     /// only when `$4` holds it `in_progress` (the fencing check of
     /// `decision::complete`, which the caller checks the row against).
     pub(crate) complete: String,
+    /// The same for many records: one row per input row, in input order,
+    /// laid out as `complete`'s; the records locked in (scope, key) order.
+    pub(crate) complete_batch: String,
     pub(crate) next_token: String,
     /// Insert or replace records given as one array per column.
     pub(crate) put: String,
@@ -208,6 +217,15 @@ impl Schema {
             .collect();
         let s = name;
         let channel = channel(name);
+        // What a completion sets from the record as it was (`old`) at the
+        // time read after its lock (`now`), as `decision::complete` does.
+        let completed = format!(
+            "state = 'completed', completed_at_ms = now.ms, \
+             expires_at_ms = now.ms + LEAST(LEAST(old.retention_s, {SECONDS_MAX}) * 1000, \
+             9223372036854775807 - now.ms), \
+             tombstone_until_ms = now.ms + LEAST(LEAST(old.tombstone_s, {SECONDS_MAX}) * 1000, \
+             9223372036854775807 - now.ms),"
+        );
         Schema {
             name: name.to_owned(),
             wait_note: format!(
@@ -223,6 +241,20 @@ impl Schema {
                  FROM (SELECT {now} AS ms) AS now \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING token, created_at_ms, lease_until_ms, {now}"
+            ),
+            insert_batch: format!(
+                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+                 lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
+                 SELECT b.scope, b.key, b.fingerprint, 'in_progress', nextval('{s}.tokens'), \
+                 b.owner, now.ms + LEAST(b.lease, 9223372036854775807 - now.ms), now.ms, \
+                 b.retention, b.tombstone, b.region \
+                 FROM (SELECT {now} AS ms) AS now, \
+                 unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::bigint[], \
+                 $7::bigint[], $8::bigint[], $9::text[]) WITH ORDINALITY \
+                 AS b(scope, key, fingerprint, owner, lease, retention, tombstone, region, n) \
+                 ORDER BY b.n \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING token, created_at_ms, lease_until_ms, {now}, scope, key"
             ),
             peek: format!(
                 "SELECT {now} AS now_ms, {cols} FROM {s}.records WHERE scope = $2 AND key = $3"
@@ -243,12 +275,7 @@ impl Schema {
                 "WITH old AS MATERIALIZED (\
                  SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE), \
                  now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
-                 done AS (UPDATE {s}.records AS r SET state = 'completed', \
-                 completed_at_ms = now.ms, \
-                 expires_at_ms = now.ms + LEAST(LEAST(old.retention_s, {SECONDS_MAX}) * 1000, \
-                 9223372036854775807 - now.ms), \
-                 tombstone_until_ms = now.ms + LEAST(LEAST(old.tombstone_s, {SECONDS_MAX}) * 1000, \
-                 9223372036854775807 - now.ms), \
+                 done AS (UPDATE {s}.records AS r SET {completed} \
                  result_status = $5, result_headers = $6, result_body = $7 \
                  FROM old, now \
                  WHERE r.scope = old.scope AND r.key = old.key \
@@ -257,6 +284,31 @@ impl Schema {
                  SELECT now.ms, old.*, done.*, \
                  (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
                  FROM now LEFT JOIN old ON true LEFT JOIN done ON true",
+                COLUMNS.map(|c| format!("r.{c}")).join(", ")
+            ),
+            complete_batch: format!(
+                "WITH input AS MATERIALIZED (SELECT * FROM unnest($2::text[], $3::text[], \
+                 $4::bigint[], $5::int[], $6::text[], $7::bytea[]) WITH ORDINALITY \
+                 AS i(scope, key, token, status, headers, body, n)), \
+                 old AS MATERIALIZED (SELECT {} FROM {s}.records r \
+                 JOIN input ON r.scope = input.scope AND r.key = input.key \
+                 ORDER BY r.scope, r.key FOR UPDATE OF r), \
+                 now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
+                 done AS (UPDATE {s}.records AS r SET {completed} \
+                 result_status = input.status, result_headers = input.headers, \
+                 result_body = input.body \
+                 FROM old, now, input \
+                 WHERE r.scope = old.scope AND r.key = old.key \
+                 AND input.scope = old.scope AND input.key = old.key \
+                 AND old.token = input.token AND old.state = 'in_progress' \
+                 RETURNING {}, r.waited) \
+                 SELECT now.ms, old.*, done.*, \
+                 (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
+                 FROM input CROSS JOIN now \
+                 LEFT JOIN old ON old.scope = input.scope AND old.key = input.key \
+                 LEFT JOIN done ON done.scope = input.scope AND done.key = input.key \
+                 ORDER BY input.n",
+                COLUMNS.map(|c| format!("r.{c}")).join(", "),
                 COLUMNS.map(|c| format!("r.{c}")).join(", ")
             ),
             next_token: format!("SELECT nextval('{s}.tokens')"),

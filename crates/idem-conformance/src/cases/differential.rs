@@ -114,6 +114,11 @@ enum Step {
     List { state: Option<State> },
     /// Purges at most `limit` records.
     Purge { limit: usize },
+    /// Claims and completions on distinct records, sent to the store at
+    /// once (a store that batches writes carries them in one statement) and
+    /// to the reference one after another: on distinct records their order
+    /// changes no answer.
+    Together(Vec<Concurrent>),
     /// Moves both clocks forward.
     Advance { ms: u64 },
     /// Moves both clocks to a horizon of the reference's record of `slot`,
@@ -124,6 +129,25 @@ enum Step {
         horizon: Horizon,
         offset_ms: i64,
     },
+}
+
+/// One write of a [`Step::Together`].
+#[derive(Clone, Debug)]
+enum Concurrent {
+    Claim(ClaimStep),
+    /// Completes the acquisition `attempt` of `slot` (as in
+    /// [`Step::Attempt`]) with `result(n)`.
+    Complete {
+        slot: Slot,
+        attempt: u8,
+        n: u8,
+    },
+}
+
+/// The store's answer to a [`Concurrent`] write.
+enum Answered {
+    Claim(Result<Claim, StoreError>),
+    Complete(Box<Result<Record, StoreError>>),
 }
 
 /// What an [`Step::Attempt`] does with the token it presents.
@@ -297,6 +321,7 @@ impl<'a, S: Store> Run<'a, S> {
                 self.same(self.reference.get(id).await, self.store.get(id).await)
             }
             Step::List { state } => self.list(state).await,
+            Step::Together(ref writes) => self.together(writes).await,
             Step::Purge { limit } => {
                 let expect = self.reference.purge(limit).await;
                 self.same(expect, self.store.purge(limit).await)
@@ -334,6 +359,49 @@ impl<'a, S: Store> Run<'a, S> {
             self.acquired[claim.slot.index()].push(*mine);
         }
         self.same(expect, got)
+    }
+
+    /// Writes on distinct records: all at once to the store, then one by
+    /// one to the reference, each answer compared with its own.
+    async fn together(&mut self, writes: &[Concurrent]) -> Result<(), String> {
+        let answers = futures_util::future::join_all(writes.iter().map(|write| async {
+            match write {
+                Concurrent::Claim(claim) => {
+                    let request = claim.request(self.id(claim.slot));
+                    Answered::Claim(self.store.claim(&request).await)
+                }
+                Concurrent::Complete { slot, attempt, n } => {
+                    let (id, _, theirs) = self.attempt(*slot, *attempt);
+                    Answered::Complete(Box::new(self.store.complete(id, theirs, result(*n)).await))
+                }
+            }
+        }))
+        .await;
+        for (n, (write, got)) in writes.iter().zip(answers).enumerate() {
+            let at = |why: String| format!("write {n} of the round, {write:?}: {why}");
+            match (write, got) {
+                (Concurrent::Claim(claim), Answered::Claim(got)) => {
+                    let request = claim.request(self.id(claim.slot));
+                    let expect = self.reference.claim(&request).await;
+                    if let (
+                        Ok(Claim::Acquired { token: mine, .. }),
+                        Ok(Claim::Acquired { token: theirs, .. }),
+                    ) = (&expect, &got)
+                    {
+                        self.tokens.pair(*mine, *theirs).map_err(at)?;
+                        self.acquired[claim.slot.index()].push(*mine);
+                    }
+                    self.same(expect, got).map_err(at)?;
+                }
+                (&Concurrent::Complete { slot, attempt, n }, Answered::Complete(got)) => {
+                    let (id, mine, _) = self.attempt(slot, attempt);
+                    let expect = self.reference.complete(id, mine, result(n)).await;
+                    self.same(expect, *got).map_err(at)?;
+                }
+                _ => unreachable!("each write is answered in kind"),
+            }
+        }
+        Ok(())
     }
 
     /// A step presenting the token of an attempt: each store gets its own
@@ -662,10 +730,31 @@ fn step() -> impl Strategy<Value = Step> {
         1 => proptest::option::of(state()).prop_map(|state| Step::List { state }),
         2 => select(vec![0, 1, 2, 100]).prop_map(|limit| Step::Purge { limit }),
         2 => select(ADVANCES_MS.to_vec()).prop_map(|ms| Step::Advance { ms }),
+        3 => together().prop_map(Step::Together),
         4 => (slot(), horizon(), -1..=1i64).prop_map(|(slot, horizon, offset_ms)| {
             Step::AdvanceTo { slot, horizon, offset_ms }
         }),
     ]
+}
+
+/// At most one write per record, on two or three of them.
+fn together() -> impl Strategy<Value = Vec<Concurrent>> {
+    let write = |slot: Slot| {
+        prop_oneof![
+            claim().prop_map(move |claim| Concurrent::Claim(ClaimStep { slot, ..claim })),
+            (attempt(), 1..=2u8).prop_map(move |(attempt, n)| Concurrent::Complete {
+                slot,
+                attempt,
+                n
+            }),
+        ]
+    };
+    (
+        proptest::option::weighted(0.8, write(Slot::A1)),
+        proptest::option::weighted(0.8, write(Slot::A2)),
+        proptest::option::weighted(0.8, write(Slot::B1)),
+    )
+        .prop_map(|(a1, a2, b1)| [a1, a2, b1].into_iter().flatten().collect())
 }
 
 /// Completions most often: replays, retention and tombstones need them.
