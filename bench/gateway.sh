@@ -403,7 +403,70 @@ port_of() {
     esac
 }
 
-results="$work/results.tsv" # round conns mode base rps p50_us p99_us
+# CPU time and commits per request: figures that do not drift with the
+# machine's speed. CPU is utime + stime from /proc/PID/stat of the processes
+# serving the target (idem serve, or nginx's master and workers), in clock
+# ticks; commits are the COMMIT records PostgreSQL wrote to its WAL over the
+# run, read back with pg_waldump (pg_stat_database.xact_commit lags: a
+# backend that goes idle holds up to a second of counts for ten seconds, and
+# it also counts read-only transactions, which commit nothing to disk).
+clk_tck=$(getconf CLK_TCK)
+pids_of() { # TARGET: the processes whose CPU a measurement of TARGET counts
+    case $1 in
+    upstream | hop)
+        local master
+        master=$(cat "$work/$1.pid")
+        echo "$master" $(pgrep -P "$master")
+        ;;
+    *) echo "${gateway_pid[$1]}" ;;
+    esac
+}
+cpu_ticks() { # PID...: their utime + stime, summed, in clock ticks
+    local total=0 p t
+    for p; do
+        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue
+        total=$((total + t))
+    done
+    echo "$total"
+}
+pg_waldump_bin=""
+pg_wal_dir=""
+if ((use_postgres)); then
+    pg_waldump_bin=$(ls /usr/lib/postgresql/*/bin/pg_waldump 2>/dev/null | sort -V | tail -1 || true)
+    pg_wal_dir="$(psql -Atq "$postgres_url" -c 'SHOW data_directory' 2>/dev/null || true)/pg_wal"
+    [[ -n $pg_waldump_bin && -r $pg_wal_dir ]] || {
+        echo "bench/gateway.sh: pg_waldump or $pg_wal_dir not readable here: commits per request not measured" >&2
+        pg_waldump_bin=""
+    }
+fi
+wal_lsn() { psql -Atq "$postgres_url" -c 'SELECT pg_current_wal_flush_lsn()'; }
+wal_commits() { # FROM_LSN TO_LSN: COMMIT records written between them
+    "$pg_waldump_bin" -p "$pg_wal_dir" -s "$1" -e "$2" --stats=record 2>/dev/null |
+        awk '$1 == "Transaction/COMMIT" { n = $2 } END { print n + 0 }'
+}
+# Before and after one measurement: CPU ticks of its targets, of every
+# PostgreSQL server process, and the WAL position.
+probe_cpu() { # TARGET...
+    local -a ps=()
+    local t
+    for t; do ps+=($(pids_of "$t")); done
+    printf '%s %s %s\n' "$(cpu_ticks "${ps[@]}")" \
+        "$( ((use_postgres)) && cpu_ticks $(pgrep -x postgres) || echo 0)" \
+        "$([[ -n $pg_waldump_bin ]] && wal_lsn || echo -)"
+}
+# Appends cpu_us/req, server cpu_us/req and commits/req to a results line.
+per_request() { # LINE BEFORE AFTER REQUESTS USES_POSTGRES
+    local line=$1 requests=$4 commits=-
+    read -r c0 s0 l0 <<<"$2"
+    read -r c1 s1 l1 <<<"$3"
+    if (($5)) && [[ -n $pg_waldump_bin && $l0 != - ]]; then commits=$(wal_commits "$l0" "$l1"); fi
+    awk -v line="$line" -v n="$requests" -v c=$((c1 - c0)) -v s=$((s1 - s0)) -v k="$commits" -v tck="$clk_tck" -v pg="$5" '
+        BEGIN { if (n <= 0) n = 1
+            printf "%s\t%.1f\t%s\t%s\n", line, c * 1e6 / tck / n, pg ? sprintf("%.1f", s * 1e6 / tck / n) : "-",
+                k == "-" ? "-" : sprintf("%.3f", k / n) }'
+}
+
+results="$work/results.tsv" # round conns mode base rps p50_us p99_us bad sock cpu_us server_cpu_us commits
 rss="$work/rss.tsv"         # round gateway VmRSS_kB VmHWM_kB
 : >"$results"
 : >"$rss"
@@ -421,7 +484,9 @@ measure() { # ROUND CONNS NAME BASE TARGETS MODE
     hot) prefix="hot-$nonce" ;;
     many) prefix="many-$nonce" ;;
     esac
-    local n=${#targets[@]} i threads=$((2 / ${#targets[@]})) c
+    local n=${#targets[@]} i threads=$((2 / ${#targets[@]})) c before after uses_pg=0
+    [[ $5 == *pg* ]] && uses_pg=1
+    before=$(probe_cpu "${targets[@]}")
     for ((i = 0; i < n; i++)); do
         c=$((conns / n))
         outs[i]="$work/wrk-$round-$conns-$name-$i.out"
@@ -435,19 +500,23 @@ measure() { # ROUND CONNS NAME BASE TARGETS MODE
     for ((i = 0; i < n; i++)); do
         wait "${wrk_pids[i]}" || { cat "${outs[i]}" >&2; die "wrk failed for $name at $conns connections"; }
     done
+    after=$(probe_cpu "${targets[@]}")
     local line
     line=$(awk -v round="$round" -v conns="$conns" -v name="$name" -v base="$base" '
         /^BENCH / {
             for (f = 2; f <= NF; f++) { split($f, kv, "="); v[kv[1]] = kv[2] }
-            rps += v["requests"] / (v["duration_us"] / 1e6)
+            rps += v["requests"] / (v["duration_us"] / 1e6); total += v["requests"]
             if (v["p50_us"] > p50) p50 = v["p50_us"]
             if (v["p99_us"] > p99) p99 = v["p99_us"]
             bad += v["non2xx"]; sock += v["socket_errors"]; seen++
         }
         END {
             if (seen == 0) exit 2
-            printf "%s\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\n", round, conns, name, base, rps, p50, p99, bad, sock
+            printf "%s\t%s\t%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t%d\n", round, conns, name, base, rps, p50, p99, bad, sock, total
         }' "${outs[@]}") || { cat "${outs[@]}" >&2; die "no result line from wrk for $name at $conns connections"; }
+    local total=${line##*$'\t'}
+    line=${line%$'\t'*}
+    line=$(per_request "$line" "$before" "$after" "$total" "$uses_pg")
     printf '%s\n' "$line" >>"$results"
     local bad sock
     bad=$(cut -f8 <<<"$line")
@@ -462,13 +531,18 @@ measure() { # ROUND CONNS NAME BASE TARGETS MODE
 # $pg_pool clients, the measurement's duration; recorded as mode pg-insert
 # (latency columns: pgbench's mean, for both).
 measure_insert() { # ROUND
-    local out="$work/pgbench-$1.out" tps mean_us
+    local out="$work/pgbench-$1.out" tps mean_us before after
+    before=$(probe_cpu)
     pgbench -n -M prepared -c "$pg_pool" -j 2 -T "$duration_s" -f "$work/insert.sql" "$postgres_url" >"$out" 2>&1 ||
         { cat "$out" >&2; die "pgbench failed"; }
     tps=$(awk '/^tps = / { print int($3) }' "$out")
     mean_us=$(awk '/^latency average = / { print int($4 * 1000) }' "$out")
     [[ -n $tps && -n $mean_us ]] || { cat "$out" >&2; die "no figures from pgbench"; }
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t0\t0\n' "$1" "$pg_pool" pg-insert fast "$tps" "$mean_us" "$mean_us" >>"$results"
+    after=$(probe_cpu)
+    local total
+    total=$(awk '/^number of transactions actually processed: / { print $6 }' "$out")
+    per_request "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t0\t0' "$1" "$pg_pool" pg-insert fast "$tps" "$mean_us" "$mean_us")" \
+        "$before" "$after" "${total:-0}" 1 >>"$results"
 }
 
 sample_rss() { # ROUND
@@ -569,6 +643,31 @@ awk -F'\t' "$awk_median"'
             for (key in in_rps) { split(key, rc, SUBSEP); if (rc[2] == c && out_rps[rc[1], c] > 0) {
                 lx = lx " " in_rps[key] / out_rps[rc[1], c]; lp = lp " " (in_p50[key] - out_p50[rc[1], c]) } }
             if (lx != "") printf "sqlite-window %6d %9.2f x sqlite-fresh   %+9.3f ms p50\n", c, median(lx), median(lp) / 1000
+        }
+    }' "$results"
+echo
+echo "CPU time per request (utime + stime over the run / requests, microseconds; x hop: against"
+echo "the nginx hop's own CPU per request of the same round), PostgreSQL's CPU per request and its"
+echo "WAL commits per request (median over rounds; pg-insert's CPU is pgbench's server side only)"
+awk -F'\t' "$awk_median"'
+    { r = $1; c = $2; m = $3; b = $4; cpu[r, c, m] = $10; srv[r, c, m] = $11; com[r, c, m] = $12; base[m] = b
+      if (!((c, m) in seen)) { seen[c, m] = 1; order[++n] = c SUBSEP m }
+      rounds[r] = 1 }
+    END {
+        printf "%-18s %6s %10s %9s %12s %12s\n", "mode", "conns", "cpu us", "x hop", "server us", "commits"
+        for (k = 1; k <= n; k++) {
+            split(order[k], cm, SUBSEP); c = cm[1]; m = cm[2]
+            h = base[m] == "slow" ? "nginx-hop-20ms" : "nginx-hop"
+            lc = lx = ls = lk = ""
+            for (r in rounds) {
+                if (!((r, c, m) in cpu)) continue
+                lc = lc " " cpu[r, c, m]
+                if (cpu[r, c, h] > 0) lx = lx " " cpu[r, c, m] / cpu[r, c, h]
+                if (srv[r, c, m] != "-") ls = ls " " srv[r, c, m]
+                if (com[r, c, m] != "-") lk = lk " " com[r, c, m]
+            }
+            printf "%-18s %6d %10.1f %9s %12s %12s\n", m, c, median(lc), lx == "" ? "-" : sprintf("%.2f", median(lx)),
+                ls == "" ? "-" : sprintf("%.1f", median(ls)), lk == "" ? "-" : sprintf("%.3f", median(lk))
         }
     }' "$results"
 echo
