@@ -250,10 +250,7 @@ impl Bench<'_> {
             name,
             measured,
             upstream_hits: self.upstream.hits() - hits_before,
-            writer: via_gateway.then(|| WriterStats {
-                batches: writer_after.batches - writer_before.batches,
-                ops: writer_after.ops - writer_before.ops,
-            }),
+            writer: via_gateway.then(|| writer_after.since(&writer_before)),
         };
         print_row(&row);
         if let Some(failure) = row.measured.failure(name) {

@@ -133,10 +133,7 @@ async fn run(store: Arc<SqliteStore>, callers: usize, seconds: u64) -> anyhow::R
     Ok(Run {
         pairs,
         elapsed,
-        stats: WriterStats {
-            batches: after.batches - before.batches,
-            ops: after.ops - before.ops,
-        },
+        stats: after.since(&before),
     })
 }
 

@@ -76,6 +76,7 @@
 //! `PRAGMA user_version` = [`SCHEMA_VERSION`].
 
 mod backup;
+mod checkpoint;
 mod reader;
 mod row;
 mod schema;
@@ -149,6 +150,29 @@ pub struct WriterStats {
     pub batches: u64,
     /// Operations run in them.
     pub ops: u64,
+    /// WAL checkpoints run off the commit path, by the checkpointer thread.
+    pub checkpoints: u64,
+    /// Checkpoints the writer ran in a commit because the WAL had reached
+    /// its bound (the checkpointer could not keep up): each is a stall.
+    pub inline_checkpoints: u64,
+    /// Commits that copied back the last few pages the checkpointer had
+    /// left, so that the WAL could restart (a small copy, one sync).
+    pub catch_ups: u64,
+}
+
+impl WriterStats {
+    /// What happened between `earlier` and these counts.
+    pub fn since(&self, earlier: &WriterStats) -> WriterStats {
+        WriterStats {
+            batches: self.batches.saturating_sub(earlier.batches),
+            ops: self.ops.saturating_sub(earlier.ops),
+            checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
+            inline_checkpoints: self
+                .inline_checkpoints
+                .saturating_sub(earlier.inline_checkpoints),
+            catch_ups: self.catch_ups.saturating_sub(earlier.catch_ups),
+        }
+    }
 }
 
 /// A [`Store`] in one SQLite file.
@@ -189,7 +213,8 @@ impl SqliteStore {
     ) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_path_buf();
         let store = path.display().to_string();
-        let (conn, last_token) = schema::open_writer(&path, options.create)?;
+        let (mut conn, last_token) = schema::open_writer(&path, options.create)?;
+        let checkpointer = schema::open_checkpointer(&path)?;
         let readers = (0..options.readers.clamp(1, READERS_MAX))
             .map(|_| schema::open_reader(&path))
             .collect::<Result<Vec<_>, _>>()?;
@@ -198,6 +223,15 @@ impl SqliteStore {
         // close (locals drop in reverse order) before `threads` joins.
         let mut threads = Threads(Vec::with_capacity(readers.len() + 1));
         let counters = Arc::new(Counters::default());
+        let (wake, woken) = std::sync::mpsc::sync_channel(1);
+        let progress = Arc::new(checkpoint::Progress::default());
+        checkpoint::hand_off(
+            &mut conn,
+            wake,
+            Arc::clone(&progress),
+            Arc::clone(&counters),
+        )
+        .map_err(|e| schema::error(&store, &e))?;
         let batch_max = options.batch_max.clamp(1, BATCH_MAX_LIMIT);
         let writer = Writer::new(
             conn,
@@ -215,6 +249,10 @@ impl SqliteStore {
         let writer_death = Arc::clone(&death);
         threads.spawn(&store, "idem-sqlite-writer".to_owned(), move || {
             writer.run(write_queue, &writer_death)
+        })?;
+        let checkpoints = Arc::clone(&counters);
+        threads.spawn(&store, "idem-sqlite-checkpointer".to_owned(), move || {
+            checkpoint::run(checkpointer, woken, progress, checkpoints)
         })?;
         for (n, conn) in readers.into_iter().enumerate() {
             let (clock, queue, name) = (Arc::clone(&clock), Arc::clone(&read_queue), store.clone());
@@ -246,6 +284,9 @@ impl SqliteStore {
         WriterStats {
             batches: self.counters.batches.load(Ordering::Relaxed),
             ops: self.counters.ops.load(Ordering::Relaxed),
+            checkpoints: self.counters.checkpoints.load(Ordering::Relaxed),
+            inline_checkpoints: self.counters.inline_checkpoints.load(Ordering::Relaxed),
+            catch_ups: self.counters.catch_ups.load(Ordering::Relaxed),
         }
     }
 

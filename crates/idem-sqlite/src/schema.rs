@@ -106,12 +106,11 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// How long a connection waits for a lock held by another connection.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// WAL pages after which a commit checkpoints them into the database
-/// (SQLite's default is 1000). Hot pages are rewritten in many commits, and
-/// a longer interval copies each one back once instead of several times:
-/// 20-30% more claim + complete pairs per second in `idem-bench` (measured
-/// on a 2-vCPU VM), for a WAL of about 16 MiB with 4 KiB pages.
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 4096;
+/// WAL pages after which a commit by a connection other than the writer's
+/// (a migration, a restore) checkpoints them, as SQLite's autocheckpoint
+/// does; the writer's connection checkpoints off its commit path instead
+/// (`checkpoint`), at the same size.
+const WAL_AUTOCHECKPOINT_PAGES: i64 = crate::checkpoint::CHECKPOINT_PAGES as i64;
 
 /// The size the WAL file is cut back to after a checkpoint reset it, so a
 /// WAL that grew while a long read held back checkpoints does not keep its
@@ -154,6 +153,22 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| error(&store, &e))?;
     conn.pragma_update(None, "query_only", true)
+        .map_err(|e| error(&store, &e))?;
+    Ok(conn)
+}
+
+/// Opens the checkpointer's connection: it writes nothing but copies WAL
+/// pages into the database file, so it is not `query_only`.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let store = path.display().to_string();
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| {
+        unavailable(
+            &store,
+            format!("cannot open the checkpointer's connection: {e}"),
+        )
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| error(&store, &e))?;
     Ok(conn)
 }

@@ -74,6 +74,13 @@ pub(crate) enum Op {
 pub(crate) struct Counters {
     pub(crate) batches: AtomicU64,
     pub(crate) ops: AtomicU64,
+    /// WAL checkpoints the checkpointer thread ran.
+    pub(crate) checkpoints: AtomicU64,
+    /// Checkpoints the writer ran in a commit, the WAL at its bound.
+    pub(crate) inline_checkpoints: AtomicU64,
+    /// The few pages the checkpointer had left, copied by the writer so
+    /// that the WAL restarts.
+    pub(crate) catch_ups: AtomicU64,
 }
 
 /// Why the writer stopped, set once by the writer thread when it panicked;

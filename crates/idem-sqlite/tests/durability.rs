@@ -383,10 +383,7 @@ async fn concurrent_claims(store: Arc<SqliteStore>, n: usize) -> WriterStats {
         assert!(matches!(joined.unwrap(), Ok(Claim::Acquired { .. })));
     }
     let after = store.stats();
-    WriterStats {
-        batches: after.batches - before.batches,
-        ops: after.ops - before.ops,
-    }
+    after.since(&before)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,7 +409,8 @@ async fn concurrent_operations_share_commits() {
         stats,
         WriterStats {
             batches: 64,
-            ops: 64
+            ops: 64,
+            ..WriterStats::default()
         }
     );
 }
