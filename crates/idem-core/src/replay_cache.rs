@@ -13,14 +13,21 @@
 //! acquire it) the cache answers nothing and the store decides.
 //!
 //! The one condition: `now` must be the clock the store decides by. A
-//! store whose clock is its own process's (the embedded store) may use
-//! this; one that decides by a database server's clock may not.
+//! store whose clock is its own process's (the embedded store) uses
+//! [`ReplayCache::answer`]. One that decides by a database server's clock
+//! knows that clock only within bounds; it uses
+//! [`ReplayCache::answer_while_completed`] with the latest the server's
+//! clock can be: a record still completed then was completed at the
+//! server's now too (it was completed when it was read, and completion is
+//! final until expiry), and on a completed record the decision does not
+//! depend on when it is taken. Any other answer (past expiry: a late
+//! replay, or a new attempt) is the server's to give.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::decision::{self, Claim, ClaimRequest};
-use crate::{Clock, Record, RecordId, State};
+use crate::{Clock, Record, RecordId, State, Timestamp};
 
 /// Bytes a kept record is counted as besides its key, scope, owner, region
 /// and result: an estimate of the fixed fields and the map's bookkeeping.
@@ -68,6 +75,22 @@ impl ReplayCache {
             self.forget(&req.id);
         }
         answer
+    }
+
+    /// The claim's answer from a kept record that is still completed at
+    /// `latest`, the latest the store's clock can read now; `None` sends
+    /// the claim to the store, and a record past its retention at `latest`
+    /// is dropped.
+    pub fn answer_while_completed(&self, req: &ClaimRequest, latest: Timestamp) -> Option<Claim> {
+        if self.bytes_max == 0 {
+            return None;
+        }
+        let record = self.lock().records.get(&req.id).cloned()?;
+        if record.state_at(latest) != State::Completed {
+            self.forget(&req.id);
+            return None;
+        }
+        decision::answer_without_write(Some(&record), req, latest)
     }
 
     /// Keeps `record` if it is completed (anything else is never kept) and

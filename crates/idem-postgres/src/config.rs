@@ -40,14 +40,19 @@ pub const OPERATION_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const BATCH_LANES_DEFAULT: usize = 2;
 /// The most write batches of one kind in flight at once.
 pub const BATCH_LANES_MAX: usize = 16;
+/// The default bytes of completed records kept to answer replays.
+pub const REPLAY_CACHE_BYTES_DEFAULT: usize = 8 << 20;
+/// The most bytes of completed records kept to answer replays.
+pub const REPLAY_CACHE_BYTES_MAX: usize = 1 << 30;
 /// idem's own query parameters of a store URL. Each sets the
 /// [`PgOptions`] field of the same name and is taken out of the URL before
 /// the driver reads it; every other parameter goes to the driver, which
 /// refuses the ones it does not know.
-pub const URL_PARAMETERS: [&str; 6] = [
+pub const URL_PARAMETERS: [&str; 7] = [
     "schema",
     "pool_size",
     "batch_lanes",
+    "replay_cache_bytes",
     "connect_timeout_ms",
     "statement_timeout_ms",
     "operation_timeout_ms",
@@ -111,6 +116,15 @@ pub struct PgOptions {
     /// write alone. Clamped to [`BATCH_LANES_MAX`]. Default
     /// [`BATCH_LANES_DEFAULT`].
     pub batch_lanes: usize,
+    /// Bytes of completed records kept in memory to answer their replays
+    /// without a round trip (`idem_core::ReplayCache`), oldest out first;
+    /// `0` keeps none. A kept record answers only while it is completed by
+    /// the latest the database's clock can read, known from the clock
+    /// readings the statements return (within their round trip, from a
+    /// reading at most a second old): near its expiry, or with no recent
+    /// reading, the claim goes to the server. Clamped to
+    /// [`REPLAY_CACHE_BYTES_MAX`]. Default [`REPLAY_CACHE_BYTES_DEFAULT`].
+    pub replay_cache_bytes: usize,
 }
 
 impl Default for PgOptions {
@@ -123,6 +137,7 @@ impl Default for PgOptions {
             statement_timeout_ms: STATEMENT_TIMEOUT_MS_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
             batch_lanes: BATCH_LANES_DEFAULT,
+            replay_cache_bytes: REPLAY_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -140,6 +155,7 @@ impl fmt::Debug for PgOptions {
             .field("statement_timeout_ms", &self.statement_timeout_ms)
             .field("operation_timeout_ms", &self.operation_timeout_ms)
             .field("batch_lanes", &self.batch_lanes)
+            .field("replay_cache_bytes", &self.replay_cache_bytes)
             .finish()
     }
 }
@@ -336,6 +352,17 @@ fn set_parameter(options: &mut PgOptions, name: &str, value: &str) -> Result<(),
                     return Err(format!(
                         "parameter {name}={value:?} is not a whole number from 0 to \
                          {BATCH_LANES_MAX}"
+                    ));
+                }
+            };
+        }
+        "replay_cache_bytes" => {
+            options.replay_cache_bytes = match value.parse::<usize>() {
+                Ok(n) if n <= REPLAY_CACHE_BYTES_MAX => n,
+                _ => {
+                    return Err(format!(
+                        "parameter {name}={value:?} is not a whole number from 0 to \
+                         {REPLAY_CACHE_BYTES_MAX}"
                     ));
                 }
             };

@@ -8,16 +8,18 @@
 
 use std::slice;
 use std::sync::Arc;
+use std::time::Instant;
 
 use idem_core::decision::{self, Plan, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
-    Listing, LookupTries, PurgeReport, Record, RecordId, Resolution, State, StoreError,
-    StoredResult, Timestamp, Token,
+    Listing, LookupTries, PurgeReport, Record, RecordId, ReplayCache, Resolution, State,
+    StoreError, StoredResult, Timestamp, Token,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::db_clock::DbClock;
 use crate::error;
 use crate::row::{self, Columns, Param, int};
 use crate::schema::{Schema, now_param};
@@ -65,14 +67,29 @@ impl Exec<'_, '_> {
 }
 
 /// What every operation needs besides a connection: the statements, the
-/// store's name for messages, and the clock (`None`: the database's).
+/// store's name for messages, the clock (`None`: the database's), and the
+/// completed records kept to answer replays with what the database's
+/// clock is known to read.
 pub(crate) struct Ctx {
     pub(crate) schema: Schema,
     pub(crate) store: String,
     pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) replays: ReplayCache,
+    pub(crate) db_clock: DbClock,
 }
 
 impl Ctx {
+    /// A replay answered from memory: the kept record is completed at the
+    /// latest the store's clock can read now (the injected clock's now, or
+    /// the bound on the database's), so the store would answer the same.
+    pub(crate) fn cached_answer(&self, req: &ClaimRequest) -> Option<Claim> {
+        let latest = match &self.clock {
+            Some(clock) => clock.now(),
+            None => self.db_clock.latest_at(Instant::now())?,
+        };
+        self.replays.answer_while_completed(req, latest)
+    }
+
     /// The injected clock's now, bound as `$1` of every time-reading
     /// statement; NULL selects the database's clock.
     fn now(&self) -> Option<i64> {
@@ -154,16 +171,23 @@ pub(crate) async fn answer_unlocked(
         (&req.id.scope.as_str(), Type::TEXT),
         (&req.id.key.as_str(), Type::TEXT),
     ];
+    let sent = Instant::now();
     let rows = ctx.query(exec, &ctx.schema.peek, &params).await?;
+    let received = Instant::now();
     let Some(row) = rows.first() else {
         return Ok(None);
     };
     let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&req.id.to_string(), why))?;
+    ctx.db_clock.note(sent, received, now);
     // A row that does not read back is for the locked path to report.
     let Ok(Some(seen)) = row::decode(row, 1, &ctx.store) else {
         return Ok(None);
     };
-    Ok(decision::answer_without_write(Some(&seen), req, now))
+    let answer = decision::answer_without_write(Some(&seen), req, now);
+    if let Some(Claim::Replay { record }) = &answer {
+        ctx.replays.keep(record);
+    }
+    Ok(answer)
 }
 
 /// The locked read-decide-write for a key that has a record: the shared

@@ -1,0 +1,100 @@
+//! What the database's clock can read now, known within bounds from the
+//! times the statements already return, so that a replay may be answered
+//! from memory only while the record is surely completed by that clock.
+//!
+//! A statement sent at local instant `sent` and answered at `received`
+//! read the server's clock at some instant in between: at any later local
+//! instant `at`, the server's clock reads at most its reading plus
+//! `at - sent` (this process's monotonic clock, which wall-clock steps here
+//! do not move), plus a millisecond for the reading's rounding down and a
+//! drift allowance. No bound is given when the last reading is older than
+//! [`SAMPLE_AGE_MS_MAX`] or its round trip took longer than
+//! [`ROUND_TRIP_MS_MAX`]: then every claim goes to the server.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use idem_core::Timestamp;
+
+/// A reading older than this gives no bound: the server's clock may have
+/// been stepped since.
+pub(crate) const SAMPLE_AGE_MS_MAX: u64 = 1_000;
+
+/// A reading whose statement took longer than this gives no bound: it is
+/// too loose to be worth keeping.
+pub(crate) const ROUND_TRIP_MS_MAX: u64 = 50;
+
+/// How far the two clocks may drift apart per second of a reading's age,
+/// in milliseconds: 1,000 ppm, twice the fastest an NTP daemon slews.
+const DRIFT_MS_PER_S: u64 = 1;
+
+/// The latest reading of the database's clock.
+#[derive(Default)]
+pub(crate) struct DbClock {
+    latest: Mutex<Option<Reading>>,
+}
+
+#[derive(Clone, Copy)]
+struct Reading {
+    sent: Instant,
+    received: Instant,
+    db: Timestamp,
+}
+
+impl DbClock {
+    /// Notes that a statement sent at `sent` and answered at `received`
+    /// read `db` from the server's clock.
+    pub(crate) fn note(&self, sent: Instant, received: Instant, db: Timestamp) {
+        if received.saturating_duration_since(sent) > Duration::from_millis(ROUND_TRIP_MS_MAX) {
+            return;
+        }
+        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        if latest.is_none_or(|kept| kept.received <= received) {
+            *latest = Some(Reading { sent, received, db });
+        }
+    }
+
+    /// The latest the server's clock can read at `at`; `None` when no
+    /// recent reading bounds it.
+    pub(crate) fn latest_at(&self, at: Instant) -> Option<Timestamp> {
+        let reading = (*self.latest.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let age = at.saturating_duration_since(reading.received);
+        if age > Duration::from_millis(SAMPLE_AGE_MS_MAX) {
+            return None;
+        }
+        let since_sent = u64::try_from(at.saturating_duration_since(reading.sent).as_millis())
+            .unwrap_or(u64::MAX);
+        let drift = since_sent / 1_000 * DRIFT_MS_PER_S + DRIFT_MS_PER_S;
+        // +1 for the reading's rounding down to a millisecond, +1 for the
+        // elapsed time's.
+        Some(reading.db.plus_millis(since_sent.saturating_add(drift + 2)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_covers_the_round_trip_and_expires() {
+        let clock = DbClock::default();
+        let sent = Instant::now();
+        assert_eq!(clock.latest_at(sent), None, "no reading, no bound");
+        let received = sent + Duration::from_millis(4);
+        clock.note(sent, received, Timestamp::from_millis(10_000));
+        // 4 ms since sent, 1 ms drift allowance, 2 ms rounding.
+        assert_eq!(
+            clock.latest_at(received),
+            Some(Timestamp::from_millis(10_007))
+        );
+        let later = received + Duration::from_millis(SAMPLE_AGE_MS_MAX + 1);
+        assert_eq!(clock.latest_at(later), None, "too old a reading");
+        let slow = DbClock::default();
+        slow.note(
+            sent,
+            sent + Duration::from_millis(ROUND_TRIP_MS_MAX + 1),
+            Timestamp::from_millis(10_000),
+        );
+        assert_eq!(slow.latest_at(sent), None, "too slow a statement");
+    }
+}
