@@ -106,11 +106,17 @@ pub enum Protocol {
     /// the provider: the check skipped. Caught only at bounds with
     /// [`Bound::lost_tail`].
     WindowSkipsCheck,
+    /// A replay cache that judges a kept completed record's expiry by a
+    /// reading of the store's clock that lags behind it (the database's
+    /// last reading, not moved on by the time since): past the record's
+    /// retention it still answers a replay where the store answers a late
+    /// replay.
+    CacheClockBehind,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 16] = [
+    pub const ALL: [Protocol; 17] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -127,6 +133,7 @@ impl Protocol {
         Protocol::WaiterRunsUnknown,
         Protocol::InlineLookupDuringLease,
         Protocol::WindowSkipsCheck,
+        Protocol::CacheClockBehind,
     ];
 
     /// The name used on the command line and in reports.
@@ -148,6 +155,7 @@ impl Protocol {
             Protocol::WaiterRunsUnknown => "waiter-runs-unknown",
             Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
             Protocol::WindowSkipsCheck => "window-skips-check",
+            Protocol::CacheClockBehind => "cache-clock-behind",
         }
     }
 
@@ -256,6 +264,12 @@ pub mod property {
     /// contract, in every reachable world.
     pub const FAST_PATH_IS_THE_CLAIM: &str =
         "an unlocked answer is the locked claim's, which writes nothing";
+    /// Wherever the store holds the key completed, the replay cache's
+    /// answer from it (the production `ReplayCache`), judged at any clock
+    /// the cache may judge by (the store's now, or a bound above it), is
+    /// the locked claim's there, which writes nothing.
+    pub const CACHE_IS_THE_CLAIM: &str =
+        "a replay from memory is the locked claim's, which writes nothing";
     /// No effect commits at or after its attempt's lease end (DESIGN I8).
     pub const FORWARD_WITHIN_LEASE: &str = "a forward never outlives the lease the store granted";
     /// Reachability: a claim's answer arrives with too little of its lease
@@ -560,6 +574,43 @@ impl IdemModel {
             .is_none_or(|(fast, locked, write)| fast == locked && write == Write::None)
     }
 
+    /// Whether a replay cache keeps its contract in `w`: the completed
+    /// record the store holds, kept by the production `ReplayCache` and
+    /// judged at each clock the cache may read ([`IdemModel::cache_clocks`]),
+    /// answers only what the production claim at the store's now answers,
+    /// and only where that writes nothing. A completed record is final
+    /// until its expiry, so the record kept is the one the store holds.
+    fn cache_is_the_claim(&self, w: &World) -> bool {
+        let Some(kept) = w
+            .record()
+            .filter(|r| r.state == idem_core::State::Completed)
+        else {
+            return true;
+        };
+        let next = Token(w.last_token.saturating_add(1));
+        let (claim, write) = decision::claim(w.record(), &self.request, w.now, || next);
+        let cache = idem_core::ReplayCache::new(1 << 20);
+        cache.keep(kept);
+        self.cache_clocks(w.now).into_iter().all(|latest| {
+            cache
+                .answer_while_completed(&self.request, latest)
+                .is_none_or(|cached| cached == claim && write == Write::None)
+        })
+    }
+
+    /// The clocks a replay cache may judge by when the store's clock reads
+    /// `now`: `now` itself (an injected clock, or the tightest bound) and a
+    /// bound above it (the database's clock known within a round trip); in
+    /// the mutant, a reading behind it.
+    fn cache_clocks(&self, now: Timestamp) -> Vec<Timestamp> {
+        match self.protocol {
+            Protocol::CacheClockBehind => {
+                vec![Timestamp::from_millis(now.as_millis().saturating_sub(1))]
+            }
+            _ => vec![now, now.plus_millis(1)],
+        }
+    }
+
     /// The fast path's answer from the record and clock as they are in
     /// `w`, with the production claim's answer and write there; `None`
     /// where the fast path does not answer.
@@ -667,6 +718,10 @@ impl Model for IdemModel {
                     m.first_break(property::FAST_PATH_IS_THE_CLAIM, holds)
                 },
             ),
+            Property::always(property::CACHE_IS_THE_CLAIM, |m: &IdemModel, w: &World| {
+                let holds = m.cache_is_the_claim(w);
+                m.first_break(property::CACHE_IS_THE_CLAIM, holds)
+            }),
             Property::always(
                 property::FORWARD_WITHIN_LEASE,
                 |m: &IdemModel, w: &World| {

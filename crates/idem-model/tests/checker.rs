@@ -76,7 +76,7 @@ fn a_stale_read_is_reached_only_through_the_fast_path() {
 /// the shortest, whatever the depth.
 #[test]
 fn every_mutant_is_caught_with_a_shortest_trace() {
-    let cases: [(Protocol, &[(&str, usize)]); 15] = [
+    let cases: [(Protocol, &[(&str, usize)]); 16] = [
         (Protocol::LookupDuringLease, &[(property::ONE_EFFECT, 10)]),
         (Protocol::ResolveSkipsLease, &[(property::ONE_EFFECT, 9)]),
         (
@@ -132,6 +132,10 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
         ),
         // Caught only where the store may lose the record (see `depth_for`).
         (Protocol::WindowSkipsCheck, &[(property::ONE_EFFECT, 7)]),
+        (
+            Protocol::CacheClockBehind,
+            &[(property::CACHE_IS_THE_CLAIM, 6)],
+        ),
     ];
     let checked: Vec<Protocol> = cases.iter().map(|(p, _)| *p).collect();
     for protocol in Protocol::ALL.into_iter().skip(1) {
