@@ -28,6 +28,8 @@ use idem_core::Timestamp;
 
 #[doc(hidden)]
 pub use idem_core as __idem_core;
+#[doc(hidden)]
+pub use tokio as __tokio;
 
 /// Where the clock of every suite test starts (2023-11-14T22:13:20Z).
 pub const START: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -42,12 +44,37 @@ pub const START: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 /// four-worker multi-threaded tokio runtime. Callers need no tokio
 /// dependency of their own.
 ///
-/// The list below is the one list of cases: adding a case is one line here
-/// plus its function in [`cases`].
+/// `__every_case!` holds the one list of cases, for this macro and
+/// [`conformance_failures!`]: adding a case is one line there plus its
+/// function in [`cases`].
 #[macro_export]
 macro_rules! conformance_suite {
     ($make_store:path $(,)?) => {
-        $crate::conformance_suite!(@tests $make_store;
+        $crate::__every_case!(@tests $make_store);
+    };
+}
+
+/// Runs every conformance case against stores from `$make_store` (as
+/// [`conformance_suite!`] takes it) and evaluates to the cases that failed,
+/// each with its panic message, in the suite's order: the proof that a
+/// store broken on purpose fails the suite. Use it in a future given to
+/// `block_on` of a multi-threaded tokio runtime; each case runs on a task
+/// of its own so that its panic is caught, and each store's guard drops in
+/// the calling future, after its case.
+#[macro_export]
+macro_rules! conformance_failures {
+    ($make_store:path $(,)?) => {
+        $crate::__every_case!(@failures $make_store)
+    };
+}
+
+/// The one list of cases, expanded by [`conformance_suite!`] and
+/// [`conformance_failures!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_case {
+    (@$mode:ident $make_store:path) => {
+        $crate::__every_case!(@$mode $make_store;
             claim_acquires_when_no_record,
             complete_stores_result_and_horizons,
             claim_with_other_fingerprint_is_mismatch,
@@ -110,6 +137,38 @@ macro_rules! conformance_suite {
             }
         )+
     };
+    (@failures $make_store:path; $($case:ident),+ $(,)?) => {{
+        let mut failed: ::std::vec::Vec<(&'static str, ::std::string::String)> =
+            ::std::vec::Vec::new();
+        $(
+            let clock = $crate::__idem_core::ManualClock::new($crate::START);
+            let (store, guard) = $make_store(clock.clone()).await;
+            let ran = $crate::__tokio::spawn($crate::cases::$case(store, clock)).await;
+            // The guard's cleanup runs here, not on the case's task: a
+            // cleanup that blocks its thread must not block the tasks the
+            // failed case left behind (a batch mid-transaction) on the
+            // same worker.
+            drop(guard);
+            if let Err(e) = ran {
+                failed.push((stringify!($case), $crate::__panic_message(e)));
+            }
+        )+
+        failed
+    }};
+}
+
+/// What a case's failed task said: its panic message, or why it stopped.
+#[doc(hidden)]
+pub fn __panic_message(e: tokio::task::JoinError) -> String {
+    if !e.is_panic() {
+        return format!("the case was cancelled: {e}");
+    }
+    let payload = e.into_panic();
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// The runtime every suite test runs on: multi-threaded, four workers, so

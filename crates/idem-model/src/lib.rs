@@ -112,11 +112,16 @@ pub enum Protocol {
     /// retention it still answers a replay where the store answers a late
     /// replay.
     CacheClockBehind,
+    /// A store that batches commits and answers a batch's claims before
+    /// the batch commits: when the commit then never lands (the server
+    /// dies, the connection breaks), the gateway forwards on a claim the
+    /// store does not hold, and the next claim of the key acquires again.
+    BatchAnswersBeforeCommit,
 }
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 17] = [
+    pub const ALL: [Protocol; 18] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -134,6 +139,7 @@ impl Protocol {
         Protocol::InlineLookupDuringLease,
         Protocol::WindowSkipsCheck,
         Protocol::CacheClockBehind,
+        Protocol::BatchAnswersBeforeCommit,
     ];
 
     /// The name used on the command line and in reports.
@@ -156,6 +162,7 @@ impl Protocol {
             Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
             Protocol::WindowSkipsCheck => "window-skips-check",
             Protocol::CacheClockBehind => "cache-clock-behind",
+            Protocol::BatchAnswersBeforeCommit => "batch-answers-before-commit",
         }
     }
 

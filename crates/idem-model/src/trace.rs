@@ -60,6 +60,13 @@ fn describe(model: &IdemModel, w: &World, action: Action) -> String {
         } => format!(
             "client {client} sends the request; the gateway claims, and the store's answer is delayed"
         ),
+        Action::Request {
+            client,
+            receipt: Receipt::Uncommitted,
+        } => format!(
+            "client {client} sends the request; the store answers the claim before its batch \
+             commits, and the commit never lands"
+        ),
         Action::Ack { attempt } => format!(
             "the store's answer for {} reaches the gateway",
             attempt_of(attempt)

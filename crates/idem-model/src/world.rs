@@ -223,6 +223,10 @@ pub enum Receipt {
     /// Later, at an `Ack` step: the network or the disk stalled after the
     /// commit, and the clock may have moved.
     Late,
+    /// In the mutant `batch-answers-before-commit` only: at once, before
+    /// the commit, which then never lands; the token drawn stays drawn, as
+    /// a database sequence's does.
+    Uncommitted,
 }
 
 /// A resolver (the reconciler or an operator) between reading an
@@ -462,6 +466,12 @@ impl World {
                     receipt: Receipt::Late,
                 });
             }
+            if model.protocol() == Protocol::BatchAnswersBeforeCommit {
+                out.push(Action::Request {
+                    client,
+                    receipt: Receipt::Uncommitted,
+                });
+            }
             if model.fast_path(client) {
                 out.push(Action::Snapshot { client });
             }
@@ -601,14 +611,18 @@ impl World {
     fn request(&mut self, model: &IdemModel, client: usize, receipt: Receipt) -> Option<()> {
         let attempts = self.attempts.len();
         self.send(client)?;
+        let before = self.record.clone();
         let claim = model.claim(self);
+        if receipt == Receipt::Uncommitted {
+            self.record = before;
+        }
         self.tell(model, client, claim, Ask::First)?;
         match (receipt, self.attempts.len() > attempts) {
             (Receipt::Late, true) => Some(()),
             // A late answer that acquired nothing tells the same later.
             (Receipt::Late, false) => None,
-            (Receipt::AtOnce, true) => self.ack(model, attempts),
-            (Receipt::AtOnce, false) => Some(()),
+            (Receipt::AtOnce | Receipt::Uncommitted, true) => self.ack(model, attempts),
+            (Receipt::AtOnce | Receipt::Uncommitted, false) => Some(()),
         }
     }
 

@@ -76,7 +76,7 @@ fn a_stale_read_is_reached_only_through_the_fast_path() {
 /// the shortest, whatever the depth.
 #[test]
 fn every_mutant_is_caught_with_a_shortest_trace() {
-    let cases: [(Protocol, &[(&str, usize)]); 16] = [
+    let cases: [(Protocol, &[(&str, usize)]); 17] = [
         (Protocol::LookupDuringLease, &[(property::ONE_EFFECT, 10)]),
         (Protocol::ResolveSkipsLease, &[(property::ONE_EFFECT, 9)]),
         (
@@ -135,6 +135,12 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
         (
             Protocol::CacheClockBehind,
             &[(property::CACHE_IS_THE_CLAIM, 6)],
+        ),
+        // A claim answered `Acquired` whose write never committed: the
+        // next claim of the key acquires too.
+        (
+            Protocol::BatchAnswersBeforeCommit,
+            &[(property::ONE_EFFECT, 6)],
         ),
     ];
     let checked: Vec<Protocol> = cases.iter().map(|(p, _)| *p).collect();

@@ -97,6 +97,13 @@ mod row;
 mod schema;
 mod window;
 
+#[cfg(test)]
+mod mutants;
+
+/// The tests' shared support names the crate as its users do.
+#[cfg(test)]
+extern crate self as idem_postgres;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -306,6 +313,8 @@ impl PgStore {
                 options.replay_cache_bytes.min(REPLAY_CACHE_BYTES_MAX),
             ),
             db_clock: db_clock::DbClock::default(),
+            #[cfg(test)]
+            cache_clock_behind_ms: std::sync::atomic::AtomicU64::new(0),
         };
         let found = migrate(&target.pg, &ctx, create, target.operation_timeout).await?;
         let pg = target.pg.clone();
@@ -337,6 +346,8 @@ impl PgStore {
             ctx,
             timeout: target.timeout,
             operation_timeout: target.operation_timeout,
+            #[cfg(test)]
+            answers_before_commit: std::sync::atomic::AtomicBool::new(false),
         });
         let pg = PgStore {
             batching: lanes > 0,
@@ -515,6 +526,12 @@ struct Shared {
     ctx: Ctx,
     timeout: Duration,
     operation_timeout: Duration,
+    /// The mutant the tests must catch: each batch's statement runs in a
+    /// transaction that is rolled back after its answers were taken, as a
+    /// batch that answers before its commit does when the commit then never
+    /// lands (the server dies, the connection breaks).
+    #[cfg(test)]
+    answers_before_commit: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -584,6 +601,14 @@ impl Shared {
         let refs: Vec<&ClaimRequest> = reqs.iter().collect();
         let ran = self
             .bounded(self.deadline(), async |client| {
+                #[cfg(test)]
+                if self.answers_before_commit() {
+                    return self
+                        .uncommitted(client, async |exec| {
+                            Ok(ops::insert_batch(exec, &self.ctx, &refs).await)
+                        })
+                        .await;
+                }
                 Ok(ops::insert_batch(&Exec::Pooled(client), &self.ctx, &refs).await)
             })
             .await;
@@ -608,6 +633,16 @@ impl Shared {
         let n = done.len();
         let ran = self
             .bounded(self.deadline(), async |client| {
+                #[cfg(test)]
+                if self.answers_before_commit() {
+                    return self
+                        .uncommitted(client, async |exec| {
+                            ops::complete_batch(exec, &self.ctx, done)
+                                .await
+                                .map_err(|(e, _)| self.ctx.error(&e))
+                        })
+                        .await;
+                }
                 let exec = Exec::Pooled(client);
                 match ops::complete_batch(&exec, &self.ctx, done).await {
                     Ok(answers) => Ok(answers),
@@ -624,6 +659,26 @@ impl Shared {
             })
             .await;
         ran.unwrap_or_else(|failed| (0..n).map(|_| Err(failed.clone())).collect())
+    }
+}
+
+#[cfg(test)]
+impl Shared {
+    fn answers_before_commit(&self) -> bool {
+        self.answers_before_commit
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The mutant's statement: run in a transaction that never commits.
+    async fn uncommitted<T>(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        op: impl AsyncFnOnce(&Exec<'_, '_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = client.transaction().await.map_err(|e| self.ctx.error(&e))?;
+        let out = op(&Exec::PooledTx(&tx)).await;
+        tx.rollback().await.map_err(|e| self.ctx.error(&e))?;
+        out
     }
 }
 

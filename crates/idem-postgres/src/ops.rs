@@ -76,6 +76,10 @@ pub(crate) struct Ctx {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) replays: ReplayCache,
     pub(crate) db_clock: DbClock,
+    /// The mutant the tests must catch: the replay cache judges expiry by
+    /// a reading of the store's clock this many milliseconds behind it.
+    #[cfg(test)]
+    pub(crate) cache_clock_behind_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Ctx {
@@ -87,6 +91,13 @@ impl Ctx {
             Some(clock) => clock.now(),
             None => self.db_clock.latest_at(Instant::now())?,
         };
+        #[cfg(test)]
+        let latest = Timestamp::from_millis(
+            latest.as_millis().saturating_sub(
+                self.cache_clock_behind_ms
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+        );
         self.replays.answer_while_completed(req, latest)
     }
 

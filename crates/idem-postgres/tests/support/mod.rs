@@ -159,7 +159,13 @@ fn admin_blocking(sql: String) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
             tokio::spawn(connection);
-            client.batch_execute(&sql).await.map_err(|e| e.to_string())
+            client
+                .batch_execute(&sql)
+                .await
+                .map_err(|e| match e.as_db_error() {
+                    Some(db) => db.to_string(),
+                    None => e.to_string(),
+                })
         })
     };
     std::thread::spawn(work)
