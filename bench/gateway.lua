@@ -70,8 +70,8 @@ end
 
 function done(summary, latency, requests)
    local errors = summary.errors
-   io.write(string.format("BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d non2xx=%d socket_errors=%d\n",
+   io.write(string.format("BENCH requests=%d duration_us=%d p50_us=%d p99_us=%d p999_us=%d max_us=%d non2xx=%d socket_errors=%d\n",
       summary.requests, summary.duration,
-      latency:percentile(50), latency:percentile(99),
+      latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
       errors.status, errors.connect + errors.read + errors.write + errors.timeout))
 end
