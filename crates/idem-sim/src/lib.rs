@@ -79,15 +79,42 @@ pub fn run_seeds(design: &Design, first_seed: u64, n: u64) -> Summary {
 }
 
 /// [`run_seeds`] with the store under test made by `make_store`.
+///
+/// Seeds are independent worlds, so they run on every core the machine
+/// offers; the reports are added in seed order, so the summary is the same
+/// as one thread's.
 pub fn run_seeds_with_store(
     design: &Design,
     first_seed: u64,
     n: u64,
-    make_store: &dyn Fn(Arc<dyn Clock>) -> Arc<dyn Store>,
+    make_store: &(dyn Fn(Arc<dyn Clock>) -> Arc<dyn Store> + Sync),
 ) -> Summary {
+    let seeds = first_seed..first_seed.saturating_add(n);
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let chunk = (seeds.end - seeds.start).div_ceil(threads as u64).max(1);
+    let reports: Vec<Vec<RunReport>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (seeds.start..seeds.end)
+            .step_by(usize::try_from(chunk).unwrap_or(usize::MAX))
+            .map(|from| {
+                let to = from.saturating_add(chunk).min(seeds.end);
+                s.spawn(move || {
+                    (from..to)
+                        .map(|seed| run_with_store(design, seed, make_store))
+                        .collect()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
     let mut summary = Summary::new(&design.name, &design.file, first_seed);
-    for seed in first_seed..first_seed.saturating_add(n) {
-        summary.add(&run_with_store(design, seed, make_store));
+    for report in reports.iter().flatten() {
+        summary.add(report);
     }
     let failover = design::Topology::derive(design).is_ok_and(|t| t.regions() > 1);
     summary.close(failover);
@@ -104,4 +131,28 @@ pub fn bench(design: &Design, seeds: u64) -> (u64, f64) {
 /// The reference store: the memory store on the simulated clock.
 pub fn memory_store(clock: Arc<dyn Clock>) -> Arc<dyn Store> {
     Arc::new(MemoryStore::new(clock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds run on several threads; the summary must be the one a
+    /// single thread adding them in order would give, byte for byte.
+    #[test]
+    fn seeds_on_many_threads_sum_as_on_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/contracts/incident-two-dlq-redrive.toml");
+        let design = Design::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let (first, n) = (3, 37);
+        let mut one = Summary::new(&design.name, &design.file, first);
+        for seed in first..first + n {
+            one.add(&run(&design, seed));
+        }
+        let failover = design::Topology::derive(&design).is_ok_and(|t| t.regions() > 1);
+        one.close(failover);
+        let many = run_seeds(&design, first, n);
+        assert_eq!(many.to_json(), one.to_json());
+        assert_eq!(many.render_table(), one.render_table());
+    }
 }
