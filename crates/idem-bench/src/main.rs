@@ -53,6 +53,11 @@ fn main() -> anyhow::Result<()> {
         Some("consume") => consume::main(args),
         Some("sync-commit") => sync_commit::main(args),
         Some("bare-consume") => bare::main(args),
-        _ => bail!(USAGE),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown benchmark '{other}'\n{USAGE}"),
+        None => bail!("no benchmark named\n{USAGE}"),
     }
 }
