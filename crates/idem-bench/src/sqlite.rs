@@ -17,7 +17,7 @@ use idem_sqlite::{SqliteOptions, SqliteStore, WriterStats};
 
 use crate::args::Flags;
 use crate::fixtures;
-use crate::measured::verdict;
+use crate::measured::{Measured, verdict};
 
 /// Pairs per second the group-commit mode should reach.
 const TARGET_PAIRS_PER_S: f64 = 35_000.0;
@@ -33,14 +33,14 @@ struct Args {
 
 /// What one mode measured.
 struct Run {
-    pairs: u64,
-    elapsed: Duration,
+    /// Each pair's claim-to-completed latency.
+    pairs: Measured,
     stats: WriterStats,
 }
 
 impl Run {
     fn pairs_per_s(&self) -> f64 {
-        self.pairs as f64 / self.elapsed.as_secs_f64()
+        self.pairs.per_s()
     }
 
     fn ops_per_batch(&self) -> f64 {
@@ -90,13 +90,28 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
     for (name, file, options) in modes {
         let store = SqliteStore::open(dir.join(file), options)?;
         let run = runtime.block_on(run(Arc::new(store), args.callers, args.seconds))?;
+        let p = &run.pairs;
         println!(
             "  {name:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch)",
             run.pairs_per_s(),
-            run.pairs,
-            run.elapsed.as_secs_f64(),
+            p.ok,
+            p.elapsed.as_secs_f64(),
             run.stats.batches,
             run.ops_per_batch()
+        );
+        // A pair's tail is the store's own, without HTTP: a stall in the
+        // writer (a checkpoint in a commit, a slow fsync) shows here.
+        println!(
+            "  {:<38} pair p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; checkpoints {} \
+             off the commit path, {} catch-ups, {} inline",
+            "",
+            p.percentile_us(0.50),
+            p.percentile_us(0.99),
+            p.percentile_us(0.999),
+            p.percentile_us(1.0),
+            run.stats.checkpoints,
+            run.stats.catch_ups,
+            run.stats.inline_checkpoints
         );
         runs.push(run);
     }
@@ -124,15 +139,14 @@ async fn run(store: Arc<SqliteStore>, callers: usize, seconds: u64) -> anyhow::R
     for caller in 0..callers {
         tasks.spawn(caller_loop(Arc::clone(&store), caller, deadline));
     }
-    let mut pairs = 0;
+    let mut pairs = Measured::default();
     while let Some(joined) = tasks.join_next().await {
-        pairs += joined??;
+        pairs.merge(joined??);
     }
-    let elapsed = start.elapsed();
+    pairs.finish(start.elapsed());
     let after = store.stats();
     Ok(Run {
         pairs,
-        elapsed,
         stats: after.since(&before),
     })
 }
@@ -141,15 +155,16 @@ async fn caller_loop(
     store: Arc<SqliteStore>,
     caller: usize,
     deadline: Instant,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Measured> {
     let scope = Scope::new(fixtures::SCOPE)?;
     let result = fixtures::payout_result()?;
-    let mut pairs = 0;
+    let mut pairs = Measured::default();
     while Instant::now() < deadline {
-        let req = fixtures::request(&scope, &format!("c{caller}-{pairs}"), caller as u8)?;
+        let req = fixtures::request(&scope, &format!("c{caller}-{}", pairs.ok), caller as u8)?;
+        let started = Instant::now();
         let token = fixtures::acquire(&*store, &req).await?;
         store.complete(&req.id, token, result.clone()).await?;
-        pairs += 1;
+        pairs.ok_since(started);
     }
     Ok(pairs)
 }
