@@ -122,9 +122,15 @@ async fn a_consumer_killed_between_the_effect_and_the_ack_never_repeats_the_effe
     let bed = Bed::new().await;
     let s = unique("killed");
     // The service pays at once and answers a second later: the kill lands
-    // after the effect and before any record of it or any ack.
+    // after the effect and before any record of it or any ack. JetStream
+    // redelivers after ack_wait (2 s); the lease runs 3 s past it, so the
+    // redelivery always finds the record in progress and is held back.
+    // With the lease equal to ack_wait the second consumer's reconciler
+    // could settle the record first under load, and the redelivery was
+    // then rightly acked at once: the test raced the timers, not idem.
     let sub = Sub {
         deliver: "/slow?ms=1000".into(),
+        lease_ms: 5_000,
         ..Sub::new(&s)
     };
     let config = bed.config(&[sub]);
