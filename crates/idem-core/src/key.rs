@@ -2,6 +2,7 @@
 //! that nothing downstream has to wonder whether a key is well formed.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The longest key accepted, in bytes (DESIGN.md "Limits").
 pub const KEY_BYTES_MAX: usize = 255;
@@ -32,9 +33,10 @@ pub const KEY_BYTES_MAX: usize = 255;
 /// assert_eq!(IdempotencyKey::new(odd.as_str()).unwrap(), odd);
 /// assert_ne!(odd, IdempotencyKey::parse("a").unwrap());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(transparent)]
-pub struct IdempotencyKey(String);
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// The text is shared, not owned: ids are cloned into every claim, record,
+// map and queued write, and a clone here is a count, not a copy.
+pub struct IdempotencyKey(Arc<str>);
 
 /// Why a string is not a valid idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,7 +90,7 @@ impl IdempotencyKey {
         {
             return Err(KeyError::InvalidByte { offset, byte });
         }
-        Ok(IdempotencyKey(value))
+        Ok(IdempotencyKey(Arc::from(value)))
     }
 
     /// The key as text.
@@ -137,6 +139,12 @@ impl fmt::Display for IdempotencyKey {
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "IdempotencyKey({:?})", self.0)
+    }
+}
+
+impl serde::Serialize for IdempotencyKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

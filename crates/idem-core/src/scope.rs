@@ -2,6 +2,7 @@
 //! region. Two scopes never share records, whatever keys they carry.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The longest scope accepted, in bytes.
 pub const SCOPE_BYTES_MAX: usize = 1024;
@@ -10,9 +11,10 @@ pub const SCOPE_BYTES_MAX: usize = 1024;
 ///
 /// Build one from its parts with [`Scope::from_parts`], which joins them as
 /// `operation|principal[|region]`; a part may not contain `|`.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(transparent)]
-pub struct Scope(String);
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// The text is shared, not owned: ids are cloned into every claim, record,
+// map and queued write, and a clone here is a count, not a copy.
+pub struct Scope(Arc<str>);
 
 /// Why a string is not a valid scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +52,7 @@ impl Scope {
         if let Some((offset, _)) = raw.char_indices().find(|(_, c)| c.is_control()) {
             return Err(ScopeError::ControlCharacter { offset });
         }
-        Ok(Scope(raw))
+        Ok(Scope(Arc::from(raw)))
     }
 
     /// Joins operation, principal and an optional region into one scope.
@@ -96,6 +98,12 @@ impl std::str::FromStr for Scope {
     type Err = ScopeError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Scope::new(s)
+    }
+}
+
+impl serde::Serialize for Scope {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

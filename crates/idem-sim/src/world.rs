@@ -292,8 +292,12 @@ impl<'a> World<'a> {
     /// The workload: intents, their arrival, which are poisoned, the failover.
     fn populate(&mut self, op: &str, seed: u64) {
         let mut arrivals = Rng::new(seed, 1);
+        // Three tenants: each scope is built once and shared by its intents.
+        let tenants: Vec<_> = (0..3)
+            .map(|t| Scope::from_parts(op, &format!("tenant-{t}"), None))
+            .collect();
         for i in 0..self.w.intents as usize {
-            let scope = Scope::from_parts(op, &format!("tenant-{}", i % 3), None);
+            let scope = tenants[i % 3].clone();
             let key = IdempotencyKey::parse(&format!("payout:seller-{i}:2026-W36"));
             let (Ok(scope), Ok(key)) = (scope, key) else {
                 self.log
