@@ -24,6 +24,7 @@ mod gateway;
 mod load;
 mod measured;
 mod nats;
+mod plain_sqlite;
 mod postgres;
 mod purge;
 mod queue;
