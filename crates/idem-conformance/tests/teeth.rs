@@ -12,8 +12,8 @@ use idem_conformance::{START, cases};
 use idem_core::{
     Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing,
     LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, Outcome, PurgeReport, Record, RecordId,
-    Resolution, Resolved, State, Store, StoreError, StoreFuture, StoredResult, Timestamp, Token,
-    check_region,
+    Resolution, Resolved, State, Store, StoreError, StoreFuture, StoreWrapper, StoredResult,
+    Timestamp, Token, check_region,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -471,7 +471,11 @@ impl Broken {
     }
 }
 
-impl Store for Broken {
+impl StoreWrapper for Broken {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(self.claim_broken(req))
     }
@@ -505,10 +509,6 @@ impl Store for Broken {
             Fault::ReleaseKeepsRecord => Box::pin(std::future::ready(Ok(()))),
             _ => self.inner.release(id, token),
         }
-    }
-
-    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-        self.inner.mark_ambiguous(id, token)
     }
 
     fn resolve<'a>(
@@ -611,10 +611,6 @@ impl Store for Broken {
             }
             Ok(entries)
         })
-    }
-
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id)
     }
 
     fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {

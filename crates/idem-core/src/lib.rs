@@ -73,6 +73,7 @@ mod store;
 mod time;
 pub mod verdict;
 pub mod window;
+mod wrap;
 
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
@@ -97,3 +98,17 @@ pub use store::{
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use window::{SuspectWindow, Verification, VerifyFresh, WindowOpening, WindowWatch};
+pub use wrap::StoreWrapper;
+
+#[cfg(test)]
+mod test_support {
+    /// The memory store answers at once: one poll completes every call.
+    pub(crate) fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store answers at once"),
+        }
+    }
+}

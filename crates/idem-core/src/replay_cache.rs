@@ -170,20 +170,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::test_support::now;
     use crate::{
         Fingerprint, IdempotencyKey, LeaseExpiry, MemoryStore, Policy, Scope, Store, StoredResult,
         Timestamp,
     };
-
-    /// The memory store answers at once: one poll completes every call.
-    fn now<T>(f: impl std::future::Future<Output = T>) -> T {
-        let mut f = std::pin::pin!(f);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match f.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("the memory store answers at once"),
-        }
-    }
 
     fn request(key: &str) -> ClaimRequest {
         ClaimRequest {

@@ -1053,20 +1053,18 @@ mod tests {
     use super::*;
     use crate::metrics::ClaimDecision;
     use http_body_util::Full;
-    use idem_core::{
-        ClaimRequest, ListQuery, Listing, MemoryStore, PurgeReport, Resolution, StoreFuture,
-        SystemClock,
-    };
+    use idem_core::{MemoryStore, StoreFuture, StoreWrapper, SystemClock};
     use tower::{ServiceExt, service_fn};
 
     /// A memory store whose completions are always fenced: as if a newer
     /// attempt had taken the record over while this one ran.
     struct FencedStore(MemoryStore);
 
-    impl Store for FencedStore {
-        fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-            self.0.claim(req)
+    impl StoreWrapper for FencedStore {
+        fn inner(&self) -> &dyn Store {
+            &self.0
         }
+
         fn complete<'a>(
             &'a self,
             id: &'a RecordId,
@@ -1078,50 +1076,6 @@ mod tests {
                 presented: token,
                 current: None,
             })))
-        }
-        fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
-            self.0.release(id, token)
-        }
-        fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-            self.0.mark_ambiguous(id, token)
-        }
-        fn resolve<'a>(
-            &'a self,
-            id: &'a RecordId,
-            token: Token,
-            resolution: Resolution,
-        ) -> StoreFuture<'a, Option<Record>> {
-            self.0.resolve(id, token, resolution)
-        }
-        fn note_failed_lookup<'a>(
-            &'a self,
-            id: &'a RecordId,
-            token: Token,
-            next_at: idem_core::Timestamp,
-        ) -> StoreFuture<'a, idem_core::LookupTries> {
-            self.0.note_failed_lookup(id, token, next_at)
-        }
-        fn lookup_tries<'a>(
-            &'a self,
-            id: &'a RecordId,
-            token: Token,
-        ) -> StoreFuture<'a, Option<idem_core::LookupTries>> {
-            self.0.lookup_tries(id, token)
-        }
-        fn resolutions<'a>(
-            &'a self,
-            id: &'a RecordId,
-        ) -> StoreFuture<'a, Vec<idem_core::JournalEntry>> {
-            self.0.resolutions(id)
-        }
-        fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-            self.0.get(id)
-        }
-        fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-            self.0.list(query)
-        }
-        fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-            self.0.purge(limit)
         }
     }
 

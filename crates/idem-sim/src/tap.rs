@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, Resolution, Store, StoreFuture, StoredResult, Timestamp, Token,
+    LookupTries, Record, RecordId, Resolution, Store, StoreFuture, StoreWrapper, StoredResult,
+    Timestamp, Token,
 };
 use idem_reconcile::{Finding, Provider, ProviderFuture};
 
@@ -46,22 +46,9 @@ impl Tapped {
     }
 }
 
-impl Store for Tapped {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        self.inner.claim(req)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        result: StoredResult,
-    ) -> StoreFuture<'a, Record> {
-        self.inner.complete(id, token, result)
-    }
-
-    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
-        self.inner.release(id, token)
+impl StoreWrapper for Tapped {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
@@ -96,41 +83,6 @@ impl Store for Tapped {
             lock(&self.writes).push(Write::LookupFailed(id.clone(), token));
             Ok(tries)
         })
-    }
-
-    fn lookup_tries<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-    ) -> StoreFuture<'a, Option<LookupTries>> {
-        self.inner.lookup_tries(id, token)
-    }
-
-    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
-        self.inner.resolutions(id)
-    }
-
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id)
-    }
-
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.inner.list(query)
-    }
-
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.inner.purge(limit)
-    }
-
-    fn suspect_window(&self) -> StoreFuture<'_, Option<idem_core::SuspectWindow>> {
-        self.inner.suspect_window()
-    }
-
-    fn open_suspect_window<'a>(
-        &'a self,
-        opening: &'a idem_core::WindowOpening,
-    ) -> StoreFuture<'a, idem_core::SuspectWindow> {
-        self.inner.open_suspect_window(opening)
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use idem_core::{
     Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, ListQuery, Listing, MemoryStore,
-    PurgeReport, Record, RecordId, Resolution, State, Store, StoreFuture, StoredResult, Token,
+    PurgeReport, Record, RecordId, Resolution, State, Store, StoreFuture, StoreWrapper,
+    StoredResult, Token,
 };
 use idem_sim::{Design, Summary, run_seeds, run_seeds_with_store};
 
@@ -98,6 +99,7 @@ impl PurgesEarly {
     }
 }
 
+/// The operations `PurgesEarly` passes to the store that holds the key now.
 macro_rules! delegate_rest {
     ($inner:expr) => {
         fn complete<'a>(
@@ -150,11 +152,11 @@ macro_rules! delegate_rest {
     };
 }
 
-fn not_atomic_inner<'s>(s: &'s NotAtomic, _: &RecordId) -> &'s MemoryStore {
-    &s.inner
-}
+impl StoreWrapper for NotAtomic {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
 
-impl Store for NotAtomic {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             if let Some(r) = self.inner.get(&req.id).await?
@@ -166,33 +168,19 @@ impl Store for NotAtomic {
             self.inner.claim(req).await
         })
     }
-    delegate_rest!(not_atomic_inner);
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.inner.list(query)
-    }
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.inner.purge(limit)
-    }
 }
 
-fn ignores_inner<'s>(s: &'s IgnoresFingerprint, _: &RecordId) -> &'s MemoryStore {
-    &s.0
-}
+impl StoreWrapper for IgnoresFingerprint {
+    fn inner(&self) -> &dyn Store {
+        &self.0
+    }
 
-impl Store for IgnoresFingerprint {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let mut blind = req.clone();
             blind.fingerprint = Fingerprint::from_bytes([0; 32]);
             self.0.claim(&blind).await
         })
-    }
-    delegate_rest!(ignores_inner);
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.0.list(query)
-    }
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.0.purge(limit)
     }
 }
 

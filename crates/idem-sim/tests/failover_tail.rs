@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, MemoryStore,
-    PurgeReport, Record, RecordId, Resolution, Store, StoreFuture, StoredResult, Timestamp, Token,
+    Claim, ClaimRequest, Clock, MemoryStore, Record, RecordId, Resolution, Store, StoreFuture,
+    StoreWrapper, StoredResult, Timestamp, Token,
 };
 use idem_sim::{Design, RunReport, Workload, run, run_seeds, run_with_store};
 
@@ -211,7 +211,11 @@ impl Noting {
     }
 }
 
-impl Store for Noting {
+impl StoreWrapper for Noting {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             if req.owner.starts_with("r0/") {
@@ -273,39 +277,6 @@ impl Store for Noting {
             self.note(id);
             Ok(resolved)
         })
-    }
-
-    fn note_failed_lookup<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        next_at: Timestamp,
-    ) -> StoreFuture<'a, LookupTries> {
-        self.inner.note_failed_lookup(id, token, next_at)
-    }
-
-    fn lookup_tries<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-    ) -> StoreFuture<'a, Option<LookupTries>> {
-        self.inner.lookup_tries(id, token)
-    }
-
-    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
-        self.inner.resolutions(id)
-    }
-
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id)
-    }
-
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.inner.list(query)
-    }
-
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.inner.purge(limit)
     }
 }
 

@@ -7,10 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, Resolution, Store, StoreFuture, StoredResult, Timestamp, Token,
-};
+use idem_core::{Claim, ClaimRequest, Store, StoreFuture, StoreWrapper};
 
 /// Wraps a store; every claim's answer is delayed by [`LateAck::set_delay`]
 /// after the inner store answered. Every other operation passes through.
@@ -42,7 +39,11 @@ impl LateAck {
     }
 }
 
-impl Store for LateAck {
+impl StoreWrapper for LateAck {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let delay = *self.delay.lock().unwrap_or_else(|p| p.into_inner());
@@ -54,54 +55,5 @@ impl Store for LateAck {
             tokio::time::sleep(delay).await;
             answer
         })
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        result: StoredResult,
-    ) -> StoreFuture<'a, Record> {
-        self.inner.complete(id, token, result)
-    }
-    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
-        self.inner.release(id, token)
-    }
-    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-        self.inner.mark_ambiguous(id, token)
-    }
-    fn resolve<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resolution: Resolution,
-    ) -> StoreFuture<'a, Option<Record>> {
-        self.inner.resolve(id, token, resolution)
-    }
-    fn note_failed_lookup<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        next_at: Timestamp,
-    ) -> StoreFuture<'a, LookupTries> {
-        self.inner.note_failed_lookup(id, token, next_at)
-    }
-    fn lookup_tries<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-    ) -> StoreFuture<'a, Option<LookupTries>> {
-        self.inner.lookup_tries(id, token)
-    }
-    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
-        self.inner.resolutions(id)
-    }
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id)
-    }
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.inner.list(query)
-    }
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.inner.purge(limit)
     }
 }

@@ -21,9 +21,8 @@ use idem_consume::{
 };
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Clock, CompletionTable, Dedup, IdempotencyKey,
-    JournalEntry, LeaseExpiry, ListQuery, Listing, LookupTries, ManualClock, Policy, PurgeReport,
-    RESULT_BODY_BYTES_MAX, Record, RecordId, Resolution, Scope, State, Store, StoreError,
-    StoreFuture, StoredResult, Timestamp, Token,
+    LeaseExpiry, ManualClock, Policy, RESULT_BODY_BYTES_MAX, Record, RecordId, Scope, State, Store,
+    StoreError, StoreFuture, StoreWrapper, StoredResult, Timestamp, Token,
 };
 
 /// The lease of every test policy, in milliseconds.
@@ -862,13 +861,18 @@ impl Faulty {
     }
 }
 
-impl Store for Faulty {
+impl StoreWrapper for Faulty {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         match self.fail_claims.load(Ordering::SeqCst) {
             true => self.down(),
             false => self.inner.claim(req),
         }
     }
+
     fn complete<'a>(
         &'a self,
         id: &'a RecordId,
@@ -880,51 +884,18 @@ impl Store for Faulty {
             false => self.inner.complete(id, token, result),
         }
     }
+
     fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
         match self.fail_writes.load(Ordering::SeqCst) {
             true => self.down(),
             false => self.inner.release(id, token),
         }
     }
+
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
         match self.fail_writes.load(Ordering::SeqCst) {
             true => self.down(),
             false => self.inner.mark_ambiguous(id, token),
         }
-    }
-    fn resolve<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resolution: Resolution,
-    ) -> StoreFuture<'a, Option<Record>> {
-        self.inner.resolve(id, token, resolution)
-    }
-    fn note_failed_lookup<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        next_at: Timestamp,
-    ) -> StoreFuture<'a, LookupTries> {
-        self.inner.note_failed_lookup(id, token, next_at)
-    }
-    fn lookup_tries<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-    ) -> StoreFuture<'a, Option<LookupTries>> {
-        self.inner.lookup_tries(id, token)
-    }
-    fn resolutions<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Vec<JournalEntry>> {
-        self.inner.resolutions(id)
-    }
-    fn get<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id)
-    }
-    fn list<'a>(&'a self, query: &'a ListQuery) -> StoreFuture<'a, Listing> {
-        self.inner.list(query)
-    }
-    fn purge(&self, limit: usize) -> StoreFuture<'_, PurgeReport> {
-        self.inner.purge(limit)
     }
 }

@@ -1,0 +1,197 @@
+//! One way to wrap a store: implement [`StoreWrapper`] with the store
+//! underneath and override only what the wrapper changes; every other
+//! operation goes to the inner store, through [`StoreWrapper::around`].
+//! Every type that implements it is a [`Store`].
+
+use crate::Timestamp;
+use crate::decision::{Claim, ClaimRequest};
+use crate::record::{JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult, Token};
+use crate::store::{ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, WindowFn};
+use crate::window::{SuspectWindow, WindowOpening};
+
+/// Spells [`StoreWrapper`] and the [`Store`] it makes from one list of the
+/// operations that answer with a future, so that each signature is written
+/// once here (and once in [`Store`]).
+macro_rules! wrapper {
+    ($( $(#[$doc:meta])* fn $op:ident($($arg:ident: $ty:ty),*) -> $out:ty; )*) => {
+        /// A store that passes what it does not override to
+        /// [`StoreWrapper::inner`].
+        ///
+        /// The operations mirror [`Store`]'s, one for one. Each default
+        /// passes the inner store's future through [`StoreWrapper::around`]
+        /// (by default unchanged), so a wrapper that watches every answer
+        /// overrides only that. The two registrations (`on_completed`,
+        /// `on_window_opened`) go to the inner store as they are.
+        pub trait StoreWrapper: Send + Sync {
+            /// The store every operation not overridden goes to.
+            fn inner(&self) -> &dyn Store;
+
+            /// What every delegated operation's future passes through; the
+            /// default hands it on unchanged.
+            fn around<'a, T: 'a>(&'a self, op: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+                op
+            }
+
+            $(
+                $(#[$doc])*
+                fn $op<'a>(&'a self, $($arg: $ty),*) -> StoreFuture<'a, $out> {
+                    self.around(self.inner().$op($($arg),*))
+                }
+            )*
+
+            /// [`Store::on_completed`].
+            fn on_completed(&self, wake: WakeFn) {
+                self.inner().on_completed(wake);
+            }
+
+            /// [`Store::on_window_opened`].
+            fn on_window_opened(&self, opened: WindowFn) {
+                self.inner().on_window_opened(opened);
+            }
+        }
+
+        impl<W: StoreWrapper> Store for W {
+            $(
+                fn $op<'a>(&'a self, $($arg: $ty),*) -> StoreFuture<'a, $out> {
+                    StoreWrapper::$op(self, $($arg),*)
+                }
+            )*
+
+            fn on_completed(&self, wake: WakeFn) {
+                StoreWrapper::on_completed(self, wake);
+            }
+
+            fn on_window_opened(&self, opened: WindowFn) {
+                StoreWrapper::on_window_opened(self, opened);
+            }
+        }
+    };
+}
+
+wrapper! {
+    /// [`Store::claim`].
+    fn claim(req: &'a ClaimRequest) -> Claim;
+    /// [`Store::complete`].
+    fn complete(id: &'a RecordId, token: Token, result: StoredResult) -> Record;
+    /// [`Store::release`].
+    fn release(id: &'a RecordId, token: Token) -> ();
+    /// [`Store::mark_ambiguous`].
+    fn mark_ambiguous(id: &'a RecordId, token: Token) -> Record;
+    /// [`Store::resolve`].
+    fn resolve(id: &'a RecordId, token: Token, resolution: Resolution) -> Option<Record>;
+    /// [`Store::note_failed_lookup`].
+    fn note_failed_lookup(id: &'a RecordId, token: Token, next_at: Timestamp) -> LookupTries;
+    /// [`Store::lookup_tries`].
+    fn lookup_tries(id: &'a RecordId, token: Token) -> Option<LookupTries>;
+    /// [`Store::resolutions`].
+    fn resolutions(id: &'a RecordId) -> Vec<JournalEntry>;
+    /// [`Store::get`].
+    fn get(id: &'a RecordId) -> Option<Record>;
+    /// [`Store::list`].
+    fn list(query: &'a ListQuery) -> Listing;
+    /// [`Store::purge`].
+    fn purge(limit: usize) -> PurgeReport;
+    /// [`Store::note_waiting`].
+    fn note_waiting(id: &'a RecordId) -> ();
+    /// [`Store::suspect_window`].
+    fn suspect_window() -> Option<SuspectWindow>;
+    /// [`Store::open_suspect_window`].
+    fn open_suspect_window(opening: &'a WindowOpening) -> SuspectWindow;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::test_support::now;
+    use crate::{Fingerprint, IdempotencyKey, ManualClock, MemoryStore, Policy, Scope};
+
+    /// Counts every operation's answer, changes nothing else.
+    struct Counting {
+        inner: MemoryStore,
+        answers: AtomicUsize,
+    }
+
+    impl StoreWrapper for Counting {
+        fn inner(&self) -> &dyn Store {
+            &self.inner
+        }
+
+        fn around<'a, T: 'a>(&'a self, op: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+            Box::pin(async move {
+                let out = op.await;
+                self.answers.fetch_add(1, Ordering::Relaxed);
+                out
+            })
+        }
+    }
+
+    /// Refuses every release, passes the rest.
+    struct NoRelease(MemoryStore);
+
+    impl StoreWrapper for NoRelease {
+        fn inner(&self) -> &dyn Store {
+            &self.0
+        }
+
+        fn release<'a>(&'a self, _: &'a RecordId, _: Token) -> StoreFuture<'a, ()> {
+            Box::pin(std::future::ready(Err(crate::StoreError::Unavailable {
+                store: "no-release".into(),
+                reason: "refused".into(),
+            })))
+        }
+    }
+
+    fn request() -> ClaimRequest {
+        ClaimRequest {
+            id: RecordId {
+                scope: Scope::new("POST /payouts|t").unwrap(),
+                key: IdempotencyKey::new("k-1").unwrap(),
+            },
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            legacy_fingerprint: None,
+            owner: "a".into(),
+            region: None,
+            policy: Policy::default(),
+        }
+    }
+
+    fn memory() -> MemoryStore {
+        MemoryStore::new(Arc::new(ManualClock::new(Timestamp::from_millis(1_000))))
+    }
+
+    #[test]
+    fn a_wrapper_reaches_the_inner_store_through_its_hook() {
+        let store = Counting {
+            inner: memory(),
+            answers: AtomicUsize::new(0),
+        };
+        let req = request();
+        let token = match now(Store::claim(&store, &req)).unwrap() {
+            Claim::Acquired { token, .. } => token,
+            other => panic!("expected a fresh claim, got {other:?}"),
+        };
+        assert!(now(Store::get(&store, &req.id)).unwrap().is_some());
+        now(Store::release(&store, &req.id, token)).unwrap();
+        assert!(now(store.inner.get(&req.id)).unwrap().is_none());
+        assert_eq!(store.answers.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn an_override_replaces_only_its_own_operation() {
+        let store = NoRelease(memory());
+        let req = request();
+        let dyn_store: &dyn Store = &store;
+        let token = match now(dyn_store.claim(&req)).unwrap() {
+            Claim::Acquired { token, .. } => token,
+            other => panic!("expected a fresh claim, got {other:?}"),
+        };
+        assert!(now(dyn_store.release(&req.id, token)).is_err());
+        assert!(
+            now(store.0.get(&req.id)).unwrap().is_some(),
+            "the record stays"
+        );
+    }
+}
