@@ -40,6 +40,10 @@ fn holds(report: &Report) {
         report.unreached.is_empty(),
         "the bound is too small: {report}"
     );
+    assert!(
+        !report.capped,
+        "the bound was not explored in full: {report}"
+    );
 }
 
 /// The default bound puts one client on the fast path; here both are, so
@@ -221,4 +225,22 @@ fn protocols_are_named_on_the_command_line_by_their_name() {
     }
     assert_eq!(Protocol::from_name("Real"), None);
     assert_eq!(Protocol::from_name(""), None);
+}
+
+/// A check that reaches its state cap says so: a clean report from it
+/// proves nothing past the states it reached.
+#[test]
+fn a_check_stopped_at_the_state_cap_says_so() {
+    let capped = run_at(
+        Protocol::Real,
+        Bound {
+            states_max: 1_000,
+            ..bound()
+        },
+    );
+    assert!(capped.capped, "stopped at 1,000 states: {capped}");
+    assert!(capped.states < 100_000, "the cap stops the check: {capped}");
+    assert!(capped.to_string().contains("STOPPED at the state cap"));
+    let full = run_at(Protocol::Real, bound());
+    assert!(!full.capped, "the default bound fits under the cap: {full}");
 }
