@@ -402,6 +402,19 @@ fn subscription(
         }
     };
     if let Some(names) = &spec.fingerprint_headers {
+        if let Some(name) = names
+            .iter()
+            .find(|n| idem_core::fingerprint::is_trace_context(n))
+        {
+            return Err((
+                at("fingerprint_headers"),
+                format!(
+                    "{name:?}: the trace context changes with every attempt (a new span \
+                     per try), so every redelivery would be refused as a different message; \
+                     remove it"
+                ),
+            ));
+        }
         fingerprint = fingerprint.with_headers(names.clone());
     }
     let deliver: Uri = spec.deliver.parse().map_err(|e| {
@@ -675,6 +688,28 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
             assert!(e.contains(&format!("consume.toml: {expect}")), "{url}: {e}");
             assert!(!e.contains("s3cret"), "{e}");
         }
+    }
+
+    /// The trace context changes with every attempt: fingerprinting it
+    /// would refuse every redelivery, so the config refuses it, any case.
+    #[test]
+    fn a_trace_context_header_is_refused_in_the_fingerprint() {
+        for name in ["TraceState", "traceparent"] {
+            let text = GOOD.replace(
+                "deliver = ",
+                &format!("fingerprint_headers = [\"x-amount\", \"{name}\"]\ndeliver = "),
+            );
+            let Err(e) = load(&text) else {
+                panic!("{name} is refused");
+            };
+            let e = e.to_string();
+            assert!(e.contains("fingerprint_headers") && e.contains(name), "{e}");
+        }
+        let text = GOOD.replace(
+            "deliver = ",
+            "fingerprint_headers = [\"x-amount\"]\ndeliver = ",
+        );
+        assert!(load(&text).is_ok(), "other headers stay allowed");
     }
 
     #[test]

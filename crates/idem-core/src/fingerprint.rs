@@ -103,6 +103,16 @@ const QUERY_VALUE: u8 = 1;
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// Whether `name` is a W3C trace context header (`traceparent`,
+/// `tracestate`), in any case. Every attempt sends a new one (a new span
+/// per try), so a fingerprint that covered it would call every retry a
+/// different request: configs refuse it in the fingerprinted headers.
+pub fn is_trace_context(name: &str) -> bool {
+    ["traceparent", "tracestate"]
+        .iter()
+        .any(|t| name.eq_ignore_ascii_case(t))
+}
+
 /// Lowercase hexadecimal of any bytes (digests, binary bodies).
 pub fn to_hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);

@@ -241,8 +241,7 @@ impl Route {
             key_header,
             key_required: spec.key_required.unwrap_or(true),
             principal: Principal::new(spec.principal.as_ref(), spec.principal_headers.as_deref())?,
-            fingerprint_headers: header_names(
-                "fingerprint_headers",
+            fingerprint_headers: fingerprint_header_names(
                 spec.fingerprint_headers.as_deref().unwrap_or(&[]),
             )?,
             fingerprint_exclude: spec
@@ -624,6 +623,28 @@ fn header_names(field: &'static str, names: &[String]) -> Result<Vec<HeaderName>
     names.iter().map(|n| header_name(field, n)).collect()
 }
 
+/// The headers a route's fingerprint covers. The trace context is refused:
+/// every attempt of a client sends a new `traceparent` (a new span), so
+/// fingerprinting it would refuse every retry as another request.
+fn fingerprint_header_names(names: &[String]) -> Result<Vec<HeaderName>, RouteError> {
+    let field = "fingerprint_headers";
+    let names = header_names(field, names)?;
+    match names
+        .iter()
+        .find(|n| idem_core::fingerprint::is_trace_context(n.as_str()))
+    {
+        Some(n) => Err(err(
+            field,
+            format!("{:?}: {}", n.as_str(), TRACE_CONTEXT_REFUSED),
+        )),
+        None => Ok(names),
+    }
+}
+
+/// Why a trace context header may not be fingerprinted.
+const TRACE_CONTEXT_REFUSED: &str = "the trace context changes with every attempt (a new span \
+    per try), so every retry would be refused as a different request; remove it";
+
 impl fmt::Display for RouteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.field, self.reason)
@@ -793,6 +814,20 @@ mod tests {
                     ..Default::default()
                 },
                 "forward_key.template",
+            ),
+            (
+                RouteSpec {
+                    fingerprint_headers: Some(vec!["x-amount".into(), "TraceParent".into()]),
+                    ..Default::default()
+                },
+                "fingerprint_headers",
+            ),
+            (
+                RouteSpec {
+                    fingerprint_headers: Some(vec!["tracestate".into()]),
+                    ..Default::default()
+                },
+                "fingerprint_headers",
             ),
         ];
         for (spec, field) in cases {
