@@ -409,9 +409,8 @@ fn subscription(
             return Err((
                 at("fingerprint_headers"),
                 format!(
-                    "{name:?}: the trace context changes with every attempt (a new span \
-                     per try), so every redelivery would be refused as a different message; \
-                     remove it"
+                    "{name:?}: {}",
+                    idem_core::fingerprint::TRACE_CONTEXT_REFUSED
                 ),
             ));
         }

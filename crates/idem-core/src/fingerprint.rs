@@ -106,12 +106,17 @@ const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 /// Whether `name` is a W3C trace context header (`traceparent`,
 /// `tracestate`), in any case. Every attempt sends a new one (a new span
 /// per try), so a fingerprint that covered it would call every retry a
-/// different request: configs refuse it in the fingerprinted headers.
+/// different request: configs refuse it in the fingerprinted headers,
+/// with [`TRACE_CONTEXT_REFUSED`] as the reason.
 pub fn is_trace_context(name: &str) -> bool {
     ["traceparent", "tracestate"]
         .iter()
         .any(|t| name.eq_ignore_ascii_case(t))
 }
+
+/// Why a config may not fingerprint a trace context header.
+pub const TRACE_CONTEXT_REFUSED: &str = "the trace context changes with every attempt (a new \
+    span per try), so every retry would be refused as a different request; remove it";
 
 /// Lowercase hexadecimal of any bytes (digests, binary bodies).
 pub fn to_hex(bytes: &[u8]) -> String {

@@ -635,15 +635,15 @@ fn fingerprint_header_names(names: &[String]) -> Result<Vec<HeaderName>, RouteEr
     {
         Some(n) => Err(err(
             field,
-            format!("{:?}: {}", n.as_str(), TRACE_CONTEXT_REFUSED),
+            format!(
+                "{:?}: {}",
+                n.as_str(),
+                idem_core::fingerprint::TRACE_CONTEXT_REFUSED
+            ),
         )),
         None => Ok(names),
     }
 }
-
-/// Why a trace context header may not be fingerprinted.
-const TRACE_CONTEXT_REFUSED: &str = "the trace context changes with every attempt (a new span \
-    per try), so every retry would be refused as a different request; remove it";
 
 impl fmt::Display for RouteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
