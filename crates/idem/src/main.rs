@@ -19,6 +19,9 @@ use clap::{Parser, Subcommand};
 use crate::records::{ListArgs, ResolveArgs, ShowArgs};
 use crate::telemetry::{Telemetry, Traces};
 
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// idem makes "this business effect happens once" a contract that can be
 /// stated, enforced, inspected and tested.
 #[derive(Debug, Parser)]
