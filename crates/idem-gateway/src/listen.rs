@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -66,16 +69,34 @@ pub(crate) enum Transport {
     Tls(TlsAcceptor),
 }
 
+/// What a listener serves: an axum `Router` (the admin API), or the
+/// proxy's service stack itself, which needs no router in front of it.
+pub(crate) trait App:
+    tower::Service<http::Request<Body>, Response = Response, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<http::Request<Body>, Response = Response, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves; then stops
 /// accepting, lets every request in flight finish, closes idle
 /// connections and returns once every connection has ended, or at `drain`
 /// after the stop, closing those still open. `name` names the listener in
 /// logs.
-pub(crate) async fn serve(
+pub(crate) async fn serve<A: App>(
     name: &'static str,
     listener: TcpListener,
     transport: Transport,
-    app: Router,
+    app: A,
     (limits, drain): (ConnectionLimits, Duration),
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -141,17 +162,17 @@ pub(crate) async fn serve(
 }
 
 /// One accepted connection and what it needs to be served on its own.
-struct Connection {
+struct Connection<A> {
     name: &'static str,
     transport: Transport,
-    app: Router,
+    app: A,
     limits: ConnectionLimits,
     drain: watch::Receiver<bool>,
     /// Its place under `connections_max`, given back when it ends.
     _permit: OwnedSemaphorePermit,
 }
 
-impl Connection {
+impl<A: App> Connection<A> {
     /// Handshakes (TLS) and serves the connection to its end; a stop
     /// before the handshake is done drops it.
     async fn run(mut self, stream: TcpStream) {
@@ -189,7 +210,7 @@ impl Connection {
     {
         let app = self.app.clone();
         let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-            app.clone().oneshot(req.map(axum::body::Body::new))
+            app.clone().oneshot(req.map(Body::new))
         });
         let mut builder = http1::Builder::new();
         builder

@@ -214,7 +214,6 @@ pub async fn serve_with(
         (config.body_read_timeout, config.body_buffer_bytes_max),
         admission_metrics,
     );
-    let app = axum::Router::new().fallback_service(admitted);
     let store_stopped = watched::stopped(store_seen.clone());
     let shutdown = async move {
         tokio::select! {
@@ -231,7 +230,7 @@ pub async fn serve_with(
         "proxy",
         listener,
         Transport::Plain,
-        app,
+        admitted,
         (config.connections, drain),
         shutdown,
     )
