@@ -42,8 +42,10 @@
 //! ## Group commit
 //! Callers queue operations (bounded, [`WRITE_QUEUE_MAX`]) for one writer
 //! thread. It opens a `BEGIN IMMEDIATE` transaction, applies every queued
-//! operation in its own `SAVEPOINT` (one operation's error undoes only its
-//! own writes), keeps taking operations that arrive meanwhile up to
+//! operation so that one operation's error undoes only its own writes (in
+//! its own `SAVEPOINT` when it may write several statements; claims,
+//! completions, releases and marks write one, which SQLite undoes by
+//! itself), keeps taking operations that arrive meanwhile up to
 //! [`SqliteOptions::batch_max`], commits once (one fsync with
 //! `synchronous=FULL`), and only then answers each caller. If the commit
 //! fails, every caller in the batch gets [`StoreError::Unavailable`].

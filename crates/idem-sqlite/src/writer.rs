@@ -69,6 +69,20 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// Whether the operation changes at most one row with one statement,
+    /// whatever the record holds: a claim (an insert that may do nothing,
+    /// then at most one write of the decision), a completion, a release and
+    /// a mark (a read, then one write). Every other operation may write
+    /// several statements and needs a savepoint to fail alone.
+    fn writes_one_statement(&self) -> bool {
+        matches!(
+            self,
+            Op::Claim { .. } | Op::Complete { .. } | Op::Release { .. } | Op::MarkAmbiguous { .. }
+        )
+    }
+}
+
 /// Batches and operations the writer has run, shared with the store handle.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -226,9 +240,14 @@ impl Writer {
         Ok(stored)
     }
 
-    /// Applies one operation inside `SAVEPOINT op`, so that its failure
-    /// undoes its own writes and nothing else in the batch.
+    /// Applies one operation so that its failure undoes its own writes and
+    /// nothing else in the batch: inside `SAVEPOINT op` when it may write
+    /// more than one statement, on its own otherwise, since SQLite undoes
+    /// a failed statement's changes by itself.
     fn apply_in_savepoint(&mut self, op: Op) -> Done {
+        if op.writes_one_statement() {
+            return self.apply(op);
+        }
         if let Err(e) = self.exec("SAVEPOINT op") {
             return Done::failed(op, e);
         }
