@@ -99,6 +99,12 @@ mod window;
 
 #[cfg(test)]
 mod mutants;
+#[cfg(test)]
+mod plans;
+/// The integration tests' support, shared by the tests inside the crate.
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod test_support;
 
 /// The tests' shared support names the crate as its users do.
 #[cfg(test)]

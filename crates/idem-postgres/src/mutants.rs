@@ -6,8 +6,7 @@
 //! store's. They live inside the crate so that their switches are in test
 //! builds only.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use crate::test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

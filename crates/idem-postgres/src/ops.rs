@@ -22,7 +22,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::db_clock::DbClock;
 use crate::error;
 use crate::row::{self, Columns, Param, int};
-use crate::schema::{Schema, now_param};
+use crate::schema::{Planning, Schema, now_param};
 
 /// How many times a claim retries when the record it conflicted with is
 /// gone before it could be locked (released or purged in between).
@@ -50,18 +50,21 @@ impl Exec<'_, '_> {
         &self,
         sql: &str,
         params: &[Param<'_>],
+        planning: Planning,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let values = || -> Vec<&(dyn ToSql + Sync)> { params.iter().map(|(v, _)| *v).collect() };
-        match self {
-            Exec::Pooled(client) => {
+        match (self, planning) {
+            (Exec::Pooled(client), Planning::Cached) => {
                 let stmt = client.prepare_cached(sql).await?;
                 client.query(&stmt, &values()).await
             }
-            Exec::PooledTx(tx) => {
+            (Exec::Pooled(client), Planning::PerCall) => client.query_typed(sql, params).await,
+            (Exec::PooledTx(tx), Planning::Cached) => {
                 let stmt = tx.prepare_cached(sql).await?;
                 tx.query(&stmt, &values()).await
             }
-            Exec::Foreign(tx) => tx.query_typed(sql, params).await,
+            (Exec::PooledTx(tx), Planning::PerCall) => tx.query_typed(sql, params).await,
+            (Exec::Foreign(tx), _) => tx.query_typed(sql, params).await,
         }
     }
 }
@@ -117,7 +120,9 @@ impl Ctx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, StoreError> {
-        exec.query(sql, params).await.map_err(|e| self.error(&e))
+        exec.query(sql, params, self.schema.planning(sql))
+            .await
+            .map_err(|e| self.error(&e))
     }
 
     /// A value of a row this store wrote that does not read back.
@@ -836,7 +841,13 @@ pub(crate) async fn insert_batch(
         (&tombstones, Type::INT8_ARRAY),
         (&regions, Type::TEXT_ARRAY),
     ];
-    let rows = exec.query(&ctx.schema.insert_batch, &params).await?;
+    let rows = exec
+        .query(
+            &ctx.schema.insert_batch,
+            &params,
+            ctx.schema.planning(&ctx.schema.insert_batch),
+        )
+        .await?;
     let mut answers: Vec<Result<Inserted, StoreError>> =
         reqs.iter().map(|_| Ok(Inserted::Exists)).collect();
     for row in &rows {
@@ -933,7 +944,14 @@ pub(crate) async fn complete_batch(
         (&headers, Type::TEXT_ARRAY),
         (&bodies, Type::BYTEA_ARRAY),
     ];
-    let rows = match exec.query(&ctx.schema.complete_batch, &params).await {
+    let rows = match exec
+        .query(
+            &ctx.schema.complete_batch,
+            &params,
+            ctx.schema.planning(&ctx.schema.complete_batch),
+        )
+        .await
+    {
         Ok(rows) => rows,
         Err(e) => return Err((e, done)),
     };
