@@ -120,9 +120,20 @@ impl Ctx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, StoreError> {
-        exec.query(sql, params, self.schema.planning(sql))
+        self.run(exec, sql, params)
             .await
             .map_err(|e| self.error(&e))
+    }
+
+    /// `sql` on `exec`, planned as the schema says it is
+    /// ([`Schema::planning`]); the server's error as it came.
+    async fn run(
+        &self,
+        exec: &Exec<'_, '_>,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        exec.query(sql, params, self.schema.planning(sql)).await
     }
 
     /// A value of a row this store wrote that does not read back.
@@ -841,13 +852,7 @@ pub(crate) async fn insert_batch(
         (&tombstones, Type::INT8_ARRAY),
         (&regions, Type::TEXT_ARRAY),
     ];
-    let rows = exec
-        .query(
-            &ctx.schema.insert_batch,
-            &params,
-            ctx.schema.planning(&ctx.schema.insert_batch),
-        )
-        .await?;
+    let rows = ctx.run(exec, &ctx.schema.insert_batch, &params).await?;
     let mut answers: Vec<Result<Inserted, StoreError>> =
         reqs.iter().map(|_| Ok(Inserted::Exists)).collect();
     for row in &rows {
@@ -944,14 +949,7 @@ pub(crate) async fn complete_batch(
         (&headers, Type::TEXT_ARRAY),
         (&bodies, Type::BYTEA_ARRAY),
     ];
-    let rows = match exec
-        .query(
-            &ctx.schema.complete_batch,
-            &params,
-            ctx.schema.planning(&ctx.schema.complete_batch),
-        )
-        .await
-    {
+    let rows = match ctx.run(exec, &ctx.schema.complete_batch, &params).await {
         Ok(rows) => rows,
         Err(e) => return Err((e, done)),
     };

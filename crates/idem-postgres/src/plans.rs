@@ -14,37 +14,10 @@
 //! the table in full too, until the next analyze of the growing table
 //! replaces them (docs/stores.md, "Plans").
 
-use crate::test_support as support;
-
 use tokio_postgres::NoTls;
 
 use crate::schema::{Planning, Schema};
-use support::SchemaGuard;
-
-/// Every statement the store runs on its pooled connections, by name
-/// (`select` and `select_at_now` only start the list queries).
-fn statements(schema: &Schema) -> Vec<(&'static str, &str)> {
-    vec![
-        ("wait_note", &schema.wait_note),
-        ("insert_new", &schema.insert_new),
-        ("insert_batch", &schema.insert_batch),
-        ("peek", &schema.peek),
-        ("restart_lease", &schema.restart_lease),
-        ("lock", &schema.lock),
-        ("complete", &schema.complete),
-        ("complete_batch", &schema.complete_batch),
-        ("next_token", &schema.next_token),
-        ("put", &schema.put),
-        ("delete", &schema.delete),
-        ("get", &schema.get),
-        ("purge", &schema.purge),
-        ("journal_append", &schema.journal_append),
-        ("journal_get", &schema.journal_get),
-        ("tries_get", &schema.tries_get),
-        ("tries_put", &schema.tries_put),
-        ("tries_delete", &schema.tries_delete),
-    ]
-}
+use crate::test_support::{self as support, SchemaGuard};
 
 /// How many parameters `sql` names (`$1` … `$n`).
 fn parameters(sql: &str) -> usize {
@@ -108,11 +81,11 @@ async fn no_statement_prepared_once_reads_every_record_in_its_generic_plan() {
             s = guard.name()
         ))
         .await
-        .unwrap_or_else(|e| panic!("cannot analyze the empty table: {e}"));
+        .unwrap_or_else(|e| panic!("cannot set up the session: {e}"));
 
     let mut full_reads = Vec::new();
     let mut per_call = Vec::new();
-    for (name, sql) in statements(&schema) {
+    for (name, sql) in schema.statements() {
         let plan = generic_plan(&client, name, sql).await;
         match schema.planning(sql) {
             Planning::Cached if reads_records_in_full(&plan) => {
