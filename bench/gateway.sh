@@ -9,7 +9,7 @@ usage() {
 usage: bench/gateway.sh [--quick] [--duration-s N] [--rounds N]
                         [--connections "32 256"] [--keys N] [--tail-s N]
                         [--postgres URL | --no-postgres] [--idem BIN]
-                        [--no-others]
+                        [--no-others] [--only MODES]
 
 Measures, interleaved within each round and at each connection count:
   direct          wrk -> upstream (nginx answering 201 at once)
@@ -54,6 +54,9 @@ Options:
   --idem BIN           use this idem binary instead of building one in release
                        (idem-bench is then looked for beside it)
   --no-others          skip the consumer and simulator benchmarks
+  --only MODES         measure only these modes of the rounds (comma-separated
+                       names from the list above, e.g. pg2-many,direct); the
+                       tail and the others run as their own options say
   -h, --help           this text
 
 Installs wrk, nginx, the nginx echo module (its echo_sleep is the 20 ms
@@ -72,6 +75,7 @@ others=1
 postgres_url="postgres://postgres@127.0.0.1:5432/test"
 use_postgres=1
 idem_bin=""
+only=""
 
 die() {
     echo "bench/gateway.sh: $*" >&2
@@ -96,6 +100,7 @@ while (($#)); do
     --postgres) postgres_url=${2-}; shift ;;
     --no-postgres) use_postgres=0 ;;
     --idem) idem_bin=${2-}; shift ;;
+    --only) only=${2-}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
     esac
@@ -415,6 +420,18 @@ modes+=(
     "sqlite-fresh-20ms slow sqlite fresh"
 )
 if ((use_postgres)); then modes+=("pg-fresh-20ms slow pg1 fresh"); fi
+if [[ -n $only ]]; then
+    kept=()
+    IFS=, read -r -a wanted <<<"$only"
+    for w in "${wanted[@]}"; do
+        found=0
+        for m in "${modes[@]}"; do
+            if [[ ${m%% *} == "$w" ]]; then kept+=("$m") found=1; fi
+        done
+        ((found)) || die "--only: no mode named '$w' (see --help; PostgreSQL modes need PostgreSQL)"
+    done
+    modes=("${kept[@]}")
+fi
 
 port_of() {
     case $1 in

@@ -10,7 +10,14 @@
 //! drift allowance. No bound is given when the last reading is older than
 //! [`SAMPLE_AGE_MS_MAX`] or its round trip took longer than
 //! [`ROUND_TRIP_MS_MAX`]: then every claim goes to the server.
+//!
+//! A store answering every replay from memory runs no statement that
+//! would read the clock again, so a reading older than
+//! [`REFRESH_AGE_MS`] is renewed by a statement of its own, one at a time
+//! ([`DbClock::begin_refresh`]), before the bound lapses: otherwise a busy
+//! gateway's replays would all fall to the server once a second.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +31,11 @@ pub(crate) const SAMPLE_AGE_MS_MAX: u64 = 1_000;
 /// too loose to be worth keeping.
 pub(crate) const ROUND_TRIP_MS_MAX: u64 = 50;
 
+/// A reading older than this is renewed when a replay consults it: a
+/// quarter of [`SAMPLE_AGE_MS_MAX`], so that a renewal slower than the
+/// round trip it may keep still lands before the bound lapses.
+pub(crate) const REFRESH_AGE_MS: u64 = SAMPLE_AGE_MS_MAX / 4;
+
 /// How far the two clocks may drift apart per second of a reading's age,
 /// in milliseconds: 1,000 ppm, twice the fastest an NTP daemon slews.
 const DRIFT_MS_PER_S: u64 = 1;
@@ -32,6 +44,8 @@ const DRIFT_MS_PER_S: u64 = 1;
 #[derive(Default)]
 pub(crate) struct DbClock {
     latest: Mutex<Option<Reading>>,
+    /// A renewal is under way ([`DbClock::begin_refresh`]).
+    refreshing: AtomicBool,
 }
 
 #[derive(Clone, Copy)]
@@ -52,6 +66,30 @@ impl DbClock {
         if latest.is_none_or(|kept| kept.received <= received) {
             *latest = Some(Reading { sent, received, db });
         }
+    }
+
+    /// Whether the caller should read the server's clock now, because the
+    /// latest reading is missing or older than [`REFRESH_AGE_MS`] at `at`
+    /// and no other renewal is under way; if so, the caller must call
+    /// [`DbClock::end_refresh`] when its statement is done, answered or not.
+    pub(crate) fn begin_refresh(&self, at: Instant) -> bool {
+        let received = self
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|reading| reading.received);
+        let due = received.is_none_or(|received| {
+            at.saturating_duration_since(received) >= Duration::from_millis(REFRESH_AGE_MS)
+        });
+        due && self
+            .refreshing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The renewal [`DbClock::begin_refresh`] started is done.
+    pub(crate) fn end_refresh(&self) {
+        self.refreshing.store(false, Ordering::Release);
     }
 
     /// The latest the server's clock can read at `at`; `None` when no
@@ -96,5 +134,26 @@ mod tests {
             Timestamp::from_millis(10_000),
         );
         assert_eq!(slow.latest_at(sent), None, "too slow a statement");
+    }
+
+    #[test]
+    fn a_reading_is_renewed_once_it_ages_one_renewal_at_a_time() {
+        let clock = DbClock::default();
+        let sent = Instant::now();
+        assert!(clock.begin_refresh(sent), "no reading: renew");
+        assert!(!clock.begin_refresh(sent), "one renewal at a time");
+        clock.note(sent, sent, Timestamp::from_millis(10_000));
+        clock.end_refresh();
+        let young = sent + Duration::from_millis(REFRESH_AGE_MS - 1);
+        assert!(!clock.begin_refresh(young), "a young reading stands");
+        let aged = sent + Duration::from_millis(REFRESH_AGE_MS);
+        assert!(clock.begin_refresh(aged), "an aged reading is renewed");
+        assert!(
+            clock.latest_at(aged).is_some(),
+            "and still bounds the clock meanwhile"
+        );
+        assert!(!clock.begin_refresh(aged), "by one caller");
+        clock.end_refresh();
+        assert!(clock.begin_refresh(aged), "until it is done");
     }
 }

@@ -414,6 +414,9 @@ impl PgStore {
     /// deadline covers it all.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
+        if self.shared.ctx.clock_refresh_due() {
+            tokio::spawn(Shared::refresh_clock(Arc::clone(&self.shared)));
+        }
         if let Some(answer) = self.shared.ctx.cached_answer(req) {
             return Ok(answer);
         }
@@ -585,6 +588,20 @@ impl Shared {
                 self.operation_timeout.as_millis()
             ),
         )
+    }
+
+    /// Renews the reading of the database's clock that bounds what the
+    /// replay cache answers ([`Ctx::clock_refresh_due`]), on a task of its
+    /// own so that no claim waits for it. A failure only leaves the
+    /// reading to age: claims then go to the server, which reports it.
+    async fn refresh_clock(shared: Arc<Shared>) {
+        let deadline = shared.deadline();
+        let _read = shared
+            .bounded(deadline, async |client| {
+                ops::read_clock(&Exec::Pooled(client), &shared.ctx).await
+            })
+            .await;
+        shared.ctx.db_clock.end_refresh();
     }
 
     /// A batcher's runner calling `run` on this.

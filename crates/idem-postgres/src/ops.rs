@@ -104,6 +104,20 @@ impl Ctx {
         self.replays.answer_while_completed(req, latest)
     }
 
+    /// Whether a claim should renew the reading of the database's clock
+    /// that bounds what memory answers ([`DbClock::begin_refresh`]): never
+    /// with an injected clock or with the cache off.
+    pub(crate) fn clock_refresh_due(&self) -> bool {
+        if self.clock.is_some() || !self.db_clock.begin_refresh(Instant::now()) {
+            return false;
+        }
+        if self.replays.usage().0 == 0 {
+            self.db_clock.end_refresh();
+            return false;
+        }
+        true
+    }
+
     /// The injected clock's now, bound as `$1` of every time-reading
     /// statement; NULL selects the database's clock.
     fn now(&self) -> Option<i64> {
@@ -739,6 +753,23 @@ async fn lock(
         .ok_or_else(|| ctx.damaged(&id.to_string(), "the locked read returned no row".into()))?;
     let now = row::time(row, 0, "now_ms").map_err(|why| ctx.damaged(&id.to_string(), why))?;
     Ok((now, row::decode(row, 1, &ctx.store)?))
+}
+
+/// Reads the database's clock alone and keeps the reading for
+/// [`Ctx::cached_answer`] ([`Ctx::clock_refresh_due`]).
+pub(crate) async fn read_clock(exec: &Exec<'_, '_>, ctx: &Ctx) -> Result<(), StoreError> {
+    let now = ctx.now();
+    let params: [Param<'_>; 1] = [now_param(&now)];
+    let sent = Instant::now();
+    let rows = ctx.query(exec, &ctx.schema.clock, &params).await?;
+    let received = Instant::now();
+    let now = match rows.first() {
+        Some(row) => row::time(row, 0, "now_ms"),
+        None => Err("the clock's statement returned no row".to_owned()),
+    };
+    let now = now.map_err(|why| ctx.damaged("the database's clock", why))?;
+    ctx.db_clock.note(sent, received, now);
+    Ok(())
 }
 
 async fn next_token(exec: &Exec<'_, '_>, ctx: &Ctx) -> Result<Token, StoreError> {

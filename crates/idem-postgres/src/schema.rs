@@ -147,12 +147,18 @@ pub(crate) struct Schema {
     /// A request waits on a record in progress: its flag, set once.
     pub(crate) wait_note: String,
     /// The fast path: a new key in one statement, or no row on conflict;
-    /// it also returns the time after the insert, to notice a wait.
+    /// it also returns the time after the insert, to notice a wait. A key
+    /// that has a record is skipped before a token is drawn for it: a
+    /// drawn token is a write (every 32nd is logged, and its commit waits
+    /// for the disk), which a replay or a retry must not cost. The check
+    /// is a per-row subquery, not `NOT EXISTS`, which would be planned as
+    /// an anti-join that a generic plan may make a full scan of `records`.
     pub(crate) insert_new: String,
     /// The fast path for many new keys in one statement: the rows given as
     /// one array per column, inserted in the order given (sorted by the
     /// caller, so that two batches sharing keys wait on each other in one
-    /// order and never deadlock), nothing for a key that has a record; per
+    /// order and never deadlock), nothing for a key that has a record (no
+    /// token drawn for it either, as in `insert_new`); per
     /// inserted row, what `insert_new` returns and its scope and key.
     pub(crate) insert_batch: String,
     /// The record read without a lock, and the time in the same
@@ -172,6 +178,9 @@ pub(crate) struct Schema {
     /// laid out as `complete`'s; the records locked in (scope, key) order.
     pub(crate) complete_batch: String,
     pub(crate) next_token: String,
+    /// The store's now alone (`now_ms`): renews the reading that bounds
+    /// which replays memory may answer (`db_clock`).
+    pub(crate) clock: String,
     /// Insert or replace records given as one array per column.
     pub(crate) put: String,
     /// Delete records given as arrays of scopes and keys.
@@ -248,6 +257,7 @@ impl Schema {
             complete,
             complete_batch,
             next_token,
+            clock,
             put,
             delete,
             get,
@@ -271,6 +281,7 @@ impl Schema {
             ("complete", complete),
             ("complete_batch", complete_batch),
             ("next_token", next_token),
+            ("clock", clock),
             ("put", put),
             ("delete", delete),
             ("get", get),
@@ -321,6 +332,8 @@ impl Schema {
                  now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
                  $9::text \
                  FROM (SELECT {now} AS ms) AS now \
+                 WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = $2 AND r.key = $3) \
+                 IS NULL \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING token, created_at_ms, lease_until_ms, {now}"
             ),
@@ -334,6 +347,8 @@ impl Schema {
                  unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::bigint[], \
                  $7::bigint[], $8::bigint[], $9::text[]) WITH ORDINALITY \
                  AS b(scope, key, fingerprint, owner, lease, retention, tombstone, region, n) \
+                 WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = b.scope AND r.key = b.key) \
+                 IS NULL \
                  ORDER BY b.n \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING token, created_at_ms, lease_until_ms, {now}, scope, key"
@@ -394,6 +409,7 @@ impl Schema {
                 COLUMNS.map(|c| format!("r.{c}")).join(", ")
             ),
             next_token: format!("SELECT nextval('{s}.tokens')"),
+            clock: format!("SELECT {now} AS now_ms"),
             put: format!(
                 "INSERT INTO {s}.records ({cols}) SELECT * FROM unnest({}) \
                  ON CONFLICT (scope, key) DO UPDATE SET {}",

@@ -120,3 +120,32 @@ async fn the_database_clock_bounds_what_memory_answers() {
         "no cache: the server answers"
     );
 }
+
+/// A store answering every replay from memory runs no statement of its
+/// own that reads the clock: it renews its reading before the bound
+/// lapses, so that a steady stream of replays never falls to the server
+/// once a second (each such fall sent every in-flight replay to the
+/// server at once, behind whatever it was flushing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_replays_keeps_the_clock_reading_fresh() {
+    let guard = SchemaGuard::new();
+    let store = guard.store(None).await;
+    let req = request("stream", 1, 60_000);
+    completed(&store, &req).await;
+    delete_row(&guard, &req).await;
+    // Three times the longest a reading bounds the clock, a replay every
+    // 50 ms: each answered from memory (the server has no row left).
+    let start = std::time::Instant::now();
+    let mut replays = 0;
+    while start.elapsed() < Duration::from_millis(3_000) {
+        let answer = store.claim(&req).await.unwrap();
+        assert!(
+            matches!(answer, Claim::Replay { .. }),
+            "replay {replays} after {:?} answered {answer:?}, not from memory",
+            start.elapsed()
+        );
+        replays += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(replays >= 30, "only {replays} replays in 3 s");
+}

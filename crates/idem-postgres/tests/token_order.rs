@@ -136,3 +136,76 @@ async fn racing_acquisitions_of_one_key_never_share_a_token() {
     assert!(tokens.len() >= ROUNDS / 2, "{} acquisitions", tokens.len());
     assert_eq!(distinct.len(), tokens.len(), "a token was handed out twice");
 }
+
+/// A claim of a key that has a committed record draws no token: a drawn
+/// token is a write (every 32nd is logged, and its commit then waits for
+/// the disk), which a replay, a conflict or a retry must not cost. Shown
+/// with the replay cache off, so that every claim reaches the server, one
+/// at a time and many at once, with batches (the batch statement) and
+/// without (the single-row fast path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_a_key_that_has_a_record_draws_no_token() {
+    for batch_lanes in [idem_postgres::BATCH_LANES_DEFAULT, 0] {
+        claims_of_existing_keys_draw_no_token(batch_lanes).await;
+    }
+}
+
+async fn claims_of_existing_keys_draw_no_token(batch_lanes: usize) {
+    let schema = SchemaGuard::new();
+    let options = idem_postgres::PgOptions {
+        replay_cache_bytes: 0,
+        batch_lanes,
+        ..schema.options(None)
+    };
+    let store = std::sync::Arc::new(
+        idem_postgres::PgStore::connect(&support::url(), options)
+            .await
+            .unwrap(),
+    );
+    let (done, busy) = (request("k-done", 1, 30_000), request("k-busy", 1, 30_000));
+    let Claim::Acquired { token, .. } = store.claim(&done).await.unwrap() else {
+        panic!("a new key acquires");
+    };
+    let result = StoredResult::new(201, vec![], b"paid".to_vec()).unwrap();
+    store.complete(&done.id, token, result).await.unwrap();
+    assert!(matches!(
+        store.claim(&busy).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let admin = admin().await;
+    let drawn = format!("SELECT last_value FROM {}.tokens", schema.name());
+    let before: i64 = admin.query_one(&drawn, &[]).await.unwrap().get(0);
+
+    for _ in 0..40 {
+        assert!(matches!(
+            store.claim(&done).await.unwrap(),
+            Claim::Replay { .. }
+        ));
+        assert!(matches!(
+            store.claim(&busy).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+    }
+    let many: Vec<_> = (0..64)
+        .map(|i| {
+            let store = std::sync::Arc::clone(&store);
+            let req = if i % 2 == 0 {
+                done.clone()
+            } else {
+                busy.clone()
+            };
+            tokio::spawn(async move { store.claim(&req).await.unwrap() })
+        })
+        .collect();
+    for answer in many {
+        assert!(matches!(
+            answer.await.unwrap(),
+            Claim::Replay { .. } | Claim::InFlight { .. }
+        ));
+    }
+    let after: i64 = admin.query_one(&drawn, &[]).await.unwrap().get(0);
+    assert_eq!(
+        before, after,
+        "tokens drawn by claims of existing keys ({batch_lanes} batch lanes)"
+    );
+}
