@@ -46,6 +46,10 @@ pub(crate) struct DbClock {
     latest: Mutex<Option<Reading>>,
     /// A renewal is under way ([`DbClock::begin_refresh`]).
     refreshing: AtomicBool,
+    /// When the last renewal started: the next waits [`REFRESH_AGE_MS`]
+    /// after it, so that a server that does not answer is asked at most
+    /// four times a second, however many claims arrive.
+    last_renewal: Mutex<Option<Instant>>,
 }
 
 #[derive(Clone, Copy)]
@@ -69,22 +73,38 @@ impl DbClock {
     }
 
     /// Whether the caller should read the server's clock now, because the
-    /// latest reading is missing or older than [`REFRESH_AGE_MS`] at `at`
-    /// and no other renewal is under way; if so, the caller must call
+    /// latest reading is missing or older than [`REFRESH_AGE_MS`] at `at`,
+    /// no other renewal is under way and none started in the last
+    /// [`REFRESH_AGE_MS`]; if so, the caller must call
     /// [`DbClock::end_refresh`] when its statement is done, answered or not.
     pub(crate) fn begin_refresh(&self, at: Instant) -> bool {
+        let aged = |since: Option<Instant>| {
+            since.is_none_or(|since| {
+                at.saturating_duration_since(since) >= Duration::from_millis(REFRESH_AGE_MS)
+            })
+        };
         let received = self
             .latest
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .map(|reading| reading.received);
-        let due = received.is_none_or(|received| {
-            at.saturating_duration_since(received) >= Duration::from_millis(REFRESH_AGE_MS)
-        });
-        due && self
-            .refreshing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        if !aged(received) {
+            return false;
+        }
+        let mut last = self
+            .last_renewal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !aged(*last)
+            || self
+                .refreshing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        *last = Some(at);
+        true
     }
 
     /// The renewal [`DbClock::begin_refresh`] started is done.
@@ -154,6 +174,11 @@ mod tests {
         );
         assert!(!clock.begin_refresh(aged), "by one caller");
         clock.end_refresh();
-        assert!(clock.begin_refresh(aged), "until it is done");
+        assert!(
+            !clock.begin_refresh(aged),
+            "a renewal that read nothing is not retried at once"
+        );
+        let later = aged + Duration::from_millis(REFRESH_AGE_MS);
+        assert!(clock.begin_refresh(later), "but a while after it started");
     }
 }
