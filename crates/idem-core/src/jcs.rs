@@ -809,7 +809,13 @@ fn exact_decimal(literal: &str) -> Option<String> {
     // Rust's integer parsing takes leading zeros and a '-' and fails on
     // overflow, never wraps.
     let exponent: i64 = exponent.parse().ok()?;
-    let digits = format!("{int_part}{frac_part}");
+    let joined;
+    let digits = if frac_part.is_empty() {
+        int_part
+    } else {
+        joined = [int_part, frac_part].concat();
+        &joined
+    };
     let significant = digits.trim_start_matches('0');
     let kept = significant.trim_end_matches('0');
     if kept.is_empty() {
@@ -819,11 +825,22 @@ fn exact_decimal(literal: &str) -> Option<String> {
     let trailing = significant.len() - kept.len();
     let power = i128::from(exponent) - frac_part.len() as i128 + trailing as i128;
     let power = i64::try_from(power).ok()?;
-    let sign = if negative { "-" } else { "" };
-    Some(match power {
-        0 => format!("{sign}{kept}"),
-        _ => format!("{sign}{kept}e{power}"),
-    })
+    // Built by pushes, not `format!`: a number of every JSON body passes
+    // here on every request.
+    let exponent = match power {
+        0 => String::new(),
+        _ => power.to_string(),
+    };
+    let mut exact = String::with_capacity(1 + kept.len() + 1 + exponent.len());
+    if negative {
+        exact.push('-');
+    }
+    exact.push_str(kept);
+    if !exponent.is_empty() {
+        exact.push('e');
+        exact.push_str(&exponent);
+    }
+    Some(exact)
 }
 
 /// Shortens `s` for quoting in an error message.
@@ -1187,6 +1204,32 @@ mod tests {
             ("[1,-2,3.5]", "[1,-2,3.5]"),
         ] {
             check(input, expected);
+        }
+    }
+
+    /// The exact form's spelling goes into fingerprints kept in stores:
+    /// it must not change from one release to the next.
+    #[test]
+    fn exact_decimals_are_spelt_as_committed() {
+        for (literal, expected) in [
+            ("0", Some("0")),
+            ("-0", Some("0")),
+            ("0.000", Some("0")),
+            ("007", Some("7")),
+            ("-7", Some("-7")),
+            ("1000", Some("1e3")),
+            ("12.50", Some("125e-1")),
+            ("-0.5e-3", Some("-5e-4")),
+            ("4.5E+2", Some("45e1")),
+            (
+                "123456789012345678901234567890",
+                Some("12345678901234567890123456789e1"),
+            ),
+            ("1e9223372036854775807", Some("1e9223372036854775807")),
+            ("10e9223372036854775807", None),
+            ("1e99999999999999999999", None),
+        ] {
+            assert_eq!(exact_decimal(literal).as_deref(), expected, "{literal}");
         }
     }
 
