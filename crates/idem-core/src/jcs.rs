@@ -827,18 +827,15 @@ fn exact_decimal(literal: &str) -> Option<String> {
     let power = i64::try_from(power).ok()?;
     // Built by pushes, not `format!`: a number of every JSON body passes
     // here on every request.
-    let exponent = match power {
-        0 => String::new(),
-        _ => power.to_string(),
-    };
-    let mut exact = String::with_capacity(1 + kept.len() + 1 + exponent.len());
+    // The sign, the digits, then `e` and at most 20 characters of an i64.
+    let mut exact = String::with_capacity(1 + kept.len() + 21);
     if negative {
         exact.push('-');
     }
     exact.push_str(kept);
-    if !exponent.is_empty() {
+    if power != 0 {
         exact.push('e');
-        exact.push_str(&exponent);
+        exact.push_str(&power.to_string());
     }
     Some(exact)
 }

@@ -596,7 +596,8 @@ impl Shared {
     /// reading to age: claims then go to the server, which reports it.
     async fn refresh_clock(shared: Arc<Shared>) {
         let deadline = shared.deadline();
-        let _read = shared
+        // The outcome is the reading itself, kept by `read_clock`.
+        let _ = shared
             .bounded(deadline, async |client| {
                 ops::read_clock(&Exec::Pooled(client), &shared.ctx).await
             })
