@@ -16,6 +16,7 @@ pub struct Flags {
 
 impl Flags {
     /// Reads `--flag value` pairs; a flag not in `known` is an error.
+    /// `-h` or `--help` anywhere prints `usage` and exits the process.
     pub fn parse(
         mut args: impl Iterator<Item = String>,
         known: &[&str],
@@ -23,6 +24,10 @@ impl Flags {
     ) -> anyhow::Result<Flags> {
         let mut values = Vec::new();
         while let Some(flag) = args.next() {
+            if flag == "-h" || flag == "--help" {
+                println!("{usage}");
+                std::process::exit(0);
+            }
             let value = args
                 .next()
                 .with_context(|| format!("{flag} needs a value; {usage}"))?;

@@ -26,7 +26,7 @@ use anyhow::{Context, anyhow, bail};
 use idem_postgres::redact_url;
 
 use crate::args::Flags;
-use crate::measured::verdict;
+use crate::measured::{self, verdict};
 use crate::postgres::{TempSchemas, loopback_config};
 use crate::queue::{self, Admin, Broker};
 use crate::upstream::Upstream;
@@ -48,8 +48,6 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the service's count and the queue are looked at.
 const POLL: Duration = Duration::from_millis(5);
-/// Clock ticks per second in `/proc/PID/stat` (`USER_HZ`, 100 on Linux).
-const USER_HZ: f64 = 100.0;
 /// How much of a failed consumer's log a report quotes.
 const LOG_TAIL_BYTES: usize = 2_000;
 
@@ -491,9 +489,7 @@ impl Consumer {
     /// User + system CPU time so far, from `/proc/PID/stat` (Linux); `None`
     /// where that cannot be read.
     fn cpu(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        let ticks = cpu_ticks(&stat)?;
-        Some(Duration::from_secs_f64(ticks as f64 / USER_HZ))
+        measured::process_cpu(&self.child.id().to_string())
     }
 
     /// SIGTERM, then waits for it to settle what it holds and exit; killed
@@ -556,17 +552,6 @@ fn idem_config(deliver: &str, concurrency: usize, broker_section: &str) -> Strin
          key = \"{KEY}\"\ndeliver = \"{deliver}\"\nconcurrency = {concurrency}\n\n\
          {broker_section}"
     )
-}
-
-/// User + system CPU time, in clock ticks, from the text of
-/// `/proc/PID/stat`.
-fn cpu_ticks(stat: &str) -> Option<u64> {
-    // The fields after the command name, which is in parentheses and may
-    // hold spaces and parentheses: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
 }
 
 /// Deletes the queues a failed or interrupted run left behind; waits up
@@ -676,22 +661,6 @@ mod tests {
                 let key = format!("{}:{}", body["seller_id"], body["settlement_id"]);
                 assert!(keys.insert(key.clone()), "{key} twice");
             }
-        }
-    }
-
-    #[test]
-    fn cpu_time_is_read_after_the_command_name_whatever_it_holds() {
-        let cases = [
-            (
-                "42 (idem) S 1 42 42 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3",
-                Some(287),
-            ),
-            ("7 (a b) c)) R 1 7 7 0 -1 0 0 0 0 0 5 6 0 0", Some(11)),
-            ("7 (idem) S 1 7", None),
-            ("", None),
-        ];
-        for (stat, expect) in cases {
-            assert_eq!(cpu_ticks(stat), expect, "{stat}");
         }
     }
 }

@@ -13,6 +13,29 @@ pub fn verdict(met: bool) -> &'static str {
     if met { "MET" } else { "MISSED" }
 }
 
+/// Clock ticks per second in `/proc/PID/stat` (`USER_HZ`, 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+/// User + system CPU time a process has used so far, from
+/// `/proc/PID/stat` (Linux; `pid` may be `self`); `None` where that
+/// cannot be read.
+pub fn process_cpu(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ticks = cpu_ticks(&stat)?;
+    Some(Duration::from_secs_f64(ticks as f64 / USER_HZ))
+}
+
+/// User + system CPU time, in clock ticks, from the text of
+/// `/proc/PID/stat`.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces and parentheses: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// What one phase measured.
 #[derive(Debug, Default)]
 pub struct Measured {
@@ -269,5 +292,21 @@ mod tests {
         assert_eq!((measured.ok, measured.errors), (3, 1));
         assert_eq!(measured.first_error.as_deref(), Some("boom 3"));
         assert!(measured.failure("x").unwrap().contains("1 of 4"));
+    }
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name_whatever_it_holds() {
+        let cases = [
+            (
+                "42 (idem) S 1 42 42 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 3",
+                Some(287),
+            ),
+            ("7 (a b) c)) R 1 7 7 0 -1 0 0 0 0 0 5 6 0 0", Some(11)),
+            ("7 (idem) S 1 7", None),
+            ("", None),
+        ];
+        for (stat, expect) in cases {
+            assert_eq!(cpu_ticks(stat), expect, "{stat}");
+        }
     }
 }

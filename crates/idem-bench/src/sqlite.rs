@@ -18,7 +18,7 @@ use idem_sqlite::{SqliteOptions, SqliteStore, WriterStats};
 
 use crate::args::Flags;
 use crate::fixtures;
-use crate::measured::{Measured, verdict};
+use crate::measured::{self, Measured, verdict};
 use crate::plain_sqlite;
 
 /// Pairs per second the group-commit mode should reach.
@@ -75,6 +75,7 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
     );
     // The baseline first: the same two durable writes per key on a plain
     // SQLite connection, batched the same way, without idem's checks.
+    let cpu_before = measured::process_cpu("self");
     let plain = runtime.block_on(plain_sqlite::run(
         &dir.join("plain.db"),
         args.callers,
@@ -82,13 +83,14 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
     ))?;
     let p = &plain.pairs;
     println!(
-        "  {:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch)",
+        "  {:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch, {} CPU per pair)",
         "plain SQLite, same writes (baseline)",
         p.per_s(),
         p.ok,
         p.elapsed.as_secs_f64(),
         plain.batches,
-        plain.ops as f64 / plain.batches.max(1) as f64
+        plain.ops as f64 / plain.batches.max(1) as f64,
+        cpu_per_pair(cpu_before, p.ok)
     );
     println!(
         "  {:<38} pair p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; SQLite's own \
@@ -117,15 +119,17 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for (name, file, options) in modes {
         let store = SqliteStore::open(dir.join(file), options)?;
+        let cpu_before = measured::process_cpu("self");
         let run = runtime.block_on(run(Arc::new(store), args.callers, args.seconds))?;
         let p = &run.pairs;
         println!(
-            "  {name:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch)",
+            "  {name:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch, {} CPU per pair)",
             run.pairs_per_s(),
             p.ok,
             p.elapsed.as_secs_f64(),
             run.stats.batches,
-            run.ops_per_batch()
+            run.ops_per_batch(),
+            cpu_per_pair(cpu_before, p.ok)
         );
         // A pair's tail is the store's own, without HTTP: a stall in the
         // writer (a checkpoint in a commit, a slow fsync) shows here.
@@ -160,6 +164,18 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
         verdict(ratio >= TARGET_RATIO)
     );
     Ok(())
+}
+
+/// The process's CPU time (every thread: callers, writer, checkpointer)
+/// since `before`, per pair, in µs; `-` where `/proc` cannot be read.
+fn cpu_per_pair(before: Option<Duration>, pairs: u64) -> String {
+    match (before, measured::process_cpu("self")) {
+        (Some(before), Some(after)) if pairs > 0 => format!(
+            "{:.1} µs",
+            after.saturating_sub(before).as_secs_f64() * 1e6 / pairs as f64
+        ),
+        _ => "-".to_owned(),
+    }
 }
 
 /// `callers` tasks claim and complete fresh keys until `seconds` pass.
