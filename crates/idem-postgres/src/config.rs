@@ -61,6 +61,18 @@ pub const URL_PARAMETERS: [&str; 7] = [
 /// URL sets the driver's parameter of the same name: a peer that vanished
 /// (a network black hole, a host that lost power) is noticed within about
 /// idle + interval × retries instead of the kernel's two hours.
+/// How the store's own sessions plan its statements, set at session start.
+/// Every statement finds its records by a key or a due time, through an
+/// index, whatever the table's statistics say: each is prepared once per
+/// connection and run from its generic plan (no planning per call), and a
+/// sequential scan is chosen only where nothing else can run the
+/// statement. Joins between a statement's own inputs stay free to hash.
+/// `src/plans.rs` shows every generic plan made under these settings on a
+/// new, empty table reads `records` through an index.
+pub(crate) const PLANNER_SETTINGS: [(&str, &str); 2] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+];
 const KEEPALIVES_IDLE_S_DEFAULT: u64 = 10;
 const KEEPALIVES_INTERVAL_S_DEFAULT: u64 = 5;
 const KEEPALIVES_RETRIES_DEFAULT: u32 = 3;
@@ -257,17 +269,20 @@ pub fn check_url(url: &str) -> Result<(), StoreError> {
     target(url, &PgOptions::default()).map(|_| ())
 }
 
-/// Sets the server's `statement_timeout` in the startup packet (no extra
-/// round trip, and no session can run without it), and TCP keepalives
-/// unless the URL chose its own.
+/// Sets the server's `statement_timeout` and [`PLANNER_SETTINGS`] in the
+/// startup packet (no extra round trip, and no session can run without
+/// them), and TCP keepalives unless the URL chose its own.
 fn bound_sessions(pg: &mut tokio_postgres::Config, options: &PgOptions, driver_keys: &[String]) {
     let statement_ms = options
         .statement_timeout_ms
         .clamp(1, STATEMENT_TIMEOUT_MS_MAX);
-    let timeout = format!("-c statement_timeout={statement_ms}");
+    let mut settings = format!("-c statement_timeout={statement_ms}");
+    for (name, value) in PLANNER_SETTINGS {
+        settings.push_str(&format!(" -c {name}={value}"));
+    }
     let startup = match pg.get_options() {
-        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {timeout}"),
-        _ => timeout,
+        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {settings}"),
+        _ => settings,
     };
     pg.options(startup);
     let unset = |key: &str| !driver_keys.iter().any(|k| k == key);
@@ -603,7 +618,7 @@ mod tests {
                     assert_eq!(t.operation_timeout.as_millis(), u128::from(operation_ms));
                     assert_eq!(
                         t.pg.get_options(),
-                        Some(format!("-c statement_timeout={statement_ms}").as_str()),
+                        Some(startup(&format!("-c statement_timeout={statement_ms}")).as_str()),
                         "{url}"
                     );
                     assert_eq!(t.pool_size, pool_size, "{url}");
@@ -662,6 +677,15 @@ mod tests {
         });
     }
 
+    /// The startup options a session gets: `first`, then the planner's.
+    fn startup(first: &str) -> String {
+        let planner: Vec<String> = PLANNER_SETTINGS
+            .iter()
+            .map(|(name, value)| format!("-c {name}={value}"))
+            .collect();
+        format!("{first} {}", planner.join(" "))
+    }
+
     #[test]
     fn keeps_the_drivers_own_session_settings() {
         let url = "postgres://app@db/x?options=-c%20search_path%3Dfoo&keepalives_idle=30";
@@ -670,7 +694,7 @@ mod tests {
         };
         assert_eq!(
             t.pg.get_options(),
-            Some("-c search_path=foo -c statement_timeout=5000")
+            Some(startup("-c search_path=foo -c statement_timeout=5000").as_str())
         );
         assert_eq!(t.pg.get_keepalives_idle(), Duration::from_secs(30));
         assert_eq!(t.pg.get_keepalives_interval(), Some(Duration::from_secs(5)));
@@ -693,7 +717,10 @@ mod tests {
             assert_eq!(t.pool_size, got, "pool_size {asked}");
             assert_eq!(t.timeout, Duration::from_millis(1));
             assert_eq!(t.operation_timeout, Duration::from_millis(1));
-            assert_eq!(t.pg.get_options(), Some("-c statement_timeout=600000"));
+            assert_eq!(
+                t.pg.get_options(),
+                Some(startup("-c statement_timeout=600000").as_str())
+            );
         }
     }
 }

@@ -22,7 +22,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::db_clock::DbClock;
 use crate::error;
 use crate::row::{self, Columns, Param, int};
-use crate::schema::{Planning, Schema, now_param};
+use crate::schema::{Schema, now_param};
 
 /// How many times a claim retries when the record it conflicted with is
 /// gone before it could be locked (released or purged in between).
@@ -46,25 +46,25 @@ pub(crate) enum Exec<'a, 't> {
 }
 
 impl Exec<'_, '_> {
+    /// On the store's own connections `sql` is prepared once per
+    /// connection and run from its generic plan (`config::PLANNER_SETTINGS`);
+    /// in the caller's transaction it is a typed statement.
     async fn query(
         &self,
         sql: &str,
         params: &[Param<'_>],
-        planning: Planning,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let values = || -> Vec<&(dyn ToSql + Sync)> { params.iter().map(|(v, _)| *v).collect() };
-        match (self, planning) {
-            (Exec::Pooled(client), Planning::Cached) => {
+        match self {
+            Exec::Pooled(client) => {
                 let stmt = client.prepare_cached(sql).await?;
                 client.query(&stmt, &values()).await
             }
-            (Exec::Pooled(client), Planning::PerCall) => client.query_typed(sql, params).await,
-            (Exec::PooledTx(tx), Planning::Cached) => {
+            Exec::PooledTx(tx) => {
                 let stmt = tx.prepare_cached(sql).await?;
                 tx.query(&stmt, &values()).await
             }
-            (Exec::PooledTx(tx), Planning::PerCall) => tx.query_typed(sql, params).await,
-            (Exec::Foreign(tx), _) => tx.query_typed(sql, params).await,
+            Exec::Foreign(tx) => tx.query_typed(sql, params).await,
         }
     }
 }
@@ -139,15 +139,14 @@ impl Ctx {
             .map_err(|e| self.error(&e))
     }
 
-    /// `sql` on `exec`, planned as the schema says it is
-    /// ([`Schema::planning`]); the server's error as it came.
+    /// `sql` on `exec`; the server's error as it came.
     async fn run(
         &self,
         exec: &Exec<'_, '_>,
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        exec.query(sql, params, self.schema.planning(sql)).await
+        exec.query(sql, params).await
     }
 
     /// A value of a row this store wrote that does not read back.

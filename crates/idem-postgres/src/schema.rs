@@ -209,36 +209,7 @@ pub(crate) struct Schema {
     pub(crate) select_at_now: String,
 }
 
-/// How a statement run on a pooled connection is planned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Planning {
-    /// Prepared once per connection and reused; after a few calls
-    /// PostgreSQL may keep one generic plan. Right for statements that
-    /// find their rows by the primary key, whose best plan never changes.
-    Cached,
-    /// Planned with each call's own values, as an unnamed statement (still
-    /// one round trip). For statements that join input arrays against
-    /// `records`: a generic plan made while the table was small scans the
-    /// whole table on every later call (measured: a hash join over a
-    /// sequential scan of `records` for every batch of completions, its
-    /// cost growing with the table), while a plan made with the call's
-    /// arrays reads each input row through the primary key.
-    PerCall,
-}
-
 impl Schema {
-    /// How `sql`, one of these statements, is planned on a pooled
-    /// connection: per call for those that join input arrays against
-    /// `records`, prepared once for the others (`src/plans.rs` checks both).
-    pub(crate) fn planning(&self, sql: &str) -> Planning {
-        let per_call = [&self.complete_batch, &self.delete];
-        if per_call.iter().any(|s| std::ptr::eq(s.as_str(), sql)) {
-            Planning::PerCall
-        } else {
-            Planning::Cached
-        }
-    }
-
     /// Every statement run on the pooled connections, by name, for the
     /// plan check (`src/plans.rs`). The fields are taken apart one by one
     /// so that a statement added to `Schema` does not compile until it is
