@@ -92,12 +92,14 @@ fn a_scan_without_an_index_condition_reads_in_full() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_statement_reads_every_record_in_its_generic_plan() {
-    let guard = SchemaGuard::new();
-    let store = guard.store(None).await;
-    drop(store);
-    // A session as the store opens one: its startup settings included.
+/// A session as the store opens one, its startup settings included, with
+/// `guard`'s schema first on the search path.
+async fn store_session(
+    guard: &SchemaGuard,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
     let target = match config::target(&support::url(), &PgOptions::default()) {
         Ok(target) => target,
         Err(e) => panic!("{}: {e}", support::url()),
@@ -107,11 +109,20 @@ async fn no_statement_reads_every_record_in_its_generic_plan() {
         Err(e) => panic!("cannot connect to {}: {e}", support::url()),
     };
     let connection = tokio::spawn(connection);
-    let schema = Schema::new(guard.name());
     client
         .batch_execute(&format!("SET search_path = {}", guard.name()))
         .await
         .unwrap_or_else(|e| panic!("cannot set up the session: {e}"));
+    (client, connection)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_statement_reads_every_record_in_its_generic_plan() {
+    let guard = SchemaGuard::new();
+    let store = guard.store(None).await;
+    drop(store);
+    let (client, connection) = store_session(&guard).await;
+    let schema = Schema::new(guard.name());
     let mode = client
         .query_one("SHOW plan_cache_mode", &[])
         .await
@@ -130,6 +141,77 @@ async fn no_statement_reads_every_record_in_its_generic_plan() {
         "statements whose generic plan, made on an empty table, reads every record \
          (reach records by an index):\n{}",
         full_reads.join("\n\n")
+    );
+    drop(client);
+    let _ = connection.await;
+}
+
+/// The purge's generic plan, made by its first call on a new, empty table,
+/// once many records are due: each scan of `records` yields at most the
+/// batch asked for, where a plan that collected every due record and then
+/// kept the batch's would read them all on every call (a backlog of a
+/// million expired records read a million times over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_reads_only_its_batch_of_many_due_records() {
+    const BATCH: u64 = 100;
+    const DUE: u64 = 2_000;
+    let guard = SchemaGuard::new();
+    let store = guard.store(None).await;
+    drop(store);
+    let (client, connection) = store_session(&guard).await;
+    let schema = Schema::new(guard.name());
+    let run = |sql: String| {
+        let client = &client;
+        async move {
+            client
+                .simple_query(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        }
+    };
+    run(format!("PREPARE purge AS {}", schema.purge)).await;
+    run(format!("EXECUTE purge(NULL, {BATCH})")).await;
+    run(format!(
+        "INSERT INTO records (scope, key, fingerprint, state, token, owner, lease_until_ms, \
+         created_at_ms, completed_at_ms, expires_at_ms, retention_s, tombstone_s, \
+         result_status, result_headers, result_body) \
+         SELECT 'POST /payouts|t', 'k-' || g, '\\x00', 'completed', g, 'o', 0, 0, 0, g, 1, 1, \
+         201, '[]', '\\x00' FROM generate_series(1, {DUE}) AS g"
+    ))
+    .await;
+    let explained = run(format!(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE purge(NULL, {BATCH})"
+    ))
+    .await;
+    let plan: Vec<String> = explained
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    let plan = plan.join("\n");
+    let mut scans = 0;
+    for line in plan
+        .lines()
+        .filter(|l| l.contains("Scan") && l.contains(" on records"))
+    {
+        scans += 1;
+        let rows: u64 = line
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no actual rows in {line:?}:\n{plan}"));
+        assert!(
+            rows <= BATCH,
+            "a scan of records yields {rows} rows for a batch of {BATCH} out of {DUE} due:\n{plan}"
+        );
+    }
+    assert!(scans > 0, "no scan of records in:\n{plan}");
+    assert!(
+        plan.contains(&format!("rows={BATCH} ")),
+        "the batch was not read whole:\n{plan}"
     );
     drop(client);
     let _ = connection.await;

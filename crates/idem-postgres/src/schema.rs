@@ -188,8 +188,10 @@ pub(crate) struct Schema {
     pub(crate) get: String,
     /// Purge candidates, the longest due first (`decision::purge_due`),
     /// then in (scope, key) order: the first `$2` of each state read from
-    /// its partial index, merged, then locked and checked again as they
-    /// are after the lock; with the time.
+    /// its partial index, merged, then each looked up by its key, locked
+    /// and checked again as it is after the lock; with the time. The
+    /// lookup is a lateral subquery with its own lock, so that no plan can
+    /// read every due record to find the batch's.
     pub(crate) purge: String,
     /// Appends one resolution, numbered after the record's last, and drops
     /// the record's entries older than its newest `$9`.
@@ -403,12 +405,13 @@ impl Schema {
                  WHERE r.state = 'tombstone' AND r.tombstone_until_ms <= (SELECT ms FROM now) \
                  ORDER BY r.tombstone_until_ms, r.scope, r.key LIMIT $2)) AS both_states \
                  ORDER BY at, scope, key LIMIT $2) \
-                 SELECT now.ms, {} FROM {s}.records r \
-                 JOIN due ON r.scope = due.scope AND r.key = due.key, now \
-                 WHERE (r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
-                    OR (r.state = 'completed' AND r.expires_at_ms <= now.ms) \
-                 ORDER BY due.at, r.scope, r.key FOR UPDATE OF r",
-                COLUMNS.map(|c| format!("r.{c}")).join(", ")
+                 SELECT now.ms, r.* FROM due CROSS JOIN now CROSS JOIN LATERAL (\
+                 SELECT {cols} FROM {s}.records AS r \
+                 WHERE r.scope = due.scope AND r.key = due.key \
+                 AND ((r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
+                  OR (r.state = 'completed' AND r.expires_at_ms <= now.ms)) \
+                 FOR UPDATE) AS r \
+                 ORDER BY due.at, r.scope, r.key"
             ),
             journal_append: format!(
                 "WITH appended AS (\
