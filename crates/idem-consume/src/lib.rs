@@ -77,11 +77,13 @@
 //! # }
 //! ```
 
+mod intent;
 mod message;
 mod run;
 mod template;
 
-pub use message::{IntentSpec, Message, PayloadFingerprint, PayloadFormat};
+pub use intent::{IntentSpec, PayloadFingerprint, PayloadFormat};
+pub use message::Message;
 pub use run::{
     Attempt, Done, IN_FLIGHT_RETRY_MS_MIN, Intent, Outcome, RELEASED_RETRY_MS, RejectReason, Reply,
     RetryReason, RunOnce, STORE_RETRY_MS, Sink,

@@ -49,6 +49,7 @@ mod problem;
 mod request;
 mod route;
 mod service;
+mod setting;
 mod settle;
 mod trace;
 mod wait;
@@ -69,12 +70,13 @@ pub use principal::{
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
-    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteError, RouteSpec, RouteWait,
+    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteSpec, RouteWait,
 };
 pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
     RESPONSE_BYTES_MAX, read_body,
 };
+pub use setting::RouteError;
 pub use settle::SettleOnRetry;
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemKind};
-use crate::route::RouteError;
+use crate::setting::RouteError;
 
 /// The principal used when none of the credential headers is present.
 pub const ANONYMOUS: &str = "anonymous";

@@ -63,11 +63,6 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<Strin
     Ok((scope, value))
 }
 
-/// A short digest of the scope, for key templates that prefix it.
-pub(crate) fn scope_digest(scope: &Scope) -> String {
-    to_hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
-}
-
 /// The request's fingerprint in the current canonical form (version 2),
 /// per the route's declarations.
 pub(crate) fn fingerprint(

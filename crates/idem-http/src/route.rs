@@ -2,19 +2,19 @@
 //! ([`RouteSpec`], what a config file holds) and validated once into
 //! [`Route`], so the request path never meets an invalid setting.
 
-use std::fmt;
-
 use http::{HeaderName, Method};
 use idem_core::{
     CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope,
+    to_hex,
 };
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::completion::CompletionSpec;
 use crate::gate::RegionsSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
-use crate::request;
+use crate::setting::RouteError;
 use crate::wait::WAIT_MS_LIMIT;
 
 /// The default limit on a request body, in bytes (1 MiB).
@@ -187,15 +187,6 @@ enum TemplatePart {
     ScopeDigest,
 }
 
-/// A route setting that is invalid: which field, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RouteError {
-    /// The field, as named in the config file.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
 impl Route {
     /// Validates a declared route, applying defaults.
     pub fn new(spec: &RouteSpec) -> Result<Route, RouteError> {
@@ -364,7 +355,7 @@ impl Route {
     /// what a lookup must ask for.
     pub fn forwarded_key(&self, id: &RecordId) -> String {
         self.forward_template
-            .render(id.key.as_str(), &request::scope_digest(&id.scope))
+            .render(id.key.as_str(), &scope_digest(&id.scope))
     }
 
     /// Whether [`Route::forwarded_key`] differs between two scopes with the
@@ -483,6 +474,11 @@ impl KeyTemplate {
             })
             .collect()
     }
+}
+
+/// A short digest of the scope, for key templates that prefix it.
+pub(crate) fn scope_digest(scope: &Scope) -> String {
+    to_hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
 }
 
 fn err(field: &'static str, reason: String) -> RouteError {
@@ -644,14 +640,6 @@ fn fingerprint_header_names(names: &[String]) -> Result<Vec<HeaderName>, RouteEr
         None => Ok(names),
     }
 }
-
-impl fmt::Display for RouteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for RouteError {}
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::metrics::StoreOp;
 use crate::problem::ProblemKind;
-use crate::request;
+use crate::route;
 
 /// The longest `tracestate` (all fields joined) passed on, in bytes; a
 /// longer one is dropped, the `traceparent` kept.
@@ -179,7 +179,7 @@ pub(crate) fn record_forward<B, E>(span: &Span, outcome: &Result<Response<B>, E>
 /// hashed only when some subscriber wants the span.
 fn with_scope_digest(span: Span, id: &RecordId) -> Span {
     if !span.is_disabled() {
-        span.record("idem.scope_digest", request::scope_digest(&id.scope));
+        span.record("idem.scope_digest", route::scope_digest(&id.scope));
     }
     span
 }

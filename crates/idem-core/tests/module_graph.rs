@@ -1,0 +1,305 @@
+//! Inside every crate of the workspace, the modules import one another one
+//! way: no module reaches, through `crate::` paths in its non-test code,
+//! a module that reaches back to it. A circle makes each of its modules
+//! impossible to read or change without the others; this finds one as
+//! soon as it is written, in any crate.
+//!
+//! A module is a top-level `mod` of the crate's `lib.rs` or `main.rs` (its
+//! submodules count as part of it). A name the crate root re-exports
+//! (`pub use module::{Name, ...}`) counts as its module. Comments and
+//! `#[cfg(test)]` items are left out: tests may import what they test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of `text` without comments and without the items marked
+/// `#[cfg(test)]` (up to the closing brace at the attribute's indentation,
+/// or the item's `;`).
+fn non_test_code(text: &str) -> String {
+    let mut kept = String::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        if trimmed.starts_with("#[cfg(test)]") {
+            let indent = &line[..line.len() - trimmed.len()];
+            let closing = format!("{indent}}}");
+            for item in lines.by_ref() {
+                let item_trimmed = item.trim_start();
+                if item_trimmed.starts_with("#[") {
+                    continue;
+                }
+                if item.trim_end().ends_with(';') && !item.contains('{') || item == closing {
+                    break;
+                }
+            }
+            continue;
+        }
+        let code = line.split(" //").next().unwrap_or(line);
+        kept.push_str(code);
+        kept.push('\n');
+    }
+    kept
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The first path segment of every `crate::` path in `code`, braces
+/// opened: `crate::a::B`, `crate::{a::B, C}` give `a`, `a` and `C`.
+fn crate_paths(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(is_ident) {
+            continue;
+        }
+        if let Some(list) = rest.strip_prefix('{') {
+            let mut depth = 1;
+            let mut item_start = true;
+            let mut name = String::new();
+            for c in list.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 1 => item_start = true,
+                    _ => {}
+                }
+                if depth == 0 {
+                    if !name.is_empty() {
+                        found.push(std::mem::take(&mut name));
+                    }
+                    break;
+                }
+                if item_start && is_ident(c) {
+                    name.push(c);
+                } else if !name.is_empty() {
+                    found.push(std::mem::take(&mut name));
+                    item_start = false;
+                }
+            }
+        } else {
+            let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+            if !name.is_empty() {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
+/// The crate root's modules not marked `#[cfg(test)]`, and the names it
+/// re-exports from each.
+fn root(root_code: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
+    let mut modules = BTreeSet::new();
+    let mut reexports = BTreeMap::new();
+    let code = non_test_code(root_code);
+    for statement in code.split(';') {
+        let statement = statement.trim();
+        let words: Vec<&str> = statement.split_whitespace().collect();
+        let after_pub = match words.first() {
+            Some(w) if w.starts_with("pub") => &words[1..],
+            _ => &words[..],
+        };
+        if after_pub.first() == Some(&"mod") && after_pub.len() == 2 {
+            modules.insert(after_pub[1].to_owned());
+        }
+        if let Some(path) = statement
+            .strip_prefix("pub use ")
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+        {
+            let (module, names) = path.split_once("::").unwrap_or((path, ""));
+            let names = names.trim_start_matches('{').trim_end_matches('}');
+            for name in names.split(',') {
+                let name = name.trim().rsplit(" as ").next().unwrap_or("").trim();
+                if !name.is_empty() && name.chars().all(is_ident) {
+                    reexports.insert(name.to_owned(), module.trim().to_owned());
+                }
+            }
+        }
+    }
+    (modules, reexports)
+}
+
+/// The module circles of the crate whose `src` is `src`, each as the list
+/// of its modules.
+fn circles(src: &Path) -> Vec<Vec<String>> {
+    let root_file = [src.join("lib.rs"), src.join("main.rs")]
+        .into_iter()
+        .find(|p| p.exists());
+    let Some(root_file) = root_file else {
+        return Vec::new();
+    };
+    let root_code = fs::read_to_string(&root_file).unwrap_or_default();
+    let (modules, reexports) = root(&root_code);
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(src).unwrap_or(&file);
+        let first = relative
+            .components()
+            .next()
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        if !modules.contains(&first) {
+            continue;
+        }
+        let code = non_test_code(&fs::read_to_string(&file).unwrap_or_default());
+        for name in crate_paths(&code) {
+            let target = reexports.get(&name).cloned().unwrap_or(name);
+            if target != first && modules.contains(&target) {
+                edges.entry(first.clone()).or_default().insert(target);
+            }
+        }
+    }
+    // A circle: modules that reach one another. Small graphs: for each pair
+    // of modules, whether each reaches the other.
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.to_owned()];
+        while let Some(m) = stack.pop() {
+            for next in edges.get(&m).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for module in &modules {
+        let reached = reach(module);
+        if !reached.contains(module) {
+            continue;
+        }
+        let circle: Vec<String> = reached
+            .iter()
+            .filter(|other| reach(other).contains(module))
+            .cloned()
+            .collect();
+        if !found.contains(&circle) {
+            found.push(circle);
+        }
+    }
+    found
+}
+
+/// Circles found when this check was written and not broken yet: the
+/// check fails on any other, and on one of these once it is gone, so that
+/// the list only shrinks.
+const OPEN_CIRCLES: [&str; 3] = [
+    "idem-core: store <-> verdict <-> window",
+    "idem-gateway: config <-> console <-> contracts <-> regions",
+    "idem-sqlite: checkpoint <-> row <-> schema <-> window <-> writer",
+];
+
+#[test]
+fn every_crates_modules_import_one_another_one_way() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut report = Vec::new();
+    let mut checked = 0;
+    for entry in fs::read_dir(&crates)
+        .expect("the workspace's crates folder")
+        .flatten()
+    {
+        let src = entry.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        checked += 1;
+        for circle in circles(&src) {
+            report.push(format!(
+                "{}: {}",
+                entry.file_name().to_string_lossy(),
+                circle.join(" <-> ")
+            ));
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} crates found under {}",
+        crates.display()
+    );
+    let new: Vec<&String> = report
+        .iter()
+        .filter(|c| !OPEN_CIRCLES.contains(&c.as_str()))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "modules that import one another in a circle:\n{}",
+        new.iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let broken: Vec<&str> = OPEN_CIRCLES
+        .into_iter()
+        .filter(|c| !report.iter().any(|r| r == c))
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "circles no longer found; take them off OPEN_CIRCLES:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn a_circle_is_found_through_paths_lists_and_reexports() {
+    let dir = std::env::temp_dir().join(format!("idem-module-graph-{}", std::process::id()));
+    let src = dir.join("src");
+    fs::create_dir_all(src.join("c")).expect("a temporary folder");
+    let write = |name: &str, text: &str| fs::write(src.join(name), text).expect("a test file");
+    write(
+        "lib.rs",
+        "mod a;\nmod b;\nmod c;\n#[cfg(test)]\nmod helpers;\npub use b::{Bee, Other as Renamed};\n",
+    );
+    // a -> b by a re-exported name in a list; b -> c by a path; c's
+    // submodule -> a; a comment and a test item name a module too.
+    write("a.rs", "use crate::{Bee};\n// crate::c::x\n");
+    write(
+        "b.rs",
+        "pub struct Bee;\npub struct Other;\nfn f() { crate::c::g(); }\n",
+    );
+    write(
+        "c.rs",
+        "mod inner;\npub fn g() {}\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n",
+    );
+    write("c/inner.rs", "use crate::a as _;\n");
+    write("helpers.rs", "use crate::a;\n");
+    let found = circles(&src);
+    assert_eq!(
+        found,
+        vec![vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]]
+    );
+    // Without the submodule's import there is no circle.
+    write("c/inner.rs", "// use crate::a;\n");
+    assert!(circles(&src).is_empty(), "{:?}", circles(&src));
+    let _ = fs::remove_dir_all(&dir);
+}
