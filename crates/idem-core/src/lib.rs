@@ -70,6 +70,7 @@ mod record;
 mod replay_cache;
 mod scope;
 mod store;
+mod store_error;
 mod time;
 pub mod verdict;
 pub mod window;
@@ -93,9 +94,10 @@ pub use record::{
 pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
-    DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError,
-    StoreFuture, WakeFn, WindowFn,
+    DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreFuture,
+    WakeFn, WindowFn,
 };
+pub use store_error::StoreError;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use window::{SuspectWindow, Verification, VerifyFresh, WindowOpening, WindowWatch};
 pub use wrap::StoreWrapper;

@@ -9,7 +9,8 @@ use crate::record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult,
     Token,
 };
-use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreError, StoreFuture};
+use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreFuture};
+use crate::store_error::StoreError;
 use crate::window::{SuspectWindow, WindowOpening};
 use crate::{Clock, State, Timestamp};
 

@@ -215,21 +215,16 @@ impl WindowWatch {
         held.clone().filter(|w| w.is_open(now))
     }
 
-    /// Reads the store's window into the watch; returns it when it is open
+    /// Takes the window the store was just read to hold
+    /// (`Store::suspect_window`) into the watch; returns it when it is open
     /// and newer than the one the watch held (a window opened elsewhere,
     /// for the caller to say so).
-    pub async fn refresh(
-        &self,
-        store: &dyn crate::Store,
-        now: Timestamp,
-    ) -> Result<Option<SuspectWindow>, crate::StoreError> {
-        let Some(window) = store.suspect_window().await? else {
-            return Ok(None);
-        };
+    pub fn observe(&self, read: Option<SuspectWindow>, now: Timestamp) -> Option<SuspectWindow> {
+        let window = read?;
         let newer = self.last().is_none_or(|held| held.version < window.version);
         let news = (newer && window.is_open(now)).then(|| window.clone());
         self.set(Some(window));
-        Ok(news)
+        news
     }
 
     /// The window last seen, open or not.

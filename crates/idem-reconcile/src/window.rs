@@ -42,9 +42,12 @@ pub async fn keep_current(store: Arc<dyn Store>, window: Arc<WindowWatch>, stop:
 }
 
 async fn refresh(store: &dyn Store, window: &WindowWatch) {
-    match window.refresh(store, SystemClock.now()).await {
-        Ok(Some(opened)) => warn_opened(&opened),
-        Ok(None) => {}
+    match store.suspect_window().await {
+        Ok(read) => {
+            if let Some(opened) = window.observe(read, SystemClock.now()) {
+                warn_opened(&opened);
+            }
+        }
         Err(e) => tracing::warn!(error = %e, "cannot read the store's suspect window"),
     }
 }

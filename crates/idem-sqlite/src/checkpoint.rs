@@ -29,7 +29,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use rusqlite::Connection;
 use rusqlite::wal::CheckpointMode;
 
-use crate::writer::Counters;
+use crate::counters::Counters;
 
 /// WAL pages after which the checkpointer is woken. Hot pages are
 /// rewritten in many commits, and a longer interval copies each one back

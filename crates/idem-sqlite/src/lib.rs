@@ -79,6 +79,7 @@
 
 mod backup;
 mod checkpoint;
+mod counters;
 mod reader;
 mod row;
 mod schema;
@@ -97,8 +98,9 @@ use idem_core::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::counters::Counters;
 use crate::reader::ReadOp;
-use crate::writer::{Counters, Death, Op, Reply, Writer};
+use crate::writer::{Death, Op, Reply, Writer};
 
 pub use backup::{BackupReport, RestoreReport, backup, restore};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};

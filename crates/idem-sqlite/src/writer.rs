@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use idem_core::decision::{self, Write};
@@ -18,6 +18,7 @@ use idem_core::{
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::counters::Counters;
 use crate::row;
 use crate::schema;
 use crate::window;
@@ -81,20 +82,6 @@ impl Op {
             Op::Claim { .. } | Op::Complete { .. } | Op::Release { .. } | Op::MarkAmbiguous { .. }
         )
     }
-}
-
-/// Batches and operations the writer has run, shared with the store handle.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) batches: AtomicU64,
-    pub(crate) ops: AtomicU64,
-    /// WAL checkpoints the checkpointer thread ran.
-    pub(crate) checkpoints: AtomicU64,
-    /// Checkpoints the writer ran in a commit, the WAL at its bound.
-    pub(crate) inline_checkpoints: AtomicU64,
-    /// The few pages the checkpointer had left, copied by the writer so
-    /// that the WAL restarts.
-    pub(crate) catch_ups: AtomicU64,
 }
 
 /// Why the writer stopped, set once by the writer thread when it panicked;
