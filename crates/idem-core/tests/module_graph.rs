@@ -29,8 +29,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The code of `text` without comments and without the items marked
-/// `#[cfg(test)]` (up to the closing brace at the attribute's indentation,
-/// or the item's `;`).
+/// `#[cfg(test)]`: the attribute's item runs to its `;` or to the brace
+/// that closes the first one it opens.
 fn non_test_code(text: &str) -> String {
     let mut kept = String::new();
     let mut lines = text.lines();
@@ -40,14 +40,24 @@ fn non_test_code(text: &str) -> String {
             continue;
         }
         if trimmed.starts_with("#[cfg(test)]") {
-            let indent = &line[..line.len() - trimmed.len()];
-            let closing = format!("{indent}}}");
+            let mut depth = 0usize;
+            let mut opened = false;
             for item in lines.by_ref() {
-                let item_trimmed = item.trim_start();
-                if item_trimmed.starts_with("#[") {
+                let code = item.split("//").next().unwrap_or(item);
+                if !opened && code.trim_start().starts_with("#[") {
                     continue;
                 }
-                if item.trim_end().ends_with(';') && !item.contains('{') || item == closing {
+                for c in code.chars() {
+                    match c {
+                        '{' => {
+                            depth += 1;
+                            opened = true;
+                        }
+                        '}' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                }
+                if (opened && depth == 0) || (!opened && code.trim_end().ends_with(';')) {
                     break;
                 }
             }
@@ -250,7 +260,7 @@ fn circles(src: &Path) -> Vec<Vec<String>> {
 /// Circles found when this check was written and not broken yet: the
 /// check fails on any other, and on one of these once it is gone, so that
 /// the list only shrinks.
-const OPEN_CIRCLES: [&str; 1] = ["idem-gateway: config <-> console <-> contracts <-> regions"];
+const OPEN_CIRCLES: [&str; 1] = ["idem-gateway: config <-> console <-> contracts"];
 #[test]
 fn every_crates_modules_import_one_another_one_way() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -322,7 +332,7 @@ fn a_circle_is_found_through_paths_lists_and_reexports() {
     );
     write(
         "c.rs",
-        "mod inner;\npub fn g() {}\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n",
+        "#[cfg(test)]\nfn t() { crate::b::f(); }\nmod inner;\npub fn g() {}\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n",
     );
     write("c/inner.rs", "use crate::a as _;\n");
     write("helpers.rs", "use crate::a;\n");
