@@ -280,6 +280,21 @@ impl Metrics {
         self.claims[decision as usize].load(Ordering::Relaxed)
     }
 
+    /// `idem_claims_total` summed over every decision.
+    pub fn claims_total(&self) -> u64 {
+        sum(&self.claims)
+    }
+
+    /// `idem_problems_total` summed over every type.
+    pub fn problems_total(&self) -> u64 {
+        sum(&self.problems)
+    }
+
+    /// `idem_completions_total` summed over every outcome.
+    pub fn completions_total(&self) -> u64 {
+        sum(&self.completions)
+    }
+
     /// The current value of `idem_fenced_writes_total`.
     pub fn fenced_writes(&self) -> u64 {
         self.fenced_writes.load(Ordering::Relaxed)
@@ -549,6 +564,14 @@ impl Histogram {
     }
 }
 
+/// The counters of one labelled family, added up.
+fn sum(counters: &[AtomicU64]) -> u64 {
+    counters
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .fold(0, u64::saturating_add)
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -633,6 +656,49 @@ mod tests {
         );
         assert_eq!(value(&text, "idem_late_replays_total"), Some(1.0));
         assert_eq!(value(&text, "idem_marked_ambiguous_total"), Some(1.0));
+    }
+
+    #[test]
+    fn the_totals_are_the_sums_of_the_rendered_families() {
+        let m = Metrics::new();
+        for claim in [
+            Claim::OutcomeUnknown {
+                newly_marked: false,
+            },
+            Claim::OutcomeUnknown { newly_marked: true },
+        ] {
+            m.claim(&claim);
+        }
+        for kind in [
+            ProblemKind::KeyExpired,
+            ProblemKind::KeyReused,
+            ProblemKind::KeyExpired,
+        ] {
+            m.problem(kind);
+        }
+        // Distinct counts per family, so that no family's total can stand
+        // for another's.
+        for completion in [
+            Completion::Final,
+            Completion::Release,
+            Completion::Unknown,
+            Completion::Final,
+        ] {
+            m.completion(completion);
+        }
+        let text = m.render();
+        let family = |name: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+                .sum()
+        };
+        assert_eq!((m.claims_total(), family("idem_claims_total")), (2, 2));
+        assert_eq!((m.problems_total(), family("idem_problems_total")), (3, 3));
+        assert_eq!(
+            (m.completions_total(), family("idem_completions_total")),
+            (4, 4)
+        );
     }
 
     #[test]

@@ -51,26 +51,14 @@ pub(crate) struct Samples {
 }
 
 impl Totals {
-    /// The totals `metrics` renders now. Read from the Prometheus text
-    /// because it is the one place every labelled family is summed over
-    /// its closed label set.
+    /// The totals `metrics` holds now.
     pub(crate) fn of(metrics: &Metrics) -> Totals {
-        let mut totals = Totals::default();
-        for line in metrics.render().lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let name = series.split('{').next().unwrap_or(series);
-            let slot = match name {
-                "idem_claims_total" => &mut totals.decisions,
-                "idem_problems_total" => &mut totals.problems,
-                "idem_completions_total" => &mut totals.completions,
-                "idem_late_replays_total" => &mut totals.late_replays,
-                _ => continue,
-            };
-            *slot += value.parse::<u64>().unwrap_or(0);
+        Totals {
+            decisions: metrics.claims_total(),
+            problems: metrics.problems_total(),
+            completions: metrics.completions_total(),
+            late_replays: metrics.late_replays(),
         }
-        totals
     }
 }
 
