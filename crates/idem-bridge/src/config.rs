@@ -33,7 +33,9 @@ use idem_consume::{IntentSpec, KeyTemplate, PayloadFingerprint};
 use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
 use idem_gateway::StoreUrl;
 use idem_http::CompletionSpec;
-use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
+use idem_reconcile::{
+    ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
+};
 use serde::Deserialize;
 
 use idem_broker::nats::NatsConfig;
@@ -82,7 +84,7 @@ pub struct FileConfig {
     pub subscriptions: Vec<SubscriptionSpec>,
     /// How ambiguous records are looked up, per subscription name.
     #[serde(default, rename = "lookup")]
-    pub lookups: Vec<LookupEntry>,
+    pub lookups: Vec<LookupSpec>,
     /// Reconciler settings.
     pub reconcile: Option<ReconcileSpec>,
 }
@@ -148,29 +150,6 @@ pub struct SubscriptionSpec {
     pub nats: Option<NatsConfig>,
     /// A RabbitMQ queue (`[subscription.rabbitmq]`).
     pub rabbitmq: Option<RabbitConfig>,
-}
-
-/// One `[[lookup]]`: the subscription whose ambiguous records it resolves,
-/// and the lookup request (the fields of [`LookupSpec`]).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LookupEntry {
-    /// The `name` of the subscription.
-    pub subscription: String,
-    /// See [`LookupSpec::method`].
-    pub method: Option<String>,
-    /// See [`LookupSpec::url`]; `{forwarded_key}` is the delivered key.
-    pub url: Option<String>,
-    /// See [`LookupSpec::found`].
-    pub found: Option<Vec<u16>>,
-    /// See [`LookupSpec::not_found`].
-    pub not_found: Option<Vec<u16>>,
-    /// See [`LookupSpec::headers`].
-    pub headers: Option<Vec<(String, String)>>,
-    /// See [`LookupSpec::timeout_ms`].
-    pub timeout_ms: Option<u64>,
-    /// See [`LookupSpec::connect_timeout_ms`].
-    pub connect_timeout_ms: Option<u64>,
 }
 
 /// A validated subscription.
@@ -318,18 +297,21 @@ impl ConsumeConfig {
         let mut lookups = Vec::with_capacity(file.lookups.len());
         for (i, entry) in file.lookups.iter().enumerate() {
             let at = |field: &str| format!("lookup[{i}].{field}");
-            if !subscriptions.iter().any(|s| s.name == entry.subscription) {
+            let served = entry
+                .target(LookupTarget::Subscription)
+                .map_err(|(field, why)| (at(field), why))?;
+            if !subscriptions.iter().any(|s| s.name == served) {
                 return Err((
                     at("subscription"),
-                    format!("no [[subscription]] is named {:?}", entry.subscription),
+                    format!("no [[subscription]] is named {served:?}"),
                 ));
             }
             // The reference delivered for a record is its key.
             let forwarded: ForwardedKey =
                 std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
-            let lookup = Lookup::new(&entry.spec(), forwarded)
-                .map_err(|e| (at(e.field), e.reason.clone()))?;
-            lookups.push((entry.subscription.clone(), lookup));
+            let lookup =
+                Lookup::new(entry, forwarded).map_err(|e| (at(e.field), e.reason.clone()))?;
+            lookups.push((served.to_owned(), lookup));
         }
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| (format!("reconcile.{}", e.field), e.reason.clone()))?;
@@ -569,20 +551,6 @@ fn ranged(
         Ok(v)
     } else {
         Err((field, format!("{v} is outside {lo}–{hi}")))
-    }
-}
-
-impl LookupEntry {
-    fn spec(&self) -> LookupSpec {
-        LookupSpec {
-            method: self.method.clone(),
-            url: self.url.clone(),
-            found: self.found.clone(),
-            not_found: self.not_found.clone(),
-            headers: self.headers.clone(),
-            timeout_ms: self.timeout_ms,
-            connect_timeout_ms: self.connect_timeout_ms,
-        }
     }
 }
 
@@ -953,6 +921,11 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
             (
                 GOOD.replace("subscription = \"payouts\"", "subscription = \"payoust\""),
                 "lookup[0].subscription",
+            ),
+            // A gateway's lookup pasted into a consumer's config.
+            (
+                GOOD.replace("subscription = \"payouts\"", "route = \"payouts\""),
+                "lookup[0].route",
             ),
             (GOOD.replace("{forwarded_key}", "{key}"), "lookup[0].url"),
             (

@@ -12,7 +12,9 @@ use std::time::Duration;
 use http::Uri;
 use idem_core::Policy;
 use idem_http::{Route, RouteSpec, WAIT_MS_LIMIT, WaitLimits};
-use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, ReconcileSettings, ReconcileSpec};
+use idem_reconcile::{
+    ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
+};
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
@@ -140,51 +142,13 @@ pub struct FileConfig {
     pub routes: Vec<RouteSpec>,
     /// How ambiguous records are looked up at the provider, per route name.
     #[serde(default, rename = "lookup")]
-    pub lookups: Vec<LookupEntry>,
+    pub lookups: Vec<LookupSpec>,
     /// Reconciler settings.
     pub reconcile: Option<ReconcileSpec>,
     /// Seconds a console session may sit unused before it ends.
     pub console_session_idle_s: Option<u64>,
     /// Seconds after sign-in a console session ends, however busy.
     pub console_session_absolute_s: Option<u64>,
-}
-
-/// One `[[lookup]]`: the route it serves (by `name`) and the lookup request
-/// (the fields of [`LookupSpec`], spelled out because serde's `flatten`
-/// would silently accept a misspelt field).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LookupEntry {
-    /// The `name` of the route whose ambiguous records this looks up.
-    pub route: String,
-    /// See [`LookupSpec::method`].
-    pub method: Option<String>,
-    /// See [`LookupSpec::url`].
-    pub url: Option<String>,
-    /// See [`LookupSpec::found`].
-    pub found: Option<Vec<u16>>,
-    /// See [`LookupSpec::not_found`].
-    pub not_found: Option<Vec<u16>>,
-    /// See [`LookupSpec::headers`].
-    pub headers: Option<Vec<(String, String)>>,
-    /// See [`LookupSpec::timeout_ms`].
-    pub timeout_ms: Option<u64>,
-    /// See [`LookupSpec::connect_timeout_ms`].
-    pub connect_timeout_ms: Option<u64>,
-}
-
-impl LookupEntry {
-    fn spec(&self) -> LookupSpec {
-        LookupSpec {
-            method: self.method.clone(),
-            url: self.url.clone(),
-            found: self.found.clone(),
-            not_found: self.not_found.clone(),
-            headers: self.headers.clone(),
-            timeout_ms: self.timeout_ms,
-            connect_timeout_ms: self.connect_timeout_ms,
-        }
-    }
 }
 
 /// Values given on the command line; they win over the file.
@@ -553,17 +517,19 @@ impl GatewayConfig {
             .iter()
             .enumerate()
             .map(|(i, entry)| {
+                let served = entry
+                    .target(LookupTarget::Route)
+                    .map_err(|(field, why)| err(&format!("lookup[{i}].{field}"), why, true))?;
                 let mut named = routes
                     .iter()
                     .enumerate()
-                    .filter(|(_, r)| r.operation_name() == Some(entry.route.as_str()));
+                    .filter(|(_, r)| r.operation_name() == Some(served));
                 let field = format!("lookup[{i}].route");
                 let (r, route) = match (named.next(), named.next()) {
                     (Some(only), None) => only,
                     (None, _) => {
                         let reason = format!(
-                            "no [[route]] has name = {:?}; a lookup serves a named route",
-                            entry.route
+                            "no [[route]] has name = {served:?}; a lookup serves a named route"
                         );
                         return Err(err(&field, reason, true));
                     }
@@ -573,7 +539,7 @@ impl GatewayConfig {
                             "route[{a}] and route[{b}] are both named {:?}; they share their \
                              records, and a lookup asks by one forwarded reference per record, \
                              so it serves a route whose name no other route has",
-                            entry.route
+                            served
                         );
                         return Err(err(&field, reason, true));
                     }
@@ -583,8 +549,7 @@ impl GatewayConfig {
                     return Err(err(
                         &format!("route[{r}].forward_key.template"),
                         format!(
-                            "lookup[{i}] serves route {:?}, but {}; {}",
-                            entry.route,
+                            "lookup[{i}] serves route {served:?}, but {}; {}",
                             tenancy.why,
                             tenancy.change.unwrap_or_default()
                         ),
@@ -593,8 +558,8 @@ impl GatewayConfig {
                 }
                 let route = route.clone();
                 let forwarded: ForwardedKey = Arc::new(move |id| route.forwarded_key(id));
-                Lookup::new(&entry.spec(), forwarded)
-                    .map(|lookup| (entry.route.clone(), lookup))
+                Lookup::new(entry, forwarded)
+                    .map(|lookup| (served.to_owned(), lookup))
                     .map_err(|e| err(&format!("lookup[{i}].{}", e.field), e.reason, true))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -1083,6 +1048,20 @@ mod tests {
     }
 
     #[test]
+    fn a_lookups_header_values_never_show_in_the_files_debug_form() {
+        let text = "[[lookup]]\nroute = \"payouts\"\n\
+                    url = \"http://h/{forwarded_key}\"\n\
+                    headers = [[\"authorization\", \"Bearer s3cret-lookup\"]]\n";
+        let file: FileConfig = match toml::from_str(text) {
+            Ok(file) => file,
+            Err(e) => panic!("{text}: {e}"),
+        };
+        let shown = format!("{file:?}");
+        assert!(shown.contains("authorization"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[test]
     fn lookups_name_a_route_and_every_field_is_checked() {
         let up = Overrides {
             upstream: Some("http://127.0.0.1:9000".into()),
@@ -1120,6 +1099,17 @@ mod tests {
                     "{route}[[lookup]]\nroute = \"payouts\"\nurll = \"http://h/{{forwarded_key}}\""
                 ),
                 "unknown field `urll`",
+            ),
+            // A consumer's lookup pasted into a gateway's config.
+            (
+                format!(
+                    "{route}[[lookup]]\nsubscription = \"payouts\"\nurl = \"http://h/{{forwarded_key}}\""
+                ),
+                "idem.toml: lookup[0].subscription: this config has no [[subscription]]",
+            ),
+            (
+                format!("{route}[[lookup]]\nurl = \"http://h/{{forwarded_key}}\""),
+                "idem.toml: lookup[0].route: missing",
             ),
         ];
         for (text, expect) in cases {

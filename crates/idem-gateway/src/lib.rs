@@ -26,7 +26,7 @@ mod watched;
 
 pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_header};
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LookupEntry, Overrides,
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
     REQUESTS_IN_FLIGHT_MAX_LIMIT, STORE_DEFAULT,
 };

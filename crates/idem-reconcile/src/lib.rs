@@ -65,8 +65,8 @@ mod settings;
 pub mod window;
 
 pub use lookup::{
-    CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, TIMEOUT_MS_DEFAULT,
-    TIMEOUT_MS_MAX, Verdict, scope_parts,
+    CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, LookupTarget,
+    TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, Verdict, scope_parts,
 };
 pub use probe::{Finding, Provider, ProviderFuture};
 pub use reconciler::{

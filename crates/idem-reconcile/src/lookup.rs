@@ -52,6 +52,13 @@ const VALUE_ENCODED: &AsciiSet = &NON_ALPHANUMERIC
 #[derive(Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LookupSpec {
+    /// In `idem serve`'s config: the `name` of the route whose ambiguous
+    /// records this looks up. Read by the config ([`LookupSpec::target`]),
+    /// not by [`Lookup::new`].
+    pub route: Option<String>,
+    /// In `idem consume`'s config: the `name` of the subscription, as
+    /// `route` is for the gateway.
+    pub subscription: Option<String>,
     /// Request method; default `GET`. The request has no body.
     pub method: Option<String>,
     /// `http://host[:port]/path[?query]` with `{forwarded_key}` (required:
@@ -71,6 +78,32 @@ pub struct LookupSpec {
     pub timeout_ms: Option<u64>,
     /// Time allowed to connect, in milliseconds; default 1000, at most `timeout_ms`.
     pub connect_timeout_ms: Option<u64>,
+}
+
+/// What a `[[lookup]]` serves, by the field a config file names it with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupTarget {
+    /// A route of `idem serve`'s config: `route = "name"`.
+    Route,
+    /// A subscription of `idem consume`'s config: `subscription = "name"`.
+    Subscription,
+}
+
+impl LookupTarget {
+    /// The field that names it.
+    pub fn field(self) -> &'static str {
+        match self {
+            LookupTarget::Route => "route",
+            LookupTarget::Subscription => "subscription",
+        }
+    }
+
+    fn owner(self) -> &'static str {
+        match self {
+            LookupTarget::Route => "[[route]]",
+            LookupTarget::Subscription => "[[subscription]]",
+        }
+    }
 }
 
 /// A validated lookup, paired with its route's forwarded key.
@@ -230,10 +263,45 @@ impl fmt::Debug for Lookup {
     }
 }
 
+impl LookupSpec {
+    /// The name of what it serves in a config whose lookups serve
+    /// `target`; otherwise the field at fault and why: the other config's
+    /// field (a lookup copied from the other kind of config), or none.
+    pub fn target(&self, target: LookupTarget) -> Result<&str, (&'static str, String)> {
+        let other = match target {
+            LookupTarget::Route => LookupTarget::Subscription,
+            LookupTarget::Subscription => LookupTarget::Route,
+        };
+        let (own, others) = match target {
+            LookupTarget::Route => (&self.route, &self.subscription),
+            LookupTarget::Subscription => (&self.subscription, &self.route),
+        };
+        if others.is_some() {
+            return Err((
+                other.field(),
+                format!(
+                    "this config has no {}; its lookups name the {} they serve with `{} = \"…\"`",
+                    other.owner(),
+                    target.owner(),
+                    target.field()
+                ),
+            ));
+        }
+        own.as_deref().ok_or_else(|| {
+            (
+                target.field(),
+                format!("missing: name the {} this lookup serves", target.owner()),
+            )
+        })
+    }
+}
+
 impl fmt::Debug for LookupSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names = self.headers.iter().flatten().map(|(n, _)| n.as_str());
         f.debug_struct("LookupSpec")
+            .field("route", &self.route)
+            .field("subscription", &self.subscription)
             .field("method", &self.method)
             .field("url", &self.url)
             .field("found", &self.found)
@@ -431,6 +499,51 @@ fn is_framing(name: &HeaderName) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lookup_names_what_it_serves_by_its_configs_field() {
+        let route = LookupSpec {
+            route: Some("payouts".to_owned()),
+            ..LookupSpec::default()
+        };
+        let subscription = LookupSpec {
+            subscription: Some("payouts".to_owned()),
+            ..LookupSpec::default()
+        };
+        assert_eq!(route.target(LookupTarget::Route), Ok("payouts"));
+        assert_eq!(
+            subscription.target(LookupTarget::Subscription),
+            Ok("payouts")
+        );
+        for (entry, target, field, says) in [
+            (
+                &route,
+                LookupTarget::Subscription,
+                "route",
+                "this config has no [[route]]",
+            ),
+            (
+                &subscription,
+                LookupTarget::Route,
+                "subscription",
+                "has no [[subscription]]",
+            ),
+            (
+                &LookupSpec::default(),
+                LookupTarget::Route,
+                "route",
+                "missing",
+            ),
+        ] {
+            match entry.target(target) {
+                Err((at, why)) => {
+                    assert_eq!(at, field);
+                    assert!(why.contains(says), "{why}");
+                }
+                Ok(name) => panic!("{target:?}: accepted {name:?}"),
+            }
+        }
+    }
     use crate::settings::check_field_errors;
     use idem_core::{IdempotencyKey, Scope};
 
