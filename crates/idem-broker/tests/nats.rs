@@ -5,22 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use idem_broker::nats::{NatsConfig, NatsSubscription};
 use idem_broker::{Delivery, Reason, Subscription};
+use idem_testkit::brokers::nats::{OwnServer, URL};
+use idem_testkit::brokers::unique;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
-
-const SHARED_URL: &str = "nats://127.0.0.1:4222";
 
 /// One test's stream, its subject, and a client to publish and inspect with.
 struct Fixture {
@@ -32,7 +28,7 @@ struct Fixture {
 
 impl Fixture {
     async fn new(url: &str) -> Fixture {
-        let stream = unique_name();
+        let stream = unique("stream");
         let client = async_nats::connect(url).await.unwrap();
         Fixture {
             js: jetstream::new(client),
@@ -79,19 +75,6 @@ impl Fixture {
     }
 }
 
-fn unique_name() -> String {
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "IDEMT_{}_{nanos}_{}",
-        std::process::id(),
-        COUNT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 /// The next delivery, or `None` if none arrives within `wait`.
 async fn next_within(sub: &NatsSubscription, wait: Duration) -> Option<Delivery> {
     let deadline = Instant::now() + wait;
@@ -124,7 +107,7 @@ fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
 
 #[tokio::test]
 async fn an_acked_message_is_not_delivered_again() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(1_000)).await;
     assert_eq!(
         sub.describe(),
@@ -149,7 +132,7 @@ async fn an_acked_message_is_not_delivered_again() {
 
 #[tokio::test]
 async fn a_retried_message_comes_back_not_before_its_delay_counted_twice() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     // ack_wait far longer than the delay: the redelivery is the retry's.
     let sub = f.subscribe(f.config(30_000)).await;
     f.publish(f.topic(1), "again", HeaderMap::new()).await;
@@ -175,7 +158,7 @@ enum Sink {
 }
 
 async fn copy_is_stored_and_the_original_stops(sink: Sink) {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let config = f.config(1_000);
     let (copy_subject, copy_stream) = match sink {
         Sink::DeadLetter => (config.dead_letter_subject(), format!("{}_DLQ", f.stream)),
@@ -243,7 +226,7 @@ async fn a_late_message_is_copied_to_the_late_sink_and_not_redelivered() {
 
 #[tokio::test]
 async fn a_copy_no_stream_stores_fails_and_leaves_the_original_to_come_back() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(1_000)).await;
     // The sink stream vanishes after start: nothing would store the copy.
     f.js.delete_stream(format!("{}_DLQ", f.stream))
@@ -267,7 +250,7 @@ async fn a_copy_no_stream_stores_fails_and_leaves_the_original_to_come_back() {
 
 #[tokio::test]
 async fn a_delivery_lost_in_a_crash_is_redelivered_to_the_next_subscription() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let crashed = f.subscribe(f.config(1_000)).await;
     f.publish(f.topic(1), "survivor", HeaderMap::new()).await;
     let d = next_within(&crashed, Duration::from_secs(10))
@@ -287,7 +270,7 @@ async fn a_delivery_lost_in_a_crash_is_redelivered_to_the_next_subscription() {
 
 #[tokio::test]
 async fn two_subscriptions_on_one_durable_share_the_messages_without_overlap() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let config = NatsConfig {
         prefetch: 2,
         ..f.config(30_000)
@@ -335,7 +318,7 @@ async fn two_subscriptions_on_one_durable_share_the_messages_without_overlap() {
 
 #[tokio::test]
 async fn headers_and_message_id_come_through_as_published() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(5_000)).await;
     let odd = r#"say "hi" — ünïcødé ✓ 'x'"#;
     let headers = header_map(&[
@@ -373,7 +356,7 @@ async fn headers_and_message_id_come_through_as_published() {
 
 #[tokio::test]
 async fn the_content_type_header_is_the_messages_content_type_whatever_its_case() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(5_000)).await;
     f.publish(
         f.topic(1),
@@ -389,7 +372,7 @@ async fn the_content_type_header_is_the_messages_content_type_whatever_its_case(
 
 #[tokio::test]
 async fn a_deleted_durable_is_created_again_after_what_was_settled() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(30_000)).await;
     for n in ["one", "two"] {
         f.publish(f.topic(1), n, HeaderMap::new()).await;
@@ -431,7 +414,7 @@ async fn a_deleted_durable_is_created_again_after_what_was_settled() {
 
 #[tokio::test]
 async fn a_deleted_stream_is_a_permanent_error_naming_the_field() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     let sub = f.subscribe(f.config(5_000)).await;
     f.js.delete_stream(&f.stream).await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(30), async {
@@ -452,7 +435,7 @@ async fn a_deleted_stream_is_a_permanent_error_naming_the_field() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_named_with_the_password_masked() {
-    let port = free_port();
+    let port = idem_testkit::free_port().unwrap();
     let config = NatsConfig {
         url: format!("nats://payer:s3cret@127.0.0.1:{port}"),
         request_timeout_ms: 1_000,
@@ -482,7 +465,7 @@ fn headers_strategy() -> impl Strategy<Value = Vec<(String, String)>> {
 #[test]
 fn any_header_names_and_values_round_trip() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let f = rt.block_on(Fixture::new(SHARED_URL));
+    let f = rt.block_on(Fixture::new(URL));
     let sub = rt.block_on(f.subscribe(f.config(5_000)));
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 24,
@@ -541,7 +524,7 @@ async fn a_typo_in_the_configuration_is_refused_naming_the_field() {
 
 #[tokio::test]
 async fn the_broker_refuses_what_would_loop_or_mislead_naming_the_field() {
-    let f = Fixture::new(SHARED_URL).await;
+    let f = Fixture::new(URL).await;
     // A dead-letter subject the consumed stream captures: copies would loop.
     let looping = NatsConfig {
         dead_letter_subject: Some(f.topic(99)),
@@ -566,91 +549,11 @@ async fn the_broker_refuses_what_would_loop_or_mislead_naming_the_field() {
     f.cleanup().await;
 }
 
-/// A nats-server of the test's own, stopped on drop even if the test fails.
-struct OwnServer {
-    child: Option<Child>,
-    port: u16,
-    store: PathBuf,
-}
-
-impl OwnServer {
-    fn start(port: u16, store: &Path) -> OwnServer {
-        let child = Command::new(nats_server_binary())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server runs (set NATS_SERVER to its path)");
-        let server = OwnServer {
-            child: Some(child),
-            port,
-            store: store.to_owned(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "own nats-server did not answer");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    /// A clean shutdown (SIGTERM), as a service manager's restart does.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.stop();
-        *self = OwnServer::start(self.port, &self.store.clone());
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn nats_server_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("NATS_SERVER") {
-        return path.into();
-    }
-    for dir in ["/usr/sbin", "/usr/bin", "/usr/local/bin"] {
-        let path = Path::new(dir).join("nats-server");
-        if path.exists() {
-            return path;
-        }
-    }
-    "nats-server".into()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn a_server_restart_mid_run_loses_no_message_and_delivery_resumes() {
     let store = tempfile::tempdir().unwrap();
-    let mut server = OwnServer::start(free_port(), store.path());
-    let f = Fixture::new(&format!("nats://127.0.0.1:{}", server.port)).await;
+    let mut server = OwnServer::start(store.path());
+    let f = Fixture::new(&server.url()).await;
     let sub = f
         .subscribe(NatsConfig {
             prefetch: 4,

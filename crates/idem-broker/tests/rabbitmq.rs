@@ -16,7 +16,7 @@ use idem_broker::rabbitmq::{
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use proptest::prelude::*;
-use rabbit_support::{Rabbit, config, next, next_within, unique};
+use rabbit_support::{Rabbit, TopologyCounts, config, next, next_within, unique};
 
 fn with_id(id: &str) -> BasicProperties {
     BasicProperties::default().with_message_id(id.into())

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use idem_broker::rabbitmq::RabbitSubscription;
 use lapin::BasicProperties;
-use rabbit_support::{Rabbit, config, next, next_within};
+use rabbit_support::{Rabbit, TopologyCounts, config, next, next_within};
 
 fn rabbitmqctl(args: &[&str]) {
     let status = Command::new("rabbitmqctl")

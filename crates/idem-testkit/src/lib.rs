@@ -14,7 +14,11 @@
 //!   streaming standby on spare ports, to kill one and promote the other.
 //! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
+//! - [`brokers`]: a NATS server of a test's own, a plain RabbitMQ client,
+//!   and unique stream and queue names, for the broker adapters' tests and
+//!   the consumer's.
 
+pub mod brokers;
 pub mod disk_stall;
 pub mod late_ack;
 pub mod pg_cluster;

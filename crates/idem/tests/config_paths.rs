@@ -9,10 +9,10 @@ mod support;
 
 use std::path::Path;
 
-use support::rabbit::{
-    Queues, Rabbit, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
-    unique,
+use support::broker::{
+    Broker, Sub, consume_toml, drained, effects_per_key, payout, payout_key, settled, stop_settled,
 };
+use support::rabbit::Rabbit;
 use support::{Consumer, Gateway, Site, Upstream, key, post};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
@@ -53,16 +53,20 @@ async fn idem_consume_restarted_elsewhere_runs_a_republished_intent_once() {
         Site::new(),
         Rabbit::connect().await,
     );
-    let q = unique("paths");
-    let config = site.config(&consume_toml("sqlite://idem.db", &up, &[Sub::new(&q)]));
+    let q = Rabbit::unique("paths");
+    let config = site.config(&consume_toml::<Rabbit>(
+        "sqlite://idem.db",
+        &up,
+        &[Sub::new(&q)],
+    ));
     // How the tests read the records: by the store's absolute path.
     let store = format!("sqlite://{}", site.store().display());
-    let drained = [(q.as_str(), Queues::default())];
+    let drained = drained(&q);
     let (first_dir, second_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let intent = payout(847, "2026-W36", 1200);
 
     let consumer = Consumer::start_in(first_dir.path(), &config, 1);
-    rabbit.publish(&q, &intent, "m-1").await;
+    rabbit.publish_json(&q, &intent, "m-1").await;
     let first = stop_settled(&rabbit, &store, 1, &drained, vec![consumer]).await;
     assert!(
         names_store(&first[0].log, &site.store()),
@@ -73,7 +77,7 @@ async fn idem_consume_restarted_elsewhere_runs_a_republished_intent_once() {
     // The producer republishes the intent under a new message id; the
     // consumer now runs from another directory.
     let consumer = Consumer::start_in(second_dir.path(), &config, 1);
-    rabbit.publish(&q, &intent, "m-2").await;
+    rabbit.publish_json(&q, &intent, "m-2").await;
     let second = stop_settled(&rabbit, &store, 1, &drained, vec![consumer]).await;
     assert_eq!(
         effects_per_key(&up),
@@ -84,6 +88,5 @@ async fn idem_consume_restarted_elsewhere_runs_a_republished_intent_once() {
     for dir in [&first_dir, &second_dir] {
         assert!(!dir.path().join("idem.db").exists(), "a store in {dir:?}");
     }
-    rabbit.delete(&q).await;
-    rabbit.close().await;
+    rabbit.delete(&[&q]).await;
 }

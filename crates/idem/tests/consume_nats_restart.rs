@@ -15,10 +15,11 @@ mod support;
 
 use std::time::Duration;
 
-use support::nats::{
-    Counts, Nats, OwnServer, Sub, consume_toml, effects_per_key, payout, payout_key, settled,
-    stop_settled, unique,
+use idem_testkit::brokers::nats::OwnServer;
+use support::broker::{
+    Broker, Counts, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
 };
+use support::nats::Nats;
 use support::{Consumer, Site, Upstream, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,20 +31,20 @@ async fn a_server_restart_mid_run_loses_nothing_and_doubles_nothing() {
     let site = Site::new();
     let data = tempfile::tempdir().unwrap();
     let mut server = OwnServer::start(data.path());
-    let s = unique("restart");
+    let s = Nats::unique("restart");
     let store = format!("sqlite://{}", site.store().display());
     let sub = Sub {
-        url: server.url(),
+        url: Some(server.url()),
         deliver: "/slow?ms=500".into(),
         concurrency: 2,
         prefetch: 4,
         ..Sub::new(&s)
     };
-    let consumer = Consumer::start(&site.config(&consume_toml(&store, &up, &[sub])), 1);
-    let nats = Nats::connect(&server.url()).await;
+    let consumer = Consumer::start(&site.config(&consume_toml::<Nats>(&store, &up, &[sub])), 1);
+    let nats = Nats::connect_to(&server.url()).await;
     for seller in 0..SENT {
         let intent = payout(seller, "2026-W36", 100 + seller);
-        nats.publish(&s, &intent, &format!("m-{seller}")).await;
+        nats.publish_json(&s, &intent, &format!("m-{seller}")).await;
     }
     drop(nats);
     assert!(eventually(Duration::from_secs(15), || up.hits() >= 2).await);
@@ -64,13 +65,13 @@ async fn a_server_restart_mid_run_loses_nothing_and_doubles_nothing() {
     );
     let paid_while_down = up.hits();
     let server = tokio::task::spawn_blocking(move || {
-        server.start_again();
+        server.restart();
         server
     })
     .await
     .unwrap();
 
-    let nats = Nats::connect(&server.url()).await;
+    let nats = Nats::connect_to(&server.url()).await;
     let stopped = stop_settled(
         &nats,
         &store,
@@ -95,6 +96,6 @@ async fn a_server_restart_mid_run_loses_nothing_and_doubles_nothing() {
         paid_while_down < SENT as usize,
         "every message ran before the outage: the restart tested nothing"
     );
-    nats.delete(&s).await;
+    nats.delete(&[&s]).await;
     drop(server);
 }

@@ -14,10 +14,10 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::rabbit::{
-    Queues, Rabbit, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
-    unique,
+use support::broker::{
+    Broker, Counts, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
 };
+use support::rabbit::Rabbit;
 use support::{Consumer, Site, Upstream, eventually};
 
 fn rabbitmqctl(args: &[&str]) {
@@ -62,18 +62,23 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
     const SENT: u64 = 20;
     let up = Upstream::start().await;
     let site = Site::new();
-    let q = unique("restart");
+    let q = Rabbit::unique("restart");
     let store = format!("sqlite://{}", site.store().display());
     let sub = Sub {
         deliver: "/slow?ms=500".into(),
         concurrency: 2,
         ..Sub::new(&q)
     };
-    let consumer = Consumer::start(&site.config(&consume_toml(&store, &up, &[sub])), 1);
+    let consumer = Consumer::start(
+        &site.config(&consume_toml::<Rabbit>(&store, &up, &[sub])),
+        1,
+    );
     let rabbit = Rabbit::connect().await;
     for seller in 0..SENT {
         let intent = payout(seller, "2026-W36", 100 + seller);
-        rabbit.publish(&q, &intent, &format!("m-{seller}")).await;
+        rabbit
+            .publish_json(&q, &intent, &format!("m-{seller}"))
+            .await;
     }
     assert!(eventually(Duration::from_secs(15), || up.hits() >= 2).await);
 
@@ -96,7 +101,7 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
         &rabbit,
         &store,
         SENT as usize,
-        &[(&q, Queues::default())],
+        &[(&q, Counts::default())],
         vec![consumer],
     )
     .await;
@@ -115,6 +120,5 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
         paid_while_down < SENT as usize,
         "every message ran before the outage: the restart tested nothing"
     );
-    rabbit.delete(&q).await;
-    rabbit.close().await;
+    rabbit.delete(&[&q]).await;
 }

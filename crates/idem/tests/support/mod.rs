@@ -3,6 +3,8 @@
 //! as a separate process in front of it, and a plain HTTP client.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test harness: a failure here is a failed test
 
+pub mod broker;
+pub mod consume_suite;
 pub mod nats;
 pub mod rabbit;
 
