@@ -18,7 +18,6 @@ use idem_reconcile::{
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
-use crate::console::SessionLimits;
 use crate::listen::ConnectionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
 use crate::store_url::StoreUrl;
@@ -75,6 +74,12 @@ pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 pub const WAITERS_LIMIT: usize = 65_536;
 /// The largest accepted `body_buffer_bytes_max` (64 GiB).
 pub const BODY_BUFFER_BYTES_MAX_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
+/// Default idle limit of a console session, in seconds (15 minutes).
+pub const SESSION_IDLE_S_DEFAULT: u64 = 15 * 60;
+/// Default absolute limit of a console session, in seconds (8 hours).
+pub const SESSION_ABSOLUTE_S_DEFAULT: u64 = 8 * 60 * 60;
+/// The longest session limit accepted, in seconds (one week).
+pub const SESSION_S_MAX: u64 = 7 * 24 * 60 * 60;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -281,6 +286,24 @@ pub struct ConfigError {
     pub file: Option<PathBuf>,
     /// The field, e.g. `route[1].lease_ms`.
     pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// How long a console session lives, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// A session unused for this long ends.
+    pub idle: Duration,
+    /// A session ends this long after sign-in, however busy.
+    pub absolute: Duration,
+}
+
+/// The refusal of a session limit: the config field and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitsError {
+    /// `console_session_idle_s` or `console_session_absolute_s`.
+    pub field: &'static str,
     /// What is wrong.
     pub reason: String,
 }
@@ -544,7 +567,7 @@ impl GatewayConfig {
                         return Err(err(&field, reason, true));
                     }
                 };
-                let tenancy = crate::contracts::lookup_tenancy(route);
+                let tenancy = crate::findings::lookup_tenancy(route);
                 if unsafe_lookup == UnsafeLookup::Refuse && !tenancy.verdict.passed() {
                     return Err(err(
                         &format!("route[{r}].forward_key.template"),
@@ -751,6 +774,50 @@ impl TlsFiles {
 
 /// The proxy listener's bounds, the admin listener's and the body
 /// deadline, each checked against its range.
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            idle: Duration::from_secs(SESSION_IDLE_S_DEFAULT),
+            absolute: Duration::from_secs(SESSION_ABSOLUTE_S_DEFAULT),
+        }
+    }
+}
+
+impl SessionLimits {
+    /// The limits of the config file's `console_session_idle_s` and
+    /// `console_session_absolute_s` (defaults when absent): each
+    /// 1..=[`SESSION_S_MAX`], the idle limit no longer than the absolute one.
+    pub fn new(idle_s: Option<u64>, absolute_s: Option<u64>) -> Result<SessionLimits, LimitsError> {
+        let check = |field: &'static str, value: Option<u64>, default: u64| match value
+            .unwrap_or(default)
+        {
+            s @ 1..=SESSION_S_MAX => Ok(Duration::from_secs(s)),
+            s => Err(LimitsError {
+                field,
+                reason: format!("{s} is out of range (1..={SESSION_S_MAX})"),
+            }),
+        };
+        let idle = check("console_session_idle_s", idle_s, SESSION_IDLE_S_DEFAULT)?;
+        let absolute = check(
+            "console_session_absolute_s",
+            absolute_s,
+            SESSION_ABSOLUTE_S_DEFAULT,
+        )?;
+        if idle > absolute {
+            return Err(LimitsError {
+                field: "console_session_idle_s",
+                reason: format!(
+                    "{} s is longer than console_session_absolute_s ({} s); a session \
+                     ends at the absolute limit whatever its use",
+                    idle.as_secs(),
+                    absolute.as_secs()
+                ),
+            });
+        }
+        Ok(SessionLimits { idle, absolute })
+    }
+}
+
 fn connection_bounds(
     file: &FileConfig,
 ) -> Result<(ConnectionLimits, ConnectionLimits, Duration), (&'static str, String)> {
@@ -1162,7 +1229,7 @@ mod tests {
                 let path = dir.path().join("idem.toml");
                 std::fs::write(&path, &text).unwrap();
                 let reviewed = GatewayConfig::load_for_review(&path).unwrap();
-                let finding = crate::contracts::lookup_tenancy(&reviewed.routes[1]);
+                let finding = crate::findings::lookup_tenancy(&reviewed.routes[1]);
                 assert_eq!(finding.verdict.passed(), safe, "{text}: {}", finding.why);
                 let offline = GatewayConfig::load_offline(&path, &Overrides::default());
                 assert_eq!(offline.is_ok(), safe, "{text}");
@@ -1547,6 +1614,68 @@ mod tests {
                 (Err(got), Err(part)) => assert!(got.contains(part), "{value:?}: {got}"),
                 (got, want) => panic!("{value:?}: got {got:?}, want {want:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn session_limits_are_validated_naming_the_field() {
+        let cases = [
+            (None, None, Ok((900, 28_800))),
+            (Some(2), Some(60), Ok((2, 60))),
+            (Some(0), None, Err("console_session_idle_s")),
+            (
+                None,
+                Some(SESSION_S_MAX + 1),
+                Err("console_session_absolute_s"),
+            ),
+            (Some(120), Some(60), Err("console_session_idle_s")),
+        ];
+        for (idle, absolute, want) in cases {
+            let got = SessionLimits::new(idle, absolute)
+                .map(|l| (l.idle.as_secs(), l.absolute.as_secs()))
+                .map_err(|e| e.field);
+            assert_eq!(got, want, "{idle:?} {absolute:?}");
+        }
+    }
+
+    #[test]
+    fn the_session_limits_come_from_the_config_file_named_in_errors() {
+        let load = |idle: Option<u64>, absolute: Option<u64>| {
+            let file = FileConfig {
+                upstream: Some("http://127.0.0.1:9000".into()),
+                console_session_idle_s: idle,
+                console_session_absolute_s: absolute,
+                ..FileConfig::default()
+            };
+            let path = Path::new("idem.toml");
+            GatewayConfig::from_parts(file, Some(path), &Overrides::default())
+        };
+        let limits = load(Some(5), Some(60)).unwrap().console_sessions;
+        assert_eq!((limits.idle.as_secs(), limits.absolute.as_secs()), (5, 60));
+        assert_eq!(
+            load(None, None).unwrap().console_sessions,
+            SessionLimits::default()
+        );
+        let cases = [
+            (
+                Some(0),
+                None,
+                "idem.toml: console_session_idle_s: 0 is out of range",
+            ),
+            (
+                None,
+                Some(SESSION_S_MAX + 1),
+                "idem.toml: console_session_absolute_s:",
+            ),
+            (
+                Some(61),
+                Some(60),
+                "idem.toml: console_session_idle_s: 61 s is longer",
+            ),
+        ];
+        for (idle, absolute, want) in cases {
+            let e = load(idle, absolute).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
         }
     }
 }

@@ -4,14 +4,13 @@
 
 use std::path::PathBuf;
 
-use idem_contract::{
-    ContractError, Finding, ForwardedReference, GatewayFacts, PrincipalSource, Report,
-    RouteRegionMode,
-};
-use idem_http::{ForwardedScope, PrincipalKind, Route};
+use idem_contract::{ContractError, Finding, GatewayFacts, Report, RouteRegionMode};
+use idem_http::Route;
 
 use crate::GatewayConfig;
 use crate::regions::RegionMode;
+
+pub use crate::findings::{lookup_tenancy, principal};
 
 /// One route's contract and its verdicts.
 #[derive(Debug)]
@@ -72,22 +71,6 @@ pub fn evaluate(config: &GatewayConfig) -> Vec<RouteContract> {
         .collect()
 }
 
-/// The route's principal, judged: `gateway.principal`.
-pub fn principal(route: &Route) -> Finding {
-    idem_contract::principal_finding(principal_source(route))
-}
-
-/// The lookup of a route that a `[[lookup]]` serves, judged:
-/// `gateway.lookup_tenancy`. `idem serve` and `idem reconcile` refuse a
-/// config where it fails; `idem check --gateway` reports it.
-pub fn lookup_tenancy(route: &Route) -> Finding {
-    let forwarded = match route.forwarded_scope() {
-        ForwardedScope::PerScope => ForwardedReference::PerScope,
-        _ => ForwardedReference::SharedAcrossPrincipals,
-    };
-    idem_contract::lookup_tenancy_finding(principal_source(route), forwarded)
-}
-
 /// The name a route is shown by: its operation name, or its pattern.
 pub fn route_name(route: &Route) -> &str {
     route.operation_name().unwrap_or(route.pattern().as_str())
@@ -98,15 +81,6 @@ pub fn has_lookup(config: &GatewayConfig, route: &Route) -> bool {
     route
         .operation_name()
         .is_some_and(|name| config.lookups.iter().any(|(op, _)| op == name))
-}
-
-fn principal_source(route: &Route) -> PrincipalSource {
-    match route.principal_kind() {
-        PrincipalKind::TrustedHeader => PrincipalSource::TrustedHeader,
-        PrincipalKind::VerifiedClaim => PrincipalSource::VerifiedClaim,
-        PrincipalKind::CredentialDigest => PrincipalSource::CredentialDigest,
-        _ => PrincipalSource::DefaultCredentialDigest,
-    }
 }
 
 /// What the route enforces, in the contract crate's terms.

@@ -2,17 +2,17 @@
 //! goes through [`idem_http::IdempotencyLayer`] before it may reach the
 //! upstream (http or https); the proxy itself never retries and tells the
 //! layer whether a failed request was ever sent. Next to it: the admin API
-//! (its own listener, behind a bearer token, optionally over TLS), the
-//! operator's console in the browser (`/ui` on the same listener, behind a
-//! session cookie), the retention purge, the reconciler (when routes
-//! declare lookups), and the operator's view of a record shared with
-//! `idem records`.
+//! (its own listener, behind a bearer token, optionally over TLS) and the
+//! routes a caller mounts beside it (the binary mounts the operator's
+//! console, `idem-console`), the retention purge, the reconciler (when
+//! routes declare lookups), and the operator's view of a record shared
+//! with `idem records`.
 
 pub mod admin;
 mod admission;
 mod config;
-pub mod console;
 pub mod contracts;
+mod findings;
 mod listen;
 mod log_budget;
 mod proxy;
@@ -24,16 +24,23 @@ mod tls;
 mod view;
 mod watched;
 
-pub use admin::{ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, result_header};
+pub use admin::{
+    ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, RefusalLog, random_hex, result_header,
+};
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LimitsError, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
-    REQUESTS_IN_FLIGHT_MAX_LIMIT, STORE_DEFAULT,
+    REQUESTS_IN_FLIGHT_MAX_LIMIT, SESSION_ABSOLUTE_S_DEFAULT, SESSION_IDLE_S_DEFAULT,
+    SESSION_S_MAX, STORE_DEFAULT, SessionLimits,
 };
 pub use listen::{ACCEPT_ERROR_PAUSE_MS, ConnectionLimits, READ_BUFFER_BYTES_MAX};
+pub use log_budget::Logged;
 pub use proxy::{HopByHop, Proxy};
 pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
-pub use server::{AdminListener, ServeOptions, reconciler, serve, serve_with, shutdown_signal};
+pub use server::{
+    AdminListener, AdminMount, AdminParts, ServeOptions, reconciler, serve, serve_with,
+    shutdown_signal,
+};
 pub use store_url::{StoreUrl, StoreUrlError};
 pub use tls::{AdminTls, AdminTransport, PEM_FILE_BYTES_MAX, TlsError, UpstreamTls};
 pub use view::{RecordView, ResolutionView, ResultView, WindowView, outcome_name, rfc3339};

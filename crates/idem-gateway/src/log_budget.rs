@@ -1,17 +1,21 @@
 //! How often a warning that a client can trigger is written: a caller may
 //! cause as many refusals as it likes, but it cannot choose how many lines
 //! the gateway writes. Past the budget the events are counted, and the
-//! next line written says how many were not. One budget serves the admin
-//! API's refusal line and a listener's connection-cap warning.
+//! next line written says how many were not. Budgets bound the refusal
+//! lines of the admin listener (one for the admin API's and the console's
+//! together) and a listener's connection-cap warning.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Whether one event is written, and how many before it were not.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Logged {
-    /// Write the line; `suppressed` events since the last line were not.
-    Write { suppressed: u64 },
+pub enum Logged {
+    /// Write the line.
+    Write {
+        /// Events since the last line written that were not.
+        suppressed: u64,
+    },
     /// Over the budget: counted, not written.
     Suppressed,
 }

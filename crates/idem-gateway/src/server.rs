@@ -1,6 +1,6 @@
-//! Runs the gateway: serves the layered proxy, the admin API and its
-//! console (when configured, over TLS when it has a certificate) on their
-//! own listeners (`listen`: every phase of a connection bounded, each
+//! Runs the gateway: serves the layered proxy, the admin API and the
+//! routes its caller mounts beside it (when configured, over TLS when it
+//! has a certificate) on their own listeners (`listen`: every phase of a connection bounded, each
 //! listener's connections capped) and the retention purge, and on SIGTERM
 //! or SIGINT stops accepting and lets in-flight requests finish and be
 //! recorded. A request takes one of `requests_in_flight_max` slots only
@@ -20,16 +20,15 @@ use axum::response::Response;
 use http::Request;
 use idem_core::{Store, SystemClock};
 use idem_http::{
-    IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver, SettleOnRetry, VerifyFresh,
+    IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver, Route, SettleOnRetry, VerifyFresh,
 };
 use idem_reconcile::{Reconciler, Settled};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::{BoxError, Layer, ServiceBuilder};
 
-use crate::admin::{self, AdminToken};
+use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
-use crate::console::{self, ConsoleState};
 use crate::listen::{self, Transport};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
 use crate::tls::{AdminTls, AdminTransport};
@@ -46,7 +45,6 @@ pub struct ServeOptions {
 }
 
 /// The admin API's own listener and the token it requires.
-#[derive(Debug)]
 pub struct AdminListener {
     /// Bound by the caller, so that it can report the address.
     pub listener: TcpListener,
@@ -54,6 +52,46 @@ pub struct AdminListener {
     pub token: AdminToken,
     /// The certificate it serves TLS with; `None`: plain HTTP.
     pub tls: Option<AdminTls>,
+    /// Routes served beside the admin API (the binary's console). They
+    /// authenticate by themselves and bring no fallback of their own (see
+    /// [`admin::router`]); `None`: the admin API alone.
+    pub mount: Option<AdminMount>,
+}
+
+/// Makes the routes served beside the admin API, once, when the gateway
+/// starts serving.
+pub type AdminMount = Box<dyn FnOnce(AdminParts) -> axum::Router + Send>;
+
+/// What routes mounted beside the admin API work with: the same store,
+/// metrics and token as the admin API, the config's routes, how the
+/// listener speaks, and the admin API's refusal log.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct AdminParts {
+    /// The store the admin API reads and resolves.
+    pub store: Arc<dyn Store>,
+    /// The metrics every part counts into.
+    pub metrics: Arc<Metrics>,
+    /// The admin API's bearer token.
+    pub token: AdminToken,
+    /// The config's routes.
+    pub routes: Vec<Route>,
+    /// Whether the listener speaks TLS.
+    pub transport: AdminTransport,
+    /// Shared with the admin API: refusals logged through it spend one
+    /// budget.
+    pub refusals: RefusalLog,
+}
+
+impl std::fmt::Debug for AdminListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminListener")
+            .field("listener", &self.listener)
+            .field("token", &self.token)
+            .field("tls", &self.tls)
+            .field("mount", &self.mount.is_some())
+            .finish()
+    }
 }
 
 impl AdminListener {
@@ -142,22 +180,26 @@ pub async fn serve_with(
     // A request in flight has its whole exchange, and then the grace.
     let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
-        // The console authenticates by its own cookie; the admin API's
-        // fallback answers every path outside `/ui`.
-        let transport = admin.transport();
-        let state = ConsoleState::new(
-            store.clone(),
-            metrics.clone(),
-            admin.token.clone(),
-            config.routes.clone(),
-        )
-        .with_transport(transport)
-        .with_session_limits(config.console_sessions);
-        let app = console::router(state).merge(admin::router(
+        let parts = AdminParts {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            token: admin.token.clone(),
+            routes: config.routes.clone(),
+            transport: admin.transport(),
+            refusals: RefusalLog::default(),
+        };
+        let api = admin::router(
             store.clone(),
             metrics.clone(),
             admin.token,
-        ));
+            parts.refusals.clone(),
+        );
+        // Mounted routes authenticate by themselves; the admin API's
+        // fallback answers every path they do not serve.
+        let app = match admin.mount {
+            Some(mount) => mount(parts).merge(api),
+            None => api,
+        };
         let transport = match &admin.tls {
             Some(tls) => Transport::Tls(tls.acceptor()),
             None => Transport::Plain,

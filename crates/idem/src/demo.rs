@@ -23,8 +23,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_gateway::console::random_hex;
-use idem_gateway::{AdminListener, AdminToken, GatewayConfig, Overrides, ServeOptions};
+use idem_gateway::{AdminListener, AdminToken, GatewayConfig, Overrides, ServeOptions, random_hex};
 use idem_http::{PROBLEM_TYPE_PREFIX, ProblemKind, REPLAYED_HEADER};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use tokio::net::TcpListener;
@@ -248,6 +247,7 @@ impl Stage {
                 listener: admin_listener,
                 token,
                 tls: None,
+                mount: Some(idem_console::mount(config.console_sessions)),
             }),
         };
         let served = tokio::spawn(async move {

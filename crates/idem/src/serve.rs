@@ -111,6 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 listener,
                 token,
                 tls: config.admin_tls.clone(),
+                mount: Some(idem_console::mount(config.console_sessions)),
             })
         }
         _ => None,

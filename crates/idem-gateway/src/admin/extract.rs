@@ -124,7 +124,7 @@ fn raw_params(parts: &Parts) -> Result<Vec<(&str, &str)>, Refusal> {
 /// digits as it is (so `k%2` would silently address the key `k%2`), and
 /// `Query` replaces bytes that are not UTF-8 (so a cursor would silently
 /// point elsewhere). The error completes a sentence naming the input.
-pub(crate) fn strict_escapes(raw: &str) -> Result<(), String> {
+pub fn strict_escapes(raw: &str) -> Result<(), String> {
     let bytes = raw.as_bytes();
     let malformed = bytes.iter().enumerate().any(|(i, &b)| {
         b == b'%'

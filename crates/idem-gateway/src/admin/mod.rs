@@ -21,12 +21,13 @@ use crate::view::{RecordView, WindowView, outcome_name};
 use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
-pub(crate) use extract::strict_escapes;
-pub use resolve::{ADMIN_API_ACTOR, result_header};
+pub use extract::strict_escapes;
+pub use resolve::{ADMIN_API_ACTOR, parse_resolution, result_header};
 
 use crate::log_budget::{LogBudget, Logged};
 
-/// The most lines a minute that say the admin API refused a request.
+/// The most lines a minute that say a request without the admin token was
+/// refused, by the admin API or by a router mounted beside it.
 pub const ADMIN_REFUSAL_LOG_LINES_MAX: u32 = 10;
 /// The window of [`ADMIN_REFUSAL_LOG_LINES_MAX`], in seconds.
 pub const ADMIN_REFUSAL_LOG_WINDOW_S: u64 = 60;
@@ -43,6 +44,8 @@ pub const ADMIN_LIST_LIMIT_DEFAULT: usize = 1000;
 /// The most bytes of a refused request's path written to the log: a caller
 /// without the token must not choose the size of the gateway's log lines.
 pub const ADMIN_LOGGED_PATH_BYTES_MAX: usize = 256;
+/// Random bytes in a secret made by [`random_hex`].
+pub const SECRET_BYTES: usize = 32;
 
 /// The bearer token the admin API requires. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -71,7 +74,7 @@ impl AdminToken {
 
     /// Whether `presented` is the token, in time that depends only on the
     /// token's length, never on where the first difference is.
-    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
+    pub fn matches(&self, presented: &[u8]) -> bool {
         let mut diff = u8::from(presented.len() != self.0.len());
         for (i, expected) in self.0.iter().enumerate() {
             diff |= expected ^ presented.get(i).copied().unwrap_or(0);
@@ -86,6 +89,40 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// The log lines that say a request without the admin token was refused:
+/// the admin API's and those of a router mounted beside it (the console's
+/// wrong sign-ins) spend one budget of [`ADMIN_REFUSAL_LOG_LINES_MAX`]
+/// lines per [`ADMIN_REFUSAL_LOG_WINDOW_S`], so a flood through either
+/// cannot fill the log. Clones share the budget.
+#[derive(Clone, Debug)]
+pub struct RefusalLog(Arc<LogBudget>);
+
+impl Default for RefusalLog {
+    fn default() -> RefusalLog {
+        RefusalLog(Arc::new(LogBudget::new(
+            ADMIN_REFUSAL_LOG_LINES_MAX,
+            std::time::Duration::from_secs(ADMIN_REFUSAL_LOG_WINDOW_S),
+        )))
+    }
+}
+
+impl RefusalLog {
+    /// Whether the line of one refusal seen at `now` is written.
+    pub fn admit(&self, now: std::time::Instant) -> Logged {
+        self.0.admit(now)
+    }
+}
+
+/// [`SECRET_BYTES`] from the operating system's generator, as hex: the
+/// console's session ids and CSRF tokens, and any other secret a process
+/// makes for itself (the demo's admin token). `None` if the generator
+/// fails.
+pub fn random_hex() -> Option<String> {
+    let mut bytes = [0u8; SECRET_BYTES];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(idem_core::to_hex(&bytes))
+}
+
 /// The admin API as an axum router: mount it on a listener of its own.
 ///
 /// Its routes and its fallback (404 `not-found` for any other path) sit
@@ -93,16 +130,19 @@ impl std::fmt::Debug for AdminToken {
 /// tells anything. Routes added to the returned router afterwards, with
 /// `Router::merge` or `Router::nest("/ui", …)`, are outside that layer and
 /// authenticate by themselves; a merged router must not bring a fallback of
-/// its own (axum refuses to merge two), a nested one may.
-pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>, token: AdminToken) -> axum::Router {
+/// its own (axum refuses to merge two), a nested one may. Its refusals
+/// are logged within `refusals`.
+pub fn router(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    token: AdminToken,
+    refusals: RefusalLog,
+) -> axum::Router {
     let admin = Arc::new(Admin {
         store,
         metrics,
         token,
-        refusals: LogBudget::new(
-            ADMIN_REFUSAL_LOG_LINES_MAX,
-            std::time::Duration::from_secs(ADMIN_REFUSAL_LOG_WINDOW_S),
-        ),
+        refusals,
     });
     let resolve_route =
         only(Allowed::Post, post(resolve)).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX));
@@ -127,7 +167,7 @@ struct Admin {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     token: AdminToken,
-    refusals: LogBudget,
+    refusals: RefusalLog,
 }
 
 /// The one method an endpoint answers (`GET` also answers `HEAD`, without

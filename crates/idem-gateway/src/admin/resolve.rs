@@ -19,7 +19,7 @@ const RESULT_FIELDS: [&str; 3] = ["status", "headers", "body"];
 /// record's as the operator saw it (`GET /records/{scope}/{key}`): the
 /// verdict is refused if the record has moved on to another attempt since.
 /// The error names the field.
-pub(crate) fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
+pub fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
     let doc: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
     let Value::Object(fields) = doc else {

@@ -30,7 +30,7 @@ fn fixture() -> Fixture {
     let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
     let metrics = Arc::new(Metrics::new());
     let token = AdminToken::new(TOKEN).unwrap();
-    let app = router(store.clone(), metrics.clone(), token);
+    let app = router(store.clone(), metrics.clone(), token, RefusalLog::default());
     Fixture {
         clock,
         store,

@@ -4,11 +4,11 @@
 //! labelled field, reachable with the keyboard.
 
 use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp};
+use idem_gateway::{RecordView, WindowView, rfc3339};
 use maud::{DOCTYPE, Markup, html};
 
 use super::records::{self, Backlog, Detail, Filter, Page, SCAN_ROWS_MAX, ScopeParts};
 use super::samples::Series;
-use crate::view::{RecordView, WindowView, rfc3339};
 
 /// What every signed-in page needs: the session's CSRF token for the
 /// sign-out button.
@@ -359,7 +359,7 @@ fn timeline(r: &Record, detail: &Detail, now: Timestamp) -> Markup {
                     Some(route) => {
                         @let (header, value) = records::forwarded(route, &r.id);
                         "with " code { (header) ": " (value) }
-                        " (route " (crate::contracts::route_name(route)) "'s forward-key template): ask the provider by this reference"
+                        " (route " (idem_gateway::contracts::route_name(route)) "'s forward-key template): ask the provider by this reference"
                     }
                     None => "(no route of this gateway names this operation, so the forwarded key cannot be rendered)",
                 }

@@ -6,46 +6,17 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cookie::{Cookie, SameSite};
 use http::{HeaderMap, header};
-use idem_core::to_hex;
-
-use crate::admin::AdminToken;
-use crate::tls::AdminTransport;
+use idem_gateway::{AdminToken, AdminTransport, SessionLimits, random_hex};
 
 /// The name of the console's session cookie.
 pub const SESSION_COOKIE: &str = "idem_console";
-/// Default idle limit of a console session, in seconds (15 minutes).
-pub const SESSION_IDLE_S_DEFAULT: u64 = 15 * 60;
-/// Default absolute limit of a console session, in seconds (8 hours).
-pub const SESSION_ABSOLUTE_S_DEFAULT: u64 = 8 * 60 * 60;
-/// The longest session limit accepted, in seconds (one week).
-pub const SESSION_S_MAX: u64 = 7 * 24 * 60 * 60;
 /// The most console sessions kept at once; signing in beyond it ends the
 /// least recently used one.
 pub const SESSIONS_MAX: usize = 32;
-/// Random bytes in a session id and in a CSRF token.
-const SECRET_BYTES: usize = 32;
-
-/// How long a console session lives, validated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SessionLimits {
-    /// A session unused for this long ends.
-    pub idle: Duration,
-    /// A session ends this long after sign-in, however busy.
-    pub absolute: Duration,
-}
-
-/// The refusal of a session limit: the config field and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LimitsError {
-    /// `console_session_idle_s` or `console_session_absolute_s`.
-    pub field: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
 
 /// What a request's session is, when it has a live one.
 #[derive(Clone, Debug)]
@@ -68,50 +39,6 @@ struct Session {
     csrf_text: String,
     signed_in: Instant,
     seen: Instant,
-}
-
-impl Default for SessionLimits {
-    fn default() -> Self {
-        SessionLimits {
-            idle: Duration::from_secs(SESSION_IDLE_S_DEFAULT),
-            absolute: Duration::from_secs(SESSION_ABSOLUTE_S_DEFAULT),
-        }
-    }
-}
-
-impl SessionLimits {
-    /// The limits of the config file's `console_session_idle_s` and
-    /// `console_session_absolute_s` (defaults when absent): each
-    /// 1..=[`SESSION_S_MAX`], the idle limit no longer than the absolute one.
-    pub fn new(idle_s: Option<u64>, absolute_s: Option<u64>) -> Result<SessionLimits, LimitsError> {
-        let check = |field: &'static str, value: Option<u64>, default: u64| match value
-            .unwrap_or(default)
-        {
-            s @ 1..=SESSION_S_MAX => Ok(Duration::from_secs(s)),
-            s => Err(LimitsError {
-                field,
-                reason: format!("{s} is out of range (1..={SESSION_S_MAX})"),
-            }),
-        };
-        let idle = check("console_session_idle_s", idle_s, SESSION_IDLE_S_DEFAULT)?;
-        let absolute = check(
-            "console_session_absolute_s",
-            absolute_s,
-            SESSION_ABSOLUTE_S_DEFAULT,
-        )?;
-        if idle > absolute {
-            return Err(LimitsError {
-                field: "console_session_idle_s",
-                reason: format!(
-                    "{} s is longer than console_session_absolute_s ({} s); a session \
-                     ends at the absolute limit whatever its use",
-                    idle.as_secs(),
-                    absolute.as_secs()
-                ),
-            });
-        }
-        Ok(SessionLimits { idle, absolute })
-    }
 }
 
 impl Sessions {
@@ -274,18 +201,11 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
         .map(|c| c.value().to_owned())
 }
 
-/// 32 bytes from the operating system's generator, as hex: session ids,
-/// CSRF tokens, and any other secret a process makes for itself (the
-/// demo's admin token). `None` if the generator fails.
-pub fn random_hex() -> Option<String> {
-    let mut bytes = [0u8; SECRET_BYTES];
-    getrandom::fill(&mut bytes).ok()?;
-    Some(to_hex(&bytes))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
 
     use super::*;
 
@@ -348,33 +268,12 @@ mod tests {
             sessions.open(Instant::now()).unwrap(),
         );
         assert_ne!(a.csrf, b.csrf);
-        assert_eq!(a.csrf.len(), 2 * SECRET_BYTES);
+        assert_eq!(a.csrf.len(), 2 * idem_gateway::admin::SECRET_BYTES);
         assert!(sessions.csrf_matches(&a.id, &a.csrf));
         assert!(!sessions.csrf_matches(&a.id, &b.csrf));
         assert!(!sessions.csrf_matches(&a.id, ""));
         sessions.close(&a.id);
         assert!(!sessions.csrf_matches(&a.id, &a.csrf));
-    }
-
-    #[test]
-    fn limits_are_validated_naming_the_field() {
-        let cases = [
-            (None, None, Ok((900, 28_800))),
-            (Some(2), Some(60), Ok((2, 60))),
-            (Some(0), None, Err("console_session_idle_s")),
-            (
-                None,
-                Some(SESSION_S_MAX + 1),
-                Err("console_session_absolute_s"),
-            ),
-            (Some(120), Some(60), Err("console_session_idle_s")),
-        ];
-        for (idle, absolute, want) in cases {
-            let got = SessionLimits::new(idle, absolute)
-                .map(|l| (l.idle.as_secs(), l.absolute.as_secs()))
-                .map_err(|e| e.field);
-            assert_eq!(got, want, "{idle:?} {absolute:?}");
-        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! same fencing as the admin API. Every state change carries the session's
 //! CSRF token and is refused when the browser says it came from another
 //! origin. The console keeps its own cookie authentication, apart from
-//! the admin API's bearer token, so the two routers combine by a merge.
+//! the admin API's bearer token, so the two routers combine by a merge:
+//! the `idem` binary hands [`mount`] to the gateway's admin listener, and
+//! nothing else depends on this crate.
 
 mod pages;
 mod records;
@@ -14,7 +16,7 @@ mod samples;
 mod session;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Form;
 use axum::body::{Body, Bytes};
@@ -26,24 +28,22 @@ use idem_core::{
     Clock, ListCursor, Record, RecordId, Resolution, Resolved, State as RecordState, Store,
     StoreError, SystemClock, Token,
 };
+use idem_gateway::{
+    AdminMount, AdminParts, AdminToken, AdminTransport, Logged, RefusalLog, SessionLimits,
+    WindowView, outcome_name,
+};
 use idem_http::{Metrics, Resolver, Route};
 use maud::Markup;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::AdminToken;
-use crate::tls::AdminTransport;
-use crate::view::{WindowView, outcome_name};
 use pages::{Chrome, ResolveForm};
 use records::Filter;
 use samples::{Samples, Totals};
 use session::{Live, Sessions};
 
 pub use records::{PAGE_ROWS, SCAN_ROWS_MAX};
-pub use session::{
-    LimitsError, SESSION_ABSOLUTE_S_DEFAULT, SESSION_COOKIE, SESSION_IDLE_S_DEFAULT, SESSION_S_MAX,
-    SESSIONS_MAX, SessionLimits, random_hex,
-};
+pub use session::{SESSION_COOKIE, SESSIONS_MAX};
 
 /// What a verdict about an earlier attempt is told.
 const MOVED_ON: &str =
@@ -55,21 +55,8 @@ pub const CONSOLE_ACTOR: &str = "operator:console";
 /// percent-encoded, fits.
 pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// The largest sign-in form read, in bytes: the longest admin token,
-/// every byte percent-encoded, fits. Refused sign-ins queue for seconds,
-/// so what each one holds while it waits stays small.
+/// every byte percent-encoded, fits.
 pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
-/// How long a refused sign-in waits before it is answered, one refusal
-/// after another. It slows trying tokens by hand; it does not bound
-/// guessing (the admin API answers a wrong bearer token at once): the
-/// token's own randomness does.
-pub const SIGN_IN_REFUSAL_DELAY: Duration = Duration::from_secs(1);
-/// The most refused sign-ins waiting their turn; beyond it a wrong token is
-/// answered 429 at once, so a flood of guesses holds neither memory nor an
-/// operator who mistyped for long.
-pub const SIGN_IN_REFUSALS_WAITING_MAX: usize = 16;
-/// The `Retry-After` of a sign-in refused because too many wait, in
-/// seconds: longer than the queue takes to drain.
-pub const SIGN_IN_RETRY_AFTER_S: u64 = 60;
 
 /// What the console works with.
 #[derive(Clone)]
@@ -80,12 +67,14 @@ pub struct ConsoleState {
     routes: Vec<Route>,
     transport: AdminTransport,
     limits: SessionLimits,
+    refusals: RefusalLog,
 }
 
 impl ConsoleState {
     /// A console over `store`, counting into and charting `metrics`,
     /// signed into with `token`; `routes` render the key each record
-    /// was forwarded with. Plain HTTP and the default session limits.
+    /// was forwarded with. Plain HTTP, the default session limits and a
+    /// refusal log of its own.
     pub fn new(
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
@@ -99,6 +88,7 @@ impl ConsoleState {
             routes,
             transport: AdminTransport::Plain,
             limits: SessionLimits::default(),
+            refusals: RefusalLog::default(),
         }
     }
 
@@ -113,6 +103,12 @@ impl ConsoleState {
         self.limits = limits;
         self
     }
+
+    /// Wrong sign-ins are logged within `refusals` (the admin API's).
+    pub fn with_refusals(mut self, refusals: RefusalLog) -> ConsoleState {
+        self.refusals = refusals;
+        self
+    }
 }
 
 impl std::fmt::Debug for ConsoleState {
@@ -124,6 +120,20 @@ impl std::fmt::Debug for ConsoleState {
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
+}
+
+/// The console as the gateway mounts it beside the admin API: over the
+/// admin listener's store, metrics, token, routes and transport, its wrong
+/// sign-ins logged within the admin API's refusal log, its sessions ending
+/// after `limits`.
+pub fn mount(limits: SessionLimits) -> AdminMount {
+    Box::new(move |parts: AdminParts| {
+        let state = ConsoleState::new(parts.store, parts.metrics, parts.token, parts.routes)
+            .with_transport(parts.transport)
+            .with_session_limits(limits)
+            .with_refusals(parts.refusals);
+        router(state)
+    })
 }
 
 /// The console's routes, all under `/ui`. Called inside a Tokio runtime,
@@ -140,8 +150,6 @@ pub fn router(state: ConsoleState) -> axum::Router {
     }
     let console = Arc::new(Console {
         sessions: Sessions::new(state.limits),
-        refusals: tokio::sync::Mutex::new(()),
-        refusals_waiting: tokio::sync::Semaphore::new(SIGN_IN_REFUSALS_WAITING_MAX),
         samples,
         state,
     });
@@ -183,10 +191,6 @@ struct Console {
     state: ConsoleState,
     sessions: Sessions,
     samples: Arc<Samples>,
-    /// Held by a refused sign-in while it waits, so refusals queue.
-    refusals: tokio::sync::Mutex<()>,
-    /// One permit per refused sign-in waiting for `refusals`.
-    refusals_waiting: tokio::sync::Semaphore,
 }
 
 type Shared = State<Arc<Console>>;
@@ -308,23 +312,14 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
         return Refusal::CrossSite(why).into_response();
     }
     let right = c.state.token.matches(form.token.as_bytes());
-    drop(form);
+    // A wrong token is answered at once, as the admin API answers a wrong
+    // bearer token: a wait would not bound guessing (the token's randomness
+    // does), and a throttle that did would let a guesser lock the operator
+    // out.
     if !right {
-        let Ok(_waiting) = c.refusals_waiting.try_acquire() else {
-            tracing::warn!("console: refused a sign-in with a wrong token at once: too many wait");
-            let page = pages::sign_in(Some(
-                "Too many wrong tokens were tried just now. Wait a minute and try again.",
-            ));
-            let mut answer = html(StatusCode::TOO_MANY_REQUESTS, page);
-            answer.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(SIGN_IN_RETRY_AFTER_S),
-            );
-            return answer;
-        };
-        let _queued = c.refusals.lock().await;
-        tokio::time::sleep(SIGN_IN_REFUSAL_DELAY).await;
-        tracing::warn!("console: refused a sign-in with a wrong token");
+        if let Logged::Write { suppressed } = c.state.refusals.admit(Instant::now()) {
+            tracing::warn!(suppressed, "console: refused a sign-in with a wrong token");
+        }
         let page = pages::sign_in(Some(
             "That is not the admin token. Check the gateway's admin_token_env variable and try again.",
         ));
@@ -592,7 +587,7 @@ fn resolution_of(form: &ResolveForm) -> Result<(Token, Resolution), String> {
         }
     }
     let body = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
-    let (token, parsed) = crate::admin::resolve::parse_resolution(&body)?;
+    let (token, parsed) = idem_gateway::admin::parse_resolution(&body)?;
     let resolution = Resolution::new(parsed.outcome, CONSOLE_ACTOR, &parsed.reason)
         .map_err(|e| format!("field `reason`: {e}"))?;
     Ok((token, resolution))
@@ -649,7 +644,7 @@ fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
 /// or a `%` escape that is malformed or decodes to bytes that are not.
 fn form_text(raw: &[u8]) -> Result<(), &'static str> {
     let text = std::str::from_utf8(raw).map_err(|_| "its bytes are not UTF-8")?;
-    crate::admin::strict_escapes(text)
+    idem_gateway::admin::strict_escapes(text)
         .map_err(|_| "a %-escape is malformed or does not decode to UTF-8")
 }
 
