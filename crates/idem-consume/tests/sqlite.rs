@@ -11,83 +11,17 @@ use std::time::Duration;
 use idem_consume::{Outcome, RetryReason};
 use idem_core::{Clock, Completion, ManualClock, State, StoreError, Timestamp};
 use idem_sqlite::{SqliteOptions, SqliteStore};
-use proptest::prelude::*;
-use support::{ANSWERS, Answer, Class, Effects, Harness, LEASE_MS, Seen, Step, manual_clock};
+use idem_testkit::stores::{Backend, TestStore};
+use support::{Answer, Effects, Harness, LEASE_MS, Seen, manual_clock};
 use tempfile::TempDir;
 
 /// A fresh store in a new temp dir, which the guard deletes.
-async fn make() -> (Harness, TempDir) {
-    open(manual_clock())
-}
-
-fn open(clock: ManualClock) -> (Harness, TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let store =
-        SqliteStore::open_with_clock(path, SqliteOptions::default(), Arc::new(clock.clone()));
-    (
-        Harness {
-            store: Arc::new(store.unwrap()),
-            clock,
-        },
-        dir,
-    )
+async fn make() -> (Harness, TestStore) {
+    support::real_store(Backend::Sqlite).await
 }
 
 run_once_suite!(make);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    (0u8..3, 0u8..2, 0..ANSWERS.len()).prop_map(|(key, amount, answer)| Step {
-        key,
-        amount,
-        answer: ANSWERS[answer].0,
-    })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
-
-    /// Any sequence of deliveries of a few intents, each with one of two
-    /// payloads and any answer, gets the outcome the contract's table
-    /// gives, and runs the effect exactly when the table says.
-    #[test]
-    fn deliveries_follow_the_contract(steps in proptest::collection::vec(step(), 1..24)) {
-        runtime().block_on(async {
-            let (harness, _dir) = make().await;
-            support::check_model(&harness, "model", &steps).await;
-        });
-    }
-
-    /// Many concurrent deliveries of one intent: never two effects at once;
-    /// one effect in all unless the effect released the key, and then one
-    /// per release.
-    #[test]
-    fn concurrent_deliveries_run_once(
-        deliveries in 2usize..16,
-        answer in 0..ANSWERS.len(),
-        hold_ms in 0u64..20,
-    ) {
-        runtime().block_on(async {
-            let (harness, _dir) = make().await;
-            let (answer, class) = ANSWERS[answer];
-            let hold = Duration::from_millis(hold_ms);
-            let seen = support::concurrently(&harness, "c", deliveries, answer, hold).await;
-            check(&seen, answer, class);
-        });
-    }
-}
-
-fn check(seen: &(Vec<Seen>, usize, usize), answer: Answer, class: Class) {
-    support::check_concurrent_class(seen, answer, class);
-}
+store_properties!(make, 24);
 
 /// A manual clock that, once armed, panics when read: reading it kills the
 /// SQLite store's writer thread, and the store stops for good, as a store

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_core::{Store, SystemClock};
+use idem_core::{Clock, Store, SystemClock};
 use idem_postgres::{PgOptions, PgStore};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
@@ -27,15 +27,25 @@ pub struct TestStore {
 
 /// Opens a fresh store of `backend`; `tag` names its PostgreSQL schema.
 /// Panics when the store cannot be opened: it is test set-up.
-#[allow(clippy::unwrap_used, reason = "test set-up fails by panicking")]
 pub async fn open(backend: Backend, tag: &str) -> TestStore {
+    open_with_clock(backend, tag, None).await
+}
+
+/// [`open`], the store judging time by `clock`; by its own if `None` (the
+/// system's for SQLite, the database server's for PostgreSQL).
+#[allow(clippy::unwrap_used, reason = "test set-up fails by panicking")]
+pub async fn open_with_clock(
+    backend: Backend,
+    tag: &str,
+    clock: Option<Arc<dyn Clock>>,
+) -> TestStore {
     let (store, cleanup): (Arc<dyn Store>, Cleanup) = match backend {
         Backend::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
             let store = SqliteStore::open_with_clock(
                 dir.path().join("idem.db"),
                 SqliteOptions::default(),
-                Arc::new(SystemClock),
+                clock.unwrap_or_else(|| Arc::new(SystemClock)),
             )
             .unwrap();
             (Arc::new(store), Cleanup::Dir(dir))
@@ -46,9 +56,13 @@ pub async fn open(backend: Backend, tag: &str) -> TestStore {
             let schema = format!("idem_{tag}_{}_{n}", std::process::id());
             let options = PgOptions {
                 schema: schema.clone(),
+                clock,
                 ..PgOptions::default()
             };
-            let store = PgStore::connect(&pg_url(), options).await.unwrap();
+            let store = match PgStore::connect(&pg_url(), options).await {
+                Ok(store) => store,
+                Err(e) => panic!("cannot connect to {}: {e}", pg_url()),
+            };
             (Arc::new(store), Cleanup::Schema(schema))
         }
     };

@@ -67,6 +67,89 @@ macro_rules! run_once_suite {
     };
 }
 
+/// Generates the contract's model and concurrent deliveries as property
+/// tests through the stores `$make` opens, `$cases` cases each.
+#[macro_export]
+macro_rules! store_properties {
+    ($make:path, $cases:expr) => {
+        proptest::proptest! {
+            #![proptest_config(proptest::prelude::ProptestConfig {
+                cases: $cases,
+                ..proptest::prelude::ProptestConfig::default()
+            })]
+
+            /// Any sequence of deliveries of a few intents, each with one
+            /// of two payloads and any answer, gets the outcome the
+            /// contract's table gives, and runs the effect exactly when the
+            /// table says.
+            #[test]
+            fn deliveries_follow_the_contract(
+                steps in proptest::collection::vec(support::step(), 1..24),
+            ) {
+                support::runtime().block_on(async {
+                    let (harness, _guard) = $make().await;
+                    support::check_model(&harness, "model", &steps).await;
+                });
+            }
+
+            /// Many concurrent deliveries of one intent: never two effects
+            /// at once; one effect in all unless the effect released the
+            /// key, and then one per release.
+            #[test]
+            fn concurrent_deliveries_run_once(
+                deliveries in 2usize..16,
+                answer in 0..support::ANSWERS.len(),
+                hold_ms in 0u64..20,
+            ) {
+                support::runtime().block_on(async {
+                    let (harness, _guard) = $make().await;
+                    let (answer, class) = support::ANSWERS[answer];
+                    let hold = std::time::Duration::from_millis(hold_ms);
+                    let seen =
+                        support::concurrently(&harness, "c", deliveries, answer, hold).await;
+                    support::check_concurrent_class(&seen, answer, class);
+                });
+            }
+        }
+    };
+}
+
+/// A runtime for a property case, which proptest runs outside one.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// One delivery of the model: one of three intents, one of two payloads,
+/// any answer.
+pub fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::strategy::Strategy;
+    (0u8..3, 0u8..2, 0..ANSWERS.len()).prop_map(|(key, amount, answer)| Step {
+        key,
+        amount,
+        answer: ANSWERS[answer].0,
+    })
+}
+
+/// A fresh store of `backend` judging time by a manual clock; the guard
+/// removes it.
+pub async fn real_store(
+    backend: idem_testkit::stores::Backend,
+) -> (Harness, idem_testkit::stores::TestStore) {
+    let clock = manual_clock();
+    let opened =
+        idem_testkit::stores::open_with_clock(backend, "consume", Some(Arc::new(clock.clone())))
+            .await;
+    let harness = Harness {
+        store: opened.store.clone(),
+        clock,
+    };
+    (harness, opened)
+}
+
 /// A store under test and the clock it decides by.
 pub struct Harness {
     pub store: Arc<dyn Store>,
