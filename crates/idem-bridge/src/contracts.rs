@@ -1,14 +1,14 @@
 //! Each subscription's contract, judged by the twelve questions and
 //! cross-checked against what the subscription enforces (the same checks
-//! as a gateway route's: retention, tombstone, lease, lookup), plus where
-//! its key comes from. `idem consume` refuses to start when one fails;
+//! as a gateway route's, under `consumer.*` topics: retention, tombstone,
+//! lease, takeover, lookup), plus where its key comes from. `idem consume` refuses to start when one fails;
 //! `idem check --consumer` prints them.
 
 use std::path::PathBuf;
 
 use idem_consume::Source;
 use idem_contract::consumer::KeySource;
-use idem_contract::{ContractError, Finding, GatewayFacts, Report};
+use idem_contract::{ContractError, Enforcer, Finding, GatewayFacts, Report};
 
 use crate::config::{ConsumeConfig, Subscription};
 
@@ -57,7 +57,11 @@ pub fn evaluate(config: &ConsumeConfig) -> Vec<SubscriptionContract> {
             let path = sub.contract.clone()?;
             let outcome = idem_contract::load(&path).map(|contract| {
                 let report = idem_contract::check(&contract);
-                let cross = idem_contract::cross_check(&contract, &facts(config, sub));
+                let cross = idem_contract::cross_check_for(
+                    Enforcer::Consumer,
+                    &contract,
+                    &facts(config, sub),
+                );
                 (report, cross)
             });
             Some(SubscriptionContract {

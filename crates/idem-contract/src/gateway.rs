@@ -165,25 +165,52 @@ pub fn lookup_tenancy_finding(source: PrincipalSource, forwarded: ForwardedRefer
     }
 }
 
+/// Who enforces the settings a cross-check judges; it names the findings'
+/// topics (`gateway.lease`, `consumer.lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Enforcer {
+    /// A gateway route.
+    Gateway,
+    /// A queue consumer's subscription.
+    Consumer,
+}
+
+impl Enforcer {
+    /// The topic of `check` when this enforcer's settings are judged.
+    pub fn topic(self, check: &str) -> String {
+        let side = match self {
+            Enforcer::Gateway => "gateway",
+            Enforcer::Consumer => "consumer",
+        };
+        format!("{side}.{check}")
+    }
+}
+
 /// One finding per cross-check, topics `gateway.retention`, `gateway.tombstone`,
 /// `gateway.lease`, `gateway.takeover`, `gateway.lookup`, `gateway.regions`.
 /// All must pass.
 pub fn cross_check(contract: &Contract, facts: &GatewayFacts) -> Vec<Finding> {
+    cross_check_for(Enforcer::Gateway, contract, facts)
+}
+
+/// [`cross_check`] of what `by` enforces, its topics named for it
+/// (`consumer.retention`, …); `regions` only where there is a region mode.
+pub fn cross_check_for(by: Enforcer, contract: &Contract, facts: &GatewayFacts) -> Vec<Finding> {
     let mut findings = vec![
-        retention(contract, facts),
-        tombstone(contract, facts),
-        lease(contract, facts),
-        takeover(contract, facts),
-        lookup(contract, facts),
+        retention(contract, facts, &by.topic("retention")),
+        tombstone(contract, facts, &by.topic("tombstone")),
+        lease(contract, facts, &by.topic("lease")),
+        takeover(contract, facts, &by.topic("takeover")),
+        lookup(contract, facts, &by.topic("lookup")),
     ];
     if let Some(mode) = facts.region_mode {
-        findings.push(regions(contract, mode));
+        findings.push(regions(contract, mode, &by.topic("regions")));
     }
     findings
 }
 
-fn retention(c: &Contract, g: &GatewayFacts) -> Finding {
-    let t = "gateway.retention";
+fn retention(c: &Contract, g: &GatewayFacts, t: &str) -> Finding {
     let need_contract = c.retention.as_ref().map_or(0, |r| r.retention_s);
     let need_horizon = replay_horizon(c.replay.as_ref()).map_or(0, |h| h.total_s);
     let need = need_contract.max(need_horizon);
@@ -213,8 +240,7 @@ fn retention(c: &Contract, g: &GatewayFacts) -> Finding {
     )
 }
 
-fn tombstone(c: &Contract, g: &GatewayFacts) -> Finding {
-    let t = "gateway.tombstone";
+fn tombstone(c: &Contract, g: &GatewayFacts, t: &str) -> Finding {
     let need = c.retention.as_ref().map_or(0, |r| r.tombstone_s);
     if g.tombstone_s < need {
         return Finding::fail(
@@ -236,8 +262,7 @@ fn tombstone(c: &Contract, g: &GatewayFacts) -> Finding {
     )
 }
 
-fn lease(c: &Contract, g: &GatewayFacts) -> Finding {
-    let t = "gateway.lease";
+fn lease(c: &Contract, g: &GatewayFacts, t: &str) -> Finding {
     let Some(cc) = &c.concurrency else {
         return Finding::unanswered(
             t,
@@ -267,8 +292,7 @@ fn lease(c: &Contract, g: &GatewayFacts) -> Finding {
     )
 }
 
-fn takeover(c: &Contract, g: &GatewayFacts) -> Finding {
-    let t = "gateway.takeover";
+fn takeover(c: &Contract, g: &GatewayFacts, t: &str) -> Finding {
     if !g.on_lease_expiry_takeover {
         return Finding::pass(t, "an expired lease is reconciled, never taken over");
     }
@@ -296,8 +320,7 @@ fn takeover(c: &Contract, g: &GatewayFacts) -> Finding {
     )
 }
 
-fn lookup(c: &Contract, g: &GatewayFacts) -> Finding {
-    let t = "gateway.lookup";
+fn lookup(c: &Contract, g: &GatewayFacts, t: &str) -> Finding {
     let wants = c
         .ambiguity
         .as_ref()
@@ -315,8 +338,7 @@ fn lookup(c: &Contract, g: &GatewayFacts) -> Finding {
 
 /// The route's region mode against the contract's `[regions]`: the mode
 /// the contract's safety rests on must be the one the gateway enforces.
-fn regions(c: &Contract, route_mode: RouteRegionMode) -> Finding {
-    let t = "gateway.regions";
+fn regions(c: &Contract, route_mode: RouteRegionMode, t: &str) -> Finding {
     let mode = match route_mode {
         RouteRegionMode::Single => "single",
         RouteRegionMode::HomeRegion => "home-region",

@@ -27,8 +27,8 @@ use std::path::Path;
 
 pub use error::{ContractError, ErrorKind};
 pub use gateway::{
-    ForwardedReference, GatewayFacts, PrincipalSource, RouteRegionMode, cross_check,
-    lookup_tenancy_finding, lost_tail_finding, principal_finding,
+    Enforcer, ForwardedReference, GatewayFacts, PrincipalSource, RouteRegionMode, cross_check,
+    cross_check_for, lookup_tenancy_finding, lost_tail_finding, principal_finding,
 };
 pub use horizon::{Horizon, format_duration, replay_horizon};
 pub use questions::check;

@@ -247,7 +247,7 @@ fn the_example_consumer_passes_and_its_unsafe_variants_fail() {
         ),
         (
             original.replace("retention_s = 604800", "retention_s = 3600"),
-            "gateway.retention",
+            "consumer.retention",
         ),
     ];
     for (text_of_config, topic) in cases {
@@ -262,12 +262,15 @@ fn the_example_consumer_passes_and_its_unsafe_variants_fail() {
         ]);
         assert_eq!(out.status.code(), Some(1), "{topic}: {}", text(&out.stderr));
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let failed = doc[0]["consumer"]
-            .as_array()
-            .unwrap()
+        let findings = doc[0]["consumer"].as_array().unwrap();
+        let failed = findings
             .iter()
             .any(|f| f["topic"] == topic && f["verdict"] == "FAIL");
         assert!(failed, "{topic} should fail: {doc}");
+        // A subscription's findings are named for the consumer, never for
+        // a gateway route it is not.
+        let topics = findings.iter().map(|f| f["topic"].as_str().unwrap());
+        assert!(topics.clone().all(|t| t.starts_with("consumer.")), "{doc}");
     }
 }
 
