@@ -2,10 +2,8 @@
 //! here (a key homed in another region) looks at the request as the layer
 //! has read it — path normalised, body within its limit, key parsed,
 //! principal established — and answers instead of the claim. The layer
-//! knows nothing of regions; `RegionsSpec` is only carried for the gateway
-//! that reads a route's `regions` setting.
+//! knows nothing of regions.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -13,38 +11,6 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 use idem_core::IdempotencyKey;
-use serde::Deserialize;
-
-/// A route's `regions = { … }`, as written; validated by the gateway, which
-/// alone knows its own region and its peers.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct RegionsSpec {
-    /// `single` (default), `home-region` or `synchronous`.
-    pub mode: Option<String>,
-    /// Where a key's home region comes from (`home-region` only).
-    pub home: Option<HomeSpec>,
-    /// `forward` (default) or `problem`: what a key homed elsewhere gets.
-    pub on_foreign: Option<String>,
-}
-
-/// `home = { from = "key_prefix", separator = ":" }`,
-/// `home = { from = "header", header = "x-home-region" }` or
-/// `home = { from = "principal", table = { acme = "eu" }, default = "eu" }`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct HomeSpec {
-    /// `key_prefix`, `header` or `principal`.
-    pub from: Option<String>,
-    /// `key_prefix`: the text ending the region name at the key's start.
-    pub separator: Option<String>,
-    /// `header`: the header a trusted layer sets to the key's home region.
-    pub header: Option<String>,
-    /// `principal`: principal value → region.
-    pub table: Option<BTreeMap<String, String>>,
-    /// `principal`: the region of a principal the table does not name.
-    pub default: Option<String>,
-}
 
 /// One protected request just before its claim.
 #[derive(Debug)]

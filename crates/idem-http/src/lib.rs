@@ -55,7 +55,7 @@ mod trace;
 mod wait;
 
 pub use completion::CompletionSpec;
-pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer, HomeSpec, RegionsSpec};
+pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
 pub use idem_core::VerifyFresh;
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use metrics::{
@@ -70,7 +70,8 @@ pub use principal::{
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
-    ForwardedScope, OPERATION_NAME_BYTES_MAX, PathPattern, Route, RouteSpec, RouteWait,
+    ForwardedScope, HomeSpec, OPERATION_NAME_BYTES_MAX, PathPattern, RegionsSpec, Route, RouteSpec,
+    RouteWait,
 };
 pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,

@@ -2,6 +2,8 @@
 //! ([`RouteSpec`], what a config file holds) and validated once into
 //! [`Route`], so the request path never meets an invalid setting.
 
+use std::collections::BTreeMap;
+
 use http::{HeaderName, Method};
 use idem_core::{
     CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope,
@@ -11,7 +13,6 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::completion::CompletionSpec;
-use crate::gate::RegionsSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
 use crate::setting::RouteError;
@@ -84,6 +85,41 @@ pub struct RouteSpec {
     /// milliseconds; at most the lease. Default: the lease less its margin
     /// in the layer, `response_timeout_ms` in `idem serve`.
     pub wait_ms_max: Option<u64>,
+}
+
+/// A route's `regions = { … }`, as written; validated by the gateway, which
+/// alone knows its own region and its peers. It is declared here, beside
+/// [`RouteSpec`], because a `[[route]]` table is read in one piece with
+/// unknown fields refused by name, line and column: a gateway-side type
+/// would need serde's `flatten`, which cannot refuse unknown fields, or an
+/// untyped value. The layer carries it and never reads it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegionsSpec {
+    /// `single` (default), `home-region` or `synchronous`.
+    pub mode: Option<String>,
+    /// Where a key's home region comes from (`home-region` only).
+    pub home: Option<HomeSpec>,
+    /// `forward` (default) or `problem`: what a key homed elsewhere gets.
+    pub on_foreign: Option<String>,
+}
+
+/// `home = { from = "key_prefix", separator = ":" }`,
+/// `home = { from = "header", header = "x-home-region" }` or
+/// `home = { from = "principal", table = { acme = "eu" }, default = "eu" }`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HomeSpec {
+    /// `key_prefix`, `header` or `principal`.
+    pub from: Option<String>,
+    /// `key_prefix`: the text ending the region name at the key's start.
+    pub separator: Option<String>,
+    /// `header`: the header a trusted layer sets to the key's home region.
+    pub header: Option<String>,
+    /// `principal`: principal value → region.
+    pub table: Option<BTreeMap<String, String>>,
+    /// `principal`: the region of a principal the table does not name.
+    pub default: Option<String>,
 }
 
 /// How the key is passed on to the upstream, as declared.
