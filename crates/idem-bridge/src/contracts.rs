@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use idem_consume::Source;
 use idem_contract::consumer::KeySource;
-use idem_contract::{ContractError, Enforcer, Finding, GatewayFacts, Report};
+use idem_contract::{Enforcer, Finding, GatewayFacts, Judgement};
 
 use crate::config::{ConsumeConfig, Subscription};
 
@@ -21,30 +21,18 @@ pub struct SubscriptionContract {
     pub path: PathBuf,
     /// The twelve questions and the cross-checks, or why the file could
     /// not be read.
-    pub outcome: Result<(Report, Vec<Finding>), ContractError>,
+    pub outcome: Judgement,
 }
 
 impl SubscriptionContract {
     /// True when the file was read and every question and cross-check passed.
     pub fn passed(&self) -> bool {
-        match &self.outcome {
-            Ok((report, cross)) => report.passed() && cross.iter().all(|f| f.verdict.passed()),
-            Err(_) => false,
-        }
+        idem_contract::judgement_passed(&self.outcome)
     }
 
     /// One line per failure, for logs and refusals.
     pub fn failures(&self) -> Vec<String> {
-        match &self.outcome {
-            Err(e) => vec![e.to_string()],
-            Ok((report, cross)) => report
-                .findings
-                .iter()
-                .chain(cross)
-                .filter(|f| !f.verdict.passed())
-                .map(|f| format!("{} {}: {}", f.verdict.as_str(), f.topic, f.why))
-                .collect(),
-        }
+        idem_contract::judgement_failures(&self.outcome)
     }
 }
 

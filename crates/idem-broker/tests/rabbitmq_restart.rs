@@ -12,47 +12,12 @@
 
 mod rabbit_support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use idem_broker::rabbitmq::RabbitSubscription;
+use idem_testkit::brokers::rabbitmq::Outage;
 use lapin::BasicProperties;
 use rabbit_support::{Rabbit, TopologyCounts, config, next, next_within};
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .expect("this test restarts the local RabbitMQ with rabbitmqctl");
-    assert!(status.success(), "rabbitmqctl {args:?}: {status:?}");
-}
-
-/// The broker application, stopped until this is dropped.
-struct Stopped;
-
-impl Stopped {
-    fn now() -> Stopped {
-        rabbitmqctl(&["stop_app"]);
-        Stopped
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // Also on a failed assertion: every later test needs the broker.
-        let started = Command::new("rabbitmqctl").arg("start_app").status();
-        let awaited = Command::new("rabbitmqctl")
-            .args(["await_startup", "--timeout", "60"])
-            .status();
-        if !std::thread::panicking() {
-            assert!(started.is_ok_and(|s| s.success()), "rabbitmqctl start_app");
-            assert!(
-                awaited.is_ok_and(|s| s.success()),
-                "rabbitmqctl await_startup"
-            );
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_fails_next_transiently_then_redelivers_without_loss() {
@@ -66,7 +31,7 @@ async fn a_broker_restart_fails_next_transiently_then_redelivers_without_loss() 
     let before = next(&sub).await;
     assert_eq!(before.message.delivery, 1);
 
-    let stopped = tokio::task::spawn_blocking(Stopped::now).await.unwrap();
+    let stopped = tokio::task::spawn_blocking(Outage::now).await.unwrap();
     let e = before.settle.ack().await.unwrap_err();
     assert!(e.transient, "{e}");
     for _ in 0..3 {

@@ -48,3 +48,29 @@ pub fn parse(text: &str, file: &Path) -> Result<Contract, ContractError> {
     validate::validate(&contract, &loc)?;
     Ok(contract)
 }
+
+/// A contract file judged: its twelve questions and the cross-checks of
+/// what enforces it, or why the file could not be read.
+pub type Judgement = Result<(Report, Vec<Finding>), ContractError>;
+
+/// True when the file was read and every question and cross-check passed.
+pub fn judgement_passed(judged: &Judgement) -> bool {
+    match judged {
+        Ok((report, cross)) => report.passed() && cross.iter().all(|f| f.verdict.passed()),
+        Err(_) => false,
+    }
+}
+
+/// One line per failure, for logs and refusals.
+pub fn judgement_failures(judged: &Judgement) -> Vec<String> {
+    match judged {
+        Err(e) => vec![e.to_string()],
+        Ok((report, cross)) => report
+            .findings
+            .iter()
+            .chain(cross)
+            .filter(|f| !f.verdict.passed())
+            .map(|f| format!("{} {}: {}", f.verdict.as_str(), f.topic, f.why))
+            .collect(),
+    }
+}

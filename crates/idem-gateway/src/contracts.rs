@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use idem_contract::{ContractError, Finding, GatewayFacts, Report, RouteRegionMode};
+use idem_contract::{GatewayFacts, Judgement, RouteRegionMode};
 use idem_http::Route;
 
 use crate::GatewayConfig;
@@ -21,31 +21,19 @@ pub struct RouteContract {
     pub path: PathBuf,
     /// The twelve questions and the cross-check, or why the file could not
     /// be read.
-    pub outcome: Result<(Report, Vec<Finding>), ContractError>,
+    pub outcome: Judgement,
 }
 
 impl RouteContract {
     /// True when the file was read, every question passed and every
     /// cross-check passed.
     pub fn passed(&self) -> bool {
-        match &self.outcome {
-            Ok((report, cross)) => report.passed() && cross.iter().all(|f| f.verdict.passed()),
-            Err(_) => false,
-        }
+        idem_contract::judgement_passed(&self.outcome)
     }
 
     /// One line per failure, for logs and refusals.
     pub fn failures(&self) -> Vec<String> {
-        match &self.outcome {
-            Err(e) => vec![e.to_string()],
-            Ok((report, cross)) => report
-                .findings
-                .iter()
-                .chain(cross)
-                .filter(|f| !f.verdict.passed())
-                .map(|f| format!("{} {}: {}", f.verdict.as_str(), f.topic, f.why))
-                .collect(),
-        }
+        idem_contract::judgement_failures(&self.outcome)
     }
 }
 

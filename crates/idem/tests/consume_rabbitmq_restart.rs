@@ -11,49 +11,14 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
+use idem_testkit::brokers::rabbitmq::Outage;
 use support::broker::{
     Broker, Counts, Sub, consume_toml, effects_per_key, payout, payout_key, settled, stop_settled,
 };
 use support::rabbit::Rabbit;
 use support::{Consumer, Site, Upstream, eventually};
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .expect("this test restarts the local RabbitMQ with rabbitmqctl");
-    assert!(status.success(), "rabbitmqctl {args:?}: {status:?}");
-}
-
-/// The broker application, stopped until this is dropped.
-struct BrokerDown;
-
-impl BrokerDown {
-    fn now() -> BrokerDown {
-        rabbitmqctl(&["stop_app"]);
-        BrokerDown
-    }
-}
-
-impl Drop for BrokerDown {
-    fn drop(&mut self) {
-        // Also on a failed assertion: every later test needs the broker.
-        let started = Command::new("rabbitmqctl").arg("start_app").status();
-        let awaited = Command::new("rabbitmqctl")
-            .args(["await_startup", "--timeout", "60"])
-            .status();
-        if !std::thread::panicking() {
-            assert!(started.is_ok_and(|s| s.success()), "rabbitmqctl start_app");
-            assert!(
-                awaited.is_ok_and(|s| s.success()),
-                "rabbitmqctl await_startup"
-            );
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
@@ -82,7 +47,7 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
     }
     assert!(eventually(Duration::from_secs(15), || up.hits() >= 2).await);
 
-    let down = tokio::task::spawn_blocking(BrokerDown::now).await.unwrap();
+    let down = tokio::task::spawn_blocking(Outage::now).await.unwrap();
     assert!(
         consumer
             .logged("broker cannot deliver", Duration::from_secs(15))

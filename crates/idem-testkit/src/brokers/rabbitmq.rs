@@ -1,6 +1,8 @@
 //! RabbitMQ: the local broker's address and a plain client that publishes
 //! with confirms, takes messages off queues and counts and deletes them.
 
+use std::process::Command;
+
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
@@ -151,4 +153,38 @@ pub fn message_id(message: &BasicGetMessage) -> Option<String> {
         .message_id()
         .as_ref()
         .map(|m| m.as_str().to_owned())
+}
+
+/// The local broker's application, stopped (`rabbitmqctl stop_app`) until
+/// this is dropped, then started again and awaited, also when the test
+/// fails: every later test needs the broker. Only for a test binary of its
+/// own, since every test sharing the broker sees the outage.
+pub struct Outage;
+
+impl Outage {
+    /// Stops the broker's application now.
+    pub fn now() -> Outage {
+        let status = Command::new("rabbitmqctl")
+            .arg("stop_app")
+            .status()
+            .expect("this test restarts the local RabbitMQ with rabbitmqctl");
+        assert!(status.success(), "rabbitmqctl stop_app: {status:?}");
+        Outage
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        let started = Command::new("rabbitmqctl").arg("start_app").status();
+        let awaited = Command::new("rabbitmqctl")
+            .args(["await_startup", "--timeout", "60"])
+            .status();
+        if !std::thread::panicking() {
+            assert!(started.is_ok_and(|s| s.success()), "rabbitmqctl start_app");
+            assert!(
+                awaited.is_ok_and(|s| s.success()),
+                "rabbitmqctl await_startup"
+            );
+        }
+    }
 }
