@@ -100,7 +100,7 @@ pub use store::{
 pub use store_error::StoreError;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use window::{SuspectWindow, Verification, VerifyFresh, WindowOpening, WindowWatch};
-pub use wrap::StoreWrapper;
+pub use wrap::{Accepted, StoreWrapper};
 
 #[cfg(test)]
 mod test_support {

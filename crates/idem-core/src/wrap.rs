@@ -9,20 +9,56 @@ use crate::record::{JournalEntry, LookupTries, Record, RecordId, Resolution, Sto
 use crate::store::{ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, WindowFn};
 use crate::window::{SuspectWindow, WindowOpening};
 
-/// Spells [`StoreWrapper`] and the [`Store`] it makes from one list of the
-/// operations that answer with a future, so that each signature is written
-/// once here (and once in [`Store`]).
+/// A write the inner store accepted, as [`StoreWrapper::accepted`] sees it:
+/// the operation and its arguments (and a claim's answer).
+#[derive(Clone, Copy, Debug)]
+pub enum Accepted<'a> {
+    /// [`Store::claim`] answered `Claim`.
+    Claim(&'a ClaimRequest, &'a Claim),
+    /// [`Store::complete`].
+    Complete(&'a RecordId, Token),
+    /// [`Store::release`].
+    Release(&'a RecordId, Token),
+    /// [`Store::mark_ambiguous`].
+    MarkAmbiguous(&'a RecordId, Token),
+    /// [`Store::resolve`].
+    Resolve(&'a RecordId, Token, &'a Resolution),
+    /// [`Store::note_failed_lookup`].
+    NoteFailedLookup(&'a RecordId, Token),
+}
+
+/// Spells [`StoreWrapper`] and the [`Store`] it makes from two lists of the
+/// operations that answer with a future, reads and writes, so that each
+/// signature is written once here (and once in [`Store`]). A write's
+/// default also tells [`StoreWrapper::accepted`] what the inner store
+/// accepted; `$kept` is what of its arguments it keeps for that.
 macro_rules! wrapper {
-    ($( $(#[$doc:meta])* fn $op:ident($($arg:ident: $ty:ty),*) -> $out:ty; )*) => {
+    (
+        reads { $( $(#[$doc:meta])* fn $op:ident($($arg:ident: $ty:ty),*) -> $out:ty; )* }
+        writes { $(
+            $(#[$wdoc:meta])*
+            fn $wop:ident($($warg:ident: $wty:ty),*) -> $wout:ty;
+            |$answer:pat_param| $accepted:expr;
+        )* }
+    ) => {
         /// A store that passes what it does not override to
         /// [`StoreWrapper::inner`].
         ///
         /// The operations mirror [`Store`]'s, one for one. Each default
         /// passes the inner store's future through [`StoreWrapper::around`]
         /// (by default unchanged), so a wrapper that watches every answer
-        /// overrides only that. The two registrations (`on_completed`,
-        /// `on_window_opened`) go to the inner store as they are.
+        /// overrides only that, and a write's default tells
+        /// [`StoreWrapper::accepted`] once the inner store accepted it, so a
+        /// wrapper that notes writes overrides only that (and sets
+        /// [`StoreWrapper::WATCHES_WRITES`]). The two registrations
+        /// (`on_completed`, `on_window_opened`) go to the inner store as
+        /// they are.
         pub trait StoreWrapper: Send + Sync {
+            /// Whether the writes' defaults call [`StoreWrapper::accepted`];
+            /// off by default, so that a wrapper that does not note writes
+            /// adds nothing to them.
+            const WATCHES_WRITES: bool = false;
+
             /// The store every operation not overridden goes to.
             fn inner(&self) -> &dyn Store;
 
@@ -32,10 +68,30 @@ macro_rules! wrapper {
                 op
             }
 
+            /// Told of each write the inner store accepted through a
+            /// default operation, when [`StoreWrapper::WATCHES_WRITES`].
+            fn accepted(&self, _write: Accepted<'_>) {}
+
             $(
                 $(#[$doc])*
                 fn $op<'a>(&'a self, $($arg: $ty),*) -> StoreFuture<'a, $out> {
                     self.around(self.inner().$op($($arg),*))
+                }
+            )*
+
+            $(
+                $(#[$wdoc])*
+                #[allow(clippy::clone_on_copy, reason = "the arguments kept for the hook")]
+                fn $wop<'a>(&'a self, $($warg: $wty),*) -> StoreFuture<'a, $wout> {
+                    if !Self::WATCHES_WRITES {
+                        return self.around(self.inner().$wop($($warg),*));
+                    }
+                    Box::pin(async move {
+                        let answer = self.around(self.inner().$wop($(Clone::clone(&$warg)),*)).await?;
+                        let $answer = &answer;
+                        self.accepted($accepted);
+                        Ok(answer)
+                    })
                 }
             )*
 
@@ -56,6 +112,11 @@ macro_rules! wrapper {
                     StoreWrapper::$op(self, $($arg),*)
                 }
             )*
+            $(
+                fn $wop<'a>(&'a self, $($warg: $wty),*) -> StoreFuture<'a, $wout> {
+                    StoreWrapper::$wop(self, $($warg),*)
+                }
+            )*
 
             fn on_completed(&self, wake: WakeFn) {
                 StoreWrapper::on_completed(self, wake);
@@ -69,34 +130,44 @@ macro_rules! wrapper {
 }
 
 wrapper! {
-    /// [`Store::claim`].
-    fn claim(req: &'a ClaimRequest) -> Claim;
-    /// [`Store::complete`].
-    fn complete(id: &'a RecordId, token: Token, result: StoredResult) -> Record;
-    /// [`Store::release`].
-    fn release(id: &'a RecordId, token: Token) -> ();
-    /// [`Store::mark_ambiguous`].
-    fn mark_ambiguous(id: &'a RecordId, token: Token) -> Record;
-    /// [`Store::resolve`].
-    fn resolve(id: &'a RecordId, token: Token, resolution: Resolution) -> Option<Record>;
-    /// [`Store::note_failed_lookup`].
-    fn note_failed_lookup(id: &'a RecordId, token: Token, next_at: Timestamp) -> LookupTries;
-    /// [`Store::lookup_tries`].
-    fn lookup_tries(id: &'a RecordId, token: Token) -> Option<LookupTries>;
-    /// [`Store::resolutions`].
-    fn resolutions(id: &'a RecordId) -> Vec<JournalEntry>;
-    /// [`Store::get`].
-    fn get(id: &'a RecordId) -> Option<Record>;
-    /// [`Store::list`].
-    fn list(query: &'a ListQuery) -> Listing;
-    /// [`Store::purge`].
-    fn purge(limit: usize) -> PurgeReport;
-    /// [`Store::note_waiting`].
-    fn note_waiting(id: &'a RecordId) -> ();
-    /// [`Store::suspect_window`].
-    fn suspect_window() -> Option<SuspectWindow>;
-    /// [`Store::open_suspect_window`].
-    fn open_suspect_window(opening: &'a WindowOpening) -> SuspectWindow;
+    reads {
+        /// [`Store::lookup_tries`].
+        fn lookup_tries(id: &'a RecordId, token: Token) -> Option<LookupTries>;
+        /// [`Store::resolutions`].
+        fn resolutions(id: &'a RecordId) -> Vec<JournalEntry>;
+        /// [`Store::get`].
+        fn get(id: &'a RecordId) -> Option<Record>;
+        /// [`Store::list`].
+        fn list(query: &'a ListQuery) -> Listing;
+        /// [`Store::purge`].
+        fn purge(limit: usize) -> PurgeReport;
+        /// [`Store::note_waiting`].
+        fn note_waiting(id: &'a RecordId) -> ();
+        /// [`Store::suspect_window`].
+        fn suspect_window() -> Option<SuspectWindow>;
+        /// [`Store::open_suspect_window`].
+        fn open_suspect_window(opening: &'a WindowOpening) -> SuspectWindow;
+    }
+    writes {
+        /// [`Store::claim`].
+        fn claim(req: &'a ClaimRequest) -> Claim;
+        |claim| Accepted::Claim(req, claim);
+        /// [`Store::complete`].
+        fn complete(id: &'a RecordId, token: Token, result: StoredResult) -> Record;
+        |_| Accepted::Complete(id, token);
+        /// [`Store::release`].
+        fn release(id: &'a RecordId, token: Token) -> ();
+        |_| Accepted::Release(id, token);
+        /// [`Store::mark_ambiguous`].
+        fn mark_ambiguous(id: &'a RecordId, token: Token) -> Record;
+        |_| Accepted::MarkAmbiguous(id, token);
+        /// [`Store::resolve`].
+        fn resolve(id: &'a RecordId, token: Token, resolution: Resolution) -> Option<Record>;
+        |_| Accepted::Resolve(id, token, &resolution);
+        /// [`Store::note_failed_lookup`].
+        fn note_failed_lookup(id: &'a RecordId, token: Token, next_at: Timestamp) -> LookupTries;
+        |_| Accepted::NoteFailedLookup(id, token);
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +215,43 @@ mod tests {
         }
     }
 
+    /// Notes every accepted write by name, changes nothing.
+    struct Noting {
+        inner: MemoryStore,
+        notes: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl StoreWrapper for Noting {
+        const WATCHES_WRITES: bool = true;
+
+        fn inner(&self) -> &dyn Store {
+            &self.inner
+        }
+
+        fn accepted(&self, write: Accepted<'_>) {
+            let note = match write {
+                Accepted::Claim(req, claim) => format!("claim {} {claim:?}", req.id.key),
+                Accepted::Complete(id, token) => format!("complete {} {token:?}", id.key),
+                Accepted::Release(id, token) => format!("release {} {token:?}", id.key),
+                other => format!("{other:?}"),
+            };
+            self.notes.lock().unwrap().push(note);
+        }
+    }
+
+    /// A wrapper that notes writes but leaves the hook off.
+    struct Off(Noting);
+
+    impl StoreWrapper for Off {
+        fn inner(&self) -> &dyn Store {
+            &self.0.inner
+        }
+
+        fn accepted(&self, write: Accepted<'_>) {
+            self.0.accepted(write);
+        }
+    }
+
     fn request() -> ClaimRequest {
         ClaimRequest {
             id: RecordId {
@@ -177,6 +285,34 @@ mod tests {
         now(Store::release(&store, &req.id, token)).unwrap();
         assert!(now(store.inner.get(&req.id)).unwrap().is_none());
         assert_eq!(store.answers.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn each_accepted_write_is_told_once_and_a_refused_one_never() {
+        let store = Noting {
+            inner: memory(),
+            notes: std::sync::Mutex::default(),
+        };
+        let req = request();
+        let token = match now(Store::claim(&store, &req)).unwrap() {
+            Claim::Acquired { token, .. } => token,
+            other => panic!("expected a fresh claim, got {other:?}"),
+        };
+        let wrong = Token(token.0 + 1);
+        assert!(now(Store::release(&store, &req.id, wrong)).is_err());
+        now(Store::release(&store, &req.id, token)).unwrap();
+        assert!(now(Store::get(&store, &req.id)).unwrap().is_none());
+        let notes = store.notes.lock().unwrap().clone();
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].starts_with("claim k-1 Acquired"), "{notes:?}");
+        assert_eq!(notes[1], format!("release k-1 {token:?}"));
+
+        let off = Off(Noting {
+            inner: memory(),
+            notes: std::sync::Mutex::default(),
+        });
+        now(Store::claim(&off, &req)).unwrap();
+        assert!(off.0.notes.lock().unwrap().is_empty(), "the hook is off");
     }
 
     #[test]

@@ -6,10 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use idem_core::{
-    LookupTries, Record, RecordId, Resolution, Store, StoreFuture, StoreWrapper, StoredResult,
-    Timestamp, Token,
-};
+use idem_core::{Accepted, RecordId, Resolution, Store, StoreWrapper, StoredResult, Token};
 use idem_reconcile::{Finding, Provider, ProviderFuture};
 
 use crate::rng::Rng;
@@ -47,42 +44,22 @@ impl Tapped {
 }
 
 impl StoreWrapper for Tapped {
+    const WATCHES_WRITES: bool = true;
+
     fn inner(&self) -> &dyn Store {
         &*self.inner
     }
 
-    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-        Box::pin(async move {
-            let marked = self.inner.mark_ambiguous(id, token).await?;
-            lock(&self.writes).push(Write::Marked(id.clone(), token));
-            Ok(marked)
-        })
-    }
-
-    fn resolve<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resolution: Resolution,
-    ) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move {
-            let resolved = self.inner.resolve(id, token, resolution.clone()).await?;
-            lock(&self.writes).push(Write::Resolved(id.clone(), token, resolution));
-            Ok(resolved)
-        })
-    }
-
-    fn note_failed_lookup<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        next_at: Timestamp,
-    ) -> StoreFuture<'a, LookupTries> {
-        Box::pin(async move {
-            let tries = self.inner.note_failed_lookup(id, token, next_at).await?;
-            lock(&self.writes).push(Write::LookupFailed(id.clone(), token));
-            Ok(tries)
-        })
+    fn accepted(&self, write: Accepted<'_>) {
+        let noted = match write {
+            Accepted::MarkAmbiguous(id, token) => Write::Marked(id.clone(), token),
+            Accepted::Resolve(id, token, resolution) => {
+                Write::Resolved(id.clone(), token, resolution.clone())
+            }
+            Accepted::NoteFailedLookup(id, token) => Write::LookupFailed(id.clone(), token),
+            Accepted::Claim(..) | Accepted::Complete(..) | Accepted::Release(..) => return,
+        };
+        lock(&self.writes).push(noted);
     }
 }
 

@@ -7,10 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use idem_core::{
-    Claim, ClaimRequest, Clock, MemoryStore, Record, RecordId, Resolution, Store, StoreFuture,
-    StoreWrapper, StoredResult, Timestamp, Token,
-};
+use idem_core::{Accepted, Claim, Clock, MemoryStore, RecordId, Store, StoreWrapper, Timestamp};
 use idem_sim::{Design, RunReport, Workload, run, run_seeds, run_with_store};
 
 const HOME_REGION: &str = "examples/sim/active-active-home-region.toml";
@@ -212,71 +209,36 @@ impl Noting {
 }
 
 impl StoreWrapper for Noting {
+    const WATCHES_WRITES: bool = true;
+
     fn inner(&self) -> &dyn Store {
         &self.inner
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        Box::pin(async move {
-            if req.owner.starts_with("r0/") {
-                let ms = self.start.millis_until(self.clock.now());
-                lock(&self.notes).region_0_claims_ms.push(ms);
+    fn accepted(&self, write: Accepted<'_>) {
+        match write {
+            Accepted::Claim(req, claim) => {
+                if req.owner.starts_with("r0/") {
+                    let ms = self.start.millis_until(self.clock.now());
+                    lock(&self.notes).region_0_claims_ms.push(ms);
+                }
+                if matches!(
+                    claim,
+                    Claim::Acquired { .. }
+                        | Claim::OutcomeUnknown {
+                            newly_marked: true,
+                            ..
+                        }
+                ) {
+                    self.note(&req.id);
+                }
             }
-            let claim = self.inner.claim(req).await?;
-            if matches!(
-                claim,
-                Claim::Acquired { .. }
-                    | Claim::OutcomeUnknown {
-                        newly_marked: true,
-                        ..
-                    }
-            ) {
-                self.note(&req.id);
-            }
-            Ok(claim)
-        })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        result: StoredResult,
-    ) -> StoreFuture<'a, Record> {
-        Box::pin(async move {
-            let done = self.inner.complete(id, token, result).await?;
-            self.note(id);
-            Ok(done)
-        })
-    }
-
-    fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            self.inner.release(id, token).await?;
-            self.note(id);
-            Ok(())
-        })
-    }
-
-    fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
-        Box::pin(async move {
-            let marked = self.inner.mark_ambiguous(id, token).await?;
-            self.note(id);
-            Ok(marked)
-        })
-    }
-
-    fn resolve<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resolution: Resolution,
-    ) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move {
-            let resolved = self.inner.resolve(id, token, resolution).await?;
-            self.note(id);
-            Ok(resolved)
-        })
+            Accepted::Complete(id, _)
+            | Accepted::Release(id, _)
+            | Accepted::MarkAmbiguous(id, _)
+            | Accepted::Resolve(id, _, _) => self.note(id),
+            Accepted::NoteFailedLookup(..) => {}
+        }
     }
 }
 
