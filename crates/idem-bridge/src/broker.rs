@@ -52,6 +52,22 @@ impl Broker {
         }
     }
 
+    /// What the subscription reads and where, credentials masked:
+    /// `nats stream PAYOUTS (payouts.>) at nats://…` or `rabbitmq queue
+    /// payouts at amqp://…`.
+    pub fn describe(&self) -> String {
+        match self {
+            Broker::Nats(c) => format!(
+                "nats stream {} ({}) durable {} at {}",
+                c.stream,
+                c.subjects.join(", "),
+                c.durable,
+                c.masked_url()
+            ),
+            Broker::RabbitMq(c) => format!("rabbitmq queue {} at {}", c.queue, c.masked_url()),
+        }
+    }
+
     /// The broker's own delivery limit, after which it stops delivering a
     /// message (JetStream's `max_deliver`); none for RabbitMQ.
     pub fn max_deliver(&self) -> Option<u64> {

@@ -224,6 +224,12 @@ struct Pulling {
 }
 
 impl NatsConfig {
+    /// The servers as logs and `idem consume --check` show them, any
+    /// password or token masked (`nats://user:***@host:4222`).
+    pub fn masked_url(&self) -> String {
+        server_addrs(&self.url).map_or_else(|e| format!("(invalid: {e})"), |a| masked(&a))
+    }
+
     /// A configuration for `stream` capturing `subjects`, every other field
     /// at its default.
     pub fn new(

@@ -271,6 +271,15 @@ pub struct RabbitSubscription {
 }
 
 impl RabbitConfig {
+    /// The broker as logs and `idem consume --check` show it, the
+    /// password masked (`amqp://user:***@host:5672/%2f`).
+    pub fn masked_url(&self) -> String {
+        match self.url.parse::<AMQPUri>() {
+            Ok(uri) => masked(&uri),
+            Err(e) => format!("(invalid: {e})"),
+        }
+    }
+
     /// A configuration for `queue` with every other field at its default.
     pub fn new(queue: impl Into<String>) -> RabbitConfig {
         RabbitConfig {

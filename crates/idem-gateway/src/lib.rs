@@ -15,6 +15,7 @@ pub mod contracts;
 mod findings;
 mod listen;
 mod log_budget;
+pub mod probe;
 mod proxy;
 mod purge;
 pub mod regions;

@@ -30,6 +30,7 @@ use tower::{BoxError, Layer, ServiceBuilder};
 use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
 use crate::listen::{self, Transport};
+use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
 use crate::tls::{AdminTls, AdminTransport};
 use crate::watched::{self, Watched};
@@ -168,6 +169,12 @@ pub async fn serve_with(
         config.purge_interval,
         stop_rx.clone(),
     ));
+    let probes = Arc::new(Probes {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        reconciler: reconciler.clone(),
+        started: std::time::Instant::now(),
+    });
     let reconciler = reconciler.map(|reconciler| {
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { reconciler.run(stop).await })
@@ -196,6 +203,7 @@ pub async fn serve_with(
         );
         // Mounted routes authenticate by themselves; the admin API's
         // fallback answers every path they do not serve.
+        let api = api.merge(probe::router(probes));
         let app = match admin.mount {
             Some(mount) => mount(parts).merge(api),
             None => api,

@@ -346,6 +346,11 @@ impl Route {
         &self.policy
     }
 
+    /// The methods the route protects.
+    pub fn methods(&self) -> &[Method] {
+        &self.methods
+    }
+
     /// The path pattern.
     pub fn pattern(&self) -> &PathPattern {
         &self.pattern

@@ -56,6 +56,8 @@ pub struct Reconciler {
     on_resolution: Option<ResolutionHook>,
     scan: Mutex<ScanState>,
     inline: Inline,
+    /// When [`Reconciler::run`] last finished a scan.
+    last_scan: std::sync::Mutex<Option<Instant>>,
 }
 
 /// What [`Reconciler::settle_now`] keeps: one lookup per key at a time, and
@@ -283,7 +285,19 @@ impl Reconciler {
                 next_start: Instant::now(),
             }),
             inline,
+            last_scan: std::sync::Mutex::new(None),
         })
+    }
+
+    /// When [`Reconciler::run`] last finished a scan (`None` before the
+    /// first), for a readiness probe to judge.
+    pub fn last_scan(&self) -> Option<Instant> {
+        *self.last_scan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The time between two scans of [`Reconciler::run`].
+    pub fn interval(&self) -> std::time::Duration {
+        self.settings.interval()
     }
 
     /// Calls `hook` after each resolution this reconciler makes.
@@ -485,7 +499,10 @@ impl Reconciler {
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                report = self.run_once() => log_report(&report),
+                report = self.run_once() => {
+                    log_report(&report);
+                    *self.last_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                }
             }
             tokio::select! {
                 _ = &mut shutdown => return,

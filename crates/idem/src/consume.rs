@@ -28,6 +28,12 @@ pub struct ConsumeArgs {
     /// from the message id (each failure is logged as an error).
     #[arg(long)]
     allow_unsafe_contract: bool,
+    /// Load and check the whole configuration (every field, the
+    /// subscriptions' contracts and key sources), print what would be
+    /// consumed, and exit: 0 when `idem consume` would start with it, 1 when
+    /// not. Opens no store and connects to no broker.
+    #[arg(long)]
+    check: bool,
 }
 
 /// Runs the consumer.
@@ -37,6 +43,10 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         config.store = store_url::from_flag(store)?;
     }
     judge_contracts(&config, args.allow_unsafe_contract)?;
+    if args.check {
+        print_plan(&config);
+        return Ok(());
+    }
     // A PostgreSQL store found on a promoted server opens the suspect
     // window for the longest retention of the subscriptions, as a
     // gateway's does by default.
@@ -71,6 +81,27 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             settle_failed = counts.settle_failed, "stopped; every message in hand was settled");
     }
     Ok(())
+}
+
+/// What `idem consume --check` prints: the store (password masked) and
+/// each subscription: what it reads, its key, where it delivers.
+fn print_plan(config: &ConsumeConfig) {
+    println!("idem consume would start with this configuration:");
+    println!("  store          {}", config.store);
+    println!("  subscriptions  {}", config.subscriptions.len());
+    for sub in &config.subscriptions {
+        println!(
+            "    {:?}: {}, key {:?}, delivered to {}, {} at once, lease {} ms, retention {} s",
+            sub.name,
+            sub.broker.describe(),
+            sub.intent.key().as_str(),
+            sub.deliver,
+            sub.concurrency,
+            sub.policy.lease_ms(),
+            sub.policy.retention_s(),
+        );
+    }
+    println!("  lookups        {}", config.lookups.len());
 }
 
 /// Refuses to start when a subscription's contract fails `idem check` or

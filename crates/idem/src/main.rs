@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::records::{ListArgs, ResolveArgs, ShowArgs};
-use crate::telemetry::{Telemetry, Traces};
+use crate::telemetry::{LogFormat, Telemetry, Traces};
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -95,11 +95,12 @@ fn main() -> ExitCode {
     };
     // The demo's own output tells the story; the gateway's log only on request.
     let quiet = matches!(cli.command, Command::Demo(_)) && std::env::var_os("IDEM_LOG").is_none();
+    let format = LogFormat::from_env(|name| std::env::var(name).ok());
     let telemetry = match traces.and_then(|traces| {
         if quiet {
             Ok(None)
         } else {
-            Telemetry::init(traces).map(Some)
+            Telemetry::init(traces, format?).map(Some)
         }
     }) {
         Ok(telemetry) => telemetry,

@@ -56,6 +56,12 @@ pub struct ServeArgs {
     /// failure is logged as an error). Without it such a gateway refuses to start.
     #[arg(long)]
     allow_unsafe_contract: bool,
+    /// Load and check the whole configuration (every field, the routes'
+    /// contracts, the TLS files, the admin token's variable), print what
+    /// would be served, and exit: 0 when `idem serve` would start with it,
+    /// 1 when not. Opens no store and binds no address.
+    #[arg(long)]
+    check: bool,
 }
 
 /// Runs the gateway.
@@ -93,6 +99,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .filter(|(_, mode)| **mode == RegionMode::Synchronous)
         .map(|(route, _)| format!("{:?}", idem_gateway::contracts::route_name(route)))
         .collect();
+    if args.check {
+        print_plan(&config);
+        return Ok(());
+    }
     let suspect_window_ms = u64::try_from(config.suspect_window.as_millis()).unwrap_or(u64::MAX);
     let store = url.open_serving(&synchronous, suspect_window_ms)?;
     store_url::log_opened(url);
@@ -151,6 +161,53 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("the gateway stopped with an error")?;
     tracing::info!("stopped; every in-flight request finished");
     Ok(())
+}
+
+/// What `idem serve --check` prints: the listeners, the upstream, the
+/// store (password masked), and each route as it will be enforced.
+fn print_plan(config: &GatewayConfig) {
+    println!("idem serve would start with this configuration:");
+    println!("  listen     {}", config.listen);
+    let ca = match &config.upstream_tls {
+        Some(_) => " (TLS: the system's roots and upstream_ca_file's)",
+        None => "",
+    };
+    println!("  upstream   {}{ca}", config.upstream);
+    println!("  store      {}", config.store);
+    match config.admin_listen {
+        Some(addr) => {
+            let scheme = if config.admin_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            println!(
+                "  admin      {scheme}://{addr} (token from ${}; console at /ui)",
+                config.admin_token_env
+            );
+        }
+        None => println!("  admin      off"),
+    }
+    println!("  routes     {}", config.routes.len());
+    for (route, mode) in config.routes.iter().zip(&config.route_regions) {
+        let methods: Vec<&str> = route.methods().iter().map(|m| m.as_str()).collect();
+        let policy = route.policy();
+        println!(
+            "    {:?}: {} {}, key from {}, principal {:?}, lease {} ms, retention {} s, regions {mode:?}{}",
+            idem_gateway::contracts::route_name(route),
+            methods.join(","),
+            route.pattern().as_str(),
+            route.key_header(),
+            route.principal_kind(),
+            policy.lease_ms(),
+            policy.retention_s(),
+            route
+                .contract()
+                .map(|c| format!(", contract {}", c.display()))
+                .unwrap_or_default(),
+        );
+    }
+    println!("  lookups    {}", config.lookups.len());
 }
 
 /// One warning per route whose principal is a digest of raw credentials:

@@ -1,16 +1,63 @@
-//! Log lines and traces: logs go to stderr as they always did; the spans of
-//! the idem crates are exported over OTLP/HTTP (protobuf) only when the
-//! standard `OTEL_*` variables ask for it, and flushed when the command ends.
+//! Log lines and traces: logs go to stderr, as text or, with
+//! `IDEM_LOG_FORMAT=json`, as one JSON object per line for a log shipper;
+//! the spans of the idem crates are exported over OTLP/HTTP (protobuf) only
+//! when the standard `OTEL_*` variables ask for it, and flushed when the
+//! command ends.
 
 use anyhow::bail;
 use opentelemetry::InstrumentationScope;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Subscriber;
 use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
+
+/// How log lines are written, read once from `IDEM_LOG_FORMAT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message`
+    /// and every field of the event (`scope`, `key`, `cause`, …) at the top
+    /// level, for Loki, Elasticsearch or CloudWatch to index.
+    Json,
+}
+
+impl LogFormat {
+    /// `IDEM_LOG_FORMAT` through `var`: `text` (or unset) or `json`; any
+    /// other value is an error naming the variable.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<LogFormat> {
+        let value = var("IDEM_LOG_FORMAT").map(|v| v.trim().to_ascii_lowercase());
+        match value.as_deref() {
+            None | Some("" | "text") => Ok(LogFormat::Text),
+            Some("json") => Ok(LogFormat::Json),
+            Some(other) => bail!(
+                "IDEM_LOG_FORMAT={other:?}: idem writes its log as \"text\" (the default) or \"json\""
+            ),
+        }
+    }
+
+    /// The log layer writing to stderr in this format.
+    fn layer<S>(self, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        match self {
+            LogFormat::Text => layer.with_ansi(ansi).boxed(),
+            LogFormat::Json => layer
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .boxed(),
+        }
+    }
+}
 
 /// Whether traces leave the process, read once from the environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,11 +129,11 @@ impl Traces {
 }
 
 impl Telemetry {
-    /// Installs the log output (stderr, filtered by `IDEM_LOG`, e.g. `debug`
-    /// or `idem_http=debug`, without
-    /// spans so that its lines keep their shape) and, when `traces` asks,
-    /// the OTLP exporter for spans and their events at `info` and above.
-    pub fn init(traces: Traces) -> anyhow::Result<Telemetry> {
+    /// Installs the log output (stderr in `format`, filtered by `IDEM_LOG`,
+    /// e.g. `debug` or `idem_http=debug`, without spans so that its lines
+    /// keep their shape) and, when `traces` asks, the OTLP exporter for
+    /// spans and their events at `info` and above.
+    pub fn init(traces: Traces, format: LogFormat) -> anyhow::Result<Telemetry> {
         let filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let provider = match traces {
@@ -100,9 +147,7 @@ impl Telemetry {
             // and drop every span: 10-15 % of hot-replay throughput.
             // filter_fn keeps its answer per call site: never, for a span.
             let no_spans = filter_fn(|meta| !meta.is_span());
-            let logs = tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(ansi);
+            let logs = format.layer(ansi);
             tracing_subscriber::registry()
                 .with(no_spans)
                 .with(filter)
@@ -118,9 +163,8 @@ impl Telemetry {
             .with_threads(false)
             .with_tracked_inactivity(false)
             .with_filter(Targets::new().with_target("idem", tracing::Level::INFO));
-        let logs = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(ansi)
+        let logs = format
+            .layer(ansi)
             .with_filter(filter.and(filter_fn(|meta| !meta.is_span())));
         tracing_subscriber::registry().with(logs).with(spans).init();
         Ok(Telemetry { provider })
@@ -169,13 +213,36 @@ mod tests {
     /// still reach the log.
     #[test]
     fn without_an_exporter_spans_are_off_and_events_still_log() {
-        let _telemetry = Telemetry::init(Traces::Off).unwrap();
+        let _telemetry = Telemetry::init(Traces::Off, LogFormat::Text).unwrap();
         let span = tracing::info_span!("idem.request", idem.key = "k");
         assert!(span.is_disabled(), "a span was made without an exporter");
         assert!(
             tracing::enabled!(tracing::Level::INFO),
             "info events are logged"
         );
+    }
+
+    #[test]
+    fn the_log_format_is_text_or_json_and_anything_else_is_named() {
+        let cases = [
+            (None, Ok(LogFormat::Text)),
+            (Some(""), Ok(LogFormat::Text)),
+            (Some("text"), Ok(LogFormat::Text)),
+            (Some("json"), Ok(LogFormat::Json)),
+            (Some(" JSON "), Ok(LogFormat::Json)),
+            (Some("logfmt"), Err("IDEM_LOG_FORMAT=\"logfmt\"")),
+        ];
+        for (value, want) in cases {
+            let got = LogFormat::from_env(|name| {
+                assert_eq!(name, "IDEM_LOG_FORMAT");
+                value.map(str::to_owned)
+            });
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{value:?}"),
+                (Err(e), Err(words)) => assert!(e.to_string().contains(words), "{value:?}: {e}"),
+                (got, want) => panic!("{value:?}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     /// Each case: the variables set, and the answer (`Err` holds a word of

@@ -27,6 +27,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+/// The value of `field` in a log line, text (`field=value`) or JSON
+/// (`"field":"value"`).
+pub fn logged_field(line: &str, field: &str) -> Option<String> {
+    if let Some(rest) = line.split(&format!("{field}=")).nth(1) {
+        return rest.split_whitespace().next().map(str::to_owned);
+    }
+    let rest = line.split(&format!("\"{field}\":\"")).nth(1)?;
+    rest.split('"').next().map(str::to_owned)
+}
+
 /// One effect the upstream performed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Effect {
@@ -384,6 +394,14 @@ impl Gateway {
         (gateway, admin.unwrap())
     }
 
+    /// [`Gateway::start_admin`] on the store at `store_url`.
+    pub fn start_admin_url(upstream: &str, store_url: &str, token: &str) -> (Gateway, SocketAddr) {
+        let extra = ["--admin-listen", "127.0.0.1:0"];
+        let (gateway, admin) =
+            Gateway::spawn(upstream, store_url, None, &extra, (Some(token), &[]));
+        (gateway, admin.unwrap())
+    }
+
     /// Starts `idem serve --config CONFIG` in the working directory `cwd`,
     /// with no --store: the store is the file's.
     pub fn start_in(cwd: &Path, upstream: &str, config: &Path) -> Gateway {
@@ -446,9 +464,8 @@ impl Gateway {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                for field in ["local_addr=", "admin_addr="] {
-                    if let Some(rest) = line.split(field).nth(1) {
-                        let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                for field in ["local_addr", "admin_addr"] {
+                    if let Some(addr) = logged_field(&line, field) {
                         let _ = tx.send((field, addr));
                     }
                 }
@@ -458,7 +475,7 @@ impl Gateway {
         let (mut addr, mut admin) = (None, None);
         while addr.is_none() || (admin_token.is_some() && admin.is_none()) {
             match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(("local_addr=", a)) => addr = Some(a.parse().unwrap()),
+                Ok(("local_addr", a)) => addr = Some(a.parse().unwrap()),
                 Ok((_, a)) => admin = Some(a.parse().unwrap()),
                 Err(_) => {
                     let _ = child.kill();

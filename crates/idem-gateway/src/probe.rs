@@ -1,0 +1,180 @@
+//! The admin listener's probes, for a load balancer, Kubernetes or a
+//! service manager: `GET /healthz` (the process serves) and `GET /readyz`
+//! (each thing serving depends on, checked and named). Both answer without
+//! the admin token and tell nothing of any record.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_core::{Clock, Store, SystemClock};
+use idem_http::Metrics;
+use idem_reconcile::Reconciler;
+use serde::Serialize;
+
+/// How long each store check may take before the gateway is not ready.
+pub const PROBE_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Scans the reconciler may miss before the gateway is not ready: its last
+/// one must have finished within this many intervals (and the timeout).
+pub const PROBE_SCANS_MISSED_MAX: u32 = 3;
+
+/// What `/readyz` checks.
+pub struct Probes {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Counts what the write check purges, as the purge does.
+    pub metrics: Arc<Metrics>,
+    /// The reconciler, when the gateway runs one.
+    pub reconciler: Option<Arc<Reconciler>>,
+    /// When the gateway started, for a reconciler yet to finish a scan.
+    pub started: Instant,
+}
+
+/// `/healthz` and `/readyz`, to merge beside the admin API, outside its
+/// token.
+pub fn router(probes: Arc<Probes>) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(probes)
+}
+
+/// One check of `/readyz`.
+#[derive(Debug, Serialize)]
+struct Check {
+    check: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Readiness {
+    ready: bool,
+    checks: Vec<Check>,
+}
+
+async fn healthz() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+async fn readyz(State(p): State<Arc<Probes>>) -> Response {
+    let (read, window) = store_read(&*p.store).await;
+    let checks = vec![read, store_write(&p).await, window, reconciler(&p)];
+    let ready = checks.iter().all(|c| c.ok);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::to_vec_pretty(&Readiness { ready, checks }).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The store answers a read (its suspect window) within the bound; and
+/// whether that window blocks claims.
+async fn store_read(store: &dyn Store) -> (Check, Check) {
+    let began = Instant::now();
+    let answer = tokio::time::timeout(PROBE_STORE_TIMEOUT, store.suspect_window()).await;
+    let took = began.elapsed();
+    let window = |ok, detail: String| Check {
+        check: "suspect_window",
+        ok,
+        detail,
+    };
+    match answer {
+        Ok(Ok(held)) => {
+            let read = Check {
+                check: "store_read",
+                ok: true,
+                detail: format!("answered in {} ms", took.as_millis()),
+            };
+            let open = held.filter(|w| w.is_open(SystemClock.now()));
+            let window = match open {
+                None => window(true, "closed".into()),
+                // Nothing is blocked: a fresh claim is verified with the
+                // provider on a route with a lookup, forwarded unverified
+                // on the others, and every retry replays as ever. Failing
+                // readiness here would take every gateway of the store out
+                // of rotation at once, replays and all.
+                Some(w) => window(
+                    true,
+                    format!(
+                        "open until {} ({}): fresh claims are verified with the provider where                          a route has a lookup, forwarded unverified elsewhere; none is blocked",
+                        crate::rfc3339(w.until),
+                        w.cause
+                    ),
+                ),
+            };
+            (read, window)
+        }
+        Ok(Err(e)) => (
+            Check {
+                check: "store_read",
+                ok: false,
+                detail: format!("failed: {e}"),
+            },
+            window(false, "unknown: the store did not answer".into()),
+        ),
+        Err(_) => (
+            Check {
+                check: "store_read",
+                ok: false,
+                detail: format!("no answer within {} ms", PROBE_STORE_TIMEOUT.as_millis()),
+            },
+            window(false, "unknown: the store did not answer".into()),
+        ),
+    }
+}
+
+/// The store takes a write within the bound: one step of the retention
+/// purge (at most one record, which the purge would change anyway),
+/// through the same path as every claim's write.
+async fn store_write(p: &Probes) -> Check {
+    let began = Instant::now();
+    let answer = tokio::time::timeout(PROBE_STORE_TIMEOUT, p.store.purge(1)).await;
+    let took = began.elapsed();
+    let (ok, detail) = match answer {
+        Ok(Ok(report)) => {
+            p.metrics.purged(&report);
+            (true, format!("answered in {} ms", took.as_millis()))
+        }
+        Ok(Err(e)) => (false, format!("failed: {e}")),
+        Err(_) => (
+            false,
+            format!("no answer within {} ms", PROBE_STORE_TIMEOUT.as_millis()),
+        ),
+    };
+    Check {
+        check: "store_write",
+        ok,
+        detail,
+    }
+}
+
+/// The reconciler, when there is one, finished a scan recently.
+fn reconciler(p: &Probes) -> Check {
+    let Some(reconciler) = &p.reconciler else {
+        return Check {
+            check: "reconciler",
+            ok: true,
+            detail: "off: no route has a lookup".into(),
+        };
+    };
+    let allowed = reconciler.interval() * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;
+    let (since, what) = match reconciler.last_scan() {
+        Some(at) => (at.into_std().elapsed(), "last scan finished"),
+        None => (p.started.elapsed(), "no scan finished since the start,"),
+    };
+    Check {
+        check: "reconciler",
+        ok: since <= allowed,
+        detail: format!(
+            "{what} {} ms ago (allowed {} ms)",
+            since.as_millis(),
+            allowed.as_millis()
+        ),
+    }
+}

@@ -1,0 +1,178 @@
+//! `idem serve --check` and `idem consume --check`, black-box: the whole
+//! configuration is loaded and judged, what would run is printed, and the
+//! exit code says whether it would start; nothing with an effect is
+//! opened (no store file, no bound port, no broker connection).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+
+use support::{Site, text};
+
+const TOKEN: &str = "admin-token-0123456789abcdef";
+
+fn idem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_ADMIN_TOKEN")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn serve_check_prints_what_would_be_served_and_opens_nothing() {
+    let site = Site::new();
+    // The address is taken: a check that bound it would fail.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let config = site.config(&format!(
+        r#"
+listen = "{listen}"
+upstream = "http://127.0.0.1:9"
+store = "sqlite://never-opened.db"
+admin_listen = "127.0.0.1:0"
+
+[[route]]
+name = "create-payout"
+methods = ["POST"]
+path = "/payouts"
+principal = {{ header = "x-tenant" }}
+
+[[route]]
+name = "refund"
+methods = ["POST", "PATCH"]
+path = "/refunds/{{id}}"
+lease_ms = 60000
+"#
+    ));
+    let config = config.to_str().unwrap();
+    let out = idem_env(
+        &["serve", "--check", "--config", config],
+        &[("IDEM_ADMIN_TOKEN", TOKEN)],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for part in [
+        format!("listen     {listen}"),
+        "upstream   http://127.0.0.1:9/".to_owned(),
+        "never-opened.db".to_owned(),
+        "admin      http://127.0.0.1:0 (token from $IDEM_ADMIN_TOKEN".to_owned(),
+        "routes     2".to_owned(),
+        "\"create-payout\": POST /payouts, key from idempotency-key".to_owned(),
+        "\"refund\": POST,PATCH /refunds/{id}".to_owned(),
+        "lease 60000 ms".to_owned(),
+    ] {
+        assert!(stdout.contains(&part), "{part:?} is not printed:\n{stdout}");
+    }
+    assert!(
+        !stdout.contains(TOKEN) && !stderr.contains(TOKEN),
+        "the token is shown"
+    );
+    assert!(
+        !site.dir.path().join("never-opened.db").exists(),
+        "the check opened the store"
+    );
+
+    // Without the admin token's variable it would not start: exit 1.
+    let out = idem_env(&["serve", "--check", "--config", config], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("IDEM_ADMIN_TOKEN"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn serve_check_fails_on_a_typo_naming_the_file_and_the_field() {
+    let site = Site::new();
+    let config = site.config("upstream = \"http://127.0.0.1:9\"\nretention_sec = 60\n");
+    let out = idem_env(
+        &["serve", "--check", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&config.display().to_string()), "{stderr}");
+    assert!(stderr.contains("retention_sec"), "{stderr}");
+    assert!(
+        text(&out.stdout).is_empty(),
+        "a plan was printed for a config that fails"
+    );
+}
+
+#[test]
+fn consume_check_prints_what_would_be_consumed_with_no_broker_and_no_password() {
+    let site = Site::new();
+    // Nobody listens on the broker's port: a check that connected would fail.
+    let port = idem_testkit::free_port().unwrap();
+    let config = site.config(&format!(
+        r#"
+store = "sqlite://never-opened.db"
+
+[[subscription]]
+name = "payouts"
+key = "payout:{{/seller_id}}:{{/settlement_id}}"
+deliver = "http://127.0.0.1:9/payouts"
+
+[subscription.nats]
+url = "nats://payer:s3cret@127.0.0.1:{port}"
+stream = "PAYOUTS"
+subjects = ["payouts.>"]
+
+[[subscription]]
+name = "refunds"
+key = "refund:{{header:refund-id}}"
+deliver = "http://127.0.0.1:9/refunds"
+
+[subscription.rabbitmq]
+url = "amqp://payer:s3cret@127.0.0.1:{port}/%2f"
+queue = "refunds"
+"#
+    ));
+    let out = idem_env(
+        &["consume", "--check", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for part in [
+        "never-opened.db".to_owned(),
+        "subscriptions  2".to_owned(),
+        format!(
+            "\"payouts\": nats stream PAYOUTS (payouts.>) durable idem at nats://payer:***@127.0.0.1:{port}"
+        ),
+        "key \"payout:{/seller_id}:{/settlement_id}\"".to_owned(),
+        format!("\"refunds\": rabbitmq queue refunds at amqp://payer:***@127.0.0.1:{port}/%2f"),
+        "delivered to http://127.0.0.1:9/refunds".to_owned(),
+    ] {
+        assert!(stdout.contains(&part), "{part:?} is not printed:\n{stdout}");
+    }
+    assert!(
+        !stdout.contains("s3cret") && !stderr.contains("s3cret"),
+        "a password is shown"
+    );
+    assert!(
+        !site.dir.path().join("never-opened.db").exists(),
+        "the check opened the store"
+    );
+
+    // A key built from the message id would be refused at start: exit 1.
+    let text_of = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("refund:{header:refund-id}", "refund:{message_id}");
+    let bad = site.config(&text_of);
+    let out = idem_env(
+        &["consume", "--check", "--config", bad.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("consumer.key_source"),
+        "{}",
+        text(&out.stderr)
+    );
+}
