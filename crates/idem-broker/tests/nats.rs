@@ -15,6 +15,7 @@ use idem_broker::nats::{NatsConfig, NatsSubscription};
 use idem_broker::{Delivery, Reason, Subscription};
 use idem_testkit::brokers::nats::{OwnServer, URL};
 use idem_testkit::brokers::unique;
+use idem_testkit::services::Service;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 
@@ -29,7 +30,9 @@ struct Fixture {
 impl Fixture {
     async fn new(url: &str) -> Fixture {
         let stream = unique("stream");
-        let client = async_nats::connect(url).await.unwrap();
+        let client = async_nats::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("{}", Service::Nats.missing(url, &e)));
         Fixture {
             js: jetstream::new(client),
             url: url.to_owned(),

@@ -14,6 +14,8 @@
 //!   streaming standby on spare ports, to kill one and promote the other.
 //! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
+//! - [`services`]: the one line a test fails with when a service it
+//!   needs does not answer.
 //! - [`brokers`]: a NATS server of a test's own, a plain RabbitMQ client,
 //!   and unique stream and queue names, for the broker adapters' tests and
 //!   the consumer's.
@@ -23,6 +25,7 @@ pub mod disk_stall;
 pub mod late_ack;
 pub mod pg_cluster;
 pub mod relay;
+pub mod services;
 pub mod stores;
 pub mod tls;
 

@@ -595,7 +595,7 @@ fn missing(what: &str) -> ! {
     panic!(
         "{what} is not installed: the console test drives a real browser. \
          Install Debian's chromium and chromium-driver \
-         (apt-get install -y chromium chromium-driver) or run .ci/run"
+         (apt-get install -y chromium chromium-driver) or run bash scripts/test.sh"
     )
 }
 

@@ -20,8 +20,12 @@ use idem_postgres::{PgOptions, PgStore};
 pub const URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// `IDEM_TEST_POSTGRES_URL`, or [`URL_DEFAULT`].
+/// The test server's URL; fails the test with one line when it does not
+/// answer.
 pub fn url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| URL_DEFAULT.to_owned())
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| URL_DEFAULT.to_owned());
+    idem_testkit::services::Service::require_postgres(&url);
+    url
 }
 
 /// The test URL naming database `db` instead.

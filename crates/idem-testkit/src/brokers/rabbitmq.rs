@@ -3,6 +3,7 @@
 
 use std::process::Command;
 
+use crate::services::Service;
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
@@ -25,7 +26,7 @@ impl Client {
     pub async fn connect() -> Client {
         let connection = Connection::connect(URL, ConnectionProperties::default())
             .await
-            .expect("RabbitMQ answers on 127.0.0.1:5672");
+            .unwrap_or_else(|e| panic!("{}", Service::RabbitMq.missing("127.0.0.1:5672", &e)));
         let channel = connection.create_channel().await.unwrap();
         channel
             .confirm_select(ConfirmSelectOptions::default())

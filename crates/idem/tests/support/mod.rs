@@ -808,8 +808,7 @@ pub struct PgSchema {
 impl PgSchema {
     /// `IDEM_TEST_POSTGRES_URL` or the local server, with a fresh schema name.
     pub fn new(tag: &str) -> PgSchema {
-        let url = std::env::var("IDEM_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = idem_testkit::stores::pg_url();
         let name = format!("idem_gw_{tag}_{}", std::process::id());
         PgSchema { url, name }
     }

@@ -8,6 +8,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use idem_testkit::brokers::nats::URL;
+use idem_testkit::services::Service;
 
 use super::broker::{Broker, Copy, Counts, Publish, Sink, Sub};
 
@@ -36,7 +37,7 @@ impl Nats {
     pub async fn connect_to(url: &str) -> Nats {
         let client = async_nats::connect(url)
             .await
-            .unwrap_or_else(|e| panic!("NATS answers on {url}: {e}"));
+            .unwrap_or_else(|e| panic!("{}", Service::Nats.missing(url, &e)));
         Nats {
             js: jetstream::new(client),
         }

@@ -1,0 +1,122 @@
+//! The services the tests talk to, and the one line a test fails with
+//! when one does not answer: the service, the address it tried and the
+//! command that starts it.
+
+use std::fmt::Display;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// A service some tests need running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default 127.0.0.1:5432).
+    Postgres,
+    /// NATS with JetStream (127.0.0.1:4222).
+    Nats,
+    /// RabbitMQ (127.0.0.1:5672).
+    RabbitMq,
+}
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Service::Postgres => "PostgreSQL",
+            Service::Nats => "NATS",
+            Service::RabbitMq => "RabbitMQ",
+        }
+    }
+
+    /// The command that starts it on a Debian machine where it is
+    /// installed.
+    fn start(self) -> &'static str {
+        match self {
+            Service::Postgres => "pg_ctlcluster $(ls /etc/postgresql | tail -n1) main start",
+            Service::Nats => "nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &",
+            Service::RabbitMq => "rabbitmq-server -detached",
+        }
+    }
+
+    /// The line a test fails with when the service at `addr` did not
+    /// answer, `error` being what the client said.
+    pub fn missing(self, addr: &str, error: &dyn Display) -> String {
+        format!(
+            "{} does not answer on {addr} ({error}): start it with `{}`, or run \
+             `bash scripts/test.sh`, which installs and starts every service the tests need",
+            self.name(),
+            self.start()
+        )
+    }
+
+    /// Panics with [`Service::missing`] unless something accepts a TCP
+    /// connection at `host:port` within 2 s.
+    pub fn require(self, host: &str, port: u16) {
+        let addr = format!("{host}:{port}");
+        let reached = addr
+            .to_socket_addrs()
+            .map_err(|e| e.to_string())
+            .and_then(|mut addrs| {
+                let first = addrs.next().ok_or("no address".to_owned())?;
+                TcpStream::connect_timeout(&first, Duration::from_secs(2))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = reached {
+            panic!("{}", self.missing(&addr, &e));
+        }
+    }
+
+    /// [`Service::require`] for PostgreSQL at the host and port of `url`
+    /// (`postgres://user@host:port/db…`; 127.0.0.1:5432 where it names
+    /// none).
+    pub fn require_postgres(url: &str) {
+        let authority = url
+            .split_once("://")
+            .map_or(url, |(_, rest)| rest)
+            .split(['/', '?'])
+            .next()
+            .unwrap_or_default();
+        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse().unwrap_or(5432)),
+            None => (hostport, 5432),
+        };
+        let host = if host.is_empty() { "127.0.0.1" } else { host };
+        Service::Postgres.require(host, port);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_names_the_service_the_address_and_how_to_start_it() {
+        let line = Service::Nats.missing("127.0.0.1:4222", &"connection refused");
+        assert!(!line.contains('\n'), "{line}");
+        for part in [
+            "NATS",
+            "127.0.0.1:4222",
+            "connection refused",
+            "nats-server -a",
+            "scripts/test.sh",
+        ] {
+            assert!(line.contains(part), "{part}: {line}");
+        }
+    }
+
+    #[test]
+    fn a_closed_port_fails_with_that_line() {
+        let port = crate::free_port().unwrap_or(1);
+        let caught = std::panic::catch_unwind(|| {
+            Service::require_postgres(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        });
+        let said = caught
+            .err()
+            .and_then(|e| e.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        assert!(
+            said.starts_with(&format!("PostgreSQL does not answer on 127.0.0.1:{port}")),
+            "{said}"
+        );
+        assert!(said.contains("pg_ctlcluster"), "{said}");
+    }
+}
