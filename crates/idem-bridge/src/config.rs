@@ -309,8 +309,14 @@ impl ConsumeConfig {
             // The reference delivered for a record is its key.
             let forwarded: ForwardedKey =
                 std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
-            let lookup =
+            let mut lookup =
                 Lookup::new(entry, forwarded).map_err(|e| (at(e.field), e.reason.clone()))?;
+            // An https:// provider is trusted through the system's roots.
+            if lookup.is_https() {
+                let trust = idem_gateway::UpstreamTls::load(None)
+                    .map_err(|e| (at("url"), e.to_string()))?;
+                lookup = lookup.with_tls(trust.shared_config());
+            }
             lookups.push((served.to_owned(), lookup));
         }
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())

@@ -21,7 +21,7 @@ use crate::admin::AdminToken;
 use crate::listen::ConnectionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
 use crate::store_url::StoreUrl;
-use crate::tls::{AdminTls, AdminTransport, TlsError, UpstreamTls};
+use crate::tls::{AdminTransport, ServerTls, TlsError, UpstreamTls};
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
@@ -101,6 +101,12 @@ pub struct FileConfig {
     pub connect_timeout_ms: Option<u64>,
     /// Time allowed for the upstream's whole response, in milliseconds.
     pub response_timeout_ms: Option<u64>,
+    /// PEM certificate chain (leaf first) the proxy listener presents:
+    /// clients then speak HTTPS to the gateway. With `tls_key_file`, or
+    /// neither. Relative to the config file.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`'s leaf.
+    pub tls_key_file: Option<PathBuf>,
     /// Address of the admin API; none means no admin listener.
     pub admin_listen: Option<String>,
     /// Name of the environment variable holding the admin API's token.
@@ -178,6 +184,9 @@ pub struct Overrides {
 pub struct GatewayConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// The certificate the proxy listener serves HTTPS with; `None`:
+    /// plain HTTP.
+    pub listen_tls: Option<ServerTls>,
     /// Upstream base URL (`http[s]://host:port[/base]`).
     pub upstream: Uri,
     /// The roots an `https://` upstream's certificate is verified against;
@@ -205,7 +214,7 @@ pub struct GatewayConfig {
     /// The environment variable the admin API's bearer token is read from.
     pub admin_token_env: String,
     /// The admin API's certificate and key; `None`: it speaks plain HTTP.
-    pub admin_tls: Option<AdminTls>,
+    pub admin_tls: Option<ServerTls>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
     /// How long a suspect window stays open once a PostgreSQL store is
@@ -275,6 +284,8 @@ enum Schemes {
 /// config file's directory. Each comes with whether it is from the file.
 struct TlsFiles {
     upstream_ca: Option<(PathBuf, bool)>,
+    listen_cert: Option<(PathBuf, bool)>,
+    listen_key: Option<(PathBuf, bool)>,
     admin_cert: Option<(PathBuf, bool)>,
     admin_key: Option<(PathBuf, bool)>,
 }
@@ -592,11 +603,29 @@ impl GatewayConfig {
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         let tls = TlsFiles::pick(&file, overrides, &base_dir);
+        let https_lookups = lookups.iter().any(|(_, l)| l.is_https());
         let upstream_tls = tls
-            .upstream(&upstream)
+            .upstream(&upstream, https_lookups)
             .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
+        // An https:// lookup trusts what an https upstream would: the
+        // system's roots and upstream_ca_file's.
+        let lookups = match (https_lookups, &upstream_tls) {
+            (false, _) => lookups,
+            (true, Some(trust)) => with_trust(lookups, trust),
+            (true, None) => {
+                let ca = tls.upstream_ca.as_ref();
+                let trust = UpstreamTls::load(ca.map(|(path, _)| path.as_path())).map_err(|e| {
+                    let from_file = ca.is_none_or(|(_, from_file)| *from_file);
+                    err("upstream_ca_file", e.to_string(), from_file)
+                })?;
+                with_trust(lookups, &trust)
+            }
+        };
         let admin_tls = tls
             .admin()
+            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
+        let listen_tls = tls
+            .listen()
             .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
         let suspect_window = match file.suspect_window_s {
             None => Duration::from_secs(
@@ -622,6 +651,7 @@ impl GatewayConfig {
             listen,
             upstream,
             upstream_tls,
+            listen_tls,
             admin_tls,
             store,
             owner,
@@ -705,6 +735,8 @@ impl TlsFiles {
         };
         TlsFiles {
             upstream_ca: pick(&overrides.upstream_ca_file, &file.upstream_ca_file),
+            listen_cert: pick(&None, &file.tls_cert_file),
+            listen_key: pick(&None, &file.tls_key_file),
             admin_cert: pick(&overrides.admin_tls_cert_file, &file.admin_tls_cert_file),
             admin_key: pick(&overrides.admin_tls_key_file, &file.admin_tls_key_file),
         }
@@ -716,15 +748,18 @@ impl TlsFiles {
     fn upstream(
         &self,
         upstream: &Uri,
+        https_lookups: bool,
     ) -> Result<Option<UpstreamTls>, (&'static str, String, bool)> {
         let ca = self.upstream_ca.as_ref();
         if upstream.scheme_str() != Some("https") {
             return match ca {
+                // An https lookup reads it (the caller loads it then).
+                Some(_) if https_lookups => Ok(None),
                 Some((path, from_file)) => Err((
                     "upstream_ca_file",
                     format!(
-                        "{} is set but the upstream {upstream} is not https://; remove it or \
-                         use an https:// upstream",
+                        "{} is set but the upstream {upstream} is not https://, nor is any \
+                         lookup; remove it or use https://",
                         path.display()
                     ),
                     *from_file,
@@ -740,36 +775,67 @@ impl TlsFiles {
             })
     }
 
-    /// The admin API's certificate and key: both files or neither.
-    fn admin(&self) -> Result<Option<AdminTls>, (&'static str, String, bool)> {
-        let (cert, key) = match (&self.admin_cert, &self.admin_key) {
-            (None, None) => return Ok(None),
-            (Some(cert), Some(key)) => (cert, key),
-            (Some((_, from_file)), None) => {
-                return Err((
-                    "admin_tls_key_file",
-                    "is required with admin_tls_cert_file: set both or neither".into(),
-                    *from_file,
-                ));
-            }
-            (None, Some((_, from_file))) => {
-                return Err((
-                    "admin_tls_cert_file",
-                    "is required with admin_tls_key_file: set both or neither".into(),
-                    *from_file,
-                ));
-            }
-        };
-        AdminTls::load(&cert.0, &key.0).map(Some).map_err(|e| {
-            let key_at_fault = matches!(e, TlsError::NoKey { .. } | TlsError::Refused { .. })
-                || e.path() != Some(cert.0.as_path());
-            if key_at_fault {
-                ("admin_tls_key_file", e.to_string(), key.1)
-            } else {
-                ("admin_tls_cert_file", e.to_string(), cert.1)
-            }
-        })
+    /// The proxy listener's certificate and key: both files or neither.
+    fn listen(&self) -> Result<Option<ServerTls>, (&'static str, String, bool)> {
+        server_tls(
+            (&self.listen_cert, "tls_cert_file"),
+            (&self.listen_key, "tls_key_file"),
+        )
     }
+
+    /// The admin API's certificate and key: both files or neither.
+    fn admin(&self) -> Result<Option<ServerTls>, (&'static str, String, bool)> {
+        server_tls(
+            (&self.admin_cert, "admin_tls_cert_file"),
+            (&self.admin_key, "admin_tls_key_file"),
+        )
+    }
+}
+
+/// `lookups`, the https ones trusting `trust`.
+fn with_trust(lookups: Vec<(String, Lookup)>, trust: &UpstreamTls) -> Vec<(String, Lookup)> {
+    lookups
+        .into_iter()
+        .map(|(served, lookup)| match lookup.is_https() {
+            true => (served, lookup.with_tls(trust.shared_config())),
+            false => (served, lookup),
+        })
+        .collect()
+}
+
+/// A listener's certificate and key from the files of two fields, both or
+/// neither; an error names the field at fault.
+fn server_tls(
+    (cert, cert_field): (&Option<(PathBuf, bool)>, &'static str),
+    (key, key_field): (&Option<(PathBuf, bool)>, &'static str),
+) -> Result<Option<ServerTls>, (&'static str, String, bool)> {
+    let (cert, key) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some(cert), Some(key)) => (cert, key),
+        (Some((_, from_file)), None) => {
+            return Err((
+                key_field,
+                format!("is required with {cert_field}: set both or neither"),
+                *from_file,
+            ));
+        }
+        (None, Some((_, from_file))) => {
+            return Err((
+                cert_field,
+                format!("is required with {key_field}: set both or neither"),
+                *from_file,
+            ));
+        }
+    };
+    ServerTls::load(&cert.0, &key.0).map(Some).map_err(|e| {
+        let key_at_fault = matches!(e, TlsError::NoKey { .. } | TlsError::Refused { .. })
+            || e.path() != Some(cert.0.as_path());
+        if key_at_fault {
+            (key_field, e.to_string(), key.1)
+        } else {
+            (cert_field, e.to_string(), cert.1)
+        }
+    })
 }
 
 /// The proxy listener's bounds, the admin listener's and the body

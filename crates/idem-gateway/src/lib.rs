@@ -43,5 +43,5 @@ pub use server::{
     shutdown_signal,
 };
 pub use store_url::{StoreUrl, StoreUrlError};
-pub use tls::{AdminTls, AdminTransport, PEM_FILE_BYTES_MAX, TlsError, UpstreamTls};
+pub use tls::{AdminTransport, PEM_FILE_BYTES_MAX, ServerTls, TlsError, UpstreamTls};
 pub use view::{RecordView, ResolutionView, ResultView, WindowView, outcome_name, rfc3339};

@@ -32,7 +32,7 @@ use crate::admission::Admission;
 use crate::listen::{self, Transport};
 use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
-use crate::tls::{AdminTls, AdminTransport};
+use crate::tls::{AdminTransport, ServerTls};
 use crate::watched::{self, Watched};
 use crate::{GatewayConfig, HopByHop, Proxy, purge};
 
@@ -52,7 +52,7 @@ pub struct AdminListener {
     /// The bearer token.
     pub token: AdminToken,
     /// The certificate it serves TLS with; `None`: plain HTTP.
-    pub tls: Option<AdminTls>,
+    pub tls: Option<ServerTls>,
     /// Routes served beside the admin API (the binary's console). They
     /// authenticate by themselves and bring no fallback of their own (see
     /// [`admin::router`]); `None`: the admin API alone.
@@ -276,10 +276,14 @@ pub async fn serve_with(
         }
         let _ = stop_tx.send(true);
     };
+    let transport = match &config.listen_tls {
+        Some(tls) => Transport::Tls(tls.acceptor()),
+        None => Transport::Plain,
+    };
     let served = listen::serve(
         "proxy",
         listener,
-        Transport::Plain,
+        transport,
         admitted,
         (config.connections, drain),
         shutdown,

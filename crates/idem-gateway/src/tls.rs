@@ -28,7 +28,7 @@ pub enum AdminTransport {
 
 impl AdminTransport {
     /// The transport of an admin listener with `tls`, or without.
-    pub fn of(tls: Option<&AdminTls>) -> AdminTransport {
+    pub fn of(tls: Option<&ServerTls>) -> AdminTransport {
         match tls {
             Some(_) => AdminTransport::Tls,
             None => AdminTransport::Plain,
@@ -45,9 +45,10 @@ pub struct UpstreamTls {
     roots: usize,
 }
 
-/// The admin listener's certificate chain and private key.
+/// A listener's certificate chain and private key: the proxy's
+/// (`tls_cert_file`) or the admin API's (`admin_tls_cert_file`).
 #[derive(Clone)]
-pub struct AdminTls {
+pub struct ServerTls {
     config: Arc<ServerConfig>,
 }
 
@@ -159,12 +160,17 @@ impl UpstreamTls {
     pub(crate) fn client_config(&self) -> ClientConfig {
         ClientConfig::clone(&self.config)
     }
+
+    /// The same configuration, shared: what an `https://` lookup trusts.
+    pub fn shared_config(&self) -> Arc<ClientConfig> {
+        self.config.clone()
+    }
 }
 
-impl AdminTls {
+impl ServerTls {
     /// The certificate chain of `cert_file` (leaf first) and the private
     /// key of `key_file`; refused unless the key matches the leaf.
-    pub fn load(cert_file: &Path, key_file: &Path) -> Result<AdminTls, TlsError> {
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<ServerTls, TlsError> {
         let chain = certificates(cert_file)?;
         let key = private_key(key_file)?;
         let mut config = ServerConfig::builder_with_provider(provider())
@@ -177,14 +183,14 @@ impl AdminTls {
                     cert_file.display()
                 ),
             })?;
-        // The admin API is served over HTTP/1.1 only.
+        // Both listeners serve HTTP/1.1 only.
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(AdminTls {
+        Ok(ServerTls {
             config: Arc::new(config),
         })
     }
 
-    /// What runs the admin listener's handshakes (see `listen`: each in
+    /// What runs the listener's handshakes (see `listen`: each in
     /// its connection's own task, under `tls_handshake_timeout_ms`).
     pub(crate) fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.config.clone())
@@ -214,10 +220,10 @@ impl fmt::Debug for UpstreamTls {
     }
 }
 
-impl fmt::Debug for AdminTls {
+impl fmt::Debug for ServerTls {
     // The key stays out of logs and panics.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminTls").finish_non_exhaustive()
+        f.debug_struct("ServerTls").finish_non_exhaustive()
     }
 }
 

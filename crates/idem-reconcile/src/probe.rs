@@ -9,6 +9,7 @@ use std::pin::Pin;
 use bytes::Bytes;
 use http::{Request, Uri, header};
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -43,7 +44,7 @@ pub type ProviderFuture<'a> = Pin<Box<dyn Future<Output = Finding> + Send + 'a>>
 /// A lookup with its own HTTP client (the connect timeout is per client).
 pub(crate) struct Prober {
     lookup: Lookup,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
 
 /// What the provider said about one attempt, with the reason recorded in
@@ -72,9 +73,15 @@ pub enum Finding {
 impl Prober {
     /// A prober keeping at most `idle_max` idle connections to the provider.
     pub(crate) fn new(lookup: Lookup, idle_max: usize) -> Prober {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(lookup.connect_timeout()));
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(lookup.connect_timeout()));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((**lookup.tls()).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             // A lookup is a read, but a resend is still a second request the
             // rate limit did not count: the next scan decides when to ask again.

@@ -128,6 +128,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     tracing::info!(
         %local_addr,
+        tls = config.listen_tls.is_some(),
         upstream = %config.upstream,
         store = %url,
         routes = config.routes.len(),
@@ -167,7 +168,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// store (password masked), and each route as it will be enforced.
 fn print_plan(config: &GatewayConfig) {
     println!("idem serve would start with this configuration:");
-    println!("  listen     {}", config.listen);
+    let scheme = if config.listen_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("  listen     {scheme}://{}", config.listen);
     let ca = match &config.upstream_tls {
         Some(_) => " (TLS: the system's roots and upstream_ca_file's)",
         None => "",

@@ -56,7 +56,7 @@ lease_ms = 60000
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     for part in [
-        format!("listen     {listen}"),
+        format!("listen     http://{listen}"),
         "upstream   http://127.0.0.1:9/".to_owned(),
         "never-opened.db".to_owned(),
         "admin      http://127.0.0.1:0 (token from $IDEM_ADMIN_TOKEN".to_owned(),

@@ -115,6 +115,141 @@ async fn the_admin_api_speaks_https_with_the_configured_certificate() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_listener_speaks_https_with_the_configured_certificate() {
+    let site = Site::new();
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let up = Upstream::start().await;
+    let config = site.config("tls_cert_file = \"cert.pem\"\ntls_key_file = \"key.pem\"\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    assert!(gw.logs().contains("tls=true"), "{}", gw.logs());
+    let https = https_client(&pki);
+    let url = format!("https://{}/payouts", gw.addr);
+    let pay = || {
+        axum::http::Request::post(&url)
+            .header("idempotency-key", "tls-pay-1")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"amount":5}"#))
+            .unwrap()
+    };
+    let first = https.request(pay()).await.unwrap();
+    assert_eq!(first.status().as_u16(), 201, "{first:?}");
+    let again = https.request(pay()).await.unwrap();
+    assert_eq!(again.status().as_u16(), 201);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert_eq!(up.effects().len(), 1, "the replay reached the upstream");
+
+    // Plain HTTP gets no answer: the listener wants a TLS handshake.
+    let plain = tokio::time::timeout(
+        Duration::from_secs(10),
+        client().request(
+            axum::http::Request::post(gw.url("/payouts"))
+                .header("idempotency-key", "tls-pay-2")
+                .body(Body::from(r#"{"amount":5}"#))
+                .unwrap(),
+        ),
+    )
+    .await
+    .expect("plain HTTP to the TLS listener ends at once");
+    assert!(plain.is_err(), "plain HTTP was answered: {plain:?}");
+    assert_eq!(up.effects().len(), 1, "plain HTTP reached the upstream");
+
+    // A key without its certificate is refused at start, naming the field.
+    let half = site.config("tls_key_file = \"key.pem\"\n");
+    let out = idem(&[
+        "serve",
+        "--upstream",
+        &up.url(),
+        "--config",
+        half.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("tls_cert_file: is required with tls_key_file"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A route whose upstream pays and answers 500, with a lookup at `lookup`,
+/// a reference per tenant, and a reconciler that scans every second.
+fn failing_route_with_lookup(lookup: &str, extra: &str) -> String {
+    format!(
+        "{extra}\nresponse_timeout_ms = 1900\n\
+         [reconcile]\ninterval_s = 1\nbackoff_ms = 50\nbackoff_max_ms = 200\nmax_tries = 100\n\
+         [[route]]\nname = \"failing\"\nmethods = [\"POST\"]\npath = \"/fail\"\nlease_ms = 2000\n\
+         forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [[lookup]]\nroute = \"failing\"\nurl = \"{lookup}/payouts/by-key/{{forwarded_key}}\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_lookup_trusts_the_upstream_ca_file_and_settles_the_retry() {
+    let site = Site::new();
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let up = Upstream::start().await;
+    // The provider's lookup API over TLS; the upstream stays plain.
+    let front = TlsFront::start(&pki, up.addr).await.unwrap();
+    let https = format!("https://{}", front.addr());
+    let config = site.config(&failing_route_with_lookup(
+        &https,
+        "upstream_ca_file = \"ca.pem\"",
+    ));
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let body = r#"{"amount":5}"#;
+    let first = post(&gw.url("/fail"), &[key("tls-look-1")], body).await;
+    assert_eq!(first.status, 500, "{first:?}");
+    let mut last = first;
+    for _ in 0..100 {
+        last = post(&gw.url("/fail"), &[key("tls-look-1")], body).await;
+        if last.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (last.status, last.header("idempotent-replayed")),
+        (200, Some("true")),
+        "{last:?}\n{}",
+        gw.logs()
+    );
+    assert!(up.lookups() >= 1, "no lookup reached the provider");
+    assert_eq!(up.effects().len(), 1);
+
+    // Without the CA file the system's roots do not hold the throwaway CA:
+    // the handshake fails, nothing reaches the provider, and the record
+    // stays unknown rather than being guessed.
+    let untrusting = Site::new();
+    let config = untrusting.config(&failing_route_with_lookup(&https, ""));
+    let gw = Gateway::start(&up.url(), &untrusting.store(), Some(&config));
+    let lookups = up.lookups();
+    let first = post(&gw.url("/fail"), &[key("tls-look-2")], body).await;
+    assert_eq!(first.status, 500, "{first:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let retry = post(&gw.url("/fail"), &[key("tls-look-2")], body).await;
+    assert_eq!(
+        retry.problem().as_deref(),
+        Some("urn:idem:problem:outcome-unknown"),
+        "{retry:?}"
+    );
+    assert_eq!(
+        up.lookups(),
+        lookups,
+        "a lookup got through an untrusted handshake"
+    );
+    assert_eq!(
+        up.effects().len(),
+        2,
+        "a retry of an unknown outcome ran it again"
+    );
+}
+
 type HttpsClient =
     Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Body>;
 
