@@ -100,18 +100,10 @@ async fn the_admin_api_speaks_https_with_the_configured_certificate() {
     assert!(gw.terminate().success());
 
     // A certificate for an admin API that is off is a mistake, said at once.
-    let off = idem(&[
-        "serve",
-        "--upstream",
-        &up.url(),
-        "--config",
-        config.to_str().unwrap(),
-    ]);
-    assert!(!off.status.success());
+    let said = refused_at_start(&up, &config);
     assert!(
-        text(&off.stderr).contains("admin_tls_cert_file: the admin API is off"),
-        "{}",
-        text(&off.stderr)
+        said.contains("admin_tls_cert_file: the admin API is off"),
+        "{said}"
     );
 }
 
@@ -162,19 +154,24 @@ async fn the_proxy_listener_speaks_https_with_the_configured_certificate() {
 
     // A key without its certificate is refused at start, naming the field.
     let half = site.config("tls_key_file = \"key.pem\"\n");
+    let said = refused_at_start(&up, &half);
+    assert!(
+        said.contains("tls_cert_file: is required with tls_key_file"),
+        "{said}"
+    );
+}
+
+/// What `idem serve` says when it refuses to start with `config`.
+fn refused_at_start(up: &Upstream, config: &std::path::Path) -> String {
     let out = idem(&[
         "serve",
         "--upstream",
         &up.url(),
         "--config",
-        half.to_str().unwrap(),
+        config.to_str().unwrap(),
     ]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("tls_cert_file: is required with tls_key_file"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(!out.status.success(), "started with {}", config.display());
+    text(&out.stderr)
 }
 
 /// A route whose upstream pays and answers 500, with a lookup at `lookup`,
