@@ -209,6 +209,9 @@ pub struct GatewayConfig {
     pub region: Option<String>,
     /// Other regions' gateways, by region name.
     pub peers: BTreeMap<String, Uri>,
+    /// What an `https://` peer is trusted through (the system's roots and
+    /// `upstream_ca_file`'s); `None` when no peer is https.
+    pub peer_tls: Option<UpstreamTls>,
     /// Where the admin API listens; `None`: it is off.
     pub admin_listen: Option<SocketAddr>,
     /// The environment variable the admin API's bearer token is read from.
@@ -268,15 +271,6 @@ enum UnsafeLookup {
     Refuse,
     /// Load it, for `idem check --gateway` to report the finding.
     Keep,
-}
-
-/// The URL schemes a base URL may have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Schemes {
-    /// `http://` only (peers: the region gate's forwarder speaks plain HTTP).
-    Http,
-    /// `http://` or `https://` (the upstream).
-    HttpOrHttps,
 }
 
 /// The TLS files named on the command line or in the file, resolved: a
@@ -391,12 +385,8 @@ impl GatewayConfig {
             )
         })?;
         let upstream = match (&overrides.upstream, &file.upstream) {
-            (Some(u), _) => {
-                parse_upstream(u, Schemes::HttpOrHttps).map_err(|r| err("upstream", r, false))?
-            }
-            (None, Some(u)) => {
-                parse_upstream(u, Schemes::HttpOrHttps).map_err(|r| err("upstream", r, true))?
-            }
+            (Some(u), _) => parse_upstream(u).map_err(|r| err("upstream", r, false))?,
+            (None, Some(u)) => parse_upstream(u).map_err(|r| err("upstream", r, true))?,
             (None, None) => {
                 return Err(err(
                     "upstream",
@@ -604,22 +594,30 @@ impl GatewayConfig {
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
         let tls = TlsFiles::pick(&file, overrides, &base_dir);
         let https_lookups = lookups.iter().any(|(_, l)| l.is_https());
+        let https_peers = regions
+            .peers
+            .values()
+            .any(|uri| uri.scheme_str() == Some("https"));
         let upstream_tls = tls
-            .upstream(&upstream, https_lookups)
+            .upstream(&upstream, https_lookups || https_peers)
             .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
-        // An https:// lookup trusts what an https upstream would: the
-        // system's roots and upstream_ca_file's.
-        let lookups = match (https_lookups, &upstream_tls) {
-            (false, _) => lookups,
-            (true, Some(trust)) => with_trust(lookups, trust),
+        // An https:// lookup or peer trusts what an https upstream would:
+        // the system's roots and upstream_ca_file's.
+        let peer_trust = match (https_lookups || https_peers, &upstream_tls) {
+            (false, _) => None,
+            (true, Some(trust)) => Some(trust.clone()),
             (true, None) => {
                 let ca = tls.upstream_ca.as_ref();
                 let trust = UpstreamTls::load(ca.map(|(path, _)| path.as_path())).map_err(|e| {
                     let from_file = ca.is_none_or(|(_, from_file)| *from_file);
                     err("upstream_ca_file", e.to_string(), from_file)
                 })?;
-                with_trust(lookups, &trust)
+                Some(trust)
             }
+        };
+        let lookups = match &peer_trust {
+            Some(trust) => with_trust(lookups, trust),
+            None => lookups,
         };
         let admin_tls = tls
             .admin()
@@ -661,6 +659,7 @@ impl GatewayConfig {
             route_regions,
             region: regions.region,
             peers: regions.peers,
+            peer_tls: peer_trust.filter(|_| https_peers),
             admin_listen,
             admin_token_env,
             purge_interval,
@@ -680,6 +679,7 @@ impl GatewayConfig {
         Regions {
             region: self.region.clone(),
             peers: self.peers.clone(),
+            tls: self.peer_tls.clone(),
         }
     }
 
@@ -1030,13 +1030,14 @@ fn regions(file: &FileConfig) -> Result<Regions, (String, String)> {
                 "peers need this gateway's region: set region = \"...\"".into(),
             ));
         }
-        let uri = parse_upstream(url, Schemes::Http)
-            .map_err(|r| (field.clone(), r.replace("upstream", "peer")))?;
+        let uri =
+            parse_upstream(url).map_err(|r| (field.clone(), r.replace("upstream", "peer")))?;
         peers.insert(name.clone(), uri);
     }
     Ok(Regions {
         region: file.region.clone(),
         peers,
+        tls: None,
     })
 }
 
@@ -1099,20 +1100,12 @@ fn pick<'a>(
     }
 }
 
-fn parse_upstream(raw: &str, schemes: Schemes) -> Result<Uri, String> {
+fn parse_upstream(raw: &str) -> Result<Uri, String> {
     let uri: Uri = raw
         .parse()
         .map_err(|e| format!("{raw:?} is not a URL ({e})"))?;
-    match (uri.scheme_str(), schemes) {
-        (Some("http"), _) | (Some("https"), Schemes::HttpOrHttps) => {}
-        (_, Schemes::HttpOrHttps) => {
-            return Err(format!("{raw:?} must be an http:// or https:// URL"));
-        }
-        (_, Schemes::Http) => {
-            return Err(format!(
-                "{raw:?} must be an http:// URL (TLS to a peer is not supported yet)"
-            ));
-        }
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!("{raw:?} must be an http:// or https:// URL"));
     }
     if uri.authority().is_none() {
         return Err(format!("{raw:?} names no host"));

@@ -95,6 +95,8 @@ pub struct Regions {
     pub region: Option<String>,
     /// Other regions' gateways, by region name.
     pub peers: BTreeMap<String, Uri>,
+    /// What an `https://` peer is trusted through.
+    pub tls: Option<crate::UpstreamTls>,
 }
 
 /// Checks a region name as routing compares it: 1-64 bytes of lower-case
@@ -435,7 +437,12 @@ impl RegionGate {
                 let peer_timeout = connect_timeout
                     + response_timeout
                     + std::time::Duration::from_millis(PEER_MARGIN_MS);
-                let proxy = Proxy::new(uri.clone(), connect_timeout, peer_timeout);
+                let proxy = match (&regions.tls, uri.scheme_str()) {
+                    (Some(tls), Some("https")) => {
+                        Proxy::with_tls(uri.clone(), connect_timeout, peer_timeout, tls)
+                    }
+                    _ => Proxy::new(uri.clone(), connect_timeout, peer_timeout),
+                };
                 (name.clone(), (uri.clone(), proxy))
             })
             .collect();
@@ -638,8 +645,8 @@ mod tests {
                 "idem.toml: region: \"EU\" is not a region name",
             ),
             (
-                "region = \"eu\"\n[peers]\nus = \"https://us.example\"".into(),
-                "idem.toml: peers.us: \"https://us.example\" must be an http:// URL",
+                "region = \"eu\"\n[peers]\nus = \"ftp://us.example\"".into(),
+                "idem.toml: peers.us: \"ftp://us.example\" must be an http:// or https:// URL",
             ),
             (
                 "region = \"eu\"\n[peers]\neu = \"http://h:1\"".into(),

@@ -161,6 +161,44 @@ async fn the_proxy_listener_speaks_https_with_the_configured_certificate() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_homed_elsewhere_is_forwarded_to_an_https_peer() {
+    let up = Upstream::start().await;
+    let (eu_site, us_site) = (Site::new(), Site::new());
+    let pki = Pki::write(eu_site.dir.path()).unwrap();
+    let homed = "[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n\
+                 regions = { mode = \"home-region\", home = { from = \"key_prefix\", separator = \":\" } }\n";
+    let us_config = us_site.config(&format!("region = \"us\"\n{homed}"));
+    let us = Gateway::start(&up.url(), &us_site.store(), Some(&us_config));
+    // The us gateway behind TLS, trusted by eu through its CA file.
+    let front = TlsFront::start(&pki, us.addr).await.unwrap();
+    let eu_config = eu_site.config(&format!(
+        "region = \"eu\"\nupstream_ca_file = \"ca.pem\"\n[peers]\nus = \"https://{}\"\n{homed}",
+        front.addr()
+    ));
+    let eu = Gateway::start(&up.url(), &eu_site.store(), Some(&eu_config));
+    let body = r#"{"amount":5}"#;
+    let first = post(&eu.url("/payouts"), &[key("us:pay-1")], body).await;
+    assert_eq!(first.status, 201, "{first:?}\n{}", eu.logs());
+    // The home region replays it, reached directly.
+    post(&us.url("/payouts"), &[key("us:pay-1")], body)
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(up.effects().len(), 1);
+
+    // Without the CA file the handshake fails: the key is not placed, and
+    // nothing is claimed or run here in its stead.
+    let untrusting = Site::new();
+    let config = untrusting.config(&format!(
+        "region = \"eu\"\n[peers]\nus = \"https://{}\"\n{homed}",
+        front.addr()
+    ));
+    let eu = Gateway::start(&up.url(), &untrusting.store(), Some(&config));
+    let refused = post(&eu.url("/payouts"), &[key("us:pay-2")], body).await;
+    assert!(refused.status >= 500, "{refused:?}");
+    assert_eq!(up.effects().len(), 1, "run without its home region");
+}
+
 /// What `idem serve` says when it refuses to start with `config`.
 fn refused_at_start(up: &Upstream, config: &std::path::Path) -> String {
     let out = idem(&[
