@@ -490,7 +490,8 @@ fn subscription(
     if spec.max_deliveries == Some(0) {
         return Err((at("max_deliveries"), "0: at least 1".into()));
     }
-    let broker = Broker::from_sections(spec.nats.as_ref(), spec.rabbitmq.as_ref(), at)?;
+    let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
+    let broker = Broker::from_sections(nats.as_ref(), spec.rabbitmq.as_ref(), at)?;
     // A message still being delivered when the broker's wait for its
     // settlement ends is delivered again to another worker meanwhile.
     if let Some(ack_wait_ms) = broker.ack_wait_ms()

@@ -122,6 +122,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -189,6 +190,26 @@ pub struct NatsConfig {
     /// confirmation of a settlement, a publish ack. Default 5 000.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// PEM CA certificates the server's certificate must chain to. With it
+    /// (or a `tls://` url) the connection requires TLS; without it a TLS
+    /// server is trusted through the system's roots. Relative to the
+    /// config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for a server that verifies its clients; with
+    /// `key_file`, or neither.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// A NATS `.creds` file (a user JWT and its NKey seed). A user and
+    /// password go in the url (`nats://user:password@host:4222`).
+    #[serde(default)]
+    pub creds_file: Option<PathBuf>,
+    /// A file whose first line is the server's token.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 /// A configuration value that cannot work, and which field holds it.
@@ -247,7 +268,34 @@ impl NatsConfig {
             late_subject: None,
             prefetch: default_prefetch(),
             request_timeout_ms: default_request_timeout_ms(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            creds_file: None,
+            token_file: None,
         }
+    }
+
+    /// The files it names, relative ones read against `dir` (the config
+    /// file's directory).
+    pub fn relative_to(mut self, dir: &Path) -> NatsConfig {
+        for file in [
+            &mut self.ca_file,
+            &mut self.cert_file,
+            &mut self.key_file,
+            &mut self.creds_file,
+            &mut self.token_file,
+        ] {
+            if let Some(path) = file.take() {
+                *file = Some(dir.join(path));
+            }
+        }
+        self
+    }
+
+    /// Whether the connection must speak TLS: a `tls://` url or a CA file.
+    fn requires_tls(&self) -> bool {
+        self.ca_file.is_some() || self.url.trim_start().starts_with("tls://")
     }
 
     /// Checks every field, and names the first that cannot work.
@@ -290,6 +338,31 @@ impl NatsConfig {
         if self.request_timeout_ms == 0 {
             return bad("request_timeout_ms", "must be at least 1".into());
         }
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => return bad("key_file", "is required with cert_file".into()),
+            (None, Some(_)) => return bad("cert_file", "is required with key_file".into()),
+            _ => {}
+        }
+        if self.creds_file.is_some() && self.token_file.is_some() {
+            return bad(
+                "token_file",
+                "a server takes one credential: keep creds_file or token_file".into(),
+            );
+        }
+        let files = [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+            ("creds_file", &self.creds_file),
+            ("token_file", &self.token_file),
+        ];
+        for (field, file) in files {
+            if let Some(path) = file
+                && let Err(e) = std::fs::metadata(path)
+            {
+                return bad(field, format!("cannot read {}: {e}", path.display()));
+            }
+        }
         Ok(())
     }
 
@@ -328,7 +401,8 @@ impl NatsSubscription {
         let timeout = Duration::from_millis(config.request_timeout_ms);
         let addrs =
             server_addrs(&config.url).map_err(|e| BrokerError::permanent("nats config", e))?;
-        let client = async_nats::ConnectOptions::new()
+        let client = connect_options(&config)
+            .await?
             .name("idem consume")
             .connection_timeout(timeout)
             .request_timeout(Some(timeout))
@@ -340,7 +414,23 @@ impl NatsSubscription {
                     ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns
                 );
                 let operation = format!("nats connect to {}", masked(&addrs));
-                broker_error(&operation, e, transient).at_field("url")
+                // A refused handshake is the trust's: the CA file's, or
+                // the system's roots when none is named.
+                // rustls' verdict arrives as an IO error.
+                let handshake =
+                    e.kind() == ConnectErrorKind::Tls || e.to_string().contains("peer certificate");
+                let field = match (e.kind(), &config.ca_file) {
+                    (_, Some(ca)) if handshake => {
+                        let operation = format!("{operation} (ca_file {})", ca.display());
+                        return broker_error(&operation, e, transient).at_field("ca_file");
+                    }
+                    (
+                        ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation,
+                        _,
+                    ) => credential_field(&config),
+                    _ => "url",
+                };
+                broker_error(&operation, e, transient).at_field(field)
             })?;
         let context = jetstream::ContextBuilder::new()
             .timeout(timeout)
@@ -961,6 +1051,59 @@ fn broker_error(operation: &str, e: impl fmt::Display, transient: bool) -> Broke
         BrokerError::transient(operation, e)
     } else {
         BrokerError::permanent(operation, e)
+    }
+}
+
+/// The client's options for `config`'s TLS and credentials. A file that
+/// cannot be used is a permanent error naming its field.
+async fn connect_options(config: &NatsConfig) -> Result<async_nats::ConnectOptions, BrokerError> {
+    let refused = |field: &'static str, path: &Path, e: &dyn fmt::Display| {
+        BrokerError::permanent("nats config", format!("{}: {e}", path.display())).at_field(field)
+    };
+    let mut options = match &config.creds_file {
+        Some(path) => async_nats::ConnectOptions::with_credentials_file(path.clone())
+            .await
+            .map_err(|e| refused("creds_file", path, &e))?,
+        None => async_nats::ConnectOptions::new(),
+    };
+    if let Some(path) = &config.token_file {
+        let text = std::fs::read_to_string(path).map_err(|e| refused("token_file", path, &e))?;
+        let token = text.lines().next().unwrap_or_default().trim().to_owned();
+        if token.is_empty() {
+            return Err(refused("token_file", path, &"holds no token"));
+        }
+        options = options.token(token);
+    }
+    // Credentials in the url, given to the client explicitly: it does not
+    // send a url's user and password on every path (a TLS connection).
+    let addrs = server_addrs(&config.url).map_err(|e| BrokerError::permanent("nats config", e))?;
+    if let Some(addr) = addrs.first() {
+        match (addr.username(), addr.password()) {
+            (Some(user), Some(password)) => {
+                options = options.user_and_password(user.to_owned(), password.to_owned());
+            }
+            (Some(token), None) => options = options.token(token.to_owned()),
+            _ => {}
+        }
+    }
+    if config.requires_tls() {
+        options = options.require_tls(true);
+    }
+    if let Some(path) = &config.ca_file {
+        options = options.add_root_certificates(path.clone());
+    }
+    if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
+}
+
+/// The field holding the credential a server refused.
+fn credential_field(config: &NatsConfig) -> &'static str {
+    match (&config.creds_file, &config.token_file) {
+        (Some(_), _) => "creds_file",
+        (None, Some(_)) => "token_file",
+        (None, None) => "url",
     }
 }
 

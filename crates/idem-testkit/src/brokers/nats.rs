@@ -15,20 +15,29 @@ pub struct OwnServer {
     child: Option<Child>,
     port: u16,
     store: PathBuf,
+    args: Vec<String>,
 }
 
 impl OwnServer {
     /// Starts a server on a free port of 127.0.0.1, storing in `store`, and
     /// waits (20 s at most) until it accepts connections.
     pub fn start(store: &Path) -> OwnServer {
-        let port = crate::free_port().unwrap();
-        OwnServer::start_on(port, store)
+        OwnServer::start_with(store, &[])
     }
 
-    fn start_on(port: u16, store: &Path) -> OwnServer {
+    /// [`OwnServer::start`] with more of nats-server's flags (`--tls`,
+    /// `--tlscert FILE`, `--user`, …).
+    pub fn start_with(store: &Path, args: &[&str]) -> OwnServer {
+        let port = crate::free_port().unwrap();
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        OwnServer::start_on(port, store, args)
+    }
+
+    fn start_on(port: u16, store: &Path, args: Vec<String>) -> OwnServer {
         let child = Command::new(server_binary())
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(store)
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -37,6 +46,7 @@ impl OwnServer {
             child: Some(child),
             port,
             store: store.to_owned(),
+            args,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -49,6 +59,11 @@ impl OwnServer {
     /// Where clients reach it.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// A clean shutdown (SIGTERM), as a service manager's restart does;
@@ -70,7 +85,7 @@ impl OwnServer {
     /// Stops it (if it runs) and starts it again on the same port and store.
     pub fn restart(&mut self) {
         self.stop();
-        *self = OwnServer::start_on(self.port, &self.store.clone());
+        *self = OwnServer::start_on(self.port, &self.store.clone(), self.args.clone());
     }
 }
 

@@ -631,7 +631,7 @@ url = "http://127.0.0.1:9/payouts/by-key/{{forwarded_key}}"
 
 /// Runs `idem` with `args`, killed if it has not ended within 20 s (a
 /// config that loaded by mistake would consume forever).
-fn idem_bounded(args: &[&str]) -> Output {
+pub fn idem_bounded(args: &[&str]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
         .stdout(Stdio::piped())

@@ -43,6 +43,17 @@ impl Nats {
         }
     }
 
+    /// A client of a server reached with `options` (TLS, credentials).
+    pub async fn connect_with(url: &str, options: async_nats::ConnectOptions) -> Nats {
+        let client = options
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("{}", Service::Nats.missing(url, &e)));
+        Nats {
+            js: jetstream::new(client),
+        }
+    }
+
     async fn durable(&self, stream: &str) -> jetstream::consumer::Info {
         self.js
             .get_stream(stream)

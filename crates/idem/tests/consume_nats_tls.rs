@@ -1,0 +1,191 @@
+//! `idem consume` to a NATS server of the test's own that requires TLS and
+//! a password, as every managed NATS does: reached through the CA file the
+//! config names, and refused, naming the field and the file and never the
+//! password, with another CA, another host name or a wrong password.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
+
+mod support;
+
+use std::time::Duration;
+
+use idem_testkit::brokers::nats::OwnServer;
+use idem_testkit::tls::Pki;
+use support::broker::{
+    Broker, Sub, consume_toml, drained, effects_per_key, payout, payout_key, stop_settled,
+};
+use support::consume_suite::idem_bounded;
+use support::nats::Nats;
+use support::{Consumer, Site, Upstream, eventually, text};
+
+const PASSWORD: &str = "s3cret-nats-password";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwise() {
+    let (up, site, data) = (
+        Upstream::start().await,
+        Site::new(),
+        tempfile::tempdir().unwrap(),
+    );
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let (cert, key) = (pki.cert.to_str().unwrap(), pki.key.to_str().unwrap());
+    let server = OwnServer::start_with(
+        data.path(),
+        &[
+            "--tls",
+            "--tlscert",
+            cert,
+            "--tlskey",
+            key,
+            "--user",
+            "payer",
+            "--pass",
+            PASSWORD,
+        ],
+    );
+    let port = server.port();
+    let s = Nats::unique("tls");
+    let store = format!("sqlite://{}", site.store().display());
+    // The config: a tls:// URL with the user and password, the CA file
+    // relative to the config file.
+    let config_for = |host: &str, password: &str, ca: &str| {
+        let sub = Sub {
+            url: Some(format!("tls://payer:{password}@{host}:{port}")),
+            ..Sub::new(&s)
+        };
+        consume_toml::<Nats>(&store, &up, &[sub]).replace(
+            "request_timeout_ms = 2000\n",
+            &format!("request_timeout_ms = 2000\nca_file = \"{ca}\"\n"),
+        )
+    };
+    let good = site.config(&config_for("127.0.0.1", PASSWORD, "ca.pem"));
+    let consumer = Consumer::start(&good, 1);
+    let options = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca.clone())
+        .user_and_password("payer".into(), PASSWORD.into());
+    let url = format!("tls://127.0.0.1:{port}");
+    let nats = Nats::connect_with(&url, options).await;
+    // The consumer declares the stream; publish once it is there.
+    assert!(
+        consumer.logged("consuming", Duration::from_secs(15)).await,
+        "{}",
+        consumer.logs()
+    );
+    nats.publish_json(&s, &payout(847, "2026-W36", 1200), "m-1")
+        .await;
+    assert!(
+        eventually(Duration::from_secs(15), || up.hits() == 1).await,
+        "{}",
+        consumer.logs()
+    );
+    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
+    assert_eq!(
+        effects_per_key(&up),
+        [(payout_key(847, "2026-W36"), 1)].into()
+    );
+
+    // (what is wrong, config, the field named, what else must be named)
+    let other_ca = pki
+        .other_ca
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let cases = [
+        (
+            "another CA",
+            config_for("127.0.0.1", PASSWORD, &other_ca),
+            "nats.ca_file",
+            other_ca.clone(),
+        ),
+        (
+            "another name",
+            config_for("localhost", PASSWORD, "ca.pem"),
+            "nats.ca_file",
+            "ca.pem".to_owned(),
+        ),
+        (
+            "a wrong password",
+            config_for("127.0.0.1", "not-the-password", "ca.pem"),
+            "nats.url",
+            format!("payer:***@127.0.0.1:{port}"),
+        ),
+    ];
+    for (what, text_of, field, named) in cases {
+        let path = site.config(&text_of);
+        let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{what}: it started\n{stderr}");
+        assert!(
+            stderr.contains(&format!("subscription[0].{field}")),
+            "{what}: {field}\n{stderr}"
+        );
+        assert!(stderr.contains(&named), "{what}: {named}\n{stderr}");
+        for secret in [PASSWORD, "not-the-password"] {
+            assert!(
+                !stderr.contains(secret),
+                "{what}: a password is shown\n{stderr}"
+            );
+        }
+    }
+    nats.delete(&[&s]).await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_server_is_reached_through_the_token_file_and_refused_with_another() {
+    let (up, site, data) = (
+        Upstream::start().await,
+        Site::new(),
+        tempfile::tempdir().unwrap(),
+    );
+    const TOKEN: &str = "nats-token-never-shown-0123";
+    let server = OwnServer::start_with(data.path(), &["--auth", TOKEN]);
+    let s = Nats::unique("token");
+    let store = format!("sqlite://{}", site.store().display());
+    let config_for = |file: &str| {
+        let sub = Sub {
+            url: Some(server.url()),
+            ..Sub::new(&s)
+        };
+        consume_toml::<Nats>(&store, &up, &[sub]).replace(
+            "request_timeout_ms = 2000\n",
+            &format!("request_timeout_ms = 2000\ntoken_file = \"{file}\"\n"),
+        )
+    };
+    std::fs::write(site.dir.path().join("token.txt"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(site.dir.path().join("wrong.txt"), "not-the-token\n").unwrap();
+    let consumer = Consumer::start(&site.config(&config_for("token.txt")), 1);
+    let nats = Nats::connect_with(
+        &server.url(),
+        async_nats::ConnectOptions::with_token(TOKEN.into()),
+    )
+    .await;
+    assert!(
+        consumer.logged("consuming", Duration::from_secs(15)).await,
+        "{}",
+        consumer.logs()
+    );
+    nats.publish_json(&s, &payout(848, "2026-W36", 1300), "m-1")
+        .await;
+    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
+    assert_eq!(
+        effects_per_key(&up),
+        [(payout_key(848, "2026-W36"), 1)].into()
+    );
+
+    let path = site.config(&config_for("wrong.txt"));
+    let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("subscription[0].nats.token_file"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(TOKEN) && !stderr.contains("not-the-token"),
+        "{stderr}"
+    );
+    nats.delete(&[&s]).await;
+}
