@@ -107,6 +107,10 @@ pub struct FileConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file`'s leaf.
     pub tls_key_file: Option<PathBuf>,
+    /// Whether the proxy listener answers `GET /healthz` and `GET
+    /// /readyz` itself (for a load balancer that can probe only the
+    /// traffic port); default false.
+    pub probe_paths: Option<bool>,
     /// Address of the admin API; none means no admin listener.
     pub admin_listen: Option<String>,
     /// Name of the environment variable holding the admin API's token.
@@ -187,6 +191,8 @@ pub struct GatewayConfig {
     /// The certificate the proxy listener serves HTTPS with; `None`:
     /// plain HTTP.
     pub listen_tls: Option<ServerTls>,
+    /// Whether the proxy listener answers the probes' paths itself.
+    pub probe_paths: bool,
     /// Upstream base URL (`http[s]://host:port[/base]`).
     pub upstream: Uri,
     /// The roots an `https://` upstream's certificate is verified against;
@@ -272,6 +278,9 @@ enum UnsafeLookup {
     /// Load it, for `idem check --gateway` to report the finding.
     Keep,
 }
+
+/// The paths the probes answer on: liveness, readiness.
+pub const PROBE_PATHS: [&str; 2] = ["/healthz", "/readyz"];
 
 /// The TLS files named on the command line or in the file, resolved: a
 /// command-line path against the working directory, a file's against the
@@ -592,6 +601,24 @@ impl GatewayConfig {
                 .map_err(|e| err(e.field, e.reason, true))?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
+        let probe_paths = file.probe_paths.unwrap_or(false);
+        if probe_paths {
+            // A protected route on a probe path would never see its GETs.
+            let get = http::Method::GET;
+            for (i, route) in routes.iter().enumerate() {
+                if let Some(path) = PROBE_PATHS.iter().find(|p| route.matches(&get, p)) {
+                    return Err(err(
+                        "probe_paths",
+                        format!(
+                            "route[{i}] protects GET {path}, which probe_paths answers on the \
+                             proxy listener; leave probe_paths off (the admin listener answers \
+                             the probes) or keep GET off that route"
+                        ),
+                        true,
+                    ));
+                }
+            }
+        }
         let tls = TlsFiles::pick(&file, overrides, &base_dir);
         let https_lookups = lookups.iter().any(|(_, l)| l.is_https());
         let https_peers = regions
@@ -650,6 +677,7 @@ impl GatewayConfig {
             upstream,
             upstream_tls,
             listen_tls,
+            probe_paths,
             admin_tls,
             store,
             owner,

@@ -21,6 +21,11 @@ pub const PROBE_STORE_TIMEOUT: Duration = Duration::from_secs(2);
 /// one must have finished within this many intervals (and the timeout).
 pub const PROBE_SCANS_MISSED_MAX: u32 = 3;
 
+/// How long one `/readyz` answer is reused: however many callers ask (a
+/// probe on the public proxy port included), the store is checked at most
+/// once in this time, and callers arriving meanwhile wait for that check.
+pub const PROBE_ANSWER_REUSE: Duration = Duration::from_secs(1);
+
 /// What `/readyz` checks.
 pub struct Probes {
     /// The store.
@@ -31,6 +36,8 @@ pub struct Probes {
     pub reconciler: Option<Arc<Reconciler>>,
     /// When the gateway started, for a reconciler yet to finish a scan.
     pub started: Instant,
+    /// The last answer and when it was made.
+    pub last: tokio::sync::Mutex<Option<(Instant, bool, Vec<u8>)>>,
 }
 
 /// `/healthz` and `/readyz`, to merge beside the admin API, outside its
@@ -56,21 +63,36 @@ struct Readiness {
     checks: Vec<Check>,
 }
 
-async fn healthz() -> Response {
+pub(crate) async fn healthz() -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-async fn readyz(State(p): State<Arc<Probes>>) -> Response {
-    let (read, window) = store_read(&*p.store).await;
-    let checks = vec![read, store_write(&p).await, window, reconciler(&p)];
-    let ready = checks.iter().all(|c| c.ok);
+pub(crate) async fn readyz(State(p): State<Arc<Probes>>) -> Response {
+    let mut last = p.last.lock().await;
+    let (ready, body) = match &*last {
+        Some((at, ready, body)) if at.elapsed() < PROBE_ANSWER_REUSE => (*ready, body.clone()),
+        _ => {
+            let (ready, body) = check(&p).await;
+            *last = Some((Instant::now(), ready, body.clone()));
+            (ready, body)
+        }
+    };
+    drop(last);
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = serde_json::to_vec_pretty(&Readiness { ready, checks }).unwrap_or_default();
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Runs every check: whether all passed, and the JSON body naming each.
+async fn check(p: &Probes) -> (bool, Vec<u8>) {
+    let (read, window) = store_read(&*p.store).await;
+    let checks = vec![read, store_write(p).await, window, reconciler(p)];
+    let ready = checks.iter().all(|c| c.ok);
+    let body = serde_json::to_vec_pretty(&Readiness { ready, checks }).unwrap_or_default();
+    (ready, body)
 }
 
 /// The store answers a read (its suspect window) within the bound; and

@@ -29,6 +29,7 @@ use tower::{BoxError, Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
+use crate::config::PROBE_PATHS;
 use crate::listen::{self, Transport};
 use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
@@ -174,6 +175,7 @@ pub async fn serve_with(
         metrics: metrics.clone(),
         reconciler: reconciler.clone(),
         started: std::time::Instant::now(),
+        last: tokio::sync::Mutex::default(),
     });
     let reconciler = reconciler.map(|reconciler| {
         let stop = stopped(stop_rx.clone());
@@ -203,7 +205,7 @@ pub async fn serve_with(
         );
         // Mounted routes authenticate by themselves; the admin API's
         // fallback answers every path they do not serve.
-        let api = api.merge(probe::router(probes));
+        let api = api.merge(probe::router(probes.clone()));
         let app = match admin.mount {
             Some(mount) => mount(parts).merge(api),
             None => api,
@@ -280,15 +282,26 @@ pub async fn serve_with(
         Some(tls) => Transport::Tls(tls.acceptor()),
         None => Transport::Plain,
     };
-    let served = listen::serve(
-        "proxy",
-        listener,
-        transport,
-        admitted,
-        (config.connections, drain),
-        shutdown,
-    )
-    .await;
+    let served = if config.probe_paths {
+        // GET on the probe paths is answered here; every other request on
+        // them (and every other path) goes to the upstream as before.
+        let app = axum::Router::new()
+            .route(
+                PROBE_PATHS[0],
+                axum::routing::get(probe::healthz).fallback_service(admitted.clone()),
+            )
+            .route(
+                PROBE_PATHS[1],
+                axum::routing::get(probe::readyz).fallback_service(admitted.clone()),
+            )
+            .with_state(probes)
+            .fallback_service(admitted);
+        let limits = (config.connections, drain);
+        listen::serve("proxy", listener, transport, app, limits, shutdown).await
+    } else {
+        let limits = (config.connections, drain);
+        listen::serve("proxy", listener, transport, admitted, limits, shutdown).await
+    };
     if let Err(e) = purge.await {
         tracing::error!(error = %e, "the retention purge task failed");
     }

@@ -129,6 +129,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         %local_addr,
         tls = config.listen_tls.is_some(),
+        probe_paths = config.probe_paths,
         upstream = %config.upstream,
         store = %url,
         routes = config.routes.len(),
