@@ -79,6 +79,10 @@ pub struct FileConfig {
     pub region: Option<String>,
     /// Seconds between two runs of the retention purge; default 60.
     pub purge_interval_s: Option<u64>,
+    /// Address of a listener of its own answering `GET /healthz` and `GET
+    /// /readyz` (the store, each subscription's broker connection, the
+    /// reconciler), e.g. `127.0.0.1:9091`; default off.
+    pub probe_listen: Option<String>,
     /// The queues read.
     #[serde(default, rename = "subscription")]
     pub subscriptions: Vec<SubscriptionSpec>,
@@ -199,6 +203,8 @@ pub struct ConsumeConfig {
     pub region: Option<String>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// Where the probes are served, if anywhere.
+    pub probe_listen: Option<std::net::SocketAddr>,
     /// The subscriptions.
     pub subscriptions: Vec<Subscription>,
     /// Lookups by operation (subscription name), for the reconciler.
@@ -324,6 +330,15 @@ impl ConsumeConfig {
         if let Some(region) = &file.region {
             idem_core::check_region(region).map_err(|e| ("region".to_owned(), e.to_string()))?;
         }
+        let probe_listen = match &file.probe_listen {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|e| {
+                (
+                    "probe_listen".to_owned(),
+                    format!("{text:?} is not an address like 127.0.0.1:9091 ({e})"),
+                )
+            })?),
+        };
         let purge_interval_s = file.purge_interval_s.unwrap_or(60);
         if !(1..=86_400).contains(&purge_interval_s) {
             return Err((
@@ -338,6 +353,7 @@ impl ConsumeConfig {
                 .unwrap_or_else(|| format!("idem-consume-{}", std::process::id())),
             region: file.region,
             purge_interval: Duration::from_secs(purge_interval_s),
+            probe_listen,
             subscriptions,
             lookups,
             reconcile,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{Store, SystemClock, VerifyFresh, WindowWatch};
+use idem_gateway::probe::{Probes, ReadyCheck};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -96,6 +97,7 @@ impl std::error::Error for RunError {}
 pub async fn run(
     config: &ConsumeConfig,
     store: Arc<dyn Store>,
+    probes: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Report, RunError> {
     let reconciler = if config.lookups.is_empty() {
@@ -138,6 +140,22 @@ pub async fn run(
         pumps.push((i, sub, broker, handler));
     }
     let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(listener) = probes {
+        let mut probes = Probes::new(Arc::clone(&store), Arc::default(), reconciler.clone());
+        for (_, sub, broker, _) in &pumps {
+            let check = BrokerConnected {
+                name: sub.name.clone(),
+                broker: Arc::clone(broker),
+            };
+            probes = probes.with_check("broker", Arc::new(check));
+        }
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = idem_gateway::probe::serve(listener, Arc::new(probes), stop).await {
+                tracing::error!(error = %e, "the probe listener failed");
+            }
+        });
+    }
     let mut tasks = JoinSet::new();
     for (i, sub, broker, handler) in pumps {
         let stop = stop_rx.clone();
@@ -200,6 +218,27 @@ pub async fn run(
 
 /// The reconciler (when there is one) and the retention purge, until
 /// `stop`; the future resolves once both have stopped.
+/// `/readyz`'s check of one subscription's broker connection.
+struct BrokerConnected {
+    name: String,
+    broker: Arc<dyn BrokerSubscription>,
+}
+
+impl ReadyCheck for BrokerConnected {
+    fn check(&self) -> (bool, String) {
+        let connected = self.broker.connected();
+        let state = if connected {
+            "connected to"
+        } else {
+            "not connected to"
+        };
+        (
+            connected,
+            format!("{}: {state} {}", self.name, self.broker.describe()),
+        )
+    }
+}
+
 fn background(
     store: &Arc<dyn Store>,
     config: &ConsumeConfig,

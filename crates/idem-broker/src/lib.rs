@@ -119,6 +119,10 @@ pub trait Subscription: Send + Sync {
 
     /// A name for logs and metrics, e.g. `nats://127.0.0.1:4222 PAYOUTS/idem`.
     fn describe(&self) -> String;
+
+    /// Whether the subscription holds a live connection to the broker now,
+    /// for a readiness probe; without blocking.
+    fn connected(&self) -> bool;
 }
 
 /// A broker operation that failed.

@@ -643,6 +643,13 @@ impl Subscription for NatsSubscription {
         })
     }
 
+    fn connected(&self) -> bool {
+        matches!(
+            self.sinks.context.client().connection_state(),
+            State::Connected
+        )
+    }
+
     fn describe(&self) -> String {
         self.describe.clone()
     }

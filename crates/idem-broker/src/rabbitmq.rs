@@ -268,6 +268,9 @@ pub struct Topology {
 pub struct RabbitSubscription {
     settings: Arc<Settings>,
     link: Mutex<Option<Link>>,
+    /// The current link's connection status, readable while `next` holds
+    /// the link; `None` while there is no link.
+    status: std::sync::Mutex<Option<lapin::ConnectionStatus>>,
 }
 
 impl RabbitConfig {
@@ -419,10 +422,16 @@ impl RabbitSubscription {
             .map_err(|e| BrokerError::permanent("rabbitmq config", e))?;
         let settings = Arc::new(settings);
         let link = Link::open(&settings).await?;
+        let status = std::sync::Mutex::new(Some(link.connection.status().clone()));
         Ok(RabbitSubscription {
             settings,
             link: Mutex::new(Some(link)),
+            status,
         })
+    }
+
+    fn note_status(&self, status: Option<lapin::ConnectionStatus>) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }
 
     /// The names this subscription declared.
@@ -452,7 +461,10 @@ impl Subscription for RabbitSubscription {
             let mut slot = self.link.lock().await;
             loop {
                 if slot.is_none() {
-                    *slot = Some(Link::open(&self.settings).await?);
+                    self.note_status(None);
+                    let link = Link::open(&self.settings).await?;
+                    self.note_status(Some(link.connection.status().clone()));
+                    *slot = Some(link);
                 }
                 let Some(link) = slot.as_mut() else {
                     return Err(BrokerError::transient("rabbitmq receive", "no connection"));
@@ -483,6 +495,11 @@ impl Subscription for RabbitSubscription {
                 }
             }
         })
+    }
+
+    fn connected(&self) -> bool {
+        let held = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().is_some_and(|status| status.connected())
     }
 
     fn describe(&self) -> String {

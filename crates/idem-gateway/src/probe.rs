@@ -26,19 +26,78 @@ pub const PROBE_SCANS_MISSED_MAX: u32 = 3;
 /// once in this time, and callers arriving meanwhile wait for that check.
 pub const PROBE_ANSWER_REUSE: Duration = Duration::from_secs(1);
 
+/// A check `/readyz` runs besides the store's and the reconciler's (the
+/// broker connections of `idem consume`).
+pub trait ReadyCheck: Send + Sync {
+    /// Whether it passes now, and what it found; without blocking.
+    fn check(&self) -> (bool, String);
+}
+
 /// What `/readyz` checks.
 pub struct Probes {
-    /// The store.
-    pub store: Arc<dyn Store>,
-    /// Counts what the write check purges, as the purge does.
-    pub metrics: Arc<Metrics>,
-    /// The reconciler, when the gateway runs one.
-    pub reconciler: Option<Arc<Reconciler>>,
-    /// When the gateway started, for a reconciler yet to finish a scan.
-    pub started: Instant,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    reconciler: Option<Arc<Reconciler>>,
+    /// When the process started, for a reconciler yet to finish a scan.
+    started: Instant,
+    extra: Vec<(&'static str, Arc<dyn ReadyCheck>)>,
     /// The last answer and when it was made.
-    pub last: tokio::sync::Mutex<Option<(Instant, bool, Vec<u8>)>>,
+    last: tokio::sync::Mutex<Option<(Instant, bool, Vec<u8>)>>,
 }
+
+impl Probes {
+    /// The probes of a process on `store` (the write check's purge counted
+    /// into `metrics`), with its `reconciler` if it runs one.
+    pub fn new(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        reconciler: Option<Arc<Reconciler>>,
+    ) -> Probes {
+        Probes {
+            store,
+            metrics,
+            reconciler,
+            started: Instant::now(),
+            extra: Vec::new(),
+            last: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// Also runs `check`, named `name` in the answer.
+    pub fn with_check(mut self, name: &'static str, check: Arc<dyn ReadyCheck>) -> Probes {
+        self.extra.push((name, check));
+        self
+    }
+}
+
+/// Serves the probes alone on `listener` until `shutdown` (`idem
+/// consume`'s probe listener): plain HTTP, a few connections at once, every
+/// head within 10 s.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    probes: Arc<Probes>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let limits = crate::ConnectionLimits {
+        connections_max: PROBE_CONNECTIONS_MAX,
+        header_read_timeout: Duration::from_secs(10),
+        tls_handshake_timeout: Duration::from_secs(10),
+    };
+    let drain = Duration::from_secs(1);
+    let transport = crate::listen::Transport::Plain;
+    crate::listen::serve(
+        "probes",
+        listener,
+        transport,
+        router(probes),
+        (limits, drain),
+        shutdown,
+    )
+    .await
+}
+
+/// Connections a probe listener of its own serves at once.
+pub const PROBE_CONNECTIONS_MAX: usize = 64;
 
 /// `/healthz` and `/readyz`, to merge beside the admin API, outside its
 /// token.
@@ -89,7 +148,15 @@ pub(crate) async fn readyz(State(p): State<Arc<Probes>>) -> Response {
 /// Runs every check: whether all passed, and the JSON body naming each.
 async fn check(p: &Probes) -> (bool, Vec<u8>) {
     let (read, window) = store_read(&*p.store).await;
-    let checks = vec![read, store_write(p).await, window, reconciler(p)];
+    let mut checks = vec![read, store_write(p).await, window, reconciler(p)];
+    for (name, extra) in &p.extra {
+        let (ok, detail) = extra.check();
+        checks.push(Check {
+            check: name,
+            ok,
+            detail,
+        });
+    }
     let ready = checks.iter().all(|c| c.ok);
     let body = serde_json::to_vec_pretty(&Readiness { ready, checks }).unwrap_or_default();
     (ready, body)
@@ -182,7 +249,7 @@ fn reconciler(p: &Probes) -> Check {
         return Check {
             check: "reconciler",
             ok: true,
-            detail: "off: no route has a lookup".into(),
+            detail: "off: nothing has a lookup".into(),
         };
     };
     let allowed = reconciler.interval() * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;

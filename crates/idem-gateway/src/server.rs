@@ -170,13 +170,11 @@ pub async fn serve_with(
         config.purge_interval,
         stop_rx.clone(),
     ));
-    let probes = Arc::new(Probes {
-        store: store.clone(),
-        metrics: metrics.clone(),
-        reconciler: reconciler.clone(),
-        started: std::time::Instant::now(),
-        last: tokio::sync::Mutex::default(),
-    });
+    let probes = Arc::new(Probes::new(
+        store.clone(),
+        metrics.clone(),
+        reconciler.clone(),
+    ));
     let reconciler = reconciler.map(|reconciler| {
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { reconciler.run(stop).await })

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
 use idem_bridge::config::ConsumeConfig;
 
@@ -59,7 +60,20 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let store = config.store.open_serving(&[], suspect_window_ms)?;
     store_url::log_opened(&config.store);
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
-    let report = idem_bridge::run::run(&config, store, idem_gateway::shutdown_signal())
+    let probes = match config.probe_listen {
+        None => None,
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (probe_listen)"))?;
+            let probe_addr = listener
+                .local_addr()
+                .context("cannot read the probes' address")?;
+            tracing::info!(%probe_addr, "probes listening: GET /healthz, GET /readyz");
+            Some(listener)
+        }
+    };
+    let report = idem_bridge::run::run(&config, store, probes, idem_gateway::shutdown_signal())
         .await
         .map_err(|e| {
             // A broker error about a field of the file names both, as a

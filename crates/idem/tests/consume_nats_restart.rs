@@ -99,3 +99,96 @@ async fn a_server_restart_mid_run_loses_nothing_and_doubles_nothing() {
     nats.delete(&[&s]).await;
     drop(server);
 }
+
+/// `idem consume`'s own probe listener: ready while its broker connection
+/// is live, not ready naming the broker while the server is down (the
+/// process itself stays live), and ready again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_broker_while_it_is_down_and_is_ready_again_after() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let data = tempfile::tempdir().unwrap();
+    let server = OwnServer::start(data.path());
+    let s = Nats::unique("probes");
+    let store = format!("sqlite://{}", site.store().display());
+    let sub = Sub {
+        url: Some(server.url()),
+        ..Sub::new(&s)
+    };
+    let port = idem_testkit::free_port().unwrap();
+    let text = consume_toml::<Nats>(&store, &up, &[sub]).replace(
+        "purge_interval_s = 1\n",
+        &format!("purge_interval_s = 1\nprobe_listen = \"127.0.0.1:{port}\"\n"),
+    );
+    let consumer = Consumer::start(&site.config(&text), 1);
+    assert!(
+        consumer
+            .logged("probes listening", Duration::from_secs(15))
+            .await,
+        "{}",
+        consumer.logs()
+    );
+    let get = |path: &'static str| async move {
+        support::send("GET", &format!("http://127.0.0.1:{port}{path}"), &[], "").await
+    };
+    let ready = get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert!(
+        ready.body.contains("payouts: connected to"),
+        "{}",
+        ready.body
+    );
+
+    let mut server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    let mut down = None;
+    for _ in 0..100 {
+        let reply = get("/readyz").await;
+        if reply.status == 503 {
+            down = Some(reply);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let down = down.expect("still ready 20 s after the server stopped");
+    assert!(
+        down.body.contains("payouts: not connected to"),
+        "{}",
+        down.body
+    );
+    assert_eq!(
+        get("/healthz").await.status,
+        200,
+        "the process is still live"
+    );
+
+    server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let mut back = false;
+    for _ in 0..150 {
+        if get("/readyz").await.status == 200 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        back,
+        "not ready 30 s after the server came back:\n{}",
+        consumer.logs()
+    );
+    let stopped = tokio::task::spawn_blocking(move || consumer.stop())
+        .await
+        .unwrap();
+    assert!(stopped.status.success(), "{}", stopped.log);
+    Nats::connect_to(&server.url()).await.delete(&[&s]).await;
+}

@@ -34,10 +34,16 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
         concurrency: 2,
         ..Sub::new(&q)
     };
-    let consumer = Consumer::start(
-        &site.config(&consume_toml::<Rabbit>(&store, &up, &[sub])),
-        1,
+    // With its own probe listener, whose /readyz must follow the outage.
+    let port = idem_testkit::free_port().unwrap();
+    let text = consume_toml::<Rabbit>(&store, &up, &[sub]).replace(
+        "purge_interval_s = 1\n",
+        &format!("purge_interval_s = 1\nprobe_listen = \"127.0.0.1:{port}\"\n"),
     );
+    let readyz = || async move {
+        support::send("GET", &format!("http://127.0.0.1:{port}/readyz"), &[], "").await
+    };
+    let consumer = Consumer::start(&site.config(&text), 1);
     let rabbit = Rabbit::connect().await;
     for seller in 0..SENT {
         let intent = payout(seller, "2026-W36", 100 + seller);
@@ -56,12 +62,42 @@ async fn a_broker_restart_mid_run_loses_nothing_and_doubles_nothing() {
         consumer.logs()
     );
     let paid_while_down = up.hits();
+    // Not ready, naming the broker, while it is down (an answer is reused
+    // for a second).
+    let mut down_said = None;
+    for _ in 0..50 {
+        let reply = readyz().await;
+        if reply.status == 503 {
+            down_said = Some(reply.body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let down_said = down_said.expect("still ready 10 s into the outage");
+    assert!(
+        down_said.contains("payouts: not connected to"),
+        "{down_said}"
+    );
     tokio::task::spawn_blocking(move || drop(down))
         .await
         .unwrap();
 
     // The old connection died with the broker.
     let rabbit = Rabbit::connect().await;
+    // Ready again once the consumer has its connection back.
+    let mut ready = false;
+    for _ in 0..150 {
+        if readyz().await.status == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        ready,
+        "not ready 30 s after the broker came back:\n{}",
+        consumer.logs()
+    );
     let stopped = stop_settled(
         &rabbit,
         &store,
