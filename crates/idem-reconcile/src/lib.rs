@@ -70,7 +70,7 @@ pub use lookup::{
 };
 pub use probe::{Finding, Provider, ProviderFuture};
 pub use reconciler::{
-    RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, Settled, TRACKED_MAX,
+    RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, ScanTimes, Settled, TRACKED_MAX,
 };
 pub use settings::{
     BACKOFF_MS_LIMIT, BATCH_LIMIT, CONCURRENCY_LIMIT, ConfigError, INTERVAL_S_LIMIT,

@@ -56,8 +56,17 @@ pub struct Reconciler {
     on_resolution: Option<ResolutionHook>,
     scan: Mutex<ScanState>,
     inline: Inline,
-    /// When [`Reconciler::run`] last finished a scan.
-    last_scan: std::sync::Mutex<Option<Instant>>,
+    /// When [`Reconciler::run`]'s scans ran.
+    scans: std::sync::Mutex<ScanTimes>,
+}
+
+/// When [`Reconciler::run`]'s scans ran, for a readiness probe to judge.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanTimes {
+    /// When the scan in progress started; `None` between scans.
+    pub running_since: Option<Instant>,
+    /// When the last scan finished; `None` before the first.
+    pub last_finished: Option<Instant>,
 }
 
 /// What [`Reconciler::settle_now`] keeps: one lookup per key at a time, and
@@ -285,14 +294,23 @@ impl Reconciler {
                 next_start: Instant::now(),
             }),
             inline,
-            last_scan: std::sync::Mutex::new(None),
+            scans: std::sync::Mutex::default(),
         })
     }
 
-    /// When [`Reconciler::run`] last finished a scan (`None` before the
-    /// first), for a readiness probe to judge.
-    pub fn last_scan(&self) -> Option<Instant> {
-        *self.last_scan.lock().unwrap_or_else(|e| e.into_inner())
+    /// When [`Reconciler::run`]'s scans ran.
+    pub fn scan_times(&self) -> ScanTimes {
+        *self.scans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_scan(&self, running: bool) {
+        let mut times = self.scans.lock().unwrap_or_else(|e| e.into_inner());
+        if running {
+            times.running_since = Some(Instant::now());
+        } else {
+            times.running_since = None;
+            times.last_finished = Some(Instant::now());
+        }
     }
 
     /// The time between two scans of [`Reconciler::run`].
@@ -499,9 +517,12 @@ impl Reconciler {
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                report = self.run_once() => {
+                report = async {
+                    self.note_scan(true);
+                    self.run_once().await
+                } => {
                     log_report(&report);
-                    *self.last_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                    self.note_scan(false);
                 }
             }
             tokio::select! {
