@@ -10,9 +10,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::broker::{
-    Bed, Broker, Counts, Publish, Sink, Sub, consume_toml, drained, payout, payout_key, settled,
-};
+use support::broker::{Bed, Broker, Publish, Sub, consume_toml, drained, payout};
+use support::consume_suite::key_reused_is_dead_lettered;
 use support::rabbit::Rabbit;
 use support::{Consumer, eventually};
 
@@ -47,21 +46,7 @@ async fn a_deleted_dead_letter_queue_is_declared_again_and_the_poison_message_la
         consumer.logs()
     );
 
-    let stopped = bed
-        .stop_settled(
-            &bed.store_url(),
-            1,
-            &[(&q, Counts::copies(1, 0))],
-            vec![consumer],
-        )
-        .await;
-    bed.assert_effects(&[(&payout_key(847, "2026-W36"), 1)]);
-    let dead = bed.broker.copies(&q, Sink::DeadLetter).await;
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].payload, other);
-    assert_eq!(dead[0].header("Idem-Reason"), Some("key-reused"));
-    let s = settled(&stopped, "payouts");
-    assert_eq!((s.acked, s.dead_lettered), (1, 1), "{s:?}");
+    key_reused_is_dead_lettered(&bed, &q, &other, consumer).await;
     bed.delete(&[&q]).await;
 }
 

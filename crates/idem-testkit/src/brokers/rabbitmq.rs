@@ -131,14 +131,23 @@ impl Client {
     }
 }
 
-/// A text header of a message taken off a queue.
-pub fn header(message: &BasicGetMessage, name: &str) -> Option<String> {
-    let headers = message.delivery.properties.headers().as_ref()?;
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        _ => None,
-    }
+/// The text headers of a message taken off a queue, by name.
+pub fn headers(message: &BasicGetMessage) -> std::collections::BTreeMap<String, String> {
+    let Some(table) = message.delivery.properties.headers().as_ref() else {
+        return std::collections::BTreeMap::new();
+    };
+    table
+        .inner()
+        .iter()
+        .filter_map(|(name, value)| {
+            let text = match value {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                AMQPValue::ShortString(s) => s.to_string(),
+                _ => return None,
+            };
+            Some((name.to_string(), text))
+        })
+        .collect()
 }
 
 /// The payload of a message taken off a queue, as text.

@@ -323,16 +323,29 @@ pub async fn a_key_reused_with_another_payload_is_dead_lettered_and_never_run<B:
     let other = payout(847, "2026-W36", 9999);
     bed.publish(&q, &other, "m-2").await;
 
+    key_reused_is_dead_lettered(&bed, &q, &other, consumer).await;
+    bed.delete(&[&q]).await;
+}
+
+/// Stops `consumer` once `other`, which reuses payout 847's key and was
+/// published as `m-2`, is the one copy in `q`'s dead-letter sink with its
+/// reason, and checks that the first payload ran once and was acked.
+pub async fn key_reused_is_dead_lettered<B: Broker>(
+    bed: &Bed<B>,
+    q: &str,
+    other: &str,
+    consumer: Consumer,
+) {
     let stopped = bed
         .stop_settled(
             &bed.store_url(),
             1,
-            &[(&q, Counts::copies(1, 0))],
+            &[(q, Counts::copies(1, 0))],
             vec![consumer],
         )
         .await;
     bed.assert_effects(&[(&payout_key(847, "2026-W36"), 1)]);
-    let dead = bed.broker.copies(&q, Sink::DeadLetter).await;
+    let dead = bed.broker.copies(q, Sink::DeadLetter).await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].payload, other);
     assert_eq!(dead[0].header("Idem-Reason"), Some("key-reused"));
@@ -341,7 +354,6 @@ pub async fn a_key_reused_with_another_payload_is_dead_lettered_and_never_run<B:
     assert!(detail.contains("payout:847:2026-W36"), "{detail}");
     let c = settled(&stopped, "payouts");
     assert_eq!((c.acked, c.dead_lettered), (1, 1), "{c:?}");
-    bed.delete(&[&q]).await;
 }
 
 pub async fn a_redrive_past_retention_is_copied_to_the_late_sink_and_never_run<B: Broker>() {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem_testkit::brokers::rabbitmq::{Client, URL, body, message_id};
+use idem_testkit::brokers::rabbitmq::{Client, URL, body, headers, message_id};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -101,21 +101,7 @@ settle_timeout_ms = 5000
         };
         let mut copies = Vec::new();
         for m in self.client.drain(&from).await {
-            let headers = m
-                .delivery
-                .properties
-                .headers()
-                .iter()
-                .flat_map(|table| table.inner())
-                .filter_map(|(name, value)| {
-                    let value = match value {
-                        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into(),
-                        AMQPValue::ShortString(s) => s.to_string(),
-                        _ => return None,
-                    };
-                    Some((name.to_string(), value))
-                })
-                .collect();
+            let headers = headers(&m);
             copies.push(Copy {
                 payload: body(&m),
                 message_id: message_id(&m),
