@@ -507,7 +507,8 @@ fn subscription(
         return Err((at("max_deliveries"), "0: at least 1".into()));
     }
     let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
-    let broker = Broker::from_sections(nats.as_ref(), spec.rabbitmq.as_ref(), at)?;
+    let rabbitmq = spec.rabbitmq.clone().map(|c| c.relative_to(base_dir));
+    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), at)?;
     // A message still being delivered when the broker's wait for its
     // settlement ends is delivered again to another worker meanwhile.
     if let Some(ack_wait_ms) = broker.ack_wait_ms()

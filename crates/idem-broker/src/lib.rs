@@ -178,6 +178,19 @@ impl fmt::Display for BrokerError {
 
 impl std::error::Error for BrokerError {}
 
+/// Reads each relative path among `files` against `dir` (a config file's
+/// directory), as both brokers' TLS and credential files are.
+fn place_files<'a>(
+    dir: &std::path::Path,
+    files: impl IntoIterator<Item = &'a mut Option<std::path::PathBuf>>,
+) {
+    for file in files {
+        if let Some(path) = file.take() {
+            *file = Some(dir.join(path));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

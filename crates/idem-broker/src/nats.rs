@@ -279,17 +279,16 @@ impl NatsConfig {
     /// The files it names, relative ones read against `dir` (the config
     /// file's directory).
     pub fn relative_to(mut self, dir: &Path) -> NatsConfig {
-        for file in [
-            &mut self.ca_file,
-            &mut self.cert_file,
-            &mut self.key_file,
-            &mut self.creds_file,
-            &mut self.token_file,
-        ] {
-            if let Some(path) = file.take() {
-                *file = Some(dir.join(path));
-            }
-        }
+        crate::place_files(
+            dir,
+            [
+                &mut self.ca_file,
+                &mut self.cert_file,
+                &mut self.key_file,
+                &mut self.creds_file,
+                &mut self.token_file,
+            ],
+        );
         self
     }
 

@@ -105,8 +105,19 @@
 //! [`Message::content_type`] is the AMQP `content_type` property, else a
 //! `content-type` header (any case).
 //!
-//! Only `amqp://` is built in (no TLS client), and the queue is a classic
-//! queue.
+//! # TLS and credentials
+//!
+//! An `amqps://` url speaks TLS (port 5671 unless given). The broker's
+//! certificate must chain to the system's roots or to `ca_file`, and name
+//! the url's host. `cert_file` and `key_file` present a client
+//! certificate to a broker that verifies its clients. The user and
+//! password are the url's, or the password is the first line of
+//! `password_file` (the url then names the user only). A refused
+//! handshake is an error about `ca_file` (or `url` when none is named),
+//! naming the file; a refused login one about `password_file` or `url`;
+//! no error, log line or `describe()` shows a password.
+//!
+//! The queue is a classic queue.
 //!
 //! # Example
 //!
@@ -135,6 +146,7 @@
 //! ```
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,10 +157,12 @@ use lapin::options::{
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{
     Acker, BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer,
+    DefaultConnectionBuilder,
 };
 use serde::Deserialize;
 use tokio::sync::Mutex;
@@ -216,6 +230,22 @@ pub struct RabbitConfig {
     /// fails, leaving the message unacknowledged. Default 30 000.
     #[serde(default = "default_settle_timeout_ms")]
     pub settle_timeout_ms: u64,
+    /// PEM CA certificates the broker's certificate may chain to, besides
+    /// the system's roots. Only with an `amqps://` url. Relative to the
+    /// config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for a broker that verifies its clients; with
+    /// `key_file`, or neither. Only with an `amqps://` url.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM (PKCS#8) private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// A file whose first line is the password of the url's user; the url
+    /// then holds no password.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
 }
 
 /// The kind of exchange the queue is bound to.
@@ -298,7 +328,26 @@ impl RabbitConfig {
             retry: RetryMechanism::default(),
             connect_timeout_ms: default_connect_timeout_ms(),
             settle_timeout_ms: default_settle_timeout_ms(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            password_file: None,
         }
+    }
+
+    /// The files it names, relative ones read against `dir` (the config
+    /// file's directory).
+    pub fn relative_to(mut self, dir: &Path) -> RabbitConfig {
+        crate::place_files(
+            dir,
+            [
+                &mut self.ca_file,
+                &mut self.cert_file,
+                &mut self.key_file,
+                &mut self.password_file,
+            ],
+        );
+        self
     }
 
     /// Checks every field and derives the names left out.
@@ -306,8 +355,33 @@ impl RabbitConfig {
         self.settings().map(|s| s.topology)
     }
 
+    /// Reads the files it names: a missing or unusable one is an error
+    /// naming its field and path.
     fn settings(&self) -> Result<Settings, ConfigError> {
-        let uri = parse_url(&self.url)?;
+        let mut uri = parse_url(&self.url)?;
+        let tls = self.tls(uri.scheme.clone())?;
+        if let Some(path) = &self.password_file {
+            if url_has_password(&self.url) {
+                return Err(invalid(
+                    "password_file",
+                    "the url holds a password too: keep one of them",
+                ));
+            }
+            let text = read(path, "password_file")?;
+            let password = String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned();
+            if password.is_empty() {
+                return Err(invalid(
+                    "password_file",
+                    format!("{}: holds no password", path.display()),
+                ));
+            }
+            uri.authority.userinfo.password = password;
+        }
         let topology = self.topology()?;
         if self.prefetch == 0 {
             return Err(invalid(
@@ -323,10 +397,50 @@ impl RabbitConfig {
         }
         Ok(Settings {
             uri,
+            tls,
+            uses_password_file: self.password_file.is_some(),
+            ca_file: self.ca_file.clone(),
             topology,
             prefetch: self.prefetch,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             settle_timeout: Duration::from_millis(self.settle_timeout_ms),
+        })
+    }
+
+    /// The TLS files, read; refused with an `amqp://` url, which would
+    /// never use them.
+    fn tls(&self, scheme: AMQPScheme) -> Result<OwnedTLSConfig, ConfigError> {
+        let files = [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ];
+        if scheme == AMQPScheme::AMQP
+            && let Some((field, _)) = files.iter().find(|(_, f)| f.is_some())
+        {
+            return Err(invalid(
+                field,
+                "needs an amqps:// url: an amqp:// connection is not encrypted",
+            ));
+        }
+        let identity = match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => return Err(invalid("key_file", "is required with cert_file")),
+            (None, Some(_)) => return Err(invalid("cert_file", "is required with key_file")),
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+                pem: pem(cert, "cert_file", "CERTIFICATE")?,
+                key: pem(key, "key_file", "PRIVATE KEY")?,
+            }),
+        };
+        let cert_chain = match &self.ca_file {
+            Some(ca) => {
+                Some(String::from_utf8_lossy(&pem(ca, "ca_file", "CERTIFICATE")?).into_owned())
+            }
+            None => None,
+        };
+        Ok(OwnedTLSConfig {
+            identity,
+            cert_chain,
         })
     }
 
@@ -505,8 +619,12 @@ impl Subscription for RabbitSubscription {
     fn describe(&self) -> String {
         let a = &self.settings.uri.authority;
         format!(
-            "amqp://{}:{} vhost {} queue {}",
-            a.host, a.port, self.settings.uri.vhost, self.settings.topology.queue
+            "{}://{}:{} vhost {} queue {}",
+            scheme(&self.settings.uri),
+            a.host,
+            a.port,
+            self.settings.uri.vhost,
+            self.settings.topology.queue
         )
     }
 }
@@ -530,6 +648,11 @@ impl fmt::Debug for RabbitSubscription {
 /// A validated configuration.
 struct Settings {
     uri: AMQPUri,
+    /// The CA file's and client certificate's contents (empty for amqp://).
+    tls: OwnedTLSConfig,
+    /// Whether the password came from `password_file`.
+    uses_password_file: bool,
+    ca_file: Option<PathBuf>,
     topology: Topology,
     prefetch: u16,
     connect_timeout: Duration,
@@ -611,15 +734,14 @@ impl Link {
     async fn open_now(settings: &Settings) -> Result<Link, BrokerError> {
         let properties =
             ConnectionProperties::default().with_connection_name("idem consume".into());
-        let connection = Connection::connect_uri(settings.uri.clone(), properties)
+        let connection = DefaultConnectionBuilder::new()
+            .map_err(|e| amqp_error("rabbitmq runtime", &e))?
+            .with_uri(settings.uri.clone())
+            .with_properties(properties)
+            .with_tls_config(settings.tls.clone())
+            .connect()
             .await
-            .map_err(|e| {
-                amqp_error(
-                    &format!("rabbitmq connect to {}", masked(&settings.uri)),
-                    &e,
-                )
-                .at_field("url")
-            })?;
+            .map_err(|e| connect_error(settings, &e))?;
         let publisher = channel(&connection).await?;
         declare(&publisher, &settings.topology).await?;
         publisher
@@ -965,16 +1087,90 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 fn parse_url(url: &str) -> Result<AMQPUri, ConfigError> {
-    let uri: AMQPUri = url
-        .parse()
-        .map_err(|e| invalid("url", format!("not an AMQP URL: {e}")))?;
-    match uri.scheme {
-        AMQPScheme::AMQP => Ok(uri),
-        AMQPScheme::AMQPS => Err(invalid(
-            "url",
-            "amqps:// is not supported: this build has no TLS client",
-        )),
+    url.parse()
+        .map_err(|e| invalid("url", format!("not an AMQP URL: {e}")))
+}
+
+/// Whether `url` spells a password (`user:password@`); the parsed url
+/// cannot tell, as it fills in `guest` for what is left out.
+fn url_has_password(url: &str) -> bool {
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default();
+    authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// A file's bytes, holding at least one PEM block labelled `label`.
+fn pem(path: &Path, field: &'static str, label: &str) -> Result<Vec<u8>, ConfigError> {
+    let bytes = read(path, field)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let found = text.contains(&format!("-----BEGIN {label}-----"))
+        || (label == "PRIVATE KEY" && text.contains(" PRIVATE KEY-----"));
+    if !found {
+        return Err(invalid(
+            field,
+            format!("{}: holds no PEM {label}", path.display()),
+        ));
     }
+    Ok(bytes)
+}
+
+fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))
+}
+
+/// A failed connection, about the field that can fix it: a refused
+/// handshake is the trust's (`ca_file`, or the system's roots through
+/// `url`), a broker asking for a client certificate `cert_file`'s, a
+/// refused login the password's. rustls' verdict reaches lapin as an IO
+/// error, so it is recognised by its words.
+fn connect_error(settings: &Settings, e: &lapin::Error) -> BrokerError {
+    let operation = format!("rabbitmq connect to {}", masked(&settings.uri));
+    let said = e.to_string();
+    let login_refused = matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED))
+    ) || said.contains("ACCESS_REFUSED");
+    if said.contains("CertificateRequired") || said.contains("certificate required") {
+        return BrokerError::permanent(operation, e).at_field("cert_file");
+    }
+    if said.contains("peer certificate") || said.contains("InvalidCertificate") {
+        return match &settings.ca_file {
+            Some(ca) => {
+                BrokerError::permanent(format!("{operation} (ca_file {})", ca.display()), e)
+                    .at_field("ca_file")
+            }
+            None => BrokerError::permanent(operation, e).at_field("url"),
+        };
+    }
+    if login_refused && settings.uses_password_file {
+        return BrokerError::permanent(operation, e).at_field("password_file");
+    }
+    // A broker that requires a client certificate and got none may end
+    // the connection without a word (RabbitMQ resets it): said as a hint,
+    // since a reset can also be the network's.
+    let reset = matches!(
+        e.kind(),
+        lapin::ErrorKind::IOError(io) if matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::BrokenPipe
+        )
+    );
+    if reset && settings.uri.scheme == AMQPScheme::AMQPS && settings.tls.identity.is_none() {
+        let reason = format!(
+            "{e} (if the broker requires a client certificate, set cert_file and key_file)"
+        );
+        return BrokerError::transient(operation, reason).at_field("url");
+    }
+    amqp_error(&operation, e).at_field("url")
 }
 
 /// An AMQP short string (at most 255 bytes).
@@ -996,6 +1192,13 @@ fn name(field: &'static str, value: &str) -> Result<ShortString, ConfigError> {
     short(field, value)
 }
 
+fn scheme(uri: &AMQPUri) -> &'static str {
+    match uri.scheme {
+        AMQPScheme::AMQP => "amqp",
+        AMQPScheme::AMQPS => "amqps",
+    }
+}
+
 /// The broker as an error names it: `amqp://user:***@host:port/vhost`,
 /// the password masked.
 fn masked(uri: &AMQPUri) -> String {
@@ -1006,7 +1209,7 @@ fn masked(uri: &AMQPUri) -> String {
         format!("{}:***@", a.userinfo.username)
     };
     let vhost = uri.vhost.replace('%', "%25").replace('/', "%2f");
-    format!("amqp://{user}{}:{}/{vhost}", a.host, a.port)
+    format!("{}://{user}{}:{}/{vhost}", scheme(uri), a.host, a.port)
 }
 
 async fn channel(connection: &Connection) -> Result<Channel, BrokerError> {

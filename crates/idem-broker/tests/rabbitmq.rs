@@ -13,6 +13,7 @@ use idem_broker::Reason;
 use idem_broker::rabbitmq::{
     ExchangeKind, REASON_DETAIL_HEADER, REASON_HEADER, RabbitConfig, RabbitSubscription,
 };
+use idem_testkit::tls::Pki;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use proptest::prelude::*;
@@ -540,7 +541,28 @@ fn a_configuration_with_a_typo_or_a_bad_value_is_refused_naming_the_field() {
         ("queue = 'amq.mine'", "queue"),
         (&format!("queue = '{long}'"), "queue"),
         ("queue = 'q'\nurl = 'http://127.0.0.1'", "url"),
-        ("queue = 'q'\nurl = 'amqps://127.0.0.1'", "url"),
+        // TLS files an amqp:// connection would silently not use.
+        ("queue = 'q'\nca_file = 'ca.pem'", "ca_file"),
+        (
+            "queue = 'q'\ncert_file = 'c.pem'\nkey_file = 'k.pem'",
+            "cert_file",
+        ),
+        (
+            "queue = 'q'\nurl = 'amqps://127.0.0.1'\ncert_file = 'c.pem'",
+            "key_file",
+        ),
+        (
+            "queue = 'q'\nurl = 'amqps://127.0.0.1'\nca_file = '/nonexistent/ca.pem'",
+            "ca_file",
+        ),
+        (
+            "queue = 'q'\nurl = 'amqp://u:p@127.0.0.1'\npassword_file = '/nonexistent'",
+            "password_file",
+        ),
+        (
+            "queue = 'q'\nurl = 'amqp://u@127.0.0.1'\npassword_file = '/nonexistent'",
+            "password_file",
+        ),
         ("queue = 'q'\nrouting_key = 'k'", "routing_key"),
         ("queue = 'q'\nexchange = ''", "exchange"),
         ("queue = 'q'\ndead_letter_queue = 'q'", "dead_letter_queue"),
@@ -558,6 +580,60 @@ fn a_configuration_with_a_typo_or_a_bad_value_is_refused_naming_the_field() {
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, *field, "{text:?}: {e}");
     }
+}
+
+#[test]
+fn tls_and_password_files_are_read_at_validation_and_refused_by_field_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    Pki::write(dir.path()).unwrap();
+    std::fs::write(dir.path().join("password"), "from-the-file\nignored\n").unwrap();
+    std::fs::write(dir.path().join("empty"), "\n").unwrap();
+    let with = |extra: &str| -> RabbitConfig {
+        let c: RabbitConfig = toml::from_str(&format!(
+            "queue = 'q'\nurl = 'amqps://payer@127.0.0.1/%2f'\n{extra}"
+        ))
+        .unwrap();
+        c.relative_to(dir.path())
+    };
+    let good = with(
+        "ca_file = 'ca.pem'\ncert_file = 'client-cert.pem'\nkey_file = 'client-key.pem'\n\
+         password_file = 'password'",
+    );
+    good.validate().unwrap();
+    assert_eq!(good.masked_url(), "amqps://payer:***@127.0.0.1:5671/%2f");
+    // (config, field, what the reason names)
+    let cases = [
+        ("ca_file = 'password'", "ca_file", "password: holds no PEM"),
+        (
+            "cert_file = 'client-key.pem'\nkey_file = 'client-key.pem'",
+            "cert_file",
+            "client-key.pem: holds no PEM CERTIFICATE",
+        ),
+        (
+            "cert_file = 'client-cert.pem'\nkey_file = 'ca.pem'",
+            "key_file",
+            "ca.pem: holds no PEM PRIVATE KEY",
+        ),
+        (
+            "password_file = 'empty'",
+            "password_file",
+            "empty: holds no password",
+        ),
+        ("password_file = 'missing'", "password_file", "missing"),
+    ];
+    for (extra, field, named) in cases {
+        let e = with(extra).validate().unwrap_err();
+        assert_eq!(e.field, field, "{extra}: {e:?}");
+        assert!(e.reason.contains(named), "{extra}: {e:?}");
+    }
+    let both: RabbitConfig = toml::from_str(
+        "queue = 'q'\nurl = 'amqps://payer:inline@127.0.0.1'\npassword_file = 'password'",
+    )
+    .unwrap();
+    let e = both.relative_to(dir.path()).validate().unwrap_err();
+    assert_eq!(e.field, "password_file", "{e:?}");
+    assert!(!e.reason.contains("inline"), "{e:?}");
+    assert!(!e.reason.contains("from-the-file"), "{e:?}");
 }
 
 #[test]

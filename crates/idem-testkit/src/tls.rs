@@ -1,6 +1,6 @@
 //! TLS for black-box tests: a throwaway PKI written as PEM files (a CA, a
-//! server certificate it signed for the IP address 127.0.0.1 only, and an
-//! unrelated CA) and [`TlsFront`], a TLS terminator on loopback in front of
+//! server certificate it signed for the IP address 127.0.0.1 only, a
+//! client certificate it signed, and an unrelated CA) and [`TlsFront`], a TLS terminator on loopback in front of
 //! a plain TCP server, so any test upstream becomes an `https://` one.
 
 use std::io;
@@ -27,6 +27,10 @@ pub struct Pki {
     pub cert: PathBuf,
     /// `cert`'s private key.
     pub key: PathBuf,
+    /// A client certificate (`idem consume`) the CA signed.
+    pub client_cert: PathBuf,
+    /// `client_cert`'s private key (PKCS#8).
+    pub client_key: PathBuf,
     /// A CA that signed nothing here: trusting it trusts no server.
     pub other_ca: PathBuf,
     /// A private key that matches no certificate here.
@@ -54,16 +58,29 @@ impl Pki {
         let key = KeyPair::generate().map_err(other_err)?;
         let cert = params.signed_by(&key, &ca).map_err(other_err)?;
         let other_key = KeyPair::generate().map_err(other_err)?;
+        let mut client_params = CertificateParams::new(Vec::new()).map_err(other_err)?;
+        client_params
+            .distinguished_name
+            .push(DnType::CommonName, "idem consume");
+        client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client_key = KeyPair::generate().map_err(other_err)?;
+        let client = client_params
+            .signed_by(&client_key, &ca)
+            .map_err(other_err)?;
         let pki = Pki {
             ca: dir.join("ca.pem"),
             cert: dir.join("cert.pem"),
             key: dir.join("key.pem"),
+            client_cert: dir.join("client-cert.pem"),
+            client_key: dir.join("client-key.pem"),
             other_ca: dir.join("other-ca.pem"),
             other_key: dir.join("other-key.pem"),
         };
         std::fs::write(&pki.ca, ca.pem())?;
         std::fs::write(&pki.cert, cert.pem())?;
         std::fs::write(&pki.key, key.serialize_pem())?;
+        std::fs::write(&pki.client_cert, client.pem())?;
+        std::fs::write(&pki.client_key, client_key.serialize_pem())?;
         std::fs::write(&pki.other_ca, other.pem())?;
         std::fs::write(&pki.other_key, other_key.serialize_pem())?;
         Ok(pki)

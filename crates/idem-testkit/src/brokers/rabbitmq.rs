@@ -1,7 +1,12 @@
 //! RabbitMQ: the local broker's address and a plain client that publishes
 //! with confirms, takes messages off queues and counts and deletes them.
 
-use std::process::Command;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::tls::Pki;
 
 use crate::services::Service;
 use lapin::message::BasicGetMessage;
@@ -24,9 +29,15 @@ pub struct Client {
 impl Client {
     /// Connects to [`URL`], with publisher confirms on.
     pub async fn connect() -> Client {
-        let connection = Connection::connect(URL, ConnectionProperties::default())
+        Client::connect_to(URL).await
+    }
+
+    /// Connects to the broker at `url` (an [`OwnNode`]'s plain listener),
+    /// with publisher confirms on.
+    pub async fn connect_to(url: &str) -> Client {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .unwrap_or_else(|e| panic!("{}", Service::RabbitMq.missing("127.0.0.1:5672", &e)));
+            .unwrap_or_else(|e| panic!("{}", Service::RabbitMq.missing(url, &e)));
         let channel = connection.create_channel().await.unwrap();
         channel
             .confirm_select(ConfirmSelectOptions::default())
@@ -195,6 +206,110 @@ impl Drop for Outage {
                 awaited.is_ok_and(|s| s.success()),
                 "rabbitmqctl await_startup"
             );
+        }
+    }
+}
+
+/// A RabbitMQ node of the test's own, beside the shared one (its own node
+/// name, ports, data and logs in a directory the test keeps): a plain
+/// listener for the test's client and a TLS listener presenting
+/// [`Pki::cert`] that requires a client certificate signed by [`Pki::ca`].
+/// Killed on drop, also when the test fails. Starting takes about 5 s.
+pub struct OwnNode {
+    child: Option<Child>,
+    plain: u16,
+    tls: u16,
+}
+
+impl OwnNode {
+    /// Starts the node with its files in `dir` and waits (60 s at most)
+    /// until both listeners accept connections. The server is Debian's
+    /// `/usr/lib/rabbitmq/bin/rabbitmq-server`, or `RABBITMQ_SERVER`.
+    pub fn start_tls(dir: &Path, pki: &Pki) -> OwnNode {
+        let (plain, tls, dist) = (
+            crate::free_port().unwrap(),
+            crate::free_port().unwrap(),
+            crate::free_port().unwrap(),
+        );
+        let config = dir.join("rabbitmq.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "listeners.tcp.default = 127.0.0.1:{plain}\n\
+                 listeners.ssl.default = 127.0.0.1:{tls}\n\
+                 ssl_options.cacertfile = {ca}\n\
+                 ssl_options.certfile = {cert}\n\
+                 ssl_options.keyfile = {key}\n\
+                 ssl_options.verify = verify_peer\n\
+                 ssl_options.fail_if_no_peer_cert = true\n",
+                ca = pki.ca.display(),
+                cert = pki.cert.display(),
+                key = pki.key.display(),
+            ),
+        )
+        .unwrap();
+        // No environment file (the shared node's names its node), no
+        // plugins (the management plugin's port is the shared node's).
+        std::fs::write(dir.join("env.conf"), "").unwrap();
+        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+        let server = std::env::var("RABBITMQ_SERVER")
+            .unwrap_or_else(|_| "/usr/lib/rabbitmq/bin/rabbitmq-server".to_owned());
+        let name = format!("{}@localhost", super::unique("node"));
+        let child = Command::new(&server)
+            .env("HOME", dir)
+            .env("RABBITMQ_CONF_ENV_FILE", dir.join("env.conf"))
+            .env("RABBITMQ_NODENAME", &name)
+            .env("RABBITMQ_CONFIG_FILE", &config)
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_DIST_PORT", dist.to_string())
+            .env("RABBITMQ_PID_FILE", dir.join("pid"))
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{server} runs (set RABBITMQ_SERVER to its path): {e}"));
+        let node = OwnNode {
+            child: Some(child),
+            plain,
+            tls,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for port in [plain, tls] {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "own RabbitMQ node {name} did not answer on 127.0.0.1:{port}; its log is in {}",
+                    dir.join("log").display()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        node
+    }
+
+    /// The plain listener, as `guest`.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.plain)
+    }
+
+    /// The TLS listener's port on 127.0.0.1.
+    pub fn tls_port(&self) -> u16 {
+        self.tls
+    }
+}
+
+impl Drop for OwnNode {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // The script and the Erlang VM it starts share the group.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
