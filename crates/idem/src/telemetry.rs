@@ -6,11 +6,14 @@
 
 use anyhow::bail;
 use opentelemetry::InstrumentationScope;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -41,20 +44,64 @@ impl LogFormat {
         }
     }
 
-    /// The log layer writing to stderr in this format.
-    fn layer<S>(self, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+    /// The log layer writing to stderr in this format; with `traces` on, a
+    /// JSON line written inside a span carries its `trace_id` and
+    /// `span_id`, to join the line to its trace.
+    fn layer<S>(self, ansi: bool, traces: Traces) -> Box<dyn Layer<S> + Send + Sync>
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-        match self {
-            LogFormat::Text => layer.with_ansi(ansi).boxed(),
-            LogFormat::Json => layer
+        let json = || {
+            tracing_subscriber::fmt::format()
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
                 .with_span_list(false)
+        };
+        match (self, traces) {
+            (LogFormat::Text, _) => layer.with_ansi(ansi).boxed(),
+            (LogFormat::Json, Traces::Off) => layer
+                .event_format(json())
+                .fmt_fields(JsonFields::new())
                 .boxed(),
+            (LogFormat::Json, Traces::Otlp) => layer
+                .event_format(WithTraceId(json()))
+                .fmt_fields(JsonFields::new())
+                .boxed(),
+        }
+    }
+}
+
+/// A JSON event format that adds the current span's `trace_id` and
+/// `span_id` (W3C hex, as a trace backend shows them) when there is one.
+struct WithTraceId<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceId<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let context = tracing::Span::current().context();
+        let span = context.span();
+        let ids = span.span_context();
+        match line.strip_prefix('{') {
+            Some(rest) if ids.is_valid() => write!(
+                writer,
+                "{{\"trace_id\":\"{}\",\"span_id\":\"{}\",{rest}",
+                ids.trace_id(),
+                ids.span_id()
+            ),
+            _ => writer.write_str(&line),
         }
     }
 }
@@ -147,7 +194,7 @@ impl Telemetry {
             // and drop every span: 10-15 % of hot-replay throughput.
             // filter_fn keeps its answer per call site: never, for a span.
             let no_spans = filter_fn(|meta| !meta.is_span());
-            let logs = format.layer(ansi);
+            let logs = format.layer(ansi, traces);
             tracing_subscriber::registry()
                 .with(no_spans)
                 .with(filter)
@@ -164,7 +211,7 @@ impl Telemetry {
             .with_tracked_inactivity(false)
             .with_filter(Targets::new().with_target("idem", tracing::Level::INFO));
         let logs = format
-            .layer(ansi)
+            .layer(ansi, traces)
             .with_filter(filter.and(filter_fn(|meta| !meta.is_span())));
         tracing_subscriber::registry().with(logs).with(spans).init();
         Ok(Telemetry { provider })

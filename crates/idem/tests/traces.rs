@@ -93,6 +93,47 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
         !logs.contains("idem.request") && !logs.contains("idem.claim"),
         "log lines keep their shape, without span prefixes:\n{logs}"
     );
+    check_log_trace_ids(&logs, &spans);
+}
+
+/// The log is JSON (`IDEM_LOG_FORMAT=json`): a line written while a
+/// request was served names the request's trace and a span of it, so a
+/// log backend joins the two; a line outside any request names none.
+fn check_log_trace_ids(logs: &str, spans: &[Span]) {
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let of_key = |key: &str| {
+        lines
+            .iter()
+            .find(|l| l["key"] == key && l["trace_id"].is_string())
+            .unwrap_or_else(|| panic!("no line for {key} with a trace id:\n{logs}"))
+    };
+    let continued = of_key("t-1");
+    assert_eq!(continued["trace_id"], TRACE, "{continued}");
+    let span_id = continued["span_id"].as_str().unwrap();
+    assert!(
+        spans
+            .iter()
+            .any(|s| hex(&s.trace_id) == TRACE && hex(&s.span_id) == span_id),
+        "{continued}: its span_id is no exported span of the trace"
+    );
+    let fresh = of_key("t-2");
+    let fresh_trace = fresh["trace_id"].as_str().unwrap();
+    assert!(
+        fresh_trace.len() == 32 && fresh_trace != TRACE && fresh_trace != "0".repeat(32),
+        "{fresh}"
+    );
+    let outside = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("listening"))
+        })
+        .unwrap_or_else(|| panic!("no listening line:\n{logs}"));
+    assert!(outside.get("trace_id").is_none(), "{outside}");
 }
 
 /// t-1 continues the caller's trace; t-2 has none; t-3…t-5 send a
@@ -423,6 +464,7 @@ fn start(site: &Site, upstream: SocketAddr, otlp: SocketAddr) -> (Gateway, Socke
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_SERVICE_NAME", "idem-trace-test"),
         ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
+        ("IDEM_LOG_FORMAT", "json"),
     ];
     let config = config(site, upstream);
     let upstream = format!("http://{upstream}");
