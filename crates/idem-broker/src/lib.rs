@@ -178,6 +178,33 @@ impl fmt::Display for BrokerError {
 
 impl std::error::Error for BrokerError {}
 
+/// Which side refused a TLS handshake, read from the client's error text:
+/// rustls' verdicts reach both broker clients as IO errors, so their
+/// words are all there is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsRefusal {
+    /// This client did not trust the server's certificate (another CA, or
+    /// one that does not name the host): about `ca_file`.
+    ServerCertificate,
+    /// The server refused this client's certificate, or its absence
+    /// (an alert such as `CertificateRequired`, `BadCertificate` or
+    /// `UnknownCA`): about `cert_file`.
+    ClientCertificate,
+}
+
+impl TlsRefusal {
+    fn of(said: &str) -> Option<TlsRefusal> {
+        if said.contains("peer certificate") || said.contains("InvalidCertificate") {
+            return Some(TlsRefusal::ServerCertificate);
+        }
+        let alerts = ["CertificateRequired", "BadCertificate", "UnknownCA"];
+        if said.contains("received fatal alert") && alerts.iter().any(|a| said.contains(a)) {
+            return Some(TlsRefusal::ClientCertificate);
+        }
+        None
+    }
+}
+
 /// Reads each relative path among `files` against `dir` (a config file's
 /// directory), as both brokers' TLS and credential files are.
 fn place_files<'a>(
@@ -210,5 +237,38 @@ mod tests {
         };
         assert_eq!(m.header("IDEMPOTENCY-KEY"), Some("a"));
         assert_eq!(m.header("Idempotency-Key-2"), None);
+    }
+
+    #[test]
+    fn a_refused_handshake_is_told_apart_by_the_side_that_refused() {
+        // The texts the clients gave in the TLS tests of both brokers.
+        let cases = [
+            (
+                "IO error: invalid peer certificate: UnknownIssuer",
+                Some(TlsRefusal::ServerCertificate),
+            ),
+            (
+                "invalid peer certificate: NotValidForName",
+                Some(TlsRefusal::ServerCertificate),
+            ),
+            (
+                "IO error: received fatal alert: CertificateRequired",
+                Some(TlsRefusal::ClientCertificate),
+            ),
+            (
+                "IO error: received fatal alert: BadCertificate",
+                Some(TlsRefusal::ClientCertificate),
+            ),
+            (
+                "received fatal alert: UnknownCA",
+                Some(TlsRefusal::ClientCertificate),
+            ),
+            ("IO error: received fatal alert: HandshakeFailure", None),
+            ("IO error: Connection reset by peer (os error 104)", None),
+            ("ACCESS_REFUSED - Login was refused", None),
+        ];
+        for (said, refusal) in cases {
+            assert_eq!(TlsRefusal::of(said), refusal, "{said}");
+        }
     }
 }

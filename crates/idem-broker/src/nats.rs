@@ -143,7 +143,9 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
-use crate::{BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription};
+use crate::{
+    BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription, TlsRefusal,
+};
 
 /// Where to read from and where copies go; read from the bridge's
 /// configuration file. Unknown fields are refused.
@@ -413,11 +415,15 @@ impl NatsSubscription {
                     ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns
                 );
                 let operation = format!("nats connect to {}", masked(&addrs));
-                // A refused handshake is the trust's: the CA file's, or
-                // the system's roots when none is named.
-                // rustls' verdict arrives as an IO error.
-                let handshake =
-                    e.kind() == ConnectErrorKind::Tls || e.to_string().contains("peer certificate");
+                // A refused handshake is the trust's (the CA file's, or
+                // the system's roots when none is named) or, when the
+                // server refused this client, the client certificate's.
+                let refusal = TlsRefusal::of(&e.to_string());
+                if refusal == Some(TlsRefusal::ClientCertificate) {
+                    return broker_error(&operation, e, false).at_field("cert_file");
+                }
+                let handshake = e.kind() == ConnectErrorKind::Tls
+                    || refusal == Some(TlsRefusal::ServerCertificate);
                 let field = match (e.kind(), &config.ca_file) {
                     (_, Some(ca)) if handshake => {
                         let operation = format!("{operation} (ca_file {})", ca.display());

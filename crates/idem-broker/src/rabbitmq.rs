@@ -167,7 +167,9 @@ use lapin::{
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
-use crate::{BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription};
+use crate::{
+    BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription, TlsRefusal,
+};
 
 /// The header that carries the delivery count across retries.
 pub const DELIVERY_HEADER: &str = "x-idem-delivery";
@@ -1137,17 +1139,20 @@ fn connect_error(settings: &Settings, e: &lapin::Error) -> BrokerError {
         lapin::ErrorKind::ProtocolError(amqp)
             if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED))
     ) || said.contains("ACCESS_REFUSED");
-    if said.contains("CertificateRequired") || said.contains("certificate required") {
-        return BrokerError::permanent(operation, e).at_field("cert_file");
-    }
-    if said.contains("peer certificate") || said.contains("InvalidCertificate") {
-        return match &settings.ca_file {
-            Some(ca) => {
-                BrokerError::permanent(format!("{operation} (ca_file {})", ca.display()), e)
-                    .at_field("ca_file")
-            }
-            None => BrokerError::permanent(operation, e).at_field("url"),
-        };
+    match TlsRefusal::of(&said) {
+        Some(TlsRefusal::ClientCertificate) => {
+            return BrokerError::permanent(operation, e).at_field("cert_file");
+        }
+        Some(TlsRefusal::ServerCertificate) => {
+            return match &settings.ca_file {
+                Some(ca) => {
+                    BrokerError::permanent(format!("{operation} (ca_file {})", ca.display()), e)
+                        .at_field("ca_file")
+                }
+                None => BrokerError::permanent(operation, e).at_field("url"),
+            };
+        }
+        None => {}
     }
     if login_refused && settings.uses_password_file {
         return BrokerError::permanent(operation, e).at_field("password_file");

@@ -1,7 +1,10 @@
 //! `idem consume` to a NATS server of the test's own that requires TLS and
 //! a password, as every managed NATS does: reached through the CA file the
 //! config names, and refused, naming the field and the file and never the
-//! password, with another CA, another host name or a wrong password.
+//! password, with another CA, another host name or a wrong password; to
+//! one that verifies client certificates, reached with the certificate
+//! and refused, about `cert_file`, without it; and to one that takes a
+//! token from the token file.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -185,6 +188,77 @@ async fn a_token_server_is_reached_through_the_token_file_and_refused_with_anoth
     );
     assert!(
         !stderr.contains(TOKEN) && !stderr.contains("not-the-token"),
+        "{stderr}"
+    );
+    nats.delete(&[&s]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate() {
+    let (up, site, data) = (
+        Upstream::start().await,
+        Site::new(),
+        tempfile::tempdir().unwrap(),
+    );
+    let pki = Pki::write(site.dir.path()).unwrap();
+    let (ca, cert, key) = (
+        pki.ca.to_str().unwrap(),
+        pki.cert.to_str().unwrap(),
+        pki.key.to_str().unwrap(),
+    );
+    let server = OwnServer::start_with(
+        data.path(),
+        &[
+            "--tlsverify",
+            "--tlscert",
+            cert,
+            "--tlskey",
+            key,
+            "--tlscacert",
+            ca,
+        ],
+    );
+    let port = server.port();
+    let s = Nats::unique("mtls");
+    let store = format!("sqlite://{}", site.store().display());
+    let config_with = |files: &str| {
+        let sub = Sub {
+            url: Some(format!("tls://127.0.0.1:{port}")),
+            ..Sub::new(&s)
+        };
+        consume_toml::<Nats>(&store, &up, &[sub]).replace(
+            "request_timeout_ms = 2000\n",
+            &format!("request_timeout_ms = 2000\nca_file = \"ca.pem\"\n{files}"),
+        )
+    };
+    let with_cert = "cert_file = \"client-cert.pem\"\nkey_file = \"client-key.pem\"\n";
+    let consumer = Consumer::start(&site.config(&config_with(with_cert)), 1);
+    let options = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca.clone())
+        .add_client_certificate(pki.client_cert.clone(), pki.client_key.clone());
+    let nats = Nats::connect_with(&format!("tls://127.0.0.1:{port}"), options).await;
+    assert!(
+        consumer.logged("consuming", Duration::from_secs(15)).await,
+        "{}",
+        consumer.logs()
+    );
+    nats.publish_json(&s, &payout(850, "2026-W36", 1500), "m-1")
+        .await;
+    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
+    assert_eq!(
+        effects_per_key(&up),
+        [(payout_key(850, "2026-W36"), 1)].into()
+    );
+
+    // Without the certificate the server refuses the handshake with an
+    // alert: an error about cert_file.
+    let path = site.config(&config_with(""));
+    let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "it started\n{stderr}");
+    assert!(
+        stderr.contains("subscription[0].nats.cert_file"),
         "{stderr}"
     );
     nats.delete(&[&s]).await;
