@@ -10,6 +10,7 @@
 //! (JetStream's `max_deliver`, RabbitMQ's retry queue) stay in its test
 //! file, beside the suite.
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -659,6 +660,26 @@ pub fn idem_bounded(args: &[&str]) -> Output {
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
+}
+
+/// `idem consume --config path`, which must stop at start (`what` is
+/// wrong with the config) with an error about `field`
+/// (`subscription[0].nats.ca_file`) that names each of `named` and none
+/// of `secrets`.
+pub fn refused_at_start(path: &Path, what: &str, field: &str, named: &[&str], secrets: &[&str]) {
+    let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
+    let stderr = super::text(&out.stderr);
+    assert!(!out.status.success(), "{what}: it started\n{stderr}");
+    assert!(stderr.contains(field), "{what}: {field}\n{stderr}");
+    for name in named {
+        assert!(stderr.contains(name), "{what}: {name}\n{stderr}");
+    }
+    for secret in secrets {
+        assert!(
+            !stderr.contains(secret),
+            "{what}: a secret is shown\n{stderr}"
+        );
+    }
 }
 
 pub fn config_errors_stop_idem_consume_naming_the_file_and_the_field<B: Broker>() {
