@@ -321,7 +321,7 @@ impl ConsumeConfig {
             if lookup.is_https() {
                 let trust = idem_gateway::UpstreamTls::load(None)
                     .map_err(|e| (at("url"), e.to_string()))?;
-                lookup = lookup.with_tls(trust.shared_config());
+                lookup = lookup.with_tls(trust.shared_config(), trust.trust());
             }
             lookups.push((served.to_owned(), lookup));
         }

@@ -825,7 +825,10 @@ fn with_trust(lookups: Vec<(String, Lookup)>, trust: &UpstreamTls) -> Vec<(Strin
     lookups
         .into_iter()
         .map(|(served, lookup)| match lookup.is_https() {
-            true => (served, lookup.with_tls(trust.shared_config())),
+            true => (
+                served,
+                lookup.with_tls(trust.shared_config(), trust.trust()),
+            ),
             false => (served, lookup),
         })
         .collect()

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub struct Proxy {
     client: Client<Connector, Body>,
     upstream: Uri,
     response_timeout: Duration,
+    /// What an https upstream's certificate is checked against, in words
+    /// for a refused handshake's error.
+    trust: Option<Arc<str>>,
 }
 
 /// TCP, then TLS for an `https://` URL, within the connect timeout: every
@@ -64,7 +68,10 @@ impl Proxy {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        Proxy::with_connector(upstream, within(https, connect_timeout), response_timeout)
+        let mut proxy =
+            Proxy::with_connector(upstream, within(https, connect_timeout), response_timeout);
+        proxy.trust = Some(tls.trust());
+        proxy
     }
 
     fn with_connector(upstream: Uri, connector: Connector, response_timeout: Duration) -> Proxy {
@@ -79,6 +86,7 @@ impl Proxy {
             client,
             upstream,
             response_timeout,
+            trust: None,
         }
     }
 
@@ -107,9 +115,14 @@ impl Proxy {
                 // connector returns before the request is written, so it
                 // proves the request never left, like a refused connection.
                 if e.is_connect() {
+                    let reason = format!("cannot connect to the upstream: {}", chain(&e));
+                    let reason = match &self.trust {
+                        Some(trust) => idem_reconcile::with_trust(reason, trust),
+                        None => reason,
+                    };
                     (
                         ProblemKind::UpstreamUnreachable,
-                        format!("cannot connect to the upstream: {}", chain(&e)),
+                        reason,
                         AttemptOutcome::NotSent,
                     )
                 } else {

@@ -43,6 +43,7 @@ impl AdminTransport {
 pub struct UpstreamTls {
     config: Arc<ClientConfig>,
     roots: usize,
+    trust: Arc<str>,
 }
 
 /// A listener's certificate chain and private key: the proxy's
@@ -134,7 +135,16 @@ impl UpstreamTls {
                 },
             });
         }
-        UpstreamTls::with_roots(roots)
+        let mut tls = UpstreamTls::with_roots(roots)?;
+        tls.trust = match ca_file {
+            Some(path) => format!(
+                "the system's roots and upstream_ca_file {}",
+                path.file_name().map_or(path.as_os_str(), |n| n).display()
+            )
+            .into(),
+            None => "the system's roots (no upstream_ca_file)".into(),
+        };
+        Ok(tls)
     }
 
     /// Only the certificates of `roots`, none of the system's.
@@ -153,6 +163,7 @@ impl UpstreamTls {
         Ok(UpstreamTls {
             config: Arc::new(config),
             roots: count,
+            trust: "the roots given".into(),
         })
     }
 
@@ -164,6 +175,13 @@ impl UpstreamTls {
     /// The same configuration, shared: what an `https://` lookup trusts.
     pub fn shared_config(&self) -> Arc<ClientConfig> {
         self.config.clone()
+    }
+
+    /// What a server's certificate is checked against, in words for an
+    /// error: `the system's roots and upstream_ca_file ca.pem` (the file's
+    /// name only: the error may reach a client).
+    pub fn trust(&self) -> Arc<str> {
+        self.trust.clone()
     }
 }
 

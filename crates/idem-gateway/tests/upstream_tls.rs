@@ -130,26 +130,30 @@ async fn a_trusted_https_upstream_is_forwarded_to_once_and_replayed() {
 async fn a_failed_handshake_proves_the_request_never_left() {
     let (dir, pki, front, effects) = https_payouts().await;
     let port = front.addr().port();
-    // (upstream, CA line, what the handshake refuses)
+    // (upstream, CA line, what the handshake refuses, what it was checked
+    // against: the field and file that can fix it)
     let cases = [
         (
             format!("https://127.0.0.1:{port}"),
             String::new(),
             "UnknownIssuer",
+            "checked against the system's roots (no upstream_ca_file)",
         ),
         (
             format!("https://127.0.0.1:{port}"),
             format!("upstream_ca_file = {:?}", pki.other_ca),
             "UnknownIssuer",
+            "checked against the system's roots and upstream_ca_file other-ca.pem",
         ),
         // The certificate names 127.0.0.1 only: verification checks names.
         (
             format!("https://localhost:{port}"),
             format!("upstream_ca_file = {:?}", pki.ca),
             "not valid for name \\\"localhost\\\"",
+            "checked against the system's roots and upstream_ca_file ca.pem",
         ),
     ];
-    for (i, (upstream, ca, why)) in cases.iter().enumerate() {
+    for (i, (upstream, ca, why, trust)) in cases.iter().enumerate() {
         let site = dir.path().join(format!("case-{i}"));
         std::fs::create_dir(&site).unwrap();
         let config = format!("upstream = \"{upstream}\"\n{ca}\n");
@@ -161,6 +165,7 @@ async fn a_failed_handshake_proves_the_request_never_left() {
             assert_eq!(status, 502, "{upstream} {ca} attempt {attempt}: {body}");
             assert!(body.contains("upstream-unreachable"), "{body}");
             assert!(body.contains(why), "{upstream} {ca}: {body}");
+            assert!(body.contains(trust), "{upstream} {ca}: {body}");
         }
         assert_eq!(records(&store).await, vec![], "{upstream} {ca}: released");
     }

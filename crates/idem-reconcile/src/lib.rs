@@ -66,7 +66,7 @@ pub mod window;
 
 pub use lookup::{
     CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, LookupTarget,
-    TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, Verdict, scope_parts,
+    TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, Verdict, scope_parts, with_trust,
 };
 pub use probe::{Finding, Provider, ProviderFuture};
 pub use reconciler::{

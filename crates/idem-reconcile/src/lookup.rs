@@ -118,6 +118,8 @@ pub struct Lookup {
     timeout: Duration,
     connect_timeout: Duration,
     tls: Arc<rustls::ClientConfig>,
+    /// What `tls` trusts, in words for an error.
+    trust: Arc<str>,
 }
 
 /// A TLS client with no trusted root: an `https://` lookup whose caller
@@ -202,6 +204,7 @@ impl Lookup {
             timeout: Duration::from_millis(timeout_ms),
             connect_timeout: Duration::from_millis(connect_timeout_ms),
             tls: trusting_nothing().map_err(|reason| ConfigError::new("url", reason))?,
+            trust: "no root at all".into(),
         })
     }
 
@@ -212,11 +215,18 @@ impl Lookup {
 
     /// Speaks TLS with `config` to an `https://` provider (its roots: the
     /// caller's choice, e.g. the system's and the gateway's
-    /// `upstream_ca_file`). Without it an https lookup trusts no
-    /// certificate, and every handshake fails.
-    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>) -> Lookup {
+    /// `upstream_ca_file`, which `trust` says in words for an error).
+    /// Without it an https lookup trusts no certificate, and every
+    /// handshake fails.
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>, trust: Arc<str>) -> Lookup {
         self.tls = config;
+        self.trust = trust;
         self
+    }
+
+    /// What the provider's certificate is checked against, in words.
+    pub(crate) fn trust(&self) -> &str {
+        &self.trust
     }
 
     /// The TLS configuration for an `https://` provider.
@@ -524,6 +534,17 @@ fn is_framing(name: &HeaderName) -> bool {
             | "trailer"
             | "upgrade"
     )
+}
+
+/// `reason` (a failed connection, with its error chain), followed by what
+/// the server's certificate was checked against when this side refused it
+/// (another CA, another name): the field and file that can fix it. The
+/// gateway's upstream, its region peers and the lookups say it alike.
+pub fn with_trust(mut reason: String, trust: &str) -> String {
+    if reason.contains("invalid peer certificate") {
+        reason.push_str(&format!(" (the certificate was checked against {trust})"));
+    }
+    reason
 }
 
 #[cfg(test)]

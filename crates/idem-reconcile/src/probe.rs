@@ -124,7 +124,10 @@ impl Prober {
         let failed = |reason: String| Finding::Failed { reason };
         let response = match self.client.request(request).await {
             Ok(response) => response,
-            Err(e) => return failed(format!("{shown} failed: {}", chain(&e))),
+            Err(e) => {
+                let reason = format!("{shown} failed: {}", chain(&e));
+                return failed(crate::with_trust(reason, self.lookup.trust()));
+            }
         };
         let status = response.status().as_u16();
         let reason = format!("{shown} answered {status}");

@@ -197,6 +197,13 @@ async fn a_key_homed_elsewhere_is_forwarded_to_an_https_peer() {
     let refused = post(&eu.url("/payouts"), &[key("us:pay-2")], body).await;
     assert!(refused.status >= 500, "{refused:?}");
     assert_eq!(up.effects().len(), 1, "run without its home region");
+    // The operator reads which roots refused the peer's certificate.
+    let trust = "checked against the system's roots (no upstream_ca_file)";
+    assert!(
+        eventually(Duration::from_secs(5), || eu.logs().contains(trust)).await,
+        "{}",
+        eu.logs()
+    );
 }
 
 /// What `idem serve` says when it refuses to start with `config`.
@@ -282,6 +289,12 @@ async fn an_https_lookup_trusts_the_upstream_ca_file_and_settles_the_retry() {
         up.effects().len(),
         2,
         "a retry of an unknown outcome ran it again"
+    );
+    let trust = "checked against the system's roots (no upstream_ca_file)";
+    assert!(
+        eventually(Duration::from_secs(5), || gw.logs().contains(trust)).await,
+        "the failed lookup's log names what it trusted\n{}",
+        gw.logs()
     );
 }
 
