@@ -257,20 +257,34 @@ fn reconciler(p: &Probes) -> Check {
         };
     };
     let times = reconciler.scan_times();
-    if let Some(since) = times.running_since {
+    scans(
+        times.running_since.map(|at| at.into_std().elapsed()),
+        times.last_finished.map(|at| at.into_std().elapsed()),
+        p.started.elapsed(),
+        reconciler.interval(),
+    )
+}
+
+/// The reconciler's verdict from how long its scan has been running, how
+/// long ago its last one finished, how long the process has been up and
+/// its interval.
+fn scans(
+    running_for: Option<Duration>,
+    finished_ago: Option<Duration>,
+    up_for: Duration,
+    interval: Duration,
+) -> Check {
+    if let Some(running_for) = running_for {
         return Check {
             check: "reconciler",
             ok: true,
-            detail: format!(
-                "a scan has been running for {} ms",
-                since.into_std().elapsed().as_millis()
-            ),
+            detail: format!("a scan has been running for {} ms", running_for.as_millis()),
         };
     }
-    let allowed = reconciler.interval() * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;
-    let (since, what) = match times.last_finished {
-        Some(at) => (at.into_std().elapsed(), "last scan finished"),
-        None => (p.started.elapsed(), "no scan finished since the start,"),
+    let allowed = interval * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;
+    let (since, what) = match finished_ago {
+        Some(ago) => (ago, "last scan finished"),
+        None => (up_for, "no scan finished since the start,"),
     };
     Check {
         check: "reconciler",
@@ -280,5 +294,47 @@ fn reconciler(p: &Probes) -> Check {
             since.as_millis(),
             allowed.as_millis()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconciler_is_not_ready_only_when_no_scan_runs_and_none_finished_lately() {
+        let interval = Duration::from_secs(10);
+        let allowed = interval * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;
+        let past = allowed + Duration::from_millis(1);
+        let hour = Duration::from_secs(3600);
+        // (running for, finished ago, up for, ready)
+        let cases = [
+            // A long scan is a busy reconciler, however long.
+            (Some(hour), None, hour, true),
+            (Some(hour), Some(hour), hour, true),
+            // Finished lately, or just started.
+            (None, Some(allowed), hour, true),
+            (None, None, allowed, true),
+            // Stuck between scans, or never finished one.
+            (None, Some(past), hour, false),
+            (None, None, past, false),
+        ];
+        for (running, finished, up, ready) in cases {
+            let check = scans(running, finished, up, interval);
+            assert_eq!(
+                check.ok, ready,
+                "{running:?} {finished:?} {up:?}: {}",
+                check.detail
+            );
+            assert_eq!(check.check, "reconciler");
+        }
+        let stuck = scans(None, Some(past), hour, interval);
+        assert!(
+            stuck
+                .detail
+                .contains(&format!("allowed {} ms", allowed.as_millis())),
+            "{}",
+            stuck.detail
+        );
     }
 }
