@@ -64,23 +64,29 @@ impl Service {
         }
     }
 
-    /// [`Service::require`] for PostgreSQL at the host and port of `url`
-    /// (`postgres://user@host:port/db…`; 127.0.0.1:5432 where it names
-    /// none).
+    /// [`Service::require`] for PostgreSQL where `url` points, as the
+    /// client reads it (a URL or `key=value` pairs): the first host and
+    /// port, 127.0.0.1:5432 where it names none, or the Unix socket of a
+    /// `host=/run/postgresql`-style directory.
     pub fn require_postgres(url: &str) {
-        let authority = url
-            .split_once("://")
-            .map_or(url, |(_, rest)| rest)
-            .split(['/', '?'])
-            .next()
-            .unwrap_or_default();
-        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((host, port)) => (host, port.parse().unwrap_or(5432)),
-            None => (hostport, 5432),
+        let config: tokio_postgres::Config = match url.parse() {
+            Ok(config) => config,
+            Err(e) => panic!("IDEM_TEST_POSTGRES_URL={url:?} is not a PostgreSQL URL: {e}"),
         };
-        let host = if host.is_empty() { "127.0.0.1" } else { host };
-        Service::Postgres.require(host, port);
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Unix(dir)) => {
+                let socket = dir.join(format!(".s.PGSQL.{port}"));
+                if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
+                    panic!(
+                        "{}",
+                        Service::Postgres.missing(&socket.display().to_string(), &e)
+                    );
+                }
+            }
+            Some(tokio_postgres::config::Host::Tcp(host)) => Service::Postgres.require(host, port),
+            None => Service::Postgres.require("127.0.0.1", port),
+        }
     }
 }
 
@@ -118,5 +124,24 @@ mod tests {
             "{said}"
         );
         assert!(said.contains("pg_ctlcluster"), "{said}");
+    }
+
+    #[test]
+    fn a_socket_url_is_checked_at_its_socket_not_at_the_default_port() {
+        let dir = tempfile::tempdir().unwrap();
+        for url in [
+            format!("postgres://postgres@/test?host={}", dir.path().display()),
+            format!("host={} port=5433 user=postgres", dir.path().display()),
+        ] {
+            let panicked = std::panic::catch_unwind(|| Service::require_postgres(&url))
+                .expect_err("no server listens in an empty directory");
+            let said = panicked
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_default();
+            let socket = dir.path().join(".s.PGSQL.");
+            assert!(said.contains(&socket.display().to_string()), "{url}: {said}");
+            assert!(said.starts_with("PostgreSQL does not answer"), "{url}: {said}");
+        }
     }
 }
