@@ -432,7 +432,13 @@ impl NatsSubscription {
                     (
                         ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation,
                         _,
-                    ) => credential_field(&config),
+                    ) => match credential_field(&config) {
+                        (field, Some(path)) => {
+                            let operation = format!("{operation} ({field} {})", path.display());
+                            return broker_error(&operation, e, transient).at_field(field);
+                        }
+                        (field, None) => field,
+                    },
                     _ => "url",
                 };
                 broker_error(&operation, e, transient).at_field(field)
@@ -1110,12 +1116,12 @@ async fn connect_options(config: &NatsConfig) -> Result<async_nats::ConnectOptio
     Ok(options)
 }
 
-/// The field holding the credential a server refused.
-fn credential_field(config: &NatsConfig) -> &'static str {
+/// The field holding the credential a server refused, and its file.
+fn credential_field(config: &NatsConfig) -> (&'static str, Option<&Path>) {
     match (&config.creds_file, &config.token_file) {
-        (Some(_), _) => "creds_file",
-        (None, Some(_)) => "token_file",
-        (None, None) => "url",
+        (Some(path), _) => ("creds_file", Some(path)),
+        (None, Some(path)) => ("token_file", Some(path)),
+        (None, None) => ("url", None),
     }
 }
 

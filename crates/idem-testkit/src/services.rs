@@ -140,8 +140,14 @@ mod tests {
                 .cloned()
                 .unwrap_or_default();
             let socket = dir.path().join(".s.PGSQL.");
-            assert!(said.contains(&socket.display().to_string()), "{url}: {said}");
-            assert!(said.starts_with("PostgreSQL does not answer"), "{url}: {said}");
+            assert!(
+                said.contains(&socket.display().to_string()),
+                "{url}: {said}"
+            );
+            assert!(
+                said.starts_with("PostgreSQL does not answer"),
+                "{url}: {said}"
+            );
         }
     }
 }

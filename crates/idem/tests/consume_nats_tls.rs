@@ -3,15 +3,16 @@
 //! config names, and refused, naming the field and the file and never the
 //! password, with another CA, another host name or a wrong password; to
 //! one that verifies client certificates, reached with the certificate
-//! and refused, about `cert_file`, without it; and to one that takes a
-//! token from the token file.
+//! and refused, about `cert_file`, without it; to one that takes a token
+//! from the token file; and to one in operator mode, with the `.creds`
+//! file of a user it knows and of one it does not.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
 
 use std::time::Duration;
 
-use idem_testkit::brokers::nats::OwnServer;
+use idem_testkit::brokers::nats::{Operator, OwnServer};
 use idem_testkit::tls::Pki;
 use support::broker::{
     Broker, Sub, consume_toml, drained, effects_per_key, payout, payout_key, stop_settled,
@@ -51,13 +52,12 @@ async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwi
     // The config: a tls:// URL with the user and password, the CA file
     // relative to the config file.
     let config_for = |host: &str, password: &str, ca: &str| {
-        let sub = Sub {
-            url: Some(format!("tls://payer:{password}@{host}:{port}")),
-            ..Sub::new(&s)
-        };
-        consume_toml::<Nats>(&store, &up, &[sub]).replace(
-            "request_timeout_ms = 2000\n",
-            &format!("request_timeout_ms = 2000\nca_file = \"{ca}\"\n"),
+        nats_config(
+            &store,
+            &up,
+            &s,
+            format!("tls://payer:{password}@{host}:{port}"),
+            &format!("ca_file = \"{ca}\"\n"),
         )
     };
     let good = site.config(&config_for("127.0.0.1", PASSWORD, "ca.pem"));
@@ -68,24 +68,7 @@ async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwi
         .user_and_password("payer".into(), PASSWORD.into());
     let url = format!("tls://127.0.0.1:{port}");
     let nats = Nats::connect_with(&url, options).await;
-    // The consumer declares the stream; publish once it is there.
-    assert!(
-        consumer.logged("consuming", Duration::from_secs(15)).await,
-        "{}",
-        consumer.logs()
-    );
-    nats.publish_json(&s, &payout(847, "2026-W36", 1200), "m-1")
-        .await;
-    assert!(
-        eventually(Duration::from_secs(15), || up.hits() == 1).await,
-        "{}",
-        consumer.logs()
-    );
-    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
-    assert_eq!(
-        effects_per_key(&up),
-        [(payout_key(847, "2026-W36"), 1)].into()
-    );
+    one_payout_runs_once(&nats, &up, &store, &s, consumer, 847).await;
 
     // (what is wrong, config, the field named, what else must be named)
     let other_ca = pki
@@ -140,13 +123,12 @@ async fn a_token_server_is_reached_through_the_token_file_and_refused_with_anoth
     let s = Nats::unique("token");
     let store = format!("sqlite://{}", site.store().display());
     let config_for = |file: &str| {
-        let sub = Sub {
-            url: Some(server.url()),
-            ..Sub::new(&s)
-        };
-        consume_toml::<Nats>(&store, &up, &[sub]).replace(
-            "request_timeout_ms = 2000\n",
-            &format!("request_timeout_ms = 2000\ntoken_file = \"{file}\"\n"),
+        nats_config(
+            &store,
+            &up,
+            &s,
+            server.url(),
+            &format!("token_file = \"{file}\"\n"),
         )
     };
     std::fs::write(site.dir.path().join("token.txt"), format!("{TOKEN}\n")).unwrap();
@@ -157,24 +139,13 @@ async fn a_token_server_is_reached_through_the_token_file_and_refused_with_anoth
         async_nats::ConnectOptions::with_token(TOKEN.into()),
     )
     .await;
-    assert!(
-        consumer.logged("consuming", Duration::from_secs(15)).await,
-        "{}",
-        consumer.logs()
-    );
-    nats.publish_json(&s, &payout(848, "2026-W36", 1300), "m-1")
-        .await;
-    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
-    assert_eq!(
-        effects_per_key(&up),
-        [(payout_key(848, "2026-W36"), 1)].into()
-    );
+    one_payout_runs_once(&nats, &up, &store, &s, consumer, 848).await;
 
     refused_at_start(
         &site.config(&config_for("wrong.txt")),
         "a wrong token",
         "subscription[0].nats.token_file",
-        &[],
+        &["wrong.txt"],
         &[TOKEN, "not-the-token"],
     );
     nats.delete(&[&s]).await;
@@ -209,13 +180,12 @@ async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate()
     let s = Nats::unique("mtls");
     let store = format!("sqlite://{}", site.store().display());
     let config_with = |files: &str| {
-        let sub = Sub {
-            url: Some(format!("tls://127.0.0.1:{port}")),
-            ..Sub::new(&s)
-        };
-        consume_toml::<Nats>(&store, &up, &[sub]).replace(
-            "request_timeout_ms = 2000\n",
-            &format!("request_timeout_ms = 2000\nca_file = \"ca.pem\"\n{files}"),
+        nats_config(
+            &store,
+            &up,
+            &s,
+            format!("tls://127.0.0.1:{port}"),
+            &format!("ca_file = \"ca.pem\"\n{files}"),
         )
     };
     let with_cert = "cert_file = \"client-cert.pem\"\nkey_file = \"client-key.pem\"\n";
@@ -225,18 +195,7 @@ async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate()
         .add_root_certificates(pki.ca.clone())
         .add_client_certificate(pki.client_cert.clone(), pki.client_key.clone());
     let nats = Nats::connect_with(&format!("tls://127.0.0.1:{port}"), options).await;
-    assert!(
-        consumer.logged("consuming", Duration::from_secs(15)).await,
-        "{}",
-        consumer.logs()
-    );
-    nats.publish_json(&s, &payout(850, "2026-W36", 1500), "m-1")
-        .await;
-    stop_settled(&nats, &store, 1, &drained(&s), vec![consumer]).await;
-    assert_eq!(
-        effects_per_key(&up),
-        [(payout_key(850, "2026-W36"), 1)].into()
-    );
+    one_payout_runs_once(&nats, &up, &store, &s, consumer, 850).await;
 
     // Without the certificate the server refuses the handshake with an
     // alert: an error about cert_file.
@@ -248,4 +207,90 @@ async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate()
         &[],
     );
     nats.delete(&[&s]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creds_file_is_presented_to_an_operator_mode_server_and_a_stranger_is_refused() {
+    let (up, site, data) = (
+        Upstream::start().await,
+        Site::new(),
+        tempfile::tempdir().unwrap(),
+    );
+    let trust = Operator::write(site.dir.path());
+    let server = OwnServer::start_with(data.path(), &["-c", trust.config.to_str().unwrap()]);
+    let s = Nats::unique("creds");
+    let store = format!("sqlite://{}", site.store().display());
+    let config_for = |file: &str| {
+        nats_config(
+            &store,
+            &up,
+            &s,
+            server.url(),
+            &format!("creds_file = \"{file}\"\n"),
+        )
+    };
+    let consumer = Consumer::start(&site.config(&config_for("payer.creds")), 1);
+    let creds = std::fs::read_to_string(&trust.creds).unwrap();
+    let options = async_nats::ConnectOptions::with_credentials(&creds).unwrap();
+    let nats = Nats::connect_with(&server.url(), options).await;
+    one_payout_runs_once(&nats, &up, &store, &s, consumer, 851).await;
+
+    let seed = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("SU"))
+            .unwrap()
+            .to_owned()
+    };
+    let stranger = std::fs::read_to_string(&trust.stranger_creds).unwrap();
+    refused_at_start(
+        &site.config(&config_for("stranger.creds")),
+        "a user of an account the server does not know",
+        "subscription[0].nats.creds_file",
+        &["stranger.creds"],
+        &[&seed(&creds), &seed(&stranger)],
+    );
+    nats.delete(&[&s]).await;
+}
+
+/// Waits until `consumer` consumes (it declares the stream), publishes
+/// one payout for `seller`, and checks that it ran once and everything
+/// settled.
+async fn one_payout_runs_once(
+    nats: &Nats,
+    up: &Upstream,
+    store: &str,
+    s: &str,
+    consumer: Consumer,
+    seller: u64,
+) {
+    assert!(
+        consumer.logged("consuming", Duration::from_secs(15)).await,
+        "{}",
+        consumer.logs()
+    );
+    nats.publish_json(s, &payout(seller, "2026-W36", 1000 + seller), "m-1")
+        .await;
+    assert!(
+        eventually(Duration::from_secs(15), || up.hits() == 1).await,
+        "{}",
+        consumer.logs()
+    );
+    stop_settled(nats, store, 1, &drained(s), vec![consumer]).await;
+    assert_eq!(
+        effects_per_key(up),
+        [(payout_key(seller, "2026-W36"), 1)].into()
+    );
+}
+
+/// The consumer's config for stream `s` at `url`, with `extra` lines in
+/// its `[subscription.nats]` section.
+fn nats_config(store: &str, up: &Upstream, s: &str, url: String, extra: &str) -> String {
+    let sub = Sub {
+        url: Some(url),
+        ..Sub::new(s)
+    };
+    consume_toml::<Nats>(store, up, &[sub]).replace(
+        "request_timeout_ms = 2000\n",
+        &format!("request_timeout_ms = 2000\n{extra}"),
+    )
 }
