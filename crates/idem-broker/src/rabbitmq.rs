@@ -241,7 +241,8 @@ pub struct RabbitConfig {
     /// `key_file`, or neither. Only with an `amqps://` url.
     #[serde(default)]
     pub cert_file: Option<PathBuf>,
-    /// PEM (PKCS#8) private key of `cert_file`.
+    /// PEM private key of `cert_file` (`PRIVATE KEY`, `RSA PRIVATE KEY` or
+    /// `EC PRIVATE KEY`).
     #[serde(default)]
     pub key_file: Option<PathBuf>,
     /// A file whose first line is the password of the url's user; the url
