@@ -245,8 +245,9 @@ pub struct RabbitConfig {
     /// `EC PRIVATE KEY`).
     #[serde(default)]
     pub key_file: Option<PathBuf>,
-    /// A file whose first line is the password of the url's user; the url
-    /// then holds no password.
+    /// A file whose first line is the password of the url's user, as it
+    /// is: no percent-encoding, only the line's end (and any trailing
+    /// blanks) removed. The url then holds no password.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
 }

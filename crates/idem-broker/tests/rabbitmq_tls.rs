@@ -1,9 +1,10 @@
 //! RabbitMQ over `amqps://`, against a node of the test's own whose TLS
 //! listener requires a client certificate (as a managed broker with mutual
 //! TLS does): reached with the CA file, the client certificate and a
-//! password file, and refused with another CA, another host name, no
-//! client certificate or a wrong password, each naming the field that can
-//! fix it and never a password.
+//! password file (a password of any characters, read as it is), and
+//! refused with another CA, another host name, no client certificate or a
+//! wrong password, each naming the field that can fix it and never a
+//! password.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod rabbit_support;
@@ -112,6 +113,24 @@ async fn amqps_with_a_client_certificate_consumes_and_each_wrong_file_is_refused
     let reset =
         e.field == Some("url") && e.transient && said.contains("set cert_file and key_file");
     assert!(alert || reset, "no client certificate: {e:?}");
+    // A password with what a URL would need escaped, read from the file
+    // as it is; and the same password in the URL, percent-encoded.
+    const ODD: &str = "p@ss:w%rd/#?\"\\ é";
+    node.add_user("odd", ODD);
+    std::fs::write(dir.path().join("odd"), format!("{ODD}\r\n")).unwrap();
+    let mut odd = settings("127.0.0.1", "ca.pem", true, "odd");
+    odd.url = format!("amqps://odd@127.0.0.1:{port}/%2f");
+    let sub = RabbitSubscription::connect(&odd).await.unwrap();
+    sub.close().await.unwrap();
+    let mut in_url = odd.clone();
+    in_url.password_file = None;
+    in_url.url = format!(
+        "amqps://odd:{}@127.0.0.1:{port}/%2f",
+        percent_encoding::utf8_percent_encode(ODD, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let sub = RabbitSubscription::connect(&in_url).await.unwrap();
+    assert!(!sub.describe().contains("p@ss"), "{}", sub.describe());
+    sub.close().await.unwrap();
     let t = good.validate().unwrap();
     rabbit.delete(&t).await;
     rabbit.close().await;

@@ -219,12 +219,17 @@ pub struct OwnNode {
     child: Option<Child>,
     plain: u16,
     tls: u16,
+    name: String,
+    home: std::path::PathBuf,
+    /// `rabbitmqctl` beside the server script.
+    ctl: std::path::PathBuf,
 }
 
 impl OwnNode {
     /// Starts the node with its files in `dir` and waits (60 s at most)
     /// until both listeners accept connections. The server is Debian's
-    /// `/usr/lib/rabbitmq/bin/rabbitmq-server`, or `RABBITMQ_SERVER`.
+    /// `/usr/lib/rabbitmq/bin/rabbitmq-server`, or `RABBITMQ_SERVER`;
+    /// `rabbitmqctl` is taken from beside it.
     pub fn start_tls(dir: &Path, pki: &Pki) -> OwnNode {
         let (plain, tls, dist) = (
             crate::free_port().unwrap(),
@@ -275,6 +280,9 @@ impl OwnNode {
             child: Some(child),
             plain,
             tls,
+            name: name.clone(),
+            home: dir.to_owned(),
+            ctl: Path::new(&server).with_file_name("rabbitmqctl"),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         for port in [plain, tls] {
@@ -298,6 +306,33 @@ impl OwnNode {
     /// The TLS listener's port on 127.0.0.1.
     pub fn tls_port(&self) -> u16 {
         self.tls
+    }
+
+    /// Adds a user with `password` (any characters) and every permission
+    /// on the default vhost, through `rabbitmqctl`.
+    pub fn add_user(&self, user: &str, password: &str) {
+        for args in [
+            vec!["add_user", user, password],
+            vec!["set_permissions", "-p", "/", user, ".*", ".*", ".*"],
+        ] {
+            // Debian's /usr/sbin wrapper would run it as the rabbitmq
+            // user, whose Erlang cookie is not this node's.
+            let out = Command::new(&self.ctl)
+                .env("HOME", &self.home)
+                .env("RABBITMQ_CONF_ENV_FILE", self.home.join("env.conf"))
+                .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+                .arg("-n")
+                .arg(&self.name)
+                .args(&args)
+                .output()
+                .expect("rabbitmqctl runs");
+            assert!(
+                out.status.success(),
+                "rabbitmqctl {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }
 
