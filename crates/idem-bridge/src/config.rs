@@ -321,7 +321,7 @@ impl ConsumeConfig {
             if lookup.is_https() {
                 let trust = idem_gateway::UpstreamTls::load(None)
                     .map_err(|e| (at("url"), e.to_string()))?;
-                lookup = lookup.with_tls(trust.shared_config(), trust.trust());
+                lookup = lookup.with_tls(trust.shared_config(), "the system's roots".into());
             }
             lookups.push((served.to_owned(), lookup));
         }

@@ -178,31 +178,80 @@ impl fmt::Display for BrokerError {
 
 impl std::error::Error for BrokerError {}
 
-/// Which side refused a TLS handshake, read from the client's error text:
-/// rustls' verdicts reach both broker clients as IO errors, so their
-/// words are all there is.
+/// Which side refused a TLS handshake, and over what, read from the
+/// client's error text: rustls' verdicts reach both broker clients as IO
+/// errors, so their words are all there is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TlsRefusal {
-    /// This client did not trust the server's certificate (another CA, or
-    /// one that does not name the host): about `ca_file`.
-    ServerCertificate,
-    /// The server refused this client's certificate, or its absence
-    /// (an alert such as `CertificateRequired`, `BadCertificate` or
-    /// `UnknownCA`): about `cert_file`.
+    /// This client did not trust the server's certificate (another CA, an
+    /// expired one): about `ca_file`, or the system's roots.
+    ServerNotTrusted,
+    /// The server's certificate does not name the url's host: about `url`.
+    ServerName,
+    /// The server refused this client's certificate, or its absence (an
+    /// alert such as `CertificateRequired`, `BadCertificate`, `UnknownCA`
+    /// or `CertificateExpired`): about `cert_file`.
     ClientCertificate,
 }
 
 impl TlsRefusal {
     fn of(said: &str) -> Option<TlsRefusal> {
-        if said.contains("peer certificate") || said.contains("InvalidCertificate") {
-            return Some(TlsRefusal::ServerCertificate);
+        if said.contains("NotValidForName") || said.contains("not valid for name") {
+            return Some(TlsRefusal::ServerName);
         }
-        let alerts = ["CertificateRequired", "BadCertificate", "UnknownCA"];
+        if said.contains("peer certificate") || said.contains("InvalidCertificate") {
+            return Some(TlsRefusal::ServerNotTrusted);
+        }
+        let alerts = [
+            "CertificateRequired",
+            "BadCertificate",
+            "UnknownCA",
+            "CertificateExpired",
+            "CertificateRevoked",
+            "CertificateUnknown",
+            "UnsupportedCertificate",
+        ];
         if said.contains("received fatal alert") && alerts.iter().any(|a| said.contains(a)) {
             return Some(TlsRefusal::ClientCertificate);
         }
         None
     }
+}
+
+/// The largest certificate, key or credential file a broker section
+/// reads, in bytes.
+const FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// A file a broker section names, read whole: at most
+/// [`FILE_BYTES_MAX`]; the error names the path.
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > FILE_BYTES_MAX {
+        return Err(format!(
+            "{}: larger than {FILE_BYTES_MAX} bytes",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The first line of a credential file (a password, a token), as it is
+/// but for the line's end and trailing blanks; an empty one is an error
+/// naming the path.
+fn first_line(path: &std::path::Path, what: &str) -> Result<String, String> {
+    let bytes = read_file(path)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text.lines().next().unwrap_or_default().trim_end();
+    if line.is_empty() {
+        return Err(format!("{}: holds no {what}", path.display()));
+    }
+    Ok(line.to_owned())
 }
 
 /// Reads each relative path among `files` against `dir` (a config file's
@@ -245,11 +294,23 @@ mod tests {
         let cases = [
             (
                 "IO error: invalid peer certificate: UnknownIssuer",
-                Some(TlsRefusal::ServerCertificate),
+                Some(TlsRefusal::ServerNotTrusted),
             ),
             (
                 "invalid peer certificate: NotValidForName",
-                Some(TlsRefusal::ServerCertificate),
+                Some(TlsRefusal::ServerName),
+            ),
+            (
+                "invalid peer certificate: certificate not valid for name \"localhost\"",
+                Some(TlsRefusal::ServerName),
+            ),
+            (
+                "invalid peer certificate: Expired",
+                Some(TlsRefusal::ServerNotTrusted),
+            ),
+            (
+                "received fatal alert: CertificateExpired",
+                Some(TlsRefusal::ClientCertificate),
             ),
             (
                 "IO error: received fatal alert: CertificateRequired",

@@ -416,14 +416,21 @@ impl NatsSubscription {
                 );
                 let operation = format!("nats connect to {}", masked(&addrs));
                 // A refused handshake is the trust's (the CA file's, or
-                // the system's roots when none is named) or, when the
-                // server refused this client, the client certificate's.
+                // the system's roots when none is named), the url's host's
+                // when the certificate names another, or, when the server
+                // refused this client, the client certificate's.
                 let refusal = TlsRefusal::of(&e.to_string());
-                if refusal == Some(TlsRefusal::ClientCertificate) {
-                    return broker_error(&operation, e, false).at_field("cert_file");
+                match refusal {
+                    Some(TlsRefusal::ClientCertificate) => {
+                        return broker_error(&operation, e, false).at_field("cert_file");
+                    }
+                    Some(TlsRefusal::ServerName) => {
+                        return broker_error(&operation, e, false).at_field("url");
+                    }
+                    _ => {}
                 }
                 let handshake = e.kind() == ConnectErrorKind::Tls
-                    || refusal == Some(TlsRefusal::ServerCertificate);
+                    || refusal == Some(TlsRefusal::ServerNotTrusted);
                 let field = match (e.kind(), &config.ca_file) {
                     (_, Some(ca)) if handshake => {
                         let operation = format!("{operation} (ca_file {})", ca.display());
@@ -1085,12 +1092,9 @@ async fn connect_options(config: &NatsConfig) -> Result<async_nats::ConnectOptio
         None => async_nats::ConnectOptions::new(),
     };
     if let Some(path) = &config.token_file {
-        let text = std::fs::read_to_string(path).map_err(|e| refused("token_file", path, &e))?;
-        let token = text.lines().next().unwrap_or_default().trim().to_owned();
-        if token.is_empty() {
-            return Err(refused("token_file", path, &"holds no token"));
-        }
-        options = options.token(token);
+        let token = crate::first_line(path, "token")
+            .map_err(|e| BrokerError::permanent("nats config", e).at_field("token_file"))?;
+        options = options.token(token.trim_start().to_owned());
     }
     // Credentials in the url, given to the client explicitly: it does not
     // send a url's user and password on every path (a TLS connection).

@@ -365,26 +365,24 @@ impl RabbitConfig {
         let mut uri = parse_url(&self.url)?;
         let tls = self.tls(uri.scheme.clone())?;
         if let Some(path) = &self.password_file {
-            if url_has_password(&self.url) {
-                return Err(invalid(
-                    "password_file",
-                    "the url holds a password too: keep one of them",
-                ));
+            match url_userinfo(&self.url) {
+                Some((_, Some(_))) => {
+                    return Err(invalid(
+                        "password_file",
+                        "the url holds a password too: keep one of them",
+                    ));
+                }
+                Some((user, None)) if !user.is_empty() => {}
+                _ => {
+                    return Err(invalid(
+                        "password_file",
+                        "needs the url to name its user (amqps://user@host/vhost); \
+                         without one the client would log in as guest",
+                    ));
+                }
             }
-            let text = read(path, "password_file")?;
-            let password = String::from_utf8_lossy(&text)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .trim_end()
-                .to_owned();
-            if password.is_empty() {
-                return Err(invalid(
-                    "password_file",
-                    format!("{}: holds no password", path.display()),
-                ));
-            }
-            uri.authority.userinfo.password = password;
+            uri.authority.userinfo.password = crate::first_line(path, "password")
+                .map_err(|reason| invalid("password_file", reason))?;
         }
         let topology = self.topology()?;
         if self.prefetch == 0 {
@@ -425,6 +423,16 @@ impl RabbitConfig {
             return Err(invalid(
                 field,
                 "needs an amqps:// url: an amqp:// connection is not encrypted",
+            ));
+        }
+        // The TLS client starts from the system's roots even when ca_file
+        // adds one, and cannot connect at all without them.
+        if scheme == AMQPScheme::AMQPS && rustls_native_certs::load_native_certs().certs.is_empty()
+        {
+            return Err(invalid(
+                "url",
+                "amqps:// needs the system's trusted root certificates, and this system has \
+                 none: install ca-certificates, or point SSL_CERT_FILE at a bundle",
             ));
         }
         let identity = match (&self.cert_file, &self.key_file) {
@@ -1091,41 +1099,63 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 fn parse_url(url: &str) -> Result<AMQPUri, ConfigError> {
+    // The client's parser takes the host from the url's domain name: an
+    // IPv6 address has none, and it would connect to localhost instead.
+    if url_authority(url).contains('[') {
+        return Err(invalid(
+            "url",
+            "an IPv6 address is not supported by the AMQP client (it would reach localhost): \
+             use a host name",
+        ));
+    }
     url.parse()
         .map_err(|e| invalid("url", format!("not an AMQP URL: {e}")))
 }
 
-/// Whether `url` spells a password (`user:password@`); the parsed url
-/// cannot tell, as it fills in `guest` for what is left out.
-fn url_has_password(url: &str) -> bool {
-    let authority = url
-        .split_once("://")
+/// `user@host:port` of `url`.
+fn url_authority(url: &str) -> &str {
+    url.split_once("://")
         .map_or(url, |(_, rest)| rest)
         .split(['/', '?', '#'])
         .next()
-        .unwrap_or_default();
-    authority
-        .rsplit_once('@')
-        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+        .unwrap_or_default()
 }
 
-/// A file's bytes, holding at least one PEM block labelled `label`.
+/// The user and password `url` spells, if it spells any (`user@`,
+/// `user:password@`); the parsed url cannot tell, as it fills in `guest`
+/// for what is left out.
+fn url_userinfo(url: &str) -> Option<(&str, Option<&str>)> {
+    let (userinfo, _) = url_authority(url).rsplit_once('@')?;
+    Some(match userinfo.split_once(':') {
+        Some((user, password)) => (user, Some(password)),
+        None => (userinfo, None),
+    })
+}
+
+/// A PEM file of certificates (`label` "CERTIFICATE", each one parsed) or
+/// of one private key (PKCS#8, RSA or EC; an encrypted key cannot be
+/// read), returned whole for the TLS client.
 fn pem(path: &Path, field: &'static str, label: &str) -> Result<Vec<u8>, ConfigError> {
-    let bytes = read(path, field)?;
-    let text = String::from_utf8_lossy(&bytes);
-    let found = text.contains(&format!("-----BEGIN {label}-----"))
-        || (label == "PRIVATE KEY" && text.contains(" PRIVATE KEY-----"));
-    if !found {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bytes = crate::read_file(path).map_err(|reason| invalid(field, reason))?;
+    let usable = if label == "CERTIFICATE" {
+        CertificateDer::pem_slice_iter(&bytes)
+            .collect::<Result<Vec<_>, _>>()
+            .is_ok_and(|certs| !certs.is_empty())
+    } else {
+        PrivateKeyDer::from_pem_slice(&bytes).is_ok()
+    };
+    if !usable {
         return Err(invalid(
             field,
-            format!("{}: holds no PEM {label}", path.display()),
+            format!(
+                "{}: holds no usable PEM {label} (an encrypted key cannot be read)",
+                path.display()
+            ),
         ));
     }
     Ok(bytes)
-}
-
-fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))
 }
 
 /// A failed connection, about the field that can fix it: a refused
@@ -1145,7 +1175,10 @@ fn connect_error(settings: &Settings, e: &lapin::Error) -> BrokerError {
         Some(TlsRefusal::ClientCertificate) => {
             return BrokerError::permanent(operation, e).at_field("cert_file");
         }
-        Some(TlsRefusal::ServerCertificate) => {
+        Some(TlsRefusal::ServerName) => {
+            return BrokerError::permanent(operation, e).at_field("url");
+        }
+        Some(TlsRefusal::ServerNotTrusted) => {
             return match &settings.ca_file {
                 Some(ca) => {
                     BrokerError::permanent(format!("{operation} (ca_file {})", ca.display()), e)

@@ -563,6 +563,17 @@ fn a_configuration_with_a_typo_or_a_bad_value_is_refused_naming_the_field() {
             "queue = 'q'\nurl = 'amqp://u@127.0.0.1'\npassword_file = '/nonexistent'",
             "password_file",
         ),
+        // No user to go with the password: the client would log in as guest.
+        (
+            "queue = 'q'\npassword_file = '/nonexistent'",
+            "password_file",
+        ),
+        (
+            "queue = 'q'\nurl = 'amqp://127.0.0.1'\npassword_file = '/nonexistent'",
+            "password_file",
+        ),
+        // The client's parser would connect to localhost instead.
+        ("queue = 'q'\nurl = 'amqp://u@[::1]:5672/%2f'", "url"),
         ("queue = 'q'\nrouting_key = 'k'", "routing_key"),
         ("queue = 'q'\nexchange = ''", "exchange"),
         ("queue = 'q'\ndead_letter_queue = 'q'", "dead_letter_queue"),
@@ -588,6 +599,11 @@ fn tls_and_password_files_are_read_at_validation_and_refused_by_field_and_path()
     Pki::write(dir.path()).unwrap();
     std::fs::write(dir.path().join("password"), "from-the-file\nignored\n").unwrap();
     std::fs::write(dir.path().join("empty"), "\n").unwrap();
+    std::fs::write(
+        dir.path().join("encrypted.pem"),
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
     let with = |extra: &str| -> RabbitConfig {
         let c: RabbitConfig = toml::from_str(&format!(
             "queue = 'q'\nurl = 'amqps://payer@127.0.0.1/%2f'\n{extra}"
@@ -603,16 +619,25 @@ fn tls_and_password_files_are_read_at_validation_and_refused_by_field_and_path()
     assert_eq!(good.masked_url(), "amqps://payer:***@127.0.0.1:5671/%2f");
     // (config, field, what the reason names)
     let cases = [
-        ("ca_file = 'password'", "ca_file", "password: holds no PEM"),
+        (
+            "ca_file = 'password'",
+            "ca_file",
+            "password: holds no usable PEM",
+        ),
+        (
+            "cert_file = 'client-cert.pem'\nkey_file = 'encrypted.pem'",
+            "key_file",
+            "encrypted.pem: holds no usable PEM PRIVATE KEY",
+        ),
         (
             "cert_file = 'client-key.pem'\nkey_file = 'client-key.pem'",
             "cert_file",
-            "client-key.pem: holds no PEM CERTIFICATE",
+            "client-key.pem: holds no usable PEM CERTIFICATE",
         ),
         (
             "cert_file = 'client-cert.pem'\nkey_file = 'ca.pem'",
             "key_file",
-            "ca.pem: holds no PEM PRIVATE KEY",
+            "ca.pem: holds no usable PEM PRIVATE KEY",
         ),
         (
             "password_file = 'empty'",

@@ -16,7 +16,7 @@ use idem_testkit::tls::Pki;
 use lapin::BasicProperties;
 use rabbit_support::{Rabbit, TopologyCounts, config, next};
 
-const PASSWORD: &str = "guest";
+const PASSWORD: &str = "s3cret-rabbit-5b1e";
 const WRONG: &str = "not-the-password-7f3a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,13 +24,14 @@ async fn amqps_with_a_client_certificate_consumes_and_each_wrong_file_is_refused
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::write(dir.path()).unwrap();
     let node = OwnNode::start_tls(dir.path(), &pki);
+    node.add_user("payer", PASSWORD);
     std::fs::write(dir.path().join("password"), format!("{PASSWORD}\n")).unwrap();
     std::fs::write(dir.path().join("wrong"), format!("{WRONG}\n")).unwrap();
     let port = node.tls_port();
     let queue = config("tls").queue;
     let settings = |host: &str, ca: &str, client_cert: bool, password: &str| {
         let mut c = RabbitConfig::new(&queue);
-        c.url = format!("amqps://guest@{host}:{port}/%2f");
+        c.url = format!("amqps://payer@{host}:{port}/%2f");
         c.connect_timeout_ms = 10_000;
         c.settle_timeout_ms = 5_000;
         c.ca_file = Some(ca.into());
@@ -72,15 +73,15 @@ async fn amqps_with_a_client_certificate_consumes_and_each_wrong_file_is_refused
         (
             "another host name",
             settings("localhost", "ca.pem", true, "password"),
-            "ca_file",
-            "ca.pem",
+            "url",
+            "amqps://payer:***@localhost",
             false,
         ),
         (
             "a wrong password",
             settings("127.0.0.1", "ca.pem", true, "wrong"),
             "password_file",
-            "amqps://guest:***@127.0.0.1",
+            "amqps://payer:***@127.0.0.1",
             false,
         ),
     ];
@@ -94,7 +95,7 @@ async fn amqps_with_a_client_certificate_consumes_and_each_wrong_file_is_refused
         assert!(said.contains(named), "{what}: {named} in {said}");
         assert_eq!(e.transient, transient, "{what}: {said}");
         assert!(
-            !said.contains(WRONG) && !said.contains(":guest@"),
+            !said.contains(WRONG) && !said.contains(PASSWORD),
             "{what}: a password is shown: {said}"
         );
     }

@@ -85,11 +85,12 @@ async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwi
             "nats.ca_file",
             other_ca.clone(),
         ),
+        // The certificate names 127.0.0.1 only: the url's host is wrong.
         (
             "another name",
             config_for("localhost", PASSWORD, "ca.pem"),
-            "nats.ca_file",
-            "ca.pem".to_owned(),
+            "nats.url",
+            "localhost".to_owned(),
         ),
         (
             "a wrong password",

@@ -18,7 +18,7 @@ use support::consume_suite::refused_at_start;
 use support::rabbit::Rabbit;
 use support::{Consumer, Site, Upstream, eventually};
 
-const PASSWORD: &str = "guest";
+const PASSWORD: &str = "s3cret-rabbit-9c2d";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_amqps_broker_is_reached_through_the_files_the_config_names_and_refused_otherwise() {
@@ -29,6 +29,7 @@ async fn an_amqps_broker_is_reached_through_the_files_the_config_names_and_refus
     );
     let pki = Pki::write(site.dir.path()).unwrap();
     let node = OwnNode::start_tls(data.path(), &pki);
+    node.add_user("payer", PASSWORD);
     std::fs::write(
         site.dir.path().join("password.txt"),
         format!("{PASSWORD}\n"),
@@ -39,7 +40,7 @@ async fn an_amqps_broker_is_reached_through_the_files_the_config_names_and_refus
     let store = format!("sqlite://{}", site.store().display());
     let config_for = |ca: &str| {
         let sub = Sub {
-            url: Some(format!("amqps://guest@127.0.0.1:{port}/%2f")),
+            url: Some(format!("amqps://payer@127.0.0.1:{port}/%2f")),
             ..Sub::new(&q)
         };
         consume_toml::<Rabbit>(&store, &up, &[sub]).replace(
@@ -82,7 +83,7 @@ async fn an_amqps_broker_is_reached_through_the_files_the_config_names_and_refus
         "another CA",
         "subscription[0].rabbitmq.ca_file",
         &["other-ca.pem"],
-        &[":guest@"],
+        &[PASSWORD],
     );
     drop(node);
 }

@@ -1,7 +1,6 @@
 //! RabbitMQ: the local broker's address and a plain client that publishes
 //! with confirms, takes messages off queues and counts and deletes them.
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -215,6 +214,8 @@ impl Drop for Outage {
 /// listener for the test's client and a TLS listener presenting
 /// [`Pki::cert`] that requires a client certificate signed by [`Pki::ca`].
 /// Killed on drop, also when the test fails. Starting takes about 5 s.
+/// Its ports are free when chosen; another process may take one before
+/// the node binds it, as with [`super::nats::OwnServer`].
 pub struct OwnNode {
     child: Option<Child>,
     plain: u16,
@@ -260,7 +261,24 @@ impl OwnNode {
         let server = std::env::var("RABBITMQ_SERVER")
             .unwrap_or_else(|_| "/usr/lib/rabbitmq/bin/rabbitmq-server".to_owned());
         let name = format!("{}@localhost", super::unique("node"));
-        let child = Command::new(&server)
+        // A shell holds the node: it starts the server script and ends
+        // when the script does, while a watcher beside it waits for the
+        // shell's stdin (a pipe from this process) to close, then kills
+        // the Erlang VM, whose command line names the node's home (this
+        // directory). The pipe closes on drop and when this process ends,
+        // however it ends, so no node outlives its test (the VM ignores
+        // the terminal's SIGINT).
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(
+                r#"exec 3<&0
+"$0" </dev/null &
+server=$!
+{ read -r _ <&3; pkill -KILL -f -- "-home $HOME "; } &
+wait "$server""#,
+            )
+            .arg(&server)
+            .stdin(Stdio::piped())
             .env("HOME", dir)
             .env("RABBITMQ_CONF_ENV_FILE", dir.join("env.conf"))
             .env("RABBITMQ_NODENAME", &name)
@@ -271,7 +289,6 @@ impl OwnNode {
             .env("RABBITMQ_DIST_PORT", dist.to_string())
             .env("RABBITMQ_PID_FILE", dir.join("pid"))
             .env("ERL_EPMD_ADDRESS", "127.0.0.1")
-            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -284,12 +301,19 @@ impl OwnNode {
             home: dir.to_owned(),
             ctl: Path::new(&server).with_file_name("rabbitmqctl"),
         };
+        let mut node = node;
         let deadline = Instant::now() + Duration::from_secs(60);
         for port in [plain, tls] {
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                let exited = node
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
                 assert!(
-                    Instant::now() < deadline,
-                    "own RabbitMQ node {name} did not answer on 127.0.0.1:{port}; its log is in {}",
+                    exited.is_none() && Instant::now() < deadline,
+                    "own RabbitMQ node {name} did not answer on 127.0.0.1:{port} ({}); its log \
+                     is in {}",
+                    exited.map_or("still starting".to_owned(), |s| format!("it exited: {s}")),
                     dir.join("log").display()
                 );
                 std::thread::sleep(Duration::from_millis(100));
@@ -339,11 +363,7 @@ impl OwnNode {
 impl Drop for OwnNode {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // The script and the Erlang VM it starts share the group.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
-            let _ = child.kill();
+            drop(child.stdin.take());
             let _ = child.wait();
         }
     }
