@@ -96,6 +96,51 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
     check_log_trace_ids(&logs, &spans);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_log_lines_keep_their_shape_with_traces_on() {
+    let collector = Collector::default();
+    let otlp = serve(
+        axum::Router::new()
+            .route("/v1/traces", axum::routing::post(receive))
+            .with_state(collector.clone()),
+    )
+    .await;
+    let hops = Hops::default();
+    let upstream = serve(
+        axum::Router::new()
+            .fallback(upstream)
+            .with_state(hops.clone()),
+    )
+    .await;
+    let site = Site::new();
+    let (gw, _admin) = start_logging(&site, upstream, otlp, "text");
+    let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
+    let headers = [
+        ("idempotency-key", "t-text"),
+        ("authorization", CREDENTIAL),
+        ("traceparent", caller.as_str()),
+    ];
+    assert_eq!(
+        post(&gw.url("/payouts"), &headers, PAYOUT).await.status,
+        201
+    );
+    let logs = terminate(gw);
+    assert!(
+        !collector.spans.lock().unwrap().is_empty(),
+        "traces were on: spans exported\n{logs}"
+    );
+    let completed = logs
+        .lines()
+        .find(|l| l.contains("completed") && l.contains("t-text"))
+        .unwrap_or_else(|| panic!("no completed line:\n{logs}"));
+    assert!(
+        !completed.contains("idem.")
+            && !completed.contains("trace_id")
+            && !completed.starts_with('{'),
+        "a text line without span prefixes or ids: {completed}"
+    );
+}
+
 /// The log is JSON (`IDEM_LOG_FORMAT=json`): a line written while a
 /// request was served names the request's trace and a span of it, so a
 /// log backend joins the two; a line outside any request names none.
@@ -457,14 +502,25 @@ fn config(site: &Site, upstream: SocketAddr) -> std::path::PathBuf {
     site.config(&text)
 }
 
-/// `idem serve` exporting traces to `otlp`, with its admin API.
+/// `idem serve` exporting traces to `otlp`, with its admin API, logging
+/// JSON lines.
 fn start(site: &Site, upstream: SocketAddr, otlp: SocketAddr) -> (Gateway, SocketAddr) {
+    start_logging(site, upstream, otlp, "json")
+}
+
+/// [`start`] with the log in `format`.
+fn start_logging(
+    site: &Site,
+    upstream: SocketAddr,
+    otlp: SocketAddr,
+    format: &str,
+) -> (Gateway, SocketAddr) {
     let endpoint = format!("http://{otlp}");
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_SERVICE_NAME", "idem-trace-test"),
         ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
-        ("IDEM_LOG_FORMAT", "json"),
+        ("IDEM_LOG_FORMAT", format),
     ];
     let config = config(site, upstream);
     let upstream = format!("http://{upstream}");
