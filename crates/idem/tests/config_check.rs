@@ -1,7 +1,8 @@
 //! `idem serve --check` and `idem consume --check`, black-box: the whole
 //! configuration is loaded and judged, what would run is printed, and the
 //! exit code says whether it would start; nothing with an effect is
-//! opened (no store file, no bound port, no broker connection).
+//! opened (no store file, no bound port, no broker connection); an
+//! `amqps://` broker on a system with no trusted roots is refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -175,4 +176,55 @@ queue = "refunds"
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn consume_check_refuses_amqps_on_a_system_without_trusted_roots() {
+    let site = Site::new();
+    let config = site.config(
+        r#"
+store = "sqlite://never-opened.db"
+
+[[subscription]]
+name = "refunds"
+key = "refund:{header:refund-id}"
+deliver = "http://127.0.0.1:9/refunds"
+
+[subscription.rabbitmq]
+url = "amqps://payer:s3cret@rabbit.internal/%2f"
+queue = "refunds"
+"#,
+    );
+    let args = ["consume", "--check", "--config", config.to_str().unwrap()];
+    // The system's store as the two variables replace it: one CA, or an
+    // empty bundle and an empty directory, as a system without any.
+    let pki = idem_testkit::tls::Pki::write(site.dir.path()).unwrap();
+    let (file, dir) = (
+        site.dir.path().join("no-roots.pem"),
+        site.dir.path().join("no-roots"),
+    );
+    std::fs::write(&file, "").unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let roots = |bundle: &std::path::Path| {
+        idem_env(
+            &args,
+            &[
+                ("SSL_CERT_FILE", bundle.to_str().unwrap()),
+                ("SSL_CERT_DIR", dir.to_str().unwrap()),
+            ],
+        )
+    };
+    let out = roots(&pki.ca);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = roots(&file);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for part in [
+        "subscription[0].rabbitmq.url",
+        "ca-certificates",
+        "SSL_CERT_FILE",
+    ] {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
+    assert!(!stderr.contains("s3cret"), "{stderr}");
 }
