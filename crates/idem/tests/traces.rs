@@ -53,20 +53,7 @@ type Hops = Arc<Mutex<Vec<Hop>>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
-    let collector = Collector::default();
-    let otlp = serve(
-        axum::Router::new()
-            .route("/v1/traces", axum::routing::post(receive))
-            .with_state(collector.clone()),
-    )
-    .await;
-    let hops = Hops::default();
-    let upstream = serve(
-        axum::Router::new()
-            .fallback(upstream)
-            .with_state(hops.clone()),
-    )
-    .await;
+    let (collector, otlp, hops, upstream) = receivers().await;
     let site = Site::new();
     let (gw, admin) = start(&site, upstream, otlp);
     send_every_kind(&gw, admin, &hops).await;
@@ -98,20 +85,7 @@ async fn spans_continue_the_callers_trace_and_parent_the_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_log_lines_keep_their_shape_with_traces_on() {
-    let collector = Collector::default();
-    let otlp = serve(
-        axum::Router::new()
-            .route("/v1/traces", axum::routing::post(receive))
-            .with_state(collector.clone()),
-    )
-    .await;
-    let hops = Hops::default();
-    let upstream = serve(
-        axum::Router::new()
-            .fallback(upstream)
-            .with_state(hops.clone()),
-    )
-    .await;
+    let (collector, otlp, _hops, upstream) = receivers().await;
     let site = Site::new();
     let (gw, _admin) = start_logging(&site, upstream, otlp, "text");
     let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
@@ -500,6 +474,26 @@ fn config(site: &Site, upstream: SocketAddr) -> std::path::PathBuf {
         "[[lookup]]\nroute = \"failing\"\nurl = \"http://{upstream}/lookups/{{forwarded_key}}\"\n"
     ));
     site.config(&text)
+}
+
+/// The OTLP receiver and the upstream of a test, each on a port of its
+/// own: what they received, and where.
+async fn receivers() -> (Collector, SocketAddr, Hops, SocketAddr) {
+    let collector = Collector::default();
+    let otlp = serve(
+        axum::Router::new()
+            .route("/v1/traces", axum::routing::post(receive))
+            .with_state(collector.clone()),
+    )
+    .await;
+    let hops = Hops::default();
+    let upstream = serve(
+        axum::Router::new()
+            .fallback(upstream)
+            .with_state(hops.clone()),
+    )
+    .await;
+    (collector, otlp, hops, upstream)
 }
 
 /// `idem serve` exporting traces to `otlp`, with its admin API, logging
