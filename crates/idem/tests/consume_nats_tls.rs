@@ -15,21 +15,18 @@ use std::time::Duration;
 use idem_testkit::brokers::nats::{Operator, OwnServer};
 use idem_testkit::tls::Pki;
 use support::broker::{
-    Broker, Sub, consume_toml, drained, effects_per_key, payout, payout_key, stop_settled,
+    Broker, Sub, consume_toml, drained, effects_per_key, own_server_bed, payout, payout_key,
+    stop_settled,
 };
 use support::consume_suite::refused_at_start;
 use support::nats::Nats;
-use support::{Consumer, Site, Upstream, eventually};
+use support::{Consumer, Upstream, eventually};
 
 const PASSWORD: &str = "s3cret-nats-password";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwise() {
-    let (up, site, data) = (
-        Upstream::start().await,
-        Site::new(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (up, site, data) = own_server_bed().await;
     let pki = Pki::write(site.dir.path()).unwrap();
     let (cert, key) = (pki.cert.to_str().unwrap(), pki.key.to_str().unwrap());
     let server = OwnServer::start_with(
@@ -114,11 +111,7 @@ async fn a_tls_server_is_reached_through_its_ca_file_and_refused_by_name_otherwi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_server_is_reached_through_the_token_file_and_refused_with_another() {
-    let (up, site, data) = (
-        Upstream::start().await,
-        Site::new(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (up, site, data) = own_server_bed().await;
     const TOKEN: &str = "nats-token-never-shown-0123";
     let server = OwnServer::start_with(data.path(), &["--auth", TOKEN]);
     let s = Nats::unique("token");
@@ -154,11 +147,7 @@ async fn a_token_server_is_reached_through_the_token_file_and_refused_with_anoth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate() {
-    let (up, site, data) = (
-        Upstream::start().await,
-        Site::new(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (up, site, data) = own_server_bed().await;
     let pki = Pki::write(site.dir.path()).unwrap();
     let (ca, cert, key) = (
         pki.ca.to_str().unwrap(),
@@ -212,11 +201,7 @@ async fn a_server_that_verifies_clients_is_reached_with_the_client_certificate()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_creds_file_is_presented_to_an_operator_mode_server_and_a_stranger_is_refused() {
-    let (up, site, data) = (
-        Upstream::start().await,
-        Site::new(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (up, site, data) = own_server_bed().await;
     let trust = Operator::write(site.dir.path());
     let server = OwnServer::start_with(data.path(), &["-c", trust.config.to_str().unwrap()]);
     let s = Nats::unique("creds");

@@ -12,21 +12,18 @@ use std::time::Duration;
 use idem_testkit::brokers::rabbitmq::{Client, OwnNode};
 use idem_testkit::tls::Pki;
 use support::broker::{
-    Broker, Publish, Sub, consume_toml, drained, effects_per_key, payout, payout_key, stop_settled,
+    Broker, Publish, Sub, consume_toml, drained, effects_per_key, own_server_bed, payout,
+    payout_key, stop_settled,
 };
 use support::consume_suite::refused_at_start;
 use support::rabbit::Rabbit;
-use support::{Consumer, Site, Upstream, eventually};
+use support::{Consumer, eventually};
 
 const PASSWORD: &str = "s3cret-rabbit-9c2d";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_amqps_broker_is_reached_through_the_files_the_config_names_and_refused_otherwise() {
-    let (up, site, data) = (
-        Upstream::start().await,
-        Site::new(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (up, site, data) = own_server_bed().await;
     let pki = Pki::write(site.dir.path()).unwrap();
     let node = OwnNode::start_tls(data.path(), &pki);
     node.add_user("payer", PASSWORD);

@@ -325,6 +325,17 @@ pub fn drained(dest: &str) -> [(&str, Counts); 1] {
     [(dest, Counts::default())]
 }
 
+/// What a test against a broker server of its own starts with: the
+/// payout API, the site (config, store, certificates) and the server's
+/// data directory.
+pub async fn own_server_bed() -> (Upstream, Site, tempfile::TempDir) {
+    (
+        Upstream::start().await,
+        Site::new(),
+        tempfile::tempdir().unwrap(),
+    )
+}
+
 /// A payout intent as a producer publishes it.
 pub fn payout(seller: u64, settlement: &str, amount: u64) -> String {
     format!(r#"{{"seller_id":{seller},"settlement_id":"{settlement}","amount":{amount}}}"#)
