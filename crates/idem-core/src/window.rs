@@ -7,8 +7,10 @@
 //!
 //! The window is kept in the store, so it survives a restart and every
 //! process sharing the store sees it. Opening it again while it is open
-//! extends it: it never shortens, and it covers the earliest restore point
-//! either opening named ([`SuspectWindow::opened`]).
+//! extends it: it never shortens, it covers the earliest restore point
+//! either opening named, and it starts the guard on a "not found" again
+//! from the latest opening, since every loss may forget an attempt that is
+//! still running ([`SuspectWindow::opened`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,12 +29,15 @@ pub const WINDOW_CAUSE_BYTES_MAX: usize = 512;
 pub const WINDOW_MS_MAX: u64 = crate::HORIZON_S_MAX * 1000;
 
 /// An open (or past) suspect window, as the store keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct SuspectWindow {
-    /// When the window was first opened (store clock). An attempt claimed
-    /// before a failover or restore may still be running at the provider
-    /// until its lease ends, so a "not found" is trusted only once every
-    /// lease that began before this instant has ended.
+    /// When the window was last opened (store clock): the latest loss. An
+    /// attempt claimed before a failover or restore may still be running
+    /// at the provider until its lease ends, so a "not found" is trusted
+    /// only once every lease that began before this instant has ended.
+    /// Every opening moves it, an extension too: a second loss inside an
+    /// open window (a failback, a second restore, a backup taken while the
+    /// window was open) forgets attempts claimed after the first one.
     pub opened_at: Timestamp,
     /// When it closes (store clock).
     pub until: Timestamp,
@@ -68,8 +73,9 @@ impl SuspectWindow {
 
     /// The window after `opening` at `now`, given the one the store holds:
     /// a closed window is replaced; an open one is extended, never
-    /// shortened, keeps its first opening instant and the earlier restore
-    /// point, and names both causes. Every store applies this atomically.
+    /// shortened, keeps the earlier restore point, names both causes and
+    /// takes `now` as its opening instant (the guard on a "not found"
+    /// counts from the latest loss). Every store applies this atomically.
     pub fn opened(
         held: Option<&SuspectWindow>,
         opening: &WindowOpening,
@@ -79,7 +85,7 @@ impl SuspectWindow {
         let cause = truncate(&opening.cause);
         match held {
             Some(w) if w.is_open(now) => SuspectWindow {
-                opened_at: w.opened_at,
+                opened_at: now.max(w.opened_at),
                 until: w.until.max(until),
                 since: match (w.since, opening.since) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -258,7 +264,11 @@ mod tests {
         assert_eq!((first.opened_at, first.until), (at(100), at(1100)));
         let shorter = SuspectWindow::opened(Some(&first), &opening(10, Some(80), "mark"), at(200));
         assert_eq!(shorter.until, at(1100), "never shortened");
-        assert_eq!(shorter.opened_at, at(100), "keeps its first opening");
+        assert_eq!(
+            shorter.opened_at,
+            at(200),
+            "the guard starts at the latest loss"
+        );
         assert_eq!(shorter.since, Some(at(50)), "the earlier restore point");
         assert_eq!(shorter.cause, "mark; restore");
         let longer =
@@ -297,6 +307,28 @@ mod tests {
             verify_verdict(LookupAnswer::Failed, at(9000), &w, 2000),
             Verification::Failed { .. }
         ));
+    }
+
+    #[test]
+    fn a_second_loss_inside_the_window_restarts_the_guard() {
+        // Lost at 1000; a fresh claim at 4000 (past the first guard) runs
+        // under a 2000 ms lease; a second restore at 4500 forgets it.
+        let first = SuspectWindow::opened(None, &opening(60_000, None, "restore"), at(1000));
+        let second = SuspectWindow::opened(
+            Some(&first),
+            &opening(60_000, None, "restore again"),
+            at(4500),
+        );
+        assert_eq!(second.opened_at, at(4500));
+        assert_eq!(
+            verify_verdict(LookupAnswer::NotFound, at(5000), &second, 2000),
+            Verification::NotYet { at: at(6500) },
+            "the attempt lost by the second restore may still commit"
+        );
+        // A store clock that went back (a promoted server's) never moves
+        // the guard earlier.
+        let back = SuspectWindow::opened(Some(&second), &opening(10, None, "promotion"), at(4000));
+        assert_eq!(back.opened_at, at(4500));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use serde::Serialize;
 pub struct WindowView {
     /// Whether fresh claims are verified now.
     pub open: bool,
-    /// When it was first opened (RFC 3339).
+    /// When it was last opened (RFC 3339): the latest loss, from which a
+    /// "not found" waits out the lease of any attempt it forgot.
     pub opened_at: String,
     /// When it closes, or closed (RFC 3339).
     pub until: String,

@@ -104,8 +104,14 @@ pub enum Protocol {
     /// After the store lost the key's record (a failover, a restore), a
     /// fresh claim inside the suspect window is forwarded without asking
     /// the provider: the check skipped. Caught only at bounds with
-    /// [`Bound::lost_tail`].
+    /// [`Bound::tail_losses`].
     WindowSkipsCheck,
+    /// A store that, opening the suspect window again while it is open,
+    /// keeps the guard on a "not found" counting from the first loss: an
+    /// attempt claimed after the first loss and forgotten by the second
+    /// may still commit when a retry's lookup is trusted. Caught only at
+    /// bounds where the store may lose its record twice.
+    WindowKeepsFirstLoss,
     /// A replay cache that judges a kept completed record's expiry by a
     /// reading of the store's clock that lags behind it (the database's
     /// last reading, not moved on by the time since): past the record's
@@ -121,7 +127,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// Every protocol, the real one first.
-    pub const ALL: [Protocol; 18] = [
+    pub const ALL: [Protocol; 19] = [
         Protocol::Real,
         Protocol::LookupDuringLease,
         Protocol::ResolveSkipsLease,
@@ -138,6 +144,7 @@ impl Protocol {
         Protocol::WaiterRunsUnknown,
         Protocol::InlineLookupDuringLease,
         Protocol::WindowSkipsCheck,
+        Protocol::WindowKeepsFirstLoss,
         Protocol::CacheClockBehind,
         Protocol::BatchAnswersBeforeCommit,
     ];
@@ -161,6 +168,7 @@ impl Protocol {
             Protocol::WaiterRunsUnknown => "waiter-runs-unknown",
             Protocol::InlineLookupDuringLease => "inline-lookup-during-lease",
             Protocol::WindowSkipsCheck => "window-skips-check",
+            Protocol::WindowKeepsFirstLoss => "window-keeps-first-loss",
             Protocol::CacheClockBehind => "cache-clock-behind",
             Protocol::BatchAnswersBeforeCommit => "batch-answers-before-commit",
         }
@@ -196,11 +204,11 @@ pub struct Bound {
     /// Clients whose request, told the outcome is unknown, may have the
     /// retry's inline lookup settle it and ask again (the first ones).
     pub settling_clients: usize,
-    /// Whether the store may lose its record of the key once (a hard
-    /// failover to a standby without the last writes, a restore), opening
-    /// the suspect window in which fresh claims are verified with the
-    /// provider.
-    pub lost_tail: bool,
+    /// How many times the store may lose its record of the key (a hard
+    /// failover to a standby without the last writes, a restore, a
+    /// failback), each loss opening or extending the suspect window in
+    /// which fresh claims are verified with the provider.
+    pub tail_losses: usize,
     /// How deep the checker looks, the start being at depth 1: states
     /// this deep are neither checked nor expanded, so depth 12 checks
     /// every trace of up to 10 steps.
@@ -230,13 +238,14 @@ impl Bound {
         late_answer_clients: 1,
         waiting_clients: 1,
         settling_clients: 1,
-        lost_tail: false,
+        tail_losses: 0,
         depth_max: 12,
         states_max: STATES_MAX,
     };
 
     /// The bound of the lost tail: two clients, two requests each, the
-    /// store losing its record once; no fast path, late answers, waiters
+    /// store losing its record twice (the second loss inside the window
+    /// the first opened); no fast path, late answers, waiters
     /// or inline lookups, which the default bound covers.
     pub const LOST_TAIL: Bound = Bound {
         clients: 2,
@@ -245,7 +254,7 @@ impl Bound {
         late_answer_clients: 0,
         waiting_clients: 0,
         settling_clients: 0,
-        lost_tail: true,
+        tail_losses: 2,
         depth_max: 12,
         states_max: STATES_MAX,
     };
@@ -773,7 +782,7 @@ impl Model for IdemModel {
             }),
             // Reached at once where the bound has no lost tail.
             Property::sometimes(property::VERIFIED_REPLAY, |m: &IdemModel, w: &World| {
-                !m.bound.lost_tail || w.verified_replay
+                m.bound.tail_losses == 0 || w.verified_replay
             }),
         ]
     }

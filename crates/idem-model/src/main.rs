@@ -33,10 +33,11 @@ struct Args {
     /// Clients whose retry may settle an unknown outcome with a lookup.
     #[arg(long, default_value_t = Bound::DEFAULT.settling_clients)]
     settling_clients: usize,
-    /// Let the store lose its record of the key once (a hard failover or a
-    /// restore), opening the suspect window.
-    #[arg(long)]
-    lost_tail: bool,
+    /// How many times the store may lose its record of the key (a hard
+    /// failover, a restore, a failback), each loss opening or extending
+    /// the suspect window.
+    #[arg(long, default_value_t = Bound::DEFAULT.tail_losses)]
+    tail_losses: usize,
     /// The most states generated before the check stops, so that a deep
     /// run stops with a message instead of exhausting the memory (about
     /// 0.6 KiB each); 0 is no cap.
@@ -69,7 +70,7 @@ fn main() -> ExitCode {
         late_answer_clients: args.late_answer_clients,
         waiting_clients: args.waiting_clients,
         settling_clients: args.settling_clients,
-        lost_tail: args.lost_tail,
+        tail_losses: args.tail_losses,
         depth_max: args.depth,
         states_max: args.states_max,
     };

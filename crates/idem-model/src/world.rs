@@ -25,7 +25,8 @@
 use idem_core::decision::{self, Claim, Write};
 use idem_core::verdict::{self, Triage};
 use idem_core::{
-    LeaseLeft, LookupTries, Outcome, Record, Resolution, State, StoreError, Timestamp, Token, lease,
+    LeaseLeft, LookupTries, Outcome, Record, Resolution, State, StoreError, SuspectWindow,
+    Timestamp, Token, lease,
 };
 
 use crate::{IdemModel, Protocol};
@@ -60,9 +61,12 @@ pub struct World {
     /// Reachability: a retry's inline lookup resolved the record, and the
     /// claim asked after it replayed or acquired.
     pub settled_on_retry: bool,
-    /// When the store lost its record of the key (a failover to a standby
-    /// without the last writes, a restore) and opened the suspect window.
-    pub tail_lost: Option<Timestamp>,
+    /// The suspect window the store keeps since it lost its record of the
+    /// key (a failover to a standby without the last writes, a restore),
+    /// as the production `SuspectWindow::opened` made it.
+    pub window: Option<SuspectWindow>,
+    /// How many times the store has lost its record.
+    pub losses: usize,
     /// Reachability: a fresh claim inside the window was answered with the
     /// provider's answer, nothing forwarded.
     pub verified_replay: bool,
@@ -404,7 +408,8 @@ impl World {
             tries: None,
             waiter_replayed: false,
             settled_on_retry: false,
-            tail_lost: None,
+            window: None,
+            losses: 0,
             verified_replay: false,
         }
     }
@@ -532,7 +537,7 @@ impl World {
         if record.is_some_and(|r| decision::purge(r, self.now) != Write::None) {
             out.push(Action::Purge);
         }
-        if model.bound.lost_tail && self.tail_lost.is_none() && record.is_some() {
+        if self.losses < model.bound.tail_losses && record.is_some() {
             out.push(Action::LoseTail);
         }
         if self.next_deadline(model).is_some() {
@@ -563,11 +568,7 @@ impl World {
                 let write = decision::purge(w.record()?, w.now);
                 w.apply(write);
             }
-            Action::LoseTail => {
-                w.record = None;
-                w.tries = None;
-                w.tail_lost = Some(w.now);
-            }
+            Action::LoseTail => w.lose_tail(model),
             Action::Verify { attempt, fails } => w.verify(model, attempt, fails)?,
             Action::Advance => w.now = w.next_deadline(model)?,
         }
@@ -780,7 +781,7 @@ impl World {
                 lease_ms,
                 took_over,
             } => {
-                let verify = took_over.is_none() && self.tail_lost.is_some();
+                let verify = took_over.is_none() && self.window.is_some();
                 self.attempts.push(Attempt {
                     client,
                     token,
@@ -813,6 +814,26 @@ impl World {
         Some(())
     }
 
+    /// The store forgets the key's record with its last writes and opens
+    /// the suspect window, or extends the open one, through the production
+    /// `SuspectWindow::opened`; the mutant keeps the first loss's instant.
+    fn lose_tail(&mut self, model: &IdemModel) {
+        use idem_core::window::{WINDOW_MS_MAX, WindowOpening};
+        self.record = None;
+        self.tries = None;
+        self.losses += 1;
+        let opening = WindowOpening {
+            length_ms: WINDOW_MS_MAX,
+            since: None,
+            cause: String::new(),
+        };
+        let mut opened = SuspectWindow::opened(self.window.as_ref(), &opening, self.now);
+        if let (Protocol::WindowKeepsFirstLoss, Some(first)) = (model.protocol(), &self.window) {
+            opened.opened_at = first.opened_at;
+        }
+        self.window = Some(opened);
+    }
+
     /// The gateway of a claim made inside the suspect window asks the
     /// provider by the key, and follows the production verdict
     /// (`idem_core::window::verify_verdict`): found, the record is
@@ -821,7 +842,7 @@ impl World {
     /// releases the claim, nothing sent.
     fn verify(&mut self, model: &IdemModel, attempt: usize, fails: bool) -> Option<()> {
         use idem_core::verdict::LookupAnswer;
-        use idem_core::window::{SuspectWindow, Verification, verify_verdict};
+        use idem_core::window::{Verification, verify_verdict};
         let a = self.attempts.get(attempt)?.clone();
         if a.gateway != Gateway::Verifying {
             return None;
@@ -831,13 +852,7 @@ impl World {
             (false, Some(_)) => LookupAnswer::Found(model.results.first()?.clone()),
             (false, None) => LookupAnswer::NotFound,
         };
-        let window = SuspectWindow {
-            opened_at: self.tail_lost?,
-            until: Timestamp::MAX,
-            since: None,
-            cause: String::new(),
-            version: 1,
-        };
+        let window = self.window.clone()?;
         match verify_verdict(answer, self.now, &window, crate::LEASE_MS) {
             Verification::NotExecuted => {
                 self.attempts.get_mut(attempt)?.gateway = Gateway::Holding;
@@ -1024,7 +1039,11 @@ impl World {
         let mut deadlines = vec![model.replay_horizon()];
         deadlines.extend(self.attempts.iter().map(|a| a.lease_until));
         deadlines.extend(self.tries.map(|(_, _, next_at)| next_at));
-        deadlines.extend(self.tail_lost.map(|at| at.plus_millis(crate::LEASE_MS)));
+        deadlines.extend(
+            self.window
+                .as_ref()
+                .map(|w| w.opened_at.plus_millis(crate::LEASE_MS)),
+        );
         if let Some(r) = self.record() {
             deadlines.push(r.lease_until);
             deadlines.extend(r.expires_at);

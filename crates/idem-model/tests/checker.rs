@@ -80,7 +80,7 @@ fn a_stale_read_is_reached_only_through_the_fast_path() {
 /// the shortest, whatever the depth.
 #[test]
 fn every_mutant_is_caught_with_a_shortest_trace() {
-    let cases: [(Protocol, &[(&str, usize)]); 17] = [
+    let cases: [(Protocol, &[(&str, usize)]); 18] = [
         (Protocol::LookupDuringLease, &[(property::ONE_EFFECT, 10)]),
         (Protocol::ResolveSkipsLease, &[(property::ONE_EFFECT, 9)]),
         (
@@ -136,6 +136,14 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
         ),
         // Caught only where the store may lose the record (see `depth_for`).
         (Protocol::WindowSkipsCheck, &[(property::ONE_EFFECT, 7)]),
+        // Caught only where the store may lose the record twice: an
+        // attempt claimed after the first loss, forgotten by the second,
+        // and a retry whose "not found" is trusted on the first loss's
+        // guard.
+        (
+            Protocol::WindowKeepsFirstLoss,
+            &[(property::ONE_EFFECT, 12)],
+        ),
         (
             Protocol::CacheClockBehind,
             &[(property::CACHE_IS_THE_CLAIM, 6)],
@@ -182,8 +190,12 @@ fn every_mutant_is_caught_with_a_shortest_trace() {
     }
 }
 
-/// The bound a mutant is checked at: the default, but one step deeper for
-/// the one whose shortest trace (11 steps) is past it.
+/// The depth at which a second loss inside the window can forget an
+/// attempt that a retry's lookup then misses: 12 steps.
+const LOST_TWICE_DEPTH: usize = 14;
+
+/// The bound a mutant is checked at: the default, but deeper for the ones
+/// whose shortest traces (11 and 12 steps) are past it.
 fn depth_for(protocol: Protocol) -> Bound {
     let b = bound();
     match protocol {
@@ -195,18 +207,24 @@ fn depth_for(protocol: Protocol) -> Bound {
             depth_max: b.depth_max,
             ..Bound::LOST_TAIL
         },
+        Protocol::WindowKeepsFirstLoss => Bound {
+            depth_max: b.depth_max.max(LOST_TWICE_DEPTH),
+            ..Bound::LOST_TAIL
+        },
         _ => b,
     }
 }
 
-/// A store that loses the key's record once (a hard failover to a standby
-/// without the last writes, a restore): with the suspect window's check,
-/// no key the provider can answer runs twice, and a forgotten key is
-/// answered with the provider's answer.
+/// A store that loses the key's record, once or twice (a hard failover
+/// to a standby without the last writes, a restore, then a failback or a
+/// second restore inside the open window): with the suspect window's
+/// check, no key the provider can answer runs twice, and a forgotten key
+/// is answered with the provider's answer. Deep enough for the second
+/// loss to forget an attempt claimed after the first.
 #[test]
 fn the_real_protocol_holds_when_the_store_loses_its_record() {
     let bound = Bound {
-        depth_max: bound().depth_max,
+        depth_max: bound().depth_max.max(LOST_TWICE_DEPTH),
         ..Bound::LOST_TAIL
     };
     let report = run_at(Protocol::Real, bound);

@@ -71,7 +71,11 @@ pub struct Ledger {
 /// - `POST /transfers`: pays, 200 + JSON; its lookup
 ///   `GET /transfers/by-key/{key}` answers exactly what the first payment
 ///   with that key answered, so a record the reconciler completes replays
-///   the client's first answer.
+///   the client's first answer;
+/// - `POST /transfers/slow?ms=N`: a transfer whose payment lands N ms
+///   after the request arrived (default 500), whether or not the caller
+///   is still connected — the provider's lookup says "not found" until
+///   then; answers like `/transfers` once it has landed.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub ledger: Arc<Mutex<Ledger>>,
@@ -93,6 +97,7 @@ impl Upstream {
             .route("/slow-before", axum::routing::post(slow_before))
             .route("/payouts/by-key/{key}", axum::routing::get(lookup))
             .route("/transfers", axum::routing::post(transfer))
+            .route("/transfers/slow", axum::routing::post(transfer_slow))
             .route(
                 "/transfers/by-key/{key}",
                 axum::routing::get(transfer_lookup),
@@ -179,11 +184,7 @@ async fn pay(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Respon
 async fn slow(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     l.lock().unwrap().hits += 1;
     let n = record(&l, "/slow", &headers, &body);
-    let ms = uri
-        .query()
-        .and_then(|q| q.strip_prefix("ms="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let ms = query_ms(&uri);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     paid(n)
 }
@@ -197,11 +198,7 @@ async fn slow_before(
     body: Bytes,
 ) -> Response {
     l.lock().unwrap().hits += 1;
-    let ms = uri
-        .query()
-        .and_then(|q| q.strip_prefix("ms="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let ms = query_ms(&uri);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     paid(record(&l, "/slow-before", &headers, &body))
 }
@@ -259,6 +256,34 @@ fn transferred(n: usize) -> Response {
 async fn transfer(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     l.lock().unwrap().hits += 1;
     transferred(record(&l, "/transfers", &headers, &body))
+}
+
+async fn transfer_slow(
+    State(l): State<Shared>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    l.lock().unwrap().hits += 1;
+    let ms = query_ms(&uri);
+    // The payment is the provider's own work: a caller that hangs up
+    // does not stop it.
+    let landed = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        record(&l, "/transfers", &headers, &body)
+    });
+    match landed.await {
+        Ok(n) => transferred(n),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The `?ms=N` of a slow path, 500 by default.
+fn query_ms(uri: &Uri) -> u64 {
+    uri.query()
+        .and_then(|q| q.strip_prefix("ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500)
 }
 
 /// What the first transfer with this key answered, or 404.
