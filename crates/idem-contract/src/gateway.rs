@@ -51,7 +51,7 @@ pub enum PrincipalSource {
     VerifiedClaim,
     /// A digest of raw credential headers, declared knowingly.
     CredentialDigest,
-    /// A digest of the raw `Authorization` header, because the route
+    /// A digest of every raw credential the request carries, because the route
     /// declares no principal.
     DefaultCredentialDigest,
 }
@@ -78,8 +78,10 @@ pub fn principal_finding(source: PrincipalSource) -> Finding {
         ),
         PrincipalSource::DefaultCredentialDigest => Finding::unanswered(
             t,
-            "the route declares no principal, so it is a digest of the raw Authorization \
-             header: a refreshed token, or bearer for Bearer, executes the same intent again",
+            "the route declares no principal, so it is a digest of every raw credential the \
+             request carries (Authorization, Cookie, X-Api-Key, client certificate \
+             headers): a refreshed token or cookie, or bearer for Bearer, executes \
+             the same intent again, and callers who send none share one key space",
             "declare principal = { header = \"...\" } or principal = { jwt = { ... } }; or keep \
              the digest knowingly with principal = { credential_headers = [\"authorization\"] }",
         ),

@@ -1,8 +1,11 @@
 //! Who a request acts for: the principal in its scope. A route names where
 //! it comes from — a header the auth layer in front sets, a claim of a JWT
-//! verified here, or (fragile, the old default) a digest of the raw
-//! credential headers — and a request whose principal cannot be
-//! established is refused before anything is claimed.
+//! verified here, or (fragile) a digest of the raw credential headers —
+//! and a request whose principal cannot be established is refused before
+//! anything is claimed. A route that names none is scoped by a digest of
+//! every credential the request carries ([`DEFAULT_CREDENTIAL_HEADERS`],
+//! a [`ClientCertificate`]), so that two callers authenticated differently
+//! never share answers; the layer says so loudly at start.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,6 +22,32 @@ use crate::setting::RouteError;
 
 /// The principal used when none of the credential headers is present.
 pub const ANONYMOUS: &str = "anonymous";
+
+/// The headers whose raw values scope a route that declares no principal:
+/// every way a request commonly carries a credential to the origin —
+/// HTTP authentication, a session cookie, an API key, and a client
+/// certificate passed on by a TLS terminator in front (Envoy and Istio,
+/// nginx, AWS ALB, Azure). Two callers who send different values of any of
+/// them are two scopes; callers who send none share the `anonymous` one.
+/// (`Proxy-Authorization` is not among them: it is hop-by-hop, for the
+/// proxy it is sent to, and never reaches an origin's authentication.)
+pub const DEFAULT_CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "cookie",
+    "x-api-key",
+    "x-forwarded-client-cert",
+    "x-ssl-client-cert",
+    "x-client-cert",
+    "x-amzn-mtls-clientcert",
+    "x-arr-clientcert",
+];
+
+/// The TLS client certificate a request came with (its leaf, DER), as a
+/// request extension: a service that terminates TLS with client
+/// authentication inserts it, and a route that declares no principal
+/// counts it among the request's credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCertificate(pub bytes::Bytes);
 /// The longest principal value accepted (a trusted header's value or a
 /// token's claim), in bytes.
 pub const PRINCIPAL_BYTES_MAX: usize = 255;
@@ -77,8 +106,9 @@ pub enum PrincipalKind {
     VerifiedClaim,
     /// A digest of raw credential headers, declared with `credential_headers`.
     CredentialDigest,
-    /// A digest of the raw `Authorization` header because the route declares
-    /// no principal: the fragile default.
+    /// A digest of every credential the request carries
+    /// ([`DEFAULT_CREDENTIAL_HEADERS`], a [`ClientCertificate`]) because
+    /// the route declares no principal: the fragile default.
     DefaultCredentialDigest,
 }
 
@@ -142,7 +172,10 @@ impl Principal {
             }
             (None, None) => credential_digest(
                 "principal",
-                &["authorization".to_owned()],
+                &DEFAULT_CREDENTIAL_HEADERS
+                    .iter()
+                    .map(|h| (*h).to_owned())
+                    .collect::<Vec<_>>(),
                 PrincipalKind::DefaultCredentialDigest,
             ),
             (Some(PrincipalSpec::CredentialHeaders(names)), None) => credential_digest(
@@ -181,7 +214,8 @@ impl Principal {
     /// has a fixed length.
     #[cfg(test)]
     pub(crate) fn of(&self, headers: &HeaderMap) -> Result<String, Problem> {
-        self.identify(headers).map(|(digest, _)| digest)
+        self.identify(headers, &http::Extensions::new())
+            .map(|(digest, _)| digest)
     }
 
     /// The principal's digest (as [`Principal::of`]) and, for a trusted
@@ -191,6 +225,7 @@ impl Principal {
     pub(crate) fn identify(
         &self,
         headers: &HeaderMap,
+        extensions: &http::Extensions,
     ) -> Result<(String, Option<String>), Problem> {
         match self {
             Principal::TrustedHeader(name) => {
@@ -201,8 +236,15 @@ impl Principal {
             Principal::Jwt(verifier) => verifier
                 .principal(headers)
                 .map(|(digest, value)| (digest, Some(value))),
-            Principal::CredentialDigest { headers: names, .. } => {
-                Ok((credential_digest_of(headers, names), None))
+            Principal::CredentialDigest {
+                headers: names,
+                kind,
+            } => {
+                let certificate = match kind {
+                    PrincipalKind::DefaultCredentialDigest => extensions.get::<ClientCertificate>(),
+                    _ => None,
+                };
+                Ok((credential_digest_of(headers, names, certificate), None))
             }
         }
     }
@@ -326,6 +368,25 @@ impl std::fmt::Debug for JwtVerifier {
             .field("algorithms", &self.algorithms)
             .field("keys", &self.keys.len())
             .finish()
+    }
+}
+
+/// One warning per route that declares no principal, saying what the
+/// layer assumed: who shares a key space, and what runs again.
+pub(crate) fn warn_undeclared(routes: &[crate::Route]) {
+    let undeclared = routes
+        .iter()
+        .filter(|r| r.principal_kind() == PrincipalKind::DefaultCredentialDigest);
+    for route in undeclared {
+        tracing::warn!(
+            route = route.operation_name().unwrap_or(route.pattern().as_str()),
+            "no principal declared: callers are told apart only by the credentials they send \
+             ({}, or a TLS client certificate), digested; callers who send none of them share \
+             one key space and are answered each other's stored responses, and a refreshed \
+             credential is a new scope where the intent runs again; declare principal = \
+             {{ header = ... }} or {{ jwt = ... }}",
+            DEFAULT_CREDENTIAL_HEADERS.join(", ")
+        );
     }
 }
 
@@ -453,19 +514,32 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, Problem> {
     Ok(token)
 }
 
-/// The fragile digest of raw credential headers, unchanged from earlier
-/// releases so that existing records keep their scope.
-fn credential_digest_of(headers: &HeaderMap, names: &[HeaderName]) -> String {
+/// The fragile digest of raw credential headers (and a client
+/// certificate), unchanged from earlier releases for the headers they
+/// read, so that existing records keep their scope: a header that is
+/// absent adds nothing to the digest.
+fn credential_digest_of(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+    certificate: Option<&ClientCertificate>,
+) -> String {
     let mut hasher = Sha256::new();
     let mut any = false;
-    for name in names {
-        for value in headers.get_all(name) {
-            any = true;
-            hasher.update(name.as_str().as_bytes());
-            hasher.update(b"\0");
-            hasher.update((value.len() as u64).to_be_bytes());
-            hasher.update(value.as_bytes());
-        }
+    let parts = names
+        .iter()
+        .flat_map(|name| {
+            headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.as_str(), v.as_bytes()))
+        })
+        .chain(certificate.map(|c| ("tls client certificate", c.0.as_ref())));
+    for (name, value) in parts {
+        any = true;
+        hasher.update(name.as_bytes());
+        hasher.update(b"\0");
+        hasher.update((value.len() as u64).to_be_bytes());
+        hasher.update(value);
     }
     if any {
         to_hex(&hasher.finalize()[..PRINCIPAL_DIGEST_BYTES / 2])
@@ -873,6 +947,96 @@ mod tests {
                 .map_err(|p| p.kind);
             assert_eq!(got, want, "{pairs:?}");
         }
+    }
+
+    /// How a caller can be authenticated, for a route that declares no
+    /// principal: a credential header (each of the defaults), a client
+    /// certificate the service's own TLS saw, or nothing the layer reads.
+    #[derive(Clone, Debug)]
+    enum Way {
+        Header(&'static str),
+        Certificate,
+        Nothing,
+    }
+
+    fn request_as(way: &Way, who: &[u8]) -> (HeaderMap, http::Extensions) {
+        let mut extensions = http::Extensions::new();
+        let map = match way {
+            Way::Header(name) => headers(&[(name, who)]),
+            Way::Certificate => {
+                extensions.insert(ClientCertificate(bytes::Bytes::copy_from_slice(who)));
+                HeaderMap::new()
+            }
+            Way::Nothing => HeaderMap::new(),
+        };
+        (map, extensions)
+    }
+
+    fn ways() -> Vec<Way> {
+        let mut ways: Vec<Way> = DEFAULT_CREDENTIAL_HEADERS
+            .iter()
+            .map(|h| Way::Header(h))
+            .collect();
+        ways.extend([Way::Certificate, Way::Nothing]);
+        ways
+    }
+
+    proptest::proptest! {
+        /// Two callers authenticated the same way with different
+        /// credentials are two principals; the same credential is one;
+        /// and a caller with no credential is never put in the scope of
+        /// one who has one.
+        #[test]
+        fn by_default_different_credentials_are_different_principals(
+            way in proptest::sample::select(ways()),
+            alice in "[!-~]{1,40}",
+            bob in "[!-~]{1,40}",
+        ) {
+            let principal = Principal::new(None, None).unwrap();
+            let of = |who: &str| {
+                let (h, e) = request_as(&way, who.as_bytes());
+                principal.identify(&h, &e).unwrap().0
+            };
+            let (a, b) = (of(&alice), of(&bob));
+            proptest::prop_assert_eq!(&a, &of(&alice));
+            match way {
+                Way::Nothing => proptest::prop_assert_eq!(&a, ANONYMOUS),
+                _ => {
+                    proptest::prop_assert_eq!(alice == bob, a == b);
+                    proptest::prop_assert_ne!(&a, ANONYMOUS);
+                }
+            }
+        }
+    }
+
+    /// The digest of an `Authorization`-only request is the one earlier
+    /// releases computed, so existing records keep their scope.
+    #[test]
+    fn the_default_digest_of_authorization_alone_is_unchanged() {
+        let principal = Principal::new(None, None).unwrap();
+        let only_authorization = Principal::new(
+            Some(&PrincipalSpec::CredentialHeaders(vec![
+                "authorization".into(),
+            ])),
+            None,
+        )
+        .unwrap();
+        let h = headers(&[("authorization", b"Bearer t"), ("x-other", b"1")]);
+        assert_eq!(
+            principal.of(&h).unwrap(),
+            only_authorization.of(&h).unwrap()
+        );
+        // A declared credential digest does not read the certificate.
+        let mut e = http::Extensions::new();
+        e.insert(ClientCertificate(bytes::Bytes::from_static(b"der")));
+        assert_eq!(
+            only_authorization.identify(&h, &e).unwrap().0,
+            only_authorization.of(&h).unwrap()
+        );
+        assert_ne!(
+            principal.identify(&h, &e).unwrap().0,
+            principal.of(&h).unwrap()
+        );
     }
 
     #[test]

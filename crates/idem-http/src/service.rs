@@ -76,7 +76,9 @@ struct Shared {
 impl IdempotencyLayer {
     /// A layer over `store` protecting `routes` (first match wins). It counts
     /// into metrics of its own until [`IdempotencyLayer::with_metrics`].
+    /// Each route that declares no principal is named in a warning.
     pub fn new(store: Arc<dyn Store>, routes: Vec<Route>) -> IdempotencyLayer {
+        crate::principal::warn_undeclared(&routes);
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 store,

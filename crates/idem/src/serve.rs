@@ -217,15 +217,12 @@ fn print_plan(config: &GatewayConfig) {
     println!("  lookups    {}", config.lookups.len());
 }
 
-/// One warning per route whose principal is a digest of raw credentials:
-/// there a refreshed token executes the same intent again.
+/// One warning per route whose declared principal is a digest of raw
+/// credentials: there a refreshed token executes the same intent again.
+/// (A route that declares none is named by the layer itself.)
 fn warn_fragile_principals(config: &GatewayConfig) {
     for route in &config.routes {
-        let fragile = matches!(
-            route.principal_kind(),
-            PrincipalKind::CredentialDigest | PrincipalKind::DefaultCredentialDigest
-        );
-        if fragile {
+        if route.principal_kind() == PrincipalKind::CredentialDigest {
             tracing::warn!(
                 route = idem_gateway::contracts::route_name(route),
                 "principal is a digest of raw credential headers (fragile: a refreshed token \

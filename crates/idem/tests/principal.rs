@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use http_body_util::BodyExt;
@@ -370,14 +370,87 @@ async fn serve_warns_once_per_route_that_digests_a_credential() {
          [[route]]\nname = \"legacy\"\npath = \"/legacy\"\nprincipal_headers = [\"x-api-key\"]\n",
     );
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    // The layer names its undeclared principals once it is built.
+    let said = || gw.logs().contains("no principal declared");
+    assert!(support::eventually(Duration::from_secs(10), said).await);
     let logs = gw.logs();
     let warnings: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("WARN") && l.contains("principal"))
         .collect();
     assert_eq!(warnings.len(), 2, "{logs}");
+    let undeclared = warnings.iter().find(|l| l.contains("payouts")).unwrap();
     assert!(
-        warnings[0].contains("payouts") && warnings[1].contains("legacy"),
+        undeclared.contains("no principal declared")
+            && undeclared.contains("share one key space")
+            && undeclared.contains("cookie"),
         "{logs}"
     );
+    assert!(warnings.iter().any(|l| l.contains("legacy")), "{logs}");
+}
+
+/// With no principal declared, two callers authenticated differently —
+/// whatever carries their credential — never share a key's answer: each
+/// runs once and is replayed its own. Callers that send no credential at
+/// all are one scope, as the start-up warning says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_authenticated_differently_never_share_answers_by_default() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let config = site.config("[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url("/payouts");
+    // (how the caller is authenticated, the header, Alice's value, Bob's)
+    let ways = [
+        (
+            "bearer token",
+            "authorization",
+            "Bearer alice-token",
+            "Bearer bob-token",
+        ),
+        (
+            "cookie",
+            "cookie",
+            "session=alice; theme=dark",
+            "session=bob; theme=dark",
+        ),
+        ("api key", "x-api-key", "ak-alice", "ak-bob"),
+        (
+            "client certificate at a terminator",
+            "x-forwarded-client-cert",
+            "Hash=aa11;Subject=\"CN=alice\"",
+            "Hash=bb22;Subject=\"CN=bob\"",
+        ),
+        (
+            "client certificate at nginx",
+            "x-ssl-client-cert",
+            "alice-pem",
+            "bob-pem",
+        ),
+    ];
+    for (way, header, alice, bob) in ways {
+        let k = format!("order-{}", header);
+        let as_alice = [key(&k), (header, alice)];
+        let as_bob = [key(&k), (header, bob)];
+        let effects = up.effects().len();
+        let first = post(&url, &as_alice, PAYOUT).await;
+        assert_eq!(first.status, 201, "{way}: {first:?}");
+        let other = post(&url, &as_bob, PAYOUT).await;
+        assert_eq!(other.status, 201, "{way}: {other:?}");
+        assert_eq!(
+            other.header("idempotent-replayed"),
+            None,
+            "{way}: Bob got Alice's answer"
+        );
+        assert_ne!(other.body, first.body, "{way}");
+        assert_eq!(up.effects().len(), effects + 2, "{way}: each order ran");
+        post(&url, &as_alice, PAYOUT).await.assert_replay_of(&first);
+        post(&url, &as_bob, PAYOUT).await.assert_replay_of(&other);
+        assert_eq!(up.effects().len(), effects + 2, "{way}: and only once");
+    }
+    // No credential at all: one scope, the assumption the warning names.
+    let first = post(&url, &[key("order-anonymous")], PAYOUT).await;
+    post(&url, &[key("order-anonymous")], PAYOUT)
+        .await
+        .assert_replay_of(&first);
+    assert!(gw.logs().contains("share one key space"), "{}", gw.logs());
 }
