@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{Store, SystemClock, VerifyFresh, WindowWatch};
-use idem_gateway::probe::{Probes, ReadyCheck};
+use idem_gateway::probe::{Checked, Probes, ReadyCheck, Status};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -143,11 +143,12 @@ pub async fn run(
     if let Some(listener) = probes {
         let mut probes = Probes::new(Arc::clone(&store), Arc::default(), reconciler.clone());
         for (_, sub, broker, _) in &pumps {
+            // Named by the subscription, which the config fixes; the
+            // broker's URL, which may hold a password, goes to the log only.
             let check = BrokerConnected {
-                name: sub.name.clone(),
                 broker: Arc::clone(broker),
             };
-            probes = probes.with_check("broker", Arc::new(check));
+            probes = probes.with_check(format!("broker:{}", sub.name), Arc::new(check));
         }
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move {
@@ -216,29 +217,24 @@ pub async fn run(
     Ok(report)
 }
 
-/// The reconciler (when there is one) and the retention purge, until
-/// `stop`; the future resolves once both have stopped.
 /// `/readyz`'s check of one subscription's broker connection.
 struct BrokerConnected {
-    name: String,
     broker: Arc<dyn BrokerSubscription>,
 }
 
 impl ReadyCheck for BrokerConnected {
-    fn check(&self) -> (bool, String) {
-        let connected = self.broker.connected();
-        let state = if connected {
-            "connected to"
+    fn check(&self) -> Checked {
+        if self.broker.connected() {
+            Checked::status(Status::Connected)
         } else {
-            "not connected to"
-        };
-        (
-            connected,
-            format!("{}: {state} {}", self.name, self.broker.describe()),
-        )
+            let detail = format!("not connected to {}", self.broker.describe());
+            Checked::with_detail(Status::Disconnected, detail)
+        }
     }
 }
 
+/// The reconciler (when there is one) and the retention purge, until
+/// `stop`; the future resolves once both have stopped.
 fn background(
     store: &Arc<dyn Store>,
     config: &ConsumeConfig,

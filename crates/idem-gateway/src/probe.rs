@@ -1,8 +1,12 @@
 //! The admin listener's probes, for a load balancer, Kubernetes or a
 //! service manager: `GET /healthz` (the process serves) and `GET /readyz`
 //! (each thing serving depends on, checked and named). Both answer without
-//! the admin token and tell nothing of any record.
+//! the admin token, so `/readyz`'s body is made of check names and a
+//! [`Status`] each, a fixed vocabulary: no record's data, and no error
+//! text, store URL, file path or window cause, whatever a check ran into.
+//! That detail goes to the log, and the window's to the admin API.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +19,8 @@ use idem_http::Metrics;
 use idem_reconcile::Reconciler;
 use serde::Serialize;
 
+use crate::log_budget::{LogBudget, Logged};
+
 /// How long each store check may take before the gateway is not ready.
 pub const PROBE_STORE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Scans the reconciler may miss before the gateway is not ready: its last
@@ -26,11 +32,111 @@ pub const PROBE_SCANS_MISSED_MAX: u32 = 3;
 /// once in this time, and callers arriving meanwhile wait for that check.
 pub const PROBE_ANSWER_REUSE: Duration = Duration::from_secs(1);
 
+/// The most lines a minute that give the detail of failed checks: a probe
+/// asked every second of a store that is down says why, without a line a
+/// second for as long as the outage lasts.
+pub const PROBE_LOG_LINES_MAX: u32 = 10;
+/// The window of [`PROBE_LOG_LINES_MAX`], in seconds.
+pub const PROBE_LOG_WINDOW_S: u64 = 60;
+
+/// What one check found, the whole of what `/readyz` says about it. The
+/// vocabulary is fixed, so an answer to an unauthenticated caller cannot
+/// carry anything a check ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    /// It passed.
+    Ok,
+    /// The store answered with an error.
+    Failed,
+    /// No answer within [`PROBE_STORE_TIMEOUT`].
+    Timeout,
+    /// No suspect window is open.
+    Closed,
+    /// A suspect window is open. It passes: nothing is blocked in it.
+    Open,
+    /// The suspect window cannot be known: the store did not answer.
+    Unknown,
+    /// No reconciler runs: nothing has a lookup.
+    Off,
+    /// The reconciler runs no scan and finished none lately.
+    Stalled,
+    /// The broker connection is live.
+    Connected,
+    /// The broker connection is down.
+    Disconnected,
+}
+
+impl Status {
+    /// The word `/readyz` and the log say.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Failed => "failed",
+            Status::Timeout => "timeout",
+            Status::Closed => "closed",
+            Status::Open => "open",
+            Status::Unknown => "unknown",
+            Status::Off => "off",
+            Status::Stalled => "stalled",
+            Status::Connected => "connected",
+            Status::Disconnected => "disconnected",
+        }
+    }
+
+    /// Whether a check with this status leaves the process ready.
+    pub fn passes(self) -> bool {
+        match self {
+            Status::Ok | Status::Closed | Status::Open | Status::Off | Status::Connected => true,
+            Status::Failed
+            | Status::Timeout
+            | Status::Unknown
+            | Status::Stalled
+            | Status::Disconnected => false,
+        }
+    }
+}
+
+impl Serialize for Status {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// What a check found: the status the probe answers with, and the detail
+/// (an error's text, the URL it was about) that only the log gets, when
+/// the check fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checked {
+    /// What `/readyz` says.
+    pub status: Status,
+    /// What the log says beside it.
+    pub detail: String,
+}
+
+impl Checked {
+    /// `status`, with nothing more to say.
+    pub fn status(status: Status) -> Checked {
+        Checked {
+            status,
+            detail: String::new(),
+        }
+    }
+
+    /// `status`, with `detail` for the log.
+    pub fn with_detail(status: Status, detail: impl Into<String>) -> Checked {
+        Checked {
+            status,
+            detail: detail.into(),
+        }
+    }
+}
+
 /// A check `/readyz` runs besides the store's and the reconciler's (the
 /// broker connections of `idem consume`).
 pub trait ReadyCheck: Send + Sync {
-    /// Whether it passes now, and what it found; without blocking.
-    fn check(&self) -> (bool, String);
+    /// What it finds now, without blocking.
+    fn check(&self) -> Checked;
 }
 
 /// What `/readyz` checks.
@@ -40,9 +146,11 @@ pub struct Probes {
     reconciler: Option<Arc<Reconciler>>,
     /// When the process started, for a reconciler yet to finish a scan.
     started: Instant,
-    extra: Vec<(&'static str, Arc<dyn ReadyCheck>)>,
+    extra: Vec<(Cow<'static, str>, Arc<dyn ReadyCheck>)>,
     /// The last answer and when it was made.
     last: tokio::sync::Mutex<Option<(Instant, bool, Vec<u8>)>>,
+    /// The lines that give failed checks' detail.
+    log: LogBudget,
 }
 
 impl Probes {
@@ -60,12 +168,19 @@ impl Probes {
             started: Instant::now(),
             extra: Vec::new(),
             last: tokio::sync::Mutex::default(),
+            log: LogBudget::new(PROBE_LOG_LINES_MAX, Duration::from_secs(PROBE_LOG_WINDOW_S)),
         }
     }
 
-    /// Also runs `check`, named `name` in the answer.
-    pub fn with_check(mut self, name: &'static str, check: Arc<dyn ReadyCheck>) -> Probes {
-        self.extra.push((name, check));
+    /// Also runs `check`, named `name` in the answer. The name is said to
+    /// every caller: give one fixed in the program or the config, never
+    /// one made of what the check is about (a URL).
+    pub fn with_check(
+        mut self,
+        name: impl Into<Cow<'static, str>>,
+        check: Arc<dyn ReadyCheck>,
+    ) -> Probes {
+        self.extra.push((name.into(), check));
         self
     }
 }
@@ -108,18 +223,20 @@ pub fn router(probes: Arc<Probes>) -> axum::Router {
         .with_state(probes)
 }
 
-/// One check of `/readyz`.
+/// `/readyz`'s body: whether ready, and each check's status by its name,
+/// in the order they ran. Nothing else can be written into it.
 #[derive(Debug, Serialize)]
-struct Check {
-    check: &'static str,
-    ok: bool,
-    detail: String,
+struct Readiness<'a> {
+    ready: bool,
+    #[serde(serialize_with = "by_name")]
+    checks: &'a [(Cow<'static, str>, Status)],
 }
 
-#[derive(Debug, Serialize)]
-struct Readiness {
-    ready: bool,
-    checks: Vec<Check>,
+fn by_name<S: serde::Serializer>(
+    checks: &&[(Cow<'static, str>, Status)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(checks.iter().map(|(name, status)| (name, status)))
 }
 
 pub(crate) async fn healthz() -> Response {
@@ -146,115 +263,106 @@ pub(crate) async fn readyz(State(p): State<Arc<Probes>>) -> Response {
 }
 
 /// Runs every check: whether all passed, and the JSON body naming each.
+/// The detail of each failed one goes to the log, within the budget.
 async fn check(p: &Probes) -> (bool, Vec<u8>) {
     // The read and the write run at once: a store that stops answering
     // costs one bound (2 s), not two.
     let ((read, window), write) = tokio::join!(store_read(&*p.store), store_write(p));
-    let mut checks = vec![read, write, window, reconciler(p)];
+    let mut found: Vec<(Cow<'static, str>, Checked)> = vec![
+        ("store_read".into(), read),
+        ("store_write".into(), write),
+        ("suspect_window".into(), window),
+        ("reconciler".into(), reconciler(p)),
+    ];
     for (name, extra) in &p.extra {
-        let (ok, detail) = extra.check();
-        checks.push(Check {
-            check: name,
-            ok,
-            detail,
-        });
+        found.push((name.clone(), extra.check()));
     }
-    let ready = checks.iter().all(|c| c.ok);
-    let body = serde_json::to_vec_pretty(&Readiness { ready, checks }).unwrap_or_default();
+    for (name, checked) in found.iter().filter(|(_, c)| !c.status.passes()) {
+        log_failed(p, name, checked);
+    }
+    let checks: Vec<_> = found
+        .into_iter()
+        .map(|(name, checked)| (name, checked.status))
+        .collect();
+    let ready = checks.iter().all(|(_, status)| status.passes());
+    let body = serde_json::to_vec_pretty(&Readiness {
+        ready,
+        checks: &checks,
+    })
+    .unwrap_or_default();
     (ready, body)
 }
 
+/// Logs why one check failed, within [`PROBE_LOG_LINES_MAX`] a minute.
+fn log_failed(p: &Probes, name: &str, checked: &Checked) {
+    if let Logged::Write { suppressed } = p.log.admit(Instant::now()) {
+        tracing::warn!(
+            check = name,
+            status = checked.status.as_str(),
+            detail = %checked.detail,
+            not_logged_before = suppressed,
+            "not ready: a probe check failed"
+        );
+    }
+}
+
 /// The store answers a read (its suspect window) within the bound; and
-/// whether that window blocks claims.
-async fn store_read(store: &dyn Store) -> (Check, Check) {
-    let began = Instant::now();
+/// whether that window is open.
+async fn store_read(store: &dyn Store) -> (Checked, Checked) {
     let answer = tokio::time::timeout(PROBE_STORE_TIMEOUT, store.suspect_window()).await;
-    let took = began.elapsed();
-    let window = |ok, detail: String| Check {
-        check: "suspect_window",
-        ok,
-        detail,
-    };
+    let unknown = || Checked::with_detail(Status::Unknown, "the store did not answer");
     match answer {
         Ok(Ok(held)) => {
-            let read = Check {
-                check: "store_read",
-                ok: true,
-                detail: format!("answered in {} ms", took.as_millis()),
-            };
-            let open = held.filter(|w| w.is_open(SystemClock.now()));
-            let window = match open {
-                None => window(true, "closed".into()),
-                // Nothing is blocked: a fresh claim is verified with the
-                // provider on a route with a lookup, forwarded unverified
-                // on the others, and every retry replays as ever. Failing
-                // readiness here would take every gateway of the store out
-                // of rotation at once, replays and all.
-                Some(w) => window(
-                    true,
-                    format!(
-                        "open until {} ({}): fresh claims are verified with the provider where                          a route has a lookup, forwarded unverified elsewhere; none is blocked",
-                        crate::rfc3339(w.until),
-                        w.cause
-                    ),
-                ),
-            };
-            (read, window)
+            // An open window is the window's own business, not readiness:
+            // a fresh claim is verified with the provider on a route with
+            // a lookup, forwarded unverified on the others, and every
+            // retry replays as ever. Failing readiness here would take
+            // every gateway of the store out of rotation at once. Its
+            // cause (a backup's path) is logged when the window is seen
+            // open and shown by the admin API's `GET /window`.
+            let open = held.is_some_and(|w| w.is_open(SystemClock.now()));
+            let window = Checked::status(if open { Status::Open } else { Status::Closed });
+            (Checked::status(Status::Ok), window)
         }
         Ok(Err(e)) => (
-            Check {
-                check: "store_read",
-                ok: false,
-                detail: format!("failed: {e}"),
-            },
-            window(false, "unknown: the store did not answer".into()),
+            Checked::with_detail(Status::Failed, format!("the read failed: {e}")),
+            unknown(),
         ),
-        Err(_) => (
-            Check {
-                check: "store_read",
-                ok: false,
-                detail: format!("no answer within {} ms", PROBE_STORE_TIMEOUT.as_millis()),
-            },
-            window(false, "unknown: the store did not answer".into()),
-        ),
+        Err(_) => (timed_out("read"), unknown()),
     }
 }
 
 /// The store takes a write within the bound: one step of the retention
 /// purge (at most one record, which the purge would change anyway),
 /// through the same path as every claim's write.
-async fn store_write(p: &Probes) -> Check {
-    let began = Instant::now();
+async fn store_write(p: &Probes) -> Checked {
     let answer = tokio::time::timeout(PROBE_STORE_TIMEOUT, p.store.purge(1)).await;
-    let took = began.elapsed();
-    let (ok, detail) = match answer {
+    match answer {
         Ok(Ok(report)) => {
             p.metrics.purged(&report);
-            (true, format!("answered in {} ms", took.as_millis()))
+            Checked::status(Status::Ok)
         }
-        Ok(Err(e)) => (false, format!("failed: {e}")),
-        Err(_) => (
-            false,
-            format!("no answer within {} ms", PROBE_STORE_TIMEOUT.as_millis()),
-        ),
-    };
-    Check {
-        check: "store_write",
-        ok,
-        detail,
+        Ok(Err(e)) => Checked::with_detail(Status::Failed, format!("the write failed: {e}")),
+        Err(_) => timed_out("write"),
     }
+}
+
+fn timed_out(what: &str) -> Checked {
+    Checked::with_detail(
+        Status::Timeout,
+        format!(
+            "the store's {what} had no answer within {} ms",
+            PROBE_STORE_TIMEOUT.as_millis()
+        ),
+    )
 }
 
 /// The reconciler, when there is one, is alive: a scan is running (each
 /// lookup bounded by its timeout, so a long one is a busy reconciler, not
 /// a dead one), or the last one finished recently.
-fn reconciler(p: &Probes) -> Check {
+fn reconciler(p: &Probes) -> Checked {
     let Some(reconciler) = &p.reconciler else {
-        return Check {
-            check: "reconciler",
-            ok: true,
-            detail: "off: nothing has a lookup".into(),
-        };
+        return Checked::status(Status::Off);
     };
     let times = reconciler.scan_times();
     scans(
@@ -273,33 +381,90 @@ fn scans(
     finished_ago: Option<Duration>,
     up_for: Duration,
     interval: Duration,
-) -> Check {
-    if let Some(running_for) = running_for {
-        return Check {
-            check: "reconciler",
-            ok: true,
-            detail: format!("a scan has been running for {} ms", running_for.as_millis()),
-        };
+) -> Checked {
+    if running_for.is_some() {
+        return Checked::status(Status::Ok);
     }
     let allowed = interval * PROBE_SCANS_MISSED_MAX + PROBE_STORE_TIMEOUT;
     let (since, what) = match finished_ago {
-        Some(ago) => (ago, "last scan finished"),
-        None => (up_for, "no scan finished since the start,"),
+        Some(ago) => (ago, "the reconciler's last scan finished"),
+        None => (up_for, "no reconciler scan finished since the start,"),
     };
-    Check {
-        check: "reconciler",
-        ok: since <= allowed,
-        detail: format!(
+    if since <= allowed {
+        return Checked::status(Status::Ok);
+    }
+    Checked::with_detail(
+        Status::Stalled,
+        format!(
             "{what} {} ms ago (allowed {} ms)",
             since.as_millis(),
             allowed.as_millis()
         ),
-    }
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::{MemoryStore, StoreError, StoreFuture, StoreWrapper, WindowOpening};
+
+    const URL: &str = "postgres://payer:pw-93kq@db.internal:5432/idem";
+    const BACKUP: &str = "/srv/backups/idem-2026-12-01.db";
+
+    /// A store that fails every operation, its error naming where it is.
+    struct Down(MemoryStore);
+
+    impl StoreWrapper for Down {
+        fn inner(&self) -> &dyn Store {
+            &self.0
+        }
+
+        fn around<'a, T: 'a>(&'a self, _op: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+            Box::pin(async {
+                Err(StoreError::Unavailable {
+                    store: URL.into(),
+                    reason: format!("cannot connect to {URL}"),
+                })
+            })
+        }
+    }
+
+    fn memory() -> MemoryStore {
+        MemoryStore::new(Arc::new(SystemClock))
+    }
+
+    #[tokio::test]
+    async fn the_body_holds_check_names_and_statuses_never_what_a_check_ran_into() {
+        let restored = memory();
+        let opening = WindowOpening {
+            length_ms: 60_000,
+            since: None,
+            cause: format!("restored from the backup {BACKUP}"),
+        };
+        restored.open_suspect_window(&opening).await.unwrap();
+        let cases: [(Arc<dyn Store>, &str); 2] = [
+            (
+                Arc::new(Down(memory())),
+                r#"{"ready":false,"checks":{"store_read":"failed","store_write":"failed","suspect_window":"unknown","reconciler":"off"}}"#,
+            ),
+            (
+                Arc::new(restored),
+                r#"{"ready":true,"checks":{"store_read":"ok","store_write":"ok","suspect_window":"open","reconciler":"off"}}"#,
+            ),
+        ];
+        for (store, expect) in cases {
+            let probes = Probes::new(store, Arc::default(), None);
+            let (_, body) = check(&probes).await;
+            let said: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let expect: serde_json::Value = serde_json::from_str(expect).unwrap();
+            assert_eq!(said, expect);
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                !text.contains("pw-93kq") && !text.contains("backups"),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn a_reconciler_is_not_ready_only_when_no_scan_runs_and_none_finished_lately() {
@@ -321,12 +486,13 @@ mod tests {
         ];
         for (running, finished, up, ready) in cases {
             let check = scans(running, finished, up, interval);
+            let expected = if ready { Status::Ok } else { Status::Stalled };
             assert_eq!(
-                check.ok, ready,
+                check.status, expected,
                 "{running:?} {finished:?} {up:?}: {}",
                 check.detail
             );
-            assert_eq!(check.check, "reconciler");
+            assert_eq!(check.status.passes(), ready);
         }
         let stuck = scans(None, Some(past), hour, interval);
         assert!(

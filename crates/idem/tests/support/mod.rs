@@ -420,10 +420,15 @@ impl Gateway {
     }
 
     /// [`Gateway::start_admin`] on the store at `store_url`.
-    pub fn start_admin_url(upstream: &str, store_url: &str, token: &str) -> (Gateway, SocketAddr) {
+    pub fn start_admin_url(
+        upstream: &str,
+        store_url: &str,
+        config: Option<&Path>,
+        token: &str,
+    ) -> (Gateway, SocketAddr) {
         let extra = ["--admin-listen", "127.0.0.1:0"];
         let (gateway, admin) =
-            Gateway::spawn(upstream, store_url, None, &extra, (Some(token), &[]));
+            Gateway::spawn(upstream, store_url, config, &extra, (Some(token), &[]));
         (gateway, admin.unwrap())
     }
 
