@@ -210,7 +210,17 @@ impl<A: App> Connection<A> {
     {
         let app = self.app.clone();
         let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-            app.clone().oneshot(req.map(Body::new))
+            let answered = app.clone().oneshot(req.map(Body::new));
+            async move {
+                let mut response = answered.await?;
+                // The version is this connection's, whatever made the
+                // answer: an upstream's HTTP/1.0 left on it would make
+                // hyper write `HTTP/1.0` and close a kept connection.
+                // hyper itself answers a client that speaks HTTP/1.0 in
+                // HTTP/1.0.
+                *response.version_mut() = http::Version::HTTP_11;
+                Ok::<_, Infallible>(response)
+            }
         });
         let mut builder = http1::Builder::new();
         builder

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{self, HeaderMap, HeaderName};
-use http::{Request, Response, Uri};
+use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper_rustls::{HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
@@ -108,6 +108,9 @@ impl Proxy {
             parts.headers.insert(header::HOST, host);
         }
         parts.uri = uri;
+        // The gateway speaks HTTP/1.1 to its upstream, whatever its client
+        // speaks to it.
+        parts.version = Version::HTTP_11;
         let request = Request::from_parts(parts, body);
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
@@ -149,6 +152,9 @@ impl Proxy {
                 })?;
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(header::CONTENT_LENGTH);
+            // The upstream's version is its own connection's, like its
+            // hop-by-hop headers: the answer is the gateway's.
+            parts.version = Version::HTTP_11;
             Ok(Response::from_parts(parts, Body::from(bytes.to_bytes())))
         };
         match tokio::time::timeout(self.response_timeout, exchange).await {
