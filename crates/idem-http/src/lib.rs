@@ -75,7 +75,7 @@ pub use route::{
     RouteWait,
 };
 pub use service::{
-    EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, REPLAYED_HEADER,
+    EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, OWNED_HEADERS, REPLAYED_HEADER,
     RESPONSE_BYTES_MAX, read_body,
 };
 pub use setting::RouteError;

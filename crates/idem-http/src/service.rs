@@ -816,7 +816,7 @@ where
     E: std::fmt::Display,
 {
     let response = match outcome {
-        Ok(response) => response,
+        Ok(response) => without_owned_headers(response),
         Err(e) => {
             let completion = route.completion.classify_failure(AttemptOutcome::Lost);
             let cause = format!("the inner service failed: {e}");
@@ -925,6 +925,21 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
     }
 }
 
+/// The headers only this layer may set: what an upstream sends under
+/// these names never reaches the client. An upstream's own
+/// `Idempotency-Expires` on an answer that was not recorded (a 500 after
+/// the effect) could make a client believe its key expired and mint a new
+/// one; its `Idempotent-Replayed: true` on a first execution would hide
+/// that the effect just ran.
+pub const OWNED_HEADERS: [&str; 2] = [REPLAYED_HEADER, EXPIRES_HEADER];
+
+fn without_owned_headers<B>(mut response: Response<B>) -> Response<B> {
+    for name in OWNED_HEADERS {
+        response.headers_mut().remove(name);
+    }
+    response
+}
+
 /// The response headers worth replaying: the allow-list plus the route's own.
 fn replay_headers(
     headers: &http::HeaderMap,
@@ -938,6 +953,7 @@ fn replay_headers(
     allowed
         .iter()
         .chain(&route.replay_headers)
+        .filter(|name| !OWNED_HEADERS.contains(&name.as_str()))
         .flat_map(|name| {
             headers
                 .get_all(name)

@@ -101,6 +101,19 @@ async fn record(
     if uri.path().ends_with("/pays-then-503") {
         return (StatusCode::SERVICE_UNAVAILABLE, "upstream connect error").into_response();
     }
+    if let Some(status) = uri.path().rsplit_once("/owns-headers-").map(|(_, s)| s) {
+        // An upstream that sends the gateway's own headers.
+        let status = StatusCode::from_bytes(status.as_bytes()).unwrap();
+        return (
+            status,
+            [
+                ("idempotency-expires", UPSTREAM_EXPIRES),
+                ("idempotent-replayed", "true"),
+            ],
+            format!("{{\"payout\":{n}}}"),
+        )
+            .into_response();
+    }
     (
         StatusCode::CREATED,
         [("content-type", "application/json")],
@@ -156,6 +169,60 @@ fn exchange(addr: SocketAddr, request: &str) -> Reply {
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
     }
+}
+
+/// The past date an upstream sends as its own `Idempotency-Expires`.
+const UPSTREAM_EXPIRES: &str = "Thu, 01 Jan 1970 00:00:00 GMT";
+
+/// The gateway's headers are the gateway's: an upstream's own
+/// `Idempotency-Expires` and `Idempotent-Replayed` never reach the client,
+/// on an answer that was not recorded, on a first execution, or on a
+/// replay — even where the route asks to replay them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_the_gateway_owns_never_come_from_the_upstream() {
+    let (up, site) = (Recorder::start().await, Site::new());
+    let gw = start(
+        &up,
+        &site,
+        "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts/**\"\n\
+         replay_headers = [\"idempotency-expires\", \"idempotent-replayed\"]\n",
+    );
+    let owned = |reply: &Reply| {
+        (
+            reply.header("idempotency-expires").map(str::to_owned),
+            reply.header("idempotent-replayed").map(str::to_owned),
+        )
+    };
+    // A 500 after the effect: nothing recorded, so no expiry and no replay.
+    let unknown = raw(
+        gw.addr,
+        "POST",
+        "/payouts/owns-headers-500",
+        &[("idempotency-key", "o-1")],
+    )
+    .await;
+    assert_eq!(unknown.status, 500, "{unknown:?}");
+    assert_eq!(owned(&unknown), (None, None), "{unknown:?}");
+    // A first execution: the gateway's expiry, not replayed.
+    let path = "/payouts/owns-headers-201";
+    let first = raw(gw.addr, "POST", path, &[("idempotency-key", "o-2")]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let (expires, replayed) = owned(&first);
+    assert_eq!(replayed, None, "{first:?}");
+    let expires = expires.expect("the gateway's own expiry");
+    assert_ne!(expires, UPSTREAM_EXPIRES);
+    // Its replay: the gateway's headers, once each.
+    let again = raw(gw.addr, "POST", path, &[("idempotency-key", "o-2")]).await;
+    assert_eq!(
+        owned(&again),
+        (Some(expires), Some("true".to_owned())),
+        "{again:?}"
+    );
+    let count = |name: &str| again.headers.iter().filter(|(n, _)| n == name).count();
+    assert_eq!(
+        (count("idempotency-expires"), count("idempotent-replayed")),
+        (1, 1)
+    );
 }
 
 /// A gateway whose one route protects POST under `/payouts/`.
