@@ -348,9 +348,7 @@ impl ConsumeConfig {
         }
         Ok(ConsumeConfig {
             store,
-            owner: file
-                .owner
-                .unwrap_or_else(|| format!("idem-consume-{}", std::process::id())),
+            owner: owner(file.owner)?,
             region: file.region,
             purge_interval: Duration::from_secs(purge_interval_s),
             probe_listen,
@@ -576,6 +574,23 @@ fn ranged(
     } else {
         Err((field, format!("{v} is outside {lo}–{hi}")))
     }
+}
+
+/// The file's `owner`, or one naming this process. The store refuses what
+/// `check_owner` refuses, on every claim: it is refused here, once, as the
+/// gateway's config refuses it.
+fn owner(written: Option<String>) -> Result<String, (String, String)> {
+    let owner = written.unwrap_or_else(|| format!("idem-consume-{}", std::process::id()));
+    if owner.is_empty() || idem_core::check_owner(&owner).is_err() {
+        return Err((
+            "owner".into(),
+            format!(
+                "{owner:?} must be 1-{} bytes without control characters",
+                idem_core::OWNER_BYTES_MAX
+            ),
+        ));
+    }
+    Ok(owner)
 }
 
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
@@ -856,6 +871,8 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                 "line 4",
             ),
             (format!("region = \"eu west\"\n{GOOD}"), "region"),
+            (format!("owner = \"night\\u0007shift\"\n{GOOD}"), "owner"),
+            (format!("owner = \"\"\n{GOOD}"), "owner"),
             (
                 GOOD.replace("{/settlement_id}", "{/settlement_id"),
                 "subscription[0].key",

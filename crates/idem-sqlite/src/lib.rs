@@ -103,7 +103,7 @@ use crate::reader::ReadOp;
 use crate::writer::{Death, Op, Reply, Writer};
 
 pub use backup::{BackupReport, RestoreReport, backup, restore};
-pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use schema::{APPLICATION_ID, Found, SCHEMA_VERSION};
 
 /// The most operations one group commit takes.
 pub const BATCH_MAX_LIMIT: usize = 4096;
@@ -202,6 +202,15 @@ impl SqliteStore {
     /// Opens (or creates) the database at `path` with the system clock.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<SqliteStore, StoreError> {
         SqliteStore::open_with_clock(path, options, Arc::new(SystemClock))
+    }
+
+    /// What opening `path` would refuse before it writes anything, judged
+    /// without creating or writing a file (`idem serve --check`): a missing
+    /// directory, a directory or a read-only file in the file's place, a
+    /// file that is not an idem store or is of a newer schema. The errors
+    /// are the ones [`SqliteStore::open`] gives.
+    pub fn check(path: impl AsRef<Path>) -> Result<Found, StoreError> {
+        schema::check(path.as_ref())
     }
 
     /// Opens (or creates) the database at `path`, deciding expiry against

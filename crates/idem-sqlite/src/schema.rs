@@ -144,6 +144,77 @@ pub(crate) fn open_writer(path: &Path, create: bool) -> Result<(Connection, u64)
     migrate(conn, &store)
 }
 
+/// What [`check`] found at a store's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Found {
+    /// No file: opening creates it.
+    Nothing,
+    /// An empty database: opening makes it an idem store.
+    Empty,
+    /// An idem store at this schema version; opening upgrades an older one
+    /// in place.
+    Store(i64),
+}
+
+/// What [`open_writer`] refuses before it writes anything, judged without
+/// creating or writing a file: the directory, what is in the file's place,
+/// and an existing file's marking and schema version. Only a start finds
+/// what needs a write (WAL on this file system, the file's lock).
+pub(crate) fn check(path: &Path) -> Result<Found, StoreError> {
+    let store = path.display().to_string();
+    check_path(path, true, &store)?;
+    if !path.exists() {
+        return Ok(Found::Nothing);
+    }
+    let conn = open_to_look(path, &store)?;
+    Ok(match identify(&conn, &store)? {
+        Kind::Fresh => Found::Empty,
+        Kind::Idem(version) => Found::Store(version),
+    })
+}
+
+/// A read-only connection that leaves nothing behind. Even read-only,
+/// SQLite creates a WAL database's `-wal` and `-shm` files when they are
+/// missing, and cannot remove them; they are missing only when no process
+/// has the file open, and then the file alone holds every commit, so it is
+/// read as it is on disk (`immutable`). With them, it is read through them,
+/// as the process that writes it sees it.
+fn open_to_look(path: &Path, store: &str) -> Result<Connection, StoreError> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = if Path::new(&wal).exists() {
+        Connection::open_with_flags(path, flags)
+    } else {
+        // A URI escapes every byte but the unreserved ones, so that any
+        // file name (`?`, `#`, `%`, bytes not UTF-8) names this file.
+        let absolute = std::path::absolute(path)
+            .map_err(|e| unavailable(store, format!("cannot read the path: {e}")))?;
+        let escaped = percent_encoding::percent_encode(
+            absolute.as_os_str().as_encoded_bytes(),
+            URI_PATH_ESCAPED,
+        );
+        Connection::open_with_flags(
+            format!("file://{escaped}?immutable=1"),
+            flags | OpenFlags::SQLITE_OPEN_URI,
+        )
+    }
+    .map_err(|e| unavailable(store, format!("cannot open the database file: {e}")))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| error(store, &e))?;
+    Ok(conn)
+}
+
+/// What a path in an SQLite URI escapes: all but RFC 3986's unreserved
+/// characters and `/`.
+const URI_PATH_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
 /// Opens a reader's connection to a database the writer has already opened.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     let store = path.display().to_string();

@@ -1,7 +1,8 @@
 //! What the file promises beyond one process: records in every state survive
 //! close and reopen unchanged, tokens keep growing across reopen and
 //! deletes, every file the store refuses is refused with a message naming
-//! the path and the reason, and concurrent operations really share commits.
+//! the path and the reason (by a check that writes nothing too), and
+//! concurrent operations really share commits.
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
@@ -13,7 +14,7 @@ use idem_core::{
     Claim, ListQuery, ManualClock, Outcome, Record, Resolution, State, Store, StoreError,
     StoredResult, Timestamp, Token,
 };
-use idem_sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore, WriterStats};
+use idem_sqlite::{APPLICATION_ID, Found, SCHEMA_VERSION, SqliteOptions, SqliteStore, WriterStats};
 use support::{id, request};
 use tokio::task::JoinSet;
 
@@ -261,6 +262,21 @@ fn refused_files_are_named_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = (case.setup)(dir.path());
         let before = std::fs::read(&path).ok();
+        // What a start would refuse, a check refuses with the same error,
+        // and leaves every file as it found it.
+        let checked = case.create.then(|| {
+            let files = files_in(dir.path());
+            let err = SqliteStore::check(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert_eq!(
+                files_in(dir.path()),
+                files,
+                "{}: a check left a file",
+                case.name
+            );
+            err
+        });
         let options = SqliteOptions {
             create: case.create,
             ..SqliteOptions::default()
@@ -283,6 +299,9 @@ fn refused_files_are_named_with_the_reason() {
         );
         let message = err.to_string();
         assert!(message.contains(&path.display().to_string()), "{message}");
+        if let Some(checked) = checked {
+            assert_eq!(checked, Err(message.clone()), "{}: checked", case.name);
+        }
         assert_eq!(
             std::fs::read(&path).ok(),
             before,
@@ -290,6 +309,47 @@ fn refused_files_are_named_with_the_reason() {
             case.name
         );
     }
+}
+
+/// The names in `dir`, and the size of each file, sorted.
+fn files_in(dir: &Path) -> Vec<(String, u64)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let size = entry.metadata().unwrap().len();
+            (entry.file_name().to_string_lossy().into_owned(), size)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A check says what a start would find, whether a process has the store
+/// open or not, and never leaves a file behind, not even the WAL's.
+#[test]
+fn a_check_finds_what_a_start_would_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Any byte may be in a name; the check reads this very file.
+    let path = dir.path().join("what?#%20 idem.db");
+    let check = |path: &Path| {
+        let files = files_in(dir.path());
+        let found = SqliteStore::check(path).unwrap();
+        assert_eq!(
+            files_in(dir.path()),
+            files,
+            "{found:?}: a check left a file"
+        );
+        found
+    };
+    assert_eq!(check(&path), Found::Nothing);
+    std::fs::write(&path, b"").unwrap();
+    assert_eq!(check(&path), Found::Empty);
+    let store = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+    assert_eq!(check(&path), Found::Store(SCHEMA_VERSION), "while open");
+    drop(store);
+    assert_eq!(check(&path), Found::Store(SCHEMA_VERSION), "closed");
+    assert!(!dir.path().join("what?#%20 idem.db-wal").exists());
 }
 
 #[test]

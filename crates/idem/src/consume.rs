@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use idem_bridge::config::ConsumeConfig;
 
-use crate::store_url::{self, OpenStore};
+use crate::store_url::{self, Checked, OpenStore};
 
 /// `idem consume`.
 #[derive(Debug, Args)]
@@ -30,9 +30,10 @@ pub struct ConsumeArgs {
     #[arg(long)]
     allow_unsafe_contract: bool,
     /// Load and check the whole configuration (every field, the
-    /// subscriptions' contracts and key sources), print what would be
-    /// consumed, and exit: 0 when `idem consume` would start with it, 1 when
-    /// not. Opens no store and connects to no broker.
+    /// subscriptions' contracts and key sources, the store's SQLite file),
+    /// print what would be consumed and what was not checked, and exit: 0
+    /// when `idem consume` would start with it, 1 when not. Creates no
+    /// store, binds no address, connects to no broker or server.
     #[arg(long)]
     check: bool,
 }
@@ -44,8 +45,15 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         config.store = store_url::from_flag(store)?;
     }
     judge_contracts(&config, args.allow_unsafe_contract)?;
+    // The same check with --check or without, so that a check that passes
+    // leaves a start only what needs an address or a server.
+    let checked = config
+        .store
+        .check_local()
+        .with_context(|| store_url::field(args.store.as_deref(), Some(&args.config)))?;
     if args.check {
-        print_plan(&config);
+        print_plan(&config, checked);
+        print_unchecked(&config, checked);
         return Ok(());
     }
     // A PostgreSQL store found on a promoted server opens the suspect
@@ -98,10 +106,11 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
 }
 
 /// What `idem consume --check` prints: the store (password masked) and
-/// each subscription: what it reads, its key, where it delivers.
-fn print_plan(config: &ConsumeConfig) {
+/// what is there, and each subscription: what it reads, its key, where it
+/// delivers.
+fn print_plan(config: &ConsumeConfig, checked: Checked) {
     println!("idem consume would start with this configuration:");
-    println!("  store          {}", config.store);
+    println!("  store          {} ({checked})", config.store);
     println!("  subscriptions  {}", config.subscriptions.len());
     for sub in &config.subscriptions {
         println!(
@@ -116,6 +125,28 @@ fn print_plan(config: &ConsumeConfig) {
         );
     }
     println!("  lookups        {}", config.lookups.len());
+}
+
+/// What `idem consume --check` prints of what it did not check: what only
+/// binding an address or reaching a server tells.
+fn print_unchecked(config: &ConsumeConfig, checked: Checked) {
+    println!("not checked:");
+    if let Some(addr) = config.probe_listen {
+        println!("  bind       probe_listen {addr} (a start binds it)");
+    }
+    store_url::print_unchecked(checked);
+    for sub in &config.subscriptions {
+        println!(
+            "  connect    subscription {:?}: {} (a start connects, and finds or declares \
+             what it names)",
+            sub.name,
+            sub.broker.describe()
+        );
+    }
+    println!(
+        "  reach      the endpoints, {} lookups (asked first by a message or a scan, not at start)",
+        config.lookups.len()
+    );
 }
 
 /// Refuses to start when a subscription's contract fails `idem check` or

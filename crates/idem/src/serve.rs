@@ -1,7 +1,7 @@
 //! `idem serve`: loads the configuration, opens the store, binds the proxy
 //! and (when configured) the admin API, and runs the gateway until SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -10,7 +10,7 @@ use idem_gateway::regions::RegionMode;
 use idem_gateway::{AdminListener, GatewayConfig, Overrides, ServeOptions};
 use idem_http::PrincipalKind;
 
-use crate::store_url::{self, OpenStore};
+use crate::store_url::{self, Checked, OpenStore};
 
 /// `idem serve`.
 #[derive(Debug, Args)]
@@ -57,9 +57,11 @@ pub struct ServeArgs {
     #[arg(long)]
     allow_unsafe_contract: bool,
     /// Load and check the whole configuration (every field, the routes'
-    /// contracts, the TLS files, the admin token's variable), print what
-    /// would be served, and exit: 0 when `idem serve` would start with it,
-    /// 1 when not. Opens no store and binds no address.
+    /// contracts, the TLS files, the admin token's variable, the store's
+    /// SQLite file and whether routes in `synchronous` mode have a
+    /// replicated store), print what would be served and what was not
+    /// checked, and exit: 0 when `idem serve` would start with it, 1 when
+    /// not. Creates no store, binds no address, reaches no server.
     #[arg(long)]
     check: bool,
 }
@@ -92,15 +94,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     judge_contracts(&config, args.allow_unsafe_contract)?;
     warn_fragile_principals(&config);
     let url = &config.store;
-    let synchronous: Vec<String> = config
-        .routes
-        .iter()
-        .zip(&config.route_regions)
-        .filter(|(_, mode)| **mode == RegionMode::Synchronous)
-        .map(|(route, _)| format!("{:?}", idem_gateway::contracts::route_name(route)))
-        .collect();
+    // The same checks with --check or without, so that a check that
+    // passes leaves a start only what needs an address or a server.
+    let store_field = store_url::field(overrides.store.as_deref(), args.config.as_deref());
+    let (synchronous, checked) = check_store(&config, args.config.as_deref(), &store_field)?;
     if args.check {
-        print_plan(&config);
+        print_plan(&config, checked);
+        print_unchecked(&config, checked);
         return Ok(());
     }
     let suspect_window_ms = u64::try_from(config.suspect_window.as_millis()).unwrap_or(u64::MAX);
@@ -165,9 +165,49 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a start checks of the store before it opens it, and `--check`
+/// too: `synchronous` routes on one SQLite file, then the file itself
+/// ([`OpenStore::check_local`]); each error names the file and the field,
+/// as the config's do. Returns the names of the `synchronous` routes, whose
+/// PostgreSQL server opening checks, and what was found.
+fn check_store(
+    config: &GatewayConfig,
+    file: Option<&Path>,
+    store_field: &str,
+) -> anyhow::Result<(Vec<String>, Checked)> {
+    let synchronous: Vec<(usize, String)> = config
+        .routes
+        .iter()
+        .zip(&config.route_regions)
+        .enumerate()
+        .filter(|(_, (_, mode))| **mode == RegionMode::Synchronous)
+        .map(|(i, (route, _))| {
+            (
+                i,
+                format!("{:?}", idem_gateway::contracts::route_name(route)),
+            )
+        })
+        .collect();
+    let names: Vec<String> = synchronous.iter().map(|(_, name)| name.clone()).collect();
+    if let Some((first, _)) = synchronous.first() {
+        // Routes come from a file only.
+        let file = file.map_or_else(String::new, |path| format!("{}: ", path.display()));
+        config
+            .store
+            .check_replicated(&names)
+            .with_context(|| format!("{file}route[{first}].regions.mode"))?;
+    }
+    let checked = config
+        .store
+        .check_local()
+        .with_context(|| store_field.to_owned())?;
+    Ok((names, checked))
+}
+
 /// What `idem serve --check` prints: the listeners, the upstream, the
-/// store (password masked), and each route as it will be enforced.
-fn print_plan(config: &GatewayConfig) {
+/// store (password masked) and what is there, and each route as it will
+/// be enforced.
+fn print_plan(config: &GatewayConfig, checked: Checked) {
     println!("idem serve would start with this configuration:");
     let scheme = if config.listen_tls.is_some() {
         "https"
@@ -180,7 +220,7 @@ fn print_plan(config: &GatewayConfig) {
         None => "",
     };
     println!("  upstream   {}{ca}", config.upstream);
-    println!("  store      {}", config.store);
+    println!("  store      {} ({checked})", config.store);
     match config.admin_listen {
         Some(addr) => {
             let scheme = if config.admin_tls.is_some() {
@@ -215,6 +255,24 @@ fn print_plan(config: &GatewayConfig) {
         );
     }
     println!("  lookups    {}", config.lookups.len());
+}
+
+/// What `idem serve --check` prints of what it did not check: what only
+/// binding an address or reaching a server tells.
+fn print_unchecked(config: &GatewayConfig, checked: Checked) {
+    println!("not checked:");
+    println!("  bind       listen {} (a start binds it)", config.listen);
+    if let Some(addr) = config.admin_listen {
+        println!("  bind       admin_listen {addr} (a start binds it)");
+    }
+    store_url::print_unchecked(checked);
+    println!(
+        "  reach      upstream {}, {} lookups, {} peers (asked first by a request or a scan, \
+         not at start)",
+        config.upstream,
+        config.lookups.len(),
+        config.peers.len()
+    );
 }
 
 /// One warning per route whose declared principal is a digest of raw

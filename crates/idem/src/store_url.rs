@@ -1,17 +1,41 @@
 //! Opening a store named by a checked [`StoreUrl`] (parsed with the rest
-//! of a configuration, or from `--store`), creating it or only if it exists.
+//! of a configuration, or from `--store`), creating it or only if it
+//! exists, and what a start checks of it first, which `--check` runs too.
 
+use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use idem_core::{Store, StoreError};
 pub use idem_gateway::{STORE_DEFAULT, StoreUrl};
 use idem_postgres::{PgOptions, PgStore, redact_url};
-use idem_sqlite::{SqliteOptions, SqliteStore};
+use idem_sqlite::{Found, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 
 /// `--store URL`, checked; the error names the flag.
 pub fn from_flag(raw: &str) -> anyhow::Result<StoreUrl> {
     StoreUrl::parse(raw).map_err(|e| anyhow::anyhow!("--store: {e}"))
+}
+
+/// The field a store URL came from, as a config error names it: `--store`
+/// when the flag gave it, else the config file's `store` (or the default
+/// the file leaves in place).
+pub fn field(flag: Option<&str>, config: Option<&Path>) -> String {
+    match (flag, config) {
+        (None, Some(file)) => format!("{}: store", file.display()),
+        _ => "--store".to_owned(),
+    }
+}
+
+/// The line `--check` prints for what it left unchecked of the store: a
+/// PostgreSQL server is not reached.
+pub fn print_unchecked(checked: Checked) {
+    if checked == Checked::Postgres {
+        println!(
+            "  connect    the PostgreSQL server (a start connects, creates or upgrades the \
+             schema, and checks the server: its replication for synchronous routes, a promotion)"
+        );
+    }
 }
 
 /// Logs which store is open: for SQLite the file's absolute path, so that
@@ -27,11 +51,30 @@ pub fn log_opened(url: &StoreUrl) {
     }
 }
 
+/// What a start found of a store before opening it, for `--check` to say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// An SQLite file, as [`SqliteStore::check`] found it.
+    Sqlite(Found),
+    /// A PostgreSQL server: only connecting tells more.
+    Postgres,
+}
+
 /// Opening what a [`StoreUrl`] names.
 pub trait OpenStore {
+    /// Refuses routes in `synchronous` mode (`synchronous` names them) on
+    /// SQLite: one file on one machine is not replicated. A PostgreSQL
+    /// server's replication is checked when [`OpenStore::open_serving`]
+    /// connects.
+    fn check_replicated(&self, synchronous: &[String]) -> anyhow::Result<()>;
+    /// What a start checks of the store before it opens it, short of
+    /// reaching a server: an SQLite file as [`SqliteStore::check`] judges
+    /// it, creating and writing nothing. `idem serve` and `idem consume`
+    /// run it before they open the store, with `--check` or without.
+    fn check_local(&self) -> anyhow::Result<Checked>;
     /// Opens the store for `idem serve`, creating an empty one if there is
-    /// none. With routes in `synchronous` mode: refused on SQLite (one file
-    /// on one machine is not replicated); on PostgreSQL the replication
+    /// none. With routes in `synchronous` mode: refused on SQLite
+    /// ([`OpenStore::check_replicated`]); on PostgreSQL the replication
     /// settings are checked now and on every new connection
     /// ([`idem_postgres::replication`]). On PostgreSQL, every new
     /// connection also checks that the server is the one last written on,
@@ -51,22 +94,37 @@ pub trait OpenStore {
 }
 
 impl OpenStore for StoreUrl {
+    fn check_replicated(&self, synchronous: &[String]) -> anyhow::Result<()> {
+        match self {
+            StoreUrl::Sqlite(_) if !synchronous.is_empty() => bail!(
+                "route {} has regions = {{ mode = \"synchronous\" }}, but the store {self} \
+                 is one SQLite file on one machine, not replicated: use a PostgreSQL primary \
+                 with a synchronous standby, or another mode",
+                synchronous.join(", ")
+            ),
+            StoreUrl::Sqlite(_) | StoreUrl::Postgres(_) => Ok(()),
+        }
+    }
+
+    fn check_local(&self) -> anyhow::Result<Checked> {
+        match self {
+            StoreUrl::Sqlite(path) => Ok(Checked::Sqlite(SqliteStore::check(path)?)),
+            StoreUrl::Postgres(_) => Ok(Checked::Postgres),
+        }
+    }
+
     fn open_serving(
         &self,
         synchronous: &[String],
         suspect_window_ms: u64,
     ) -> anyhow::Result<Arc<dyn Store>> {
+        self.check_replicated(synchronous)?;
         let names = synchronous.join(", ");
         let serving = Serving {
             synchronous: !synchronous.is_empty(),
             suspect_window_ms,
         };
         match self {
-            StoreUrl::Sqlite(_) if serving.synchronous => bail!(
-                "route {names} has regions = {{ mode = \"synchronous\" }}, but the store {self} \
-                 is one SQLite file on one machine, not replicated: use a PostgreSQL primary \
-                 with a synchronous standby, or another mode"
-            ),
             StoreUrl::Sqlite(_) => self.open(),
             StoreUrl::Postgres(url) => match connect_postgres(url, true, serving) {
                 Ok(Some(store)) => Ok(Arc::new(store)),
@@ -116,10 +174,26 @@ impl OpenStore for StoreUrl {
     }
 }
 
-/// Connects (and creates or migrates the schema) on a thread and runtime of
-/// its own, so that this synchronous call works inside or outside the
-/// caller's runtime; the pool opens its connections later, on the runtime
-/// of the operations that use them.
+impl fmt::Display for Checked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checked::Sqlite(Found::Nothing) => f.write_str("no file yet: a start creates it"),
+            Checked::Sqlite(Found::Empty) => {
+                f.write_str("an empty database: a start makes it an idem store")
+            }
+            Checked::Sqlite(Found::Store(version)) if *version < SCHEMA_VERSION => write!(
+                f,
+                "an idem store, schema version {version}: a start upgrades it to {SCHEMA_VERSION}"
+            ),
+            Checked::Sqlite(Found::Store(version)) => {
+                write!(f, "an idem store, schema version {version}")
+            }
+            Checked::Sqlite(_) => f.write_str("an SQLite file"),
+            Checked::Postgres => f.write_str("PostgreSQL: not connected to"),
+        }
+    }
+}
+
 /// What a serving gateway asks of a PostgreSQL store beyond opening it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Serving {
@@ -129,6 +203,10 @@ struct Serving {
     suspect_window_ms: u64,
 }
 
+/// Connects (and creates or migrates the schema) on a thread and runtime of
+/// its own, so that this synchronous call works inside or outside the
+/// caller's runtime; the pool opens its connections later, on the runtime
+/// of the operations that use them.
 fn connect_postgres(url: &str, create: bool, serving: Serving) -> anyhow::Result<Option<PgStore>> {
     let options = PgOptions::default();
     let connect = || -> anyhow::Result<Result<Option<PgStore>, StoreError>> {

@@ -8,6 +8,7 @@
 mod support;
 
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use support::{Site, text};
 
@@ -65,6 +66,11 @@ lease_ms = 60000
         "\"create-payout\": POST /payouts, key from idempotency-key".to_owned(),
         "\"refund\": POST,PATCH /refunds/{id}".to_owned(),
         "lease 60000 ms".to_owned(),
+        "never-opened.db (no file yet: a start creates it)".to_owned(),
+        "not checked:".to_owned(),
+        format!("bind       listen {listen} (a start binds it)"),
+        "bind       admin_listen 127.0.0.1:0 (a start binds it)".to_owned(),
+        "reach      upstream http://127.0.0.1:9/".to_owned(),
     ] {
         assert!(stdout.contains(&part), "{part:?} is not printed:\n{stdout}");
     }
@@ -149,6 +155,10 @@ queue = "refunds"
         "key \"payout:{/seller_id}:{/settlement_id}\"".to_owned(),
         format!("\"refunds\": rabbitmq queue refunds at amqp://payer:***@127.0.0.1:{port}/%2f"),
         "delivered to http://127.0.0.1:9/refunds".to_owned(),
+        "never-opened.db (no file yet: a start creates it)".to_owned(),
+        "not checked:".to_owned(),
+        "connect    subscription \"payouts\": nats stream PAYOUTS".to_owned(),
+        "connect    subscription \"refunds\": rabbitmq queue refunds".to_owned(),
     ] {
         assert!(stdout.contains(&part), "{part:?} is not printed:\n{stdout}");
     }
@@ -227,4 +237,133 @@ queue = "refunds"
         assert!(stderr.contains(part), "{part}: {stderr}");
     }
     assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
+/// Whatever a start refuses before it binds an address or reaches a
+/// server, `--check` refuses too, in the same words, naming the file and
+/// the field: a store path whose directory is missing, a directory, a file
+/// that is not an idem store, a `synchronous` route on one SQLite file, an
+/// owner the store would refuse. The checks create no store file.
+#[test]
+fn a_check_refuses_what_a_start_refuses_in_the_same_words() {
+    let site = Site::new();
+    let dir = site.dir.path();
+    std::fs::create_dir(dir.join("a-directory.db")).unwrap();
+    let list = b"not a database, a shopping list\n".repeat(100);
+    std::fs::write(dir.join("list.db"), list).unwrap();
+    let gateway = |store: &str, more: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\n\
+             store = \"{store}\"\n{more}"
+        )
+    };
+    // Nobody listens on the broker's port: a start never gets that far.
+    let port = idem_testkit::free_port().unwrap();
+    let consumer = |store: &str, more: &str| {
+        format!(
+            "store = \"{store}\"\n{more}\n[[subscription]]\nname = \"payouts\"\n\
+             key = \"payout:{{/id}}\"\ndeliver = \"http://127.0.0.1:9/payouts\"\n\
+             [subscription.nats]\nurl = \"nats://127.0.0.1:{port}\"\n\
+             stream = \"PAYOUTS\"\nsubjects = [\"payouts.>\"]\n"
+        )
+    };
+    let synchronous = "[[route]]\nname = \"payouts\"\npath = \"/payouts\"\nregions = { mode = \"synchronous\" }\n";
+    let cases: [(&str, String, &[&str]); 8] = [
+        (
+            "serve",
+            gateway("sqlite://no-such-dir/idem.db", ""),
+            &["store: ", "no-such-dir does not exist"],
+        ),
+        (
+            "serve",
+            gateway("sqlite://a-directory.db", ""),
+            &["store: ", "a-directory.db", "is a directory"],
+        ),
+        (
+            "serve",
+            gateway("sqlite://list.db", ""),
+            &["store: ", "list.db", "not an idem database"],
+        ),
+        (
+            "serve",
+            gateway("sqlite://idem.db", synchronous),
+            &["route[0].regions.mode: ", "one SQLite file on one machine"],
+        ),
+        (
+            "consume",
+            consumer("sqlite://no-such-dir/idem.db", ""),
+            &["store: ", "no-such-dir does not exist"],
+        ),
+        (
+            "consume",
+            consumer("sqlite://a-directory.db", ""),
+            &["store: ", "a-directory.db", "is a directory"],
+        ),
+        (
+            "consume",
+            consumer("sqlite://list.db", ""),
+            &["store: ", "list.db", "not an idem database"],
+        ),
+        (
+            "consume",
+            consumer("sqlite://idem.db", "owner = \"night\\u0007shift\""),
+            &["owner: ", "control characters"],
+        ),
+    ];
+    let mut refused = Vec::new();
+    for (i, (command, toml, names)) in cases.iter().enumerate() {
+        let file = dir.join(format!("case-{i}.toml"));
+        std::fs::write(&file, toml).unwrap();
+        let file = file.to_str().unwrap().to_owned();
+        let out = idem_env(&[command, "--check", "--config", &file], &[]);
+        assert_eq!(out.status.code(), Some(1), "{i}: {}", text(&out.stdout));
+        let error = error_line(&out);
+        assert!(
+            error.starts_with(&format!("error: {file}: ")),
+            "{i}: {error}"
+        );
+        for name in *names {
+            assert!(error.contains(name), "{i}: {name:?} is not named: {error}");
+        }
+        refused.push((command, file, error));
+    }
+    assert!(!dir.join("idem.db").exists(), "a check created the store");
+    for (i, (command, file, error)) in refused.into_iter().enumerate() {
+        let out = start(&[command, "--config", &file]);
+        assert_eq!(out.status.code(), Some(1), "{i}: {}", text(&out.stderr));
+        assert_eq!(error_line(&out), error, "{i}: a start says otherwise");
+    }
+}
+
+/// The line `idem` ends with when it refuses to run.
+fn error_line(out: &Output) -> String {
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line: {stderr}");
+    lines[0].to_owned()
+}
+
+/// Starts `idem` for real, and waits 30 s at most for it to stop: a start
+/// that does not refuse fails the test.
+fn start(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
