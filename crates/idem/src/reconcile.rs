@@ -88,7 +88,8 @@ fn prepare(args: &ReconcileArgs) -> anyhow::Result<Reconciler> {
     let url = &config.store;
     // A mistyped store must not look like a store with nothing to do.
     let Some(store) = url.open_existing()? else {
-        bail!("there is no store at {url}; nothing was ever claimed there (check --store)");
+        let (flag, file) = (args.store.as_deref(), Some(args.config.as_path()));
+        return Err(store_url::no_store(url, flag, file));
     };
     store_url::log_opened(url);
     let Some(reconciler) = idem_gateway::reconciler(&config, store, Arc::new(Metrics::default()))

@@ -13,7 +13,7 @@ use idem_core::{
 };
 use idem_gateway::{RecordView, outcome_name, rfc3339};
 
-use crate::store_url::{self, OpenStore, STORE_DEFAULT};
+use crate::store_url::StoreArgs;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -31,9 +31,8 @@ pub struct ListArgs {
     /// ambiguous or tombstone.
     #[arg(long, value_parser = parse_state)]
     state: Option<State>,
-    /// The store, as a URL.
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -49,9 +48,8 @@ pub struct ShowArgs {
     scope: String,
     /// The idempotency key.
     key: String,
-    /// The store, as a URL.
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -94,45 +92,39 @@ pub struct ResolveArgs {
     /// Who resolves it [default: operator:$USER].
     #[arg(long)]
     by: Option<String>,
-    /// The store, as a URL.
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 /// Lists records.
 pub async fn list(args: ListArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
-    let records = match url.open_existing()? {
-        Some(store) => {
-            let query = ListQuery {
-                state: args.state,
-                after: None,
-                limit: args.limit as usize,
-            };
-            let page = store
-                .list(&query)
-                .await
-                .with_context(|| format!("cannot list records in {url}"))?;
-            // A row this version cannot read is named, never silently
-            // skipped, and never stops the listing of the others.
-            for row in &page.damaged {
-                eprintln!(
-                    "warning: the record at scope {:?} key {:?} cannot be read: {}",
-                    row.scope, row.key, row.reason
-                );
-            }
-            if page.next.is_some() {
-                eprintln!("note: more records follow; raise --limit to see them");
-            }
-            page.records
-        }
-        None => {
-            eprintln!("note: {url} does not exist yet; no records");
-            Vec::new()
-        }
+    let (url, store) = args.store.open_existing()?;
+    let query = ListQuery {
+        state: args.state,
+        after: None,
+        limit: args.limit as usize,
     };
+    let page = store
+        .list(&query)
+        .await
+        .with_context(|| format!("cannot list records in {url}"))?;
+    // A row this version cannot read is named, never silently skipped, and
+    // never stops the listing of the others.
+    for row in &page.damaged {
+        eprintln!(
+            "warning: the record at scope {:?} key {:?} cannot be read: {}",
+            row.scope, row.key, row.reason
+        );
+    }
+    if page.next.is_some() {
+        eprintln!("note: more records follow; raise --limit to see them");
+    }
     let now = SystemClock.now();
-    let views: Vec<RecordView> = records.iter().map(|r| RecordView::new(r, now)).collect();
+    let views: Vec<RecordView> = page
+        .records
+        .iter()
+        .map(|r| RecordView::new(r, now))
+        .collect();
     let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&views)?)?,
@@ -143,15 +135,8 @@ pub async fn list(args: ListArgs) -> anyhow::Result<()> {
 
 /// Shows one record.
 pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
     let id = record_id(&args.scope, &args.key)?;
-    let Some(store) = url.open_existing()? else {
-        bail!(
-            "{url} does not exist; no record for scope {:?} key {:?}",
-            args.scope,
-            args.key
-        );
-    };
+    let (url, store) = args.store.open_existing()?;
     let record = store
         .get(&id)
         .await
@@ -207,7 +192,6 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
 
 /// Resolves an ambiguous record by hand, and says what it did.
 pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
     let id = record_id(&args.scope, &args.key)?;
     let (scope, key) = (&args.scope, &args.key);
     if args.reason.trim().is_empty() {
@@ -237,9 +221,7 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
     };
     let resolution =
         Resolution::new(outcome, &by, &args.reason).context("the resolution is refused")?;
-    let Some(store) = url.open_existing()? else {
-        bail!("{url} does not exist; no record for scope {scope:?} key {key:?}");
-    };
+    let (url, store) = args.store.open_existing()?;
     let outcome = outcome_name(&resolution.outcome);
     match store.resolve(&id, Token(args.token), resolution).await {
         Ok(Some(record)) => {

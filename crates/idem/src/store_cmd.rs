@@ -14,14 +14,14 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use idem_core::{Clock, SystemClock, Timestamp, WindowOpening};
 
-use crate::store_url::{self, OpenStore, STORE_DEFAULT, StoreUrl};
+use crate::store_url::{StoreArgs, StoreUrl};
 
 /// `idem store backup`.
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
-    /// The store to copy, as a URL (an SQLite store).
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    /// The store to copy (an SQLite store).
+    #[command(flatten)]
+    store: StoreArgs,
     /// The file to write; it must not exist.
     #[arg(long)]
     to: PathBuf,
@@ -30,15 +30,19 @@ pub struct BackupArgs {
 /// Copies the store to `--to` through SQLite's online backup and checks the
 /// copy; prints what it wrote.
 pub fn backup(args: BackupArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
+    let url = args.store.url()?;
     let path = match &url {
         StoreUrl::Sqlite(path) => path,
         StoreUrl::Postgres(_) => bail!(
-            "--store: {url} is a PostgreSQL store: back it up with the database that holds it \
+            "{}: {url} is a PostgreSQL store: back it up with the database that holds it \
              (pg_basebackup and WAL archiving, for a restore to a point in time together with \
-             the business data), not with idem; docs/stores.md, \"Backups\""
+             the business data), not with idem; docs/stores.md, \"Backups\"",
+            args.store.field()
         ),
     };
+    if !path.exists() {
+        return Err(args.store.no_store(&url));
+    }
     let report = idem_sqlite::backup(path, &args.to)
         .map_err(|e| anyhow::anyhow!("cannot back up {url} to {}: {e}", args.to.display()))?;
     println!(
@@ -59,10 +63,10 @@ pub const WINDOW_S_DEFAULT: u64 = 86_400;
 /// `idem store restore`.
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
-    /// The store to replace, as a URL (an SQLite store). No process may
-    /// have it open: stop the gateway first.
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    /// The store to replace (an SQLite store; it need not exist). No
+    /// process may have it open: stop the gateway first.
+    #[command(flatten)]
+    store: StoreArgs,
     /// The backup to restore (a file `idem store backup` wrote).
     #[arg(long)]
     from: PathBuf,
@@ -75,13 +79,14 @@ pub struct RestoreArgs {
 /// Restores the backup in place of the store, with the suspect window
 /// open; prints what it did.
 pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
+    let url = args.store.url()?;
     let path = match &url {
         StoreUrl::Sqlite(path) => path,
         StoreUrl::Postgres(_) => bail!(
-            "--store: {url} is a PostgreSQL store: restore it with the database that holds it \
+            "{}: {url} is a PostgreSQL store: restore it with the database that holds it \
              (point-in-time recovery), then run `idem store mark-restored --since TIME`; \
-             docs/stores.md, \"Backups\""
+             docs/stores.md, \"Backups\"",
+            args.store.field()
         ),
     };
     let window_ms = window_ms(args.window_s)?;
@@ -103,9 +108,9 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
 /// `idem store mark-restored`.
 #[derive(Debug, clap::Args)]
 pub struct MarkRestoredArgs {
-    /// The store that was restored, as a URL.
-    #[arg(long, default_value = STORE_DEFAULT)]
-    store: String,
+    /// The store that was restored.
+    #[command(flatten)]
+    store: StoreArgs,
     /// The point it was restored to: an RFC 3339 instant
     /// (2026-12-01T09:30:00Z). Records written after it may be gone.
     #[arg(long)]
@@ -119,16 +124,13 @@ pub struct MarkRestoredArgs {
 /// Opens the suspect window on the store from `--since`; gateways already
 /// running see it within a second.
 pub async fn mark_restored(args: MarkRestoredArgs) -> anyhow::Result<()> {
-    let url = store_url::from_flag(&args.store)?;
     let since = parse_instant(&args.since).context("--since")?;
     let opening = WindowOpening {
         length_ms: window_ms(args.window_s)?,
         since: Some(since),
         cause: format!("marked restored to {} by an operator", args.since.trim()),
     };
-    let Some(store) = url.open_existing()? else {
-        bail!("--store: there is no store at {url}");
-    };
+    let (url, store) = args.store.open_existing()?;
     let window = store
         .open_suspect_window(&opening)
         .await

@@ -3,14 +3,97 @@
 //! exists, and what a start checks of it first, which `--check` runs too.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use idem_core::{Store, StoreError};
+use idem_gateway::{GatewayConfig, Overrides};
 pub use idem_gateway::{STORE_DEFAULT, StoreUrl};
 use idem_postgres::{PgOptions, PgStore, redact_url};
 use idem_sqlite::{Found, SCHEMA_VERSION, SqliteOptions, SqliteStore};
+
+/// Which store a command that reads or changes records opens: `--store
+/// URL`, or the `store` of the gateway's config file (`--config FILE`), as
+/// `idem serve --config FILE` reads it, never both.
+#[derive(Debug, clap::Args)]
+pub struct StoreArgs {
+    /// The store, as a URL [default: sqlite://idem.db]. A relative
+    /// sqlite://PATH here, and the default, are read against the working
+    /// directory.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// The gateway's config file: open the store it names (a relative
+    /// sqlite://PATH there is read against the file's directory), the one
+    /// `idem serve --config FILE` serves from.
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
+    config: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The store's URL, checked: `--store`'s, the config file's, or the
+    /// default.
+    pub fn url(&self) -> anyhow::Result<StoreUrl> {
+        match (&self.store, &self.config) {
+            (Some(raw), _) => from_flag(raw),
+            (None, Some(file)) => {
+                // Loaded as `idem reconcile` loads it: the store's URL is
+                // the one `idem serve` would open.
+                let config = GatewayConfig::load_offline(file, &Overrides::default())?;
+                Ok(config.store)
+            }
+            (None, None) => from_flag(STORE_DEFAULT),
+        }
+    }
+
+    /// Opens the store for reading and changing records; one that is not
+    /// there is an error ([`StoreArgs::no_store`]), and is never created.
+    pub fn open_existing(&self) -> anyhow::Result<(StoreUrl, Arc<dyn Store>)> {
+        let url = self.url()?;
+        match url.open_existing()? {
+            Some(store) => Ok((url, store)),
+            None => Err(self.no_store(&url)),
+        }
+    }
+
+    /// The field the URL came from, for errors: `--store`, or the config
+    /// file's `store`.
+    pub fn field(&self) -> String {
+        field(self.store.as_deref(), self.config.as_deref())
+    }
+
+    /// The error for a store that is not at `url` ([`no_store`]).
+    pub fn no_store(&self, url: &StoreUrl) -> anyhow::Error {
+        no_store(url, self.store.as_deref(), self.config.as_deref())
+    }
+}
+
+/// The error for a store that is not at `url`, which `--store` (`flag`),
+/// a config file or the default named: the path it looked at, absolute,
+/// where that came from, and the arguments that name another. A store in
+/// the wrong directory must not read as a store with nothing in it.
+pub fn no_store(url: &StoreUrl, flag: Option<&str>, config: Option<&Path>) -> anyhow::Error {
+    let default = StoreUrl::parse(STORE_DEFAULT).is_ok_and(|default| default == *url);
+    let named = match (flag, config) {
+        (Some(_), _) => "which --store names".to_owned(),
+        (None, Some(file)) if default => format!(
+            "the default, in the working directory ({} names no other)",
+            file.display()
+        ),
+        (None, Some(file)) => format!("which {} names", file.display()),
+        (None, None) => "the default, in the working directory".to_owned(),
+    };
+    let place = match url {
+        StoreUrl::Sqlite(path) if path.is_relative() => std::path::absolute(path)
+            .map(|absolute| format!("{url} ({})", absolute.display()))
+            .unwrap_or_else(|_| url.to_string()),
+        _ => url.to_string(),
+    };
+    anyhow::anyhow!(
+        "there is no store at {place}, {named}; nothing was ever claimed there: \
+         name the gateway's store with --config FILE (its config file) or --store URL"
+    )
+}
 
 /// `--store URL`, checked; the error names the flag.
 pub fn from_flag(raw: &str) -> anyhow::Result<StoreUrl> {

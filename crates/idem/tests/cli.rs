@@ -1,10 +1,11 @@
 //! The `idem` command as an operator runs it: exit codes, messages that name
-//! the file and the field, and records on real SQLite files.
+//! the file and the field, records on real SQLite files, and the store a
+//! command opens named by the gateway's config from any directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
 
-use support::{idem, text};
+use support::{Gateway, Site, Upstream, idem, idem_in, key, post, text};
 
 #[test]
 fn records_list_on_missing_fresh_and_garbage_stores() {
@@ -12,8 +13,13 @@ fn records_list_on_missing_fresh_and_garbage_stores() {
     let missing = dir.path().join("missing.db");
     let url = format!("sqlite://{}", missing.display());
     let out = idem(&["records", "list", "--store", &url, "--format", "json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "[]");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("there is no store at {url}, which --store names")),
+        "{err}"
+    );
+    assert!(text(&out.stdout).is_empty(), "an empty listing");
     assert!(!missing.exists(), "listing must not create a store");
 
     let fresh = dir.path().join("fresh.db");
@@ -225,4 +231,148 @@ fn a_bad_store_url_stops_every_command_naming_where_it_came_from() {
         !dir.path().join("good.db").exists(),
         "no command opened a store"
     );
+}
+
+/// Every command that opens a store takes the gateway's config file and
+/// opens the store the gateway serves from, whatever directory it runs
+/// in. Without one, a store that is not there is an error saying where it
+/// looked and how to name another, never an empty listing, and nothing is
+/// created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_open_a_store_read_the_one_the_config_names() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    // A 503 is an unknown outcome: each key's record becomes ambiguous.
+    let config = site.config(
+        "store = \"sqlite://idem.db\"\nresponse_timeout_ms = 500\n\n[[route]]\n\
+         path = \"/busy-once\"\nlease_ms = 1000\ncompletion = { unknown = [503] }\n",
+    );
+    let gateway_dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start_in(gateway_dir.path(), &up.url(), &config);
+    for k in ["b-1", "b-2"] {
+        let reply = post(&gw.url("/busy-once"), &[key(k)], "{}").await;
+        assert_eq!(reply.status, 503, "{reply:?}");
+    }
+    // The operator's shell is somewhere else again.
+    let shell = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = idem_in(shell.path(), args);
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let config = config.to_str().unwrap();
+
+    let (code, stdout, stderr) = run(&[
+        "records",
+        "list",
+        "--state",
+        "ambiguous",
+        "--format",
+        "json",
+        "--config",
+        config,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["b-1", "b-2"], "{stdout}");
+    let scope = listed[0]["scope"].as_str().unwrap();
+    let token = listed[1]["token"].as_u64().unwrap().to_string();
+    let backup = shell.path().join("backup.db");
+    let backup = backup.to_str().unwrap();
+    let commands: [(&[&str], &str); 4] = [
+        (&["records", "show", scope, "b-1"], "ambiguous"),
+        (
+            &[
+                "records",
+                "resolve",
+                scope,
+                "b-2",
+                "--token",
+                &token,
+                "--completed",
+                "--reason",
+                "paid by hand",
+            ],
+            "resolved scope",
+        ),
+        (&["store", "backup", "--to", backup], "backed up"),
+        (
+            &["store", "mark-restored", "--since", "2026-01-01T00:00:00Z"],
+            "suspect window open",
+        ),
+    ];
+    for (args, says) in commands {
+        let (code, stdout, stderr) = run(&[args, &["--config", config]].concat());
+        assert_eq!(code, Some(0), "{args:?}: {stderr}");
+        assert!(stdout.contains(says), "{args:?}: {stdout}");
+    }
+    assert!(gw.terminate().success());
+    let restore = ["store", "restore", "--from", backup, "--config", config];
+    let (code, stdout, stderr) = run(&restore);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&site.store().display().to_string()),
+        "{stdout}"
+    );
+
+    refused_without_a_store(shell.path(), scope, config);
+}
+
+/// In `shell`, with no store there, every command that opens one without
+/// `--config` names where it looked and the arguments that name another,
+/// and creates nothing; `--config` and `--store` together are refused.
+fn refused_without_a_store(shell: &std::path::Path, scope: &str, config: &str) {
+    let run = |args: &[&str]| {
+        let out = idem_in(shell, args);
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let here = shell.join("idem.db").display().to_string();
+    let backup = shell.join("another-backup.db");
+    let backup = backup.to_str().unwrap();
+    let missing: [&[&str]; 5] = [
+        &["records", "list"],
+        &["records", "show", scope, "b-1"],
+        &[
+            "records",
+            "resolve",
+            scope,
+            "b-1",
+            "--token",
+            "1",
+            "--not-executed",
+            "--reason",
+            "not paid",
+        ],
+        &["store", "backup", "--to", backup],
+        &["store", "mark-restored", "--since", "2026-01-01T00:00:00Z"],
+    ];
+    for args in missing {
+        let (code, stdout, stderr) = run(args);
+        assert_eq!(code, Some(1), "{args:?}: {stdout}");
+        for part in [
+            "there is no store at sqlite://idem.db",
+            &here,
+            "--config FILE",
+        ] {
+            assert!(
+                stderr.contains(part),
+                "{args:?}: {part:?} is not named: {stderr}"
+            );
+        }
+    }
+    assert!(!shell.join("idem.db").exists(), "a store was created");
+    let (code, _, stderr) = run(&[
+        "records",
+        "list",
+        "--config",
+        config,
+        "--store",
+        "sqlite://x.db",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
 }

@@ -932,6 +932,15 @@ pub fn idem(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Runs the `idem` binary to completion in the working directory `cwd`.
+pub fn idem_in(cwd: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// The value of one series in a Prometheus text page, e.g.
 /// `idem_claims_total{decision="replay"}`.
 pub fn metric(page: &str, series: &str) -> Option<f64> {
