@@ -76,7 +76,7 @@ pub use route::{
 };
 pub use service::{
     EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseDeadline, OWNED_HEADERS, REPLAYED_HEADER,
-    RESPONSE_BYTES_MAX, read_body,
+    RESPONSE_BYTES_MAX, UnknownOutcomes, read_body,
 };
 pub use setting::RouteError;
 pub use settle::SettleOnRetry;

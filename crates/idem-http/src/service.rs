@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body::Body as HttpBody;
@@ -71,6 +72,26 @@ struct Shared {
     settler: Option<Arc<dyn SettleOnRetry>>,
     window: Arc<WindowWatch>,
     verifier: Option<Arc<dyn VerifyFresh>>,
+    unknown: UnknownOutcomes,
+}
+
+/// Who settles an attempt whose outcome is unknown (an `ambiguous`
+/// record: a 5xx the route does not declare final or released, a panic, an
+/// answer cut at the lease's end). Declared on the layer, so that a setup
+/// in which nothing ever settles a key is named at start and its 409 says
+/// so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownOutcomes {
+    /// Nothing in this process: only an operator (`idem records resolve`,
+    /// the admin API). The default; the layer warns at build for each
+    /// route that can leave one.
+    Operator,
+    /// A reconciler runs against the same store and asks the provider by
+    /// the route's lookup: beside the layer (`idem_reconcile::Reconciler`,
+    /// `run`), in `idem reconcile`, or in the gateway. Implied by
+    /// [`IdempotencyLayer::with_settle_on_retry`].
+    Reconciler,
 }
 
 impl IdempotencyLayer {
@@ -91,8 +112,15 @@ impl IdempotencyLayer {
                 settler: None,
                 window: Arc::default(),
                 verifier: None,
+                unknown: UnknownOutcomes::Operator,
             }),
         }
+    }
+
+    /// Declares who settles this layer's unknown outcomes (see
+    /// [`UnknownOutcomes`]); without it, only an operator does.
+    pub fn with_unknown_outcomes(self, settled_by: UnknownOutcomes) -> IdempotencyLayer {
+        self.edit(|shared| shared.unknown = settled_by)
     }
 
     /// Sets the owner label written on records this layer acquires (a node
@@ -136,7 +164,10 @@ impl IdempotencyLayer {
     /// (the gateway's reconciler, for routes with a lookup), then asks the
     /// claim again; without one, the retry gets 409 `outcome-unknown`.
     pub fn with_settle_on_retry(self, settler: Arc<dyn SettleOnRetry>) -> IdempotencyLayer {
-        self.edit(|shared| shared.settler = Some(settler))
+        self.edit(|shared| {
+            shared.settler = Some(settler);
+            shared.unknown = UnknownOutcomes::Reconciler;
+        })
     }
 
     /// Verifies every fresh claim while `window` says the store may have
@@ -186,6 +217,9 @@ impl IdempotencyLayer {
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
     fn layer(&self, inner: S) -> Idempotency<S> {
+        if self.shared.unknown == UnknownOutcomes::Operator {
+            warn_unsettled(&self.shared.routes);
+        }
         Idempotency {
             inner,
             shared: self.shared.clone(),
@@ -461,7 +495,7 @@ where
             with_preference(response, waited)
         }
         Claim::Replay { record } => with_preference(replay(&record), waited),
-        other => with_preference(problem(refusal(route, id, other)), waited),
+        other => with_preference(problem(refusal(route, id, other, shared.unknown)), waited),
     }
 }
 
@@ -655,8 +689,12 @@ where
     let req = Request::from_parts(parts, ReqBody::from(body));
     let started = Instant::now();
     let call = span.in_scope(|| inner.call(req)).instrument(span.clone());
+    // A panic is an attempt that ended: the route's rule for a 500 says
+    // what it means, and the key never waits out its lease unanswered.
+    let call = std::panic::AssertUnwindSafe(call).catch_unwind();
     let outcome = match tokio::time::timeout_at(deadline.0.into(), call).await {
-        Ok(outcome) => outcome,
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) => Ok(handler_panicked()),
         Err(_) => Ok(lease_ended(forward_ms)),
     };
     shared.metrics.observe_upstream(started.elapsed());
@@ -714,6 +752,42 @@ fn lease_ended<B: From<Bytes>>(forward_ms: u64) -> Response<B> {
     ));
     response.extensions_mut().insert(AttemptOutcome::Lost);
     response
+}
+
+/// What a panicking inner service answers: a 500, judged by the route's
+/// completion rule for a 500 like any other.
+fn handler_panicked<B: From<Bytes>>() -> Response<B> {
+    tracing::error!("the inner service panicked while handling a protected request");
+    let mut response = Response::new(B::from(Bytes::from_static(
+        b"the request handler failed; its effect may have happened",
+    )));
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// One warning per route that can leave an unknown outcome when nothing
+/// in this process settles one: its keys would answer 409 until an
+/// operator resolves them.
+fn warn_unsettled(routes: &[Route]) {
+    let can_leave_unknown = |table: &idem_core::CompletionTable| {
+        (500..=599).any(|status| table.classify(status) == Completion::Unknown)
+            || table.classify_failure(AttemptOutcome::Lost) == Completion::Unknown
+    };
+    for route in routes.iter().filter(|r| can_leave_unknown(&r.completion)) {
+        tracing::warn!(
+            route = route.operation_name().unwrap_or(route.pattern.as_str()),
+            "a 5xx, a panic or an answer cut at the lease's end leaves this route's key with \
+             an unknown outcome, and nothing in this process settles it: only an operator can \
+             (idem records resolve). Give the route a [[lookup]] (idem serve), or run the \
+             reconciler beside the layer and declare it with \
+             with_unknown_outcomes(UnknownOutcomes::Reconciler), or declare what a 5xx means \
+             on this route (completion final or release)"
+        );
+    }
 }
 
 /// The response for a problem this layer answers, tagged with its kind so
@@ -911,7 +985,11 @@ async fn settle(shared: &Shared, id: &RecordId, token: Token, completion: Comple
         Ok(()) => {
             metrics.completion(completion);
             if completion == Completion::Unknown {
-                tracing::warn!(scope = %id.scope, key = %id.key, cause, "outcome unknown; the record awaits reconciliation");
+                let awaits = match shared.unknown {
+                    UnknownOutcomes::Reconciler => "the reconciler (or an operator)",
+                    UnknownOutcomes::Operator => "an operator: nothing here reconciles it",
+                };
+                tracing::warn!(scope = %id.scope, key = %id.key, cause, awaits, "outcome unknown; the record awaits resolution");
             } else {
                 tracing::debug!(scope = %id.scope, key = %id.key, cause, "released");
             }
@@ -1020,7 +1098,7 @@ fn stored_response<B: From<Bytes>>(result: &StoredResult, replayed: bool) -> Res
     response
 }
 
-fn refusal(route: &Route, id: &RecordId, claim: Claim) -> Problem {
+fn refusal(route: &Route, id: &RecordId, claim: Claim, unknown: UnknownOutcomes) -> Problem {
     let lease_s = route.policy().lease_ms().div_ceil(1000);
     match claim {
         Claim::Mismatch { .. } => Problem::new(
@@ -1034,7 +1112,10 @@ fn refusal(route: &Route, id: &RecordId, claim: Claim) -> Problem {
         .retry_after(retry_after_ms.div_ceil(1000)),
         Claim::OutcomeUnknown { .. } => Problem::new(
             ProblemKind::OutcomeUnknown,
-            "the outcome of an earlier request with this key is unknown and is being reconciled; nothing was executed",
+            match unknown {
+                UnknownOutcomes::Reconciler => "the outcome of an earlier request with this key is unknown and awaits reconciliation (the provider's lookup where the route has one, else an operator); nothing was executed",
+                UnknownOutcomes::Operator => "the outcome of an earlier request with this key is unknown and nothing here reconciles it: an operator must resolve it; nothing was executed",
+            },
         )
         .retry_after(lease_s),
         Claim::Expired { completed_at, .. } => {
