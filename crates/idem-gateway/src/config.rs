@@ -70,7 +70,8 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// bodies still arriving and bodies of requests in flight together: what
 /// the default in-flight limit buffered with 1 MiB bodies.
 pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
-/// The largest accepted `waiters_max` and `waiters_per_key_max`.
+/// The largest accepted `waiters_max`, `waiters_per_key_max` and
+/// `waiters_per_principal_max`.
 pub const WAITERS_LIMIT: usize = 65_536;
 /// The largest accepted `body_buffer_bytes_max` (64 GiB).
 pub const BODY_BUFFER_BYTES_MAX_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
@@ -145,6 +146,9 @@ pub struct FileConfig {
     pub waiters_max: Option<u64>,
     /// Requests that may wait for one key's original attempt at once.
     pub waiters_per_key_max: Option<u64>,
+    /// Requests of one principal that may wait for original attempts at
+    /// once, over all its keys.
+    pub waiters_per_principal_max: Option<u64>,
     /// The region this node runs in, written on the records it acquires
     /// and used by `home-region` routes (see [`crate::regions::check_region`]).
     pub region: Option<String>,
@@ -255,7 +259,8 @@ pub struct GatewayConfig {
     /// `overloaded`, nothing claimed or forwarded.
     pub body_buffer_bytes_max: usize,
     /// How many requests may wait for an original attempt at once
-    /// (`waiters_max`, `waiters_per_key_max`); beyond, 409 at once.
+    /// (`waiters_max`, `waiters_per_key_max`, `waiters_per_principal_max`);
+    /// beyond, 409 at once.
     pub wait_limits: WaitLimits,
     /// Lookups by operation (route name), for the reconciler.
     pub lookups: Vec<(String, Lookup)>,
@@ -1006,7 +1011,8 @@ fn with_wait_default(spec: &RouteSpec, response_timeout: Duration) -> RouteSpec 
     spec
 }
 
-/// `waiters_max` and `waiters_per_key_max`, in range.
+/// `waiters_max`, `waiters_per_key_max` and `waiters_per_principal_max`,
+/// in range.
 fn wait_limits(file: &FileConfig) -> Result<WaitLimits, (&'static str, String)> {
     let d = WaitLimits::default();
     let field = |name: &'static str, value: Option<u64>, default: usize| match value {
@@ -1018,7 +1024,16 @@ fn wait_limits(file: &FileConfig) -> Result<WaitLimits, (&'static str, String)> 
     };
     let total = field("waiters_max", file.waiters_max, d.total)?;
     let per_key = field("waiters_per_key_max", file.waiters_per_key_max, d.per_key)?;
-    Ok(WaitLimits { per_key, total })
+    let per_principal = field(
+        "waiters_per_principal_max",
+        file.waiters_per_principal_max,
+        d.per_principal,
+    )?;
+    Ok(WaitLimits {
+        per_key,
+        per_principal,
+        total,
+    })
 }
 
 /// The route with the files it names resolved against the config file's
@@ -1429,6 +1444,10 @@ mod tests {
             (
                 "waiters_per_key_max = 70000",
                 "idem.toml: waiters_per_key_max: 70000 is out of range (1..=65536)",
+            ),
+            (
+                "waiters_per_principal_max = 0",
+                "idem.toml: waiters_per_principal_max: 0 is out of range (1..=65536)",
             ),
             (
                 "[[route]]\nwait_ms_max = 40000",

@@ -13,6 +13,7 @@ mod admission;
 mod config;
 pub mod contracts;
 mod findings;
+mod in_flight;
 mod listen;
 mod log_budget;
 pub mod probe;

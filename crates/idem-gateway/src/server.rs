@@ -4,7 +4,8 @@
 //! listener's connections capped) and the retention purge, and on SIGTERM
 //! or SIGINT stops accepting and lets in-flight requests finish and be
 //! recorded. A request takes one of `requests_in_flight_max` slots only
-//! once its body is in (`admission`); beyond them it is shed at once,
+//! once its body is in (`admission`), and gives it back while it waits
+//! for another attempt (`in_flight`); beyond them it is shed at once,
 //! nothing claimed or forwarded, so a burst of large bodies cannot exhaust
 //! memory and a slow buffered body holds no slot (a body that streams to
 //! the upstream holds one, within `response_timeout_ms`). A store that stopped for good
@@ -15,21 +16,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::error_handling::HandleErrorLayer;
-use axum::response::Response;
 use http::Request;
 use idem_core::{Store, SystemClock};
-use idem_http::{
-    IdempotencyLayer, Metrics, Problem, ProblemKind, Resolver, Route, SettleOnRetry, VerifyFresh,
-};
+use idem_http::{IdempotencyLayer, Metrics, Resolver, Route, SettleOnRetry, VerifyFresh};
 use idem_reconcile::{Reconciler, Settled};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::{BoxError, Layer, ServiceBuilder};
+use tower::{Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
 use crate::config::PROBE_PATHS;
+use crate::in_flight::InFlight;
 use crate::listen::{self, Transport};
 use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
@@ -237,20 +235,12 @@ pub async fn serve_with(
     // Hop-by-hop headers go before the layer reads the request: removed
     // after it, they could take the key the layer forwards with them.
     let edge = HopByHop::keeping(&config.routes, &home_headers(&config.route_regions));
-    // `load_shed` answers at once when `concurrency_limit` has no permit
-    // left, instead of queueing the request (and its body) behind it.
     // Completions on other gateways sharing the store wake this one's
     // waiters (PostgreSQL notifies the keys someone waits on).
     let waker = layer.clone();
     store.on_completed(Arc::new(move |id| waker.wake(id)));
     let admission_metrics = metrics.clone();
-    let limited = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(move |e: BoxError| {
-            let metrics = metrics.clone();
-            async move { shed(&metrics, &e) }
-        }))
-        .load_shed()
-        .concurrency_limit(config.requests_in_flight_max)
+    let layered = ServiceBuilder::new()
         .map_request(move |mut req: Request<axum::body::Body>| {
             edge.strip_request(req.headers_mut());
             let (mut parts, body) = req.into_parts();
@@ -258,6 +248,9 @@ pub async fn serve_with(
             Request::from_parts(parts, body)
         })
         .service(layer.layer(proxy));
+    // A request over the limit is answered at once, not queued behind it;
+    // one that waits for another attempt gives its slot back meanwhile.
+    let limited = InFlight::new(layered, config.requests_in_flight_max, metrics);
     let admitted = Admission::new(
         limited,
         &config.routes,
@@ -320,20 +313,6 @@ pub async fn serve_with(
         return Err(std::io::Error::other(e));
     }
     served.and(admin_served)
-}
-
-/// The answer to a request refused by the in-flight limit (the only error
-/// the limiting layers produce; the proxy and the idempotency layer answer
-/// their own failures).
-fn shed(metrics: &Metrics, e: &BoxError) -> Response {
-    let kind = ProblemKind::Overloaded;
-    metrics.problem(kind);
-    Problem::new(
-        kind,
-        format!("{e}: too many requests in flight (requests_in_flight_max); nothing was forwarded"),
-    )
-    .retry_after(1)
-    .into_response()
 }
 
 /// The headers `home-region` routes read a key's home from: end-to-end,

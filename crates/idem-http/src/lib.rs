@@ -51,6 +51,7 @@ mod route;
 mod service;
 mod setting;
 mod settle;
+mod slot;
 mod trace;
 mod wait;
 
@@ -80,8 +81,9 @@ pub use service::{
 };
 pub use setting::RouteError;
 pub use settle::SettleOnRetry;
+pub use slot::InFlightSlot;
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
-    WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT, WaitLimits,
-    preferred_wait_ms,
+    WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT,
+    WAITERS_PER_PRINCIPAL_MAX_DEFAULT, WaitLimits, preferred_wait_ms,
 };

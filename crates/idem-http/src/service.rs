@@ -30,6 +30,7 @@ use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
 use crate::settle::SettleOnRetry;
+use crate::slot::InFlightSlot;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};
 
@@ -441,11 +442,16 @@ where
         if wait_ms > 0 {
             // Counted here; the answer the wait ends with is counted below.
             shared.metrics.claim(in_flight);
-            match wait_for_original(shared, &claim_request, wait_ms).await {
+            let slot = parts.extensions.get::<InFlightSlot>().cloned();
+            match wait_for_original(shared, &claim_request, wait_ms, slot.as_ref()).await {
                 Some((answer, at)) => {
                     shared.metrics.wait(wait_outcome(&answer));
                     (claimed, sent_at) = (answer, at);
                     waited = preferred.map(|_| wait_ms);
+                    let id = &claim_request.id;
+                    if let Some(shed) = back_to_work(shared, slot.as_ref(), id, &claimed).await {
+                        return with_preference(shed, waited);
+                    }
                 }
                 None => shared.metrics.wait(WaitOutcome::Refused),
             }
@@ -600,12 +606,18 @@ fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Respons
 /// to poll, until the answer is other than in flight or the time is up.
 /// Returns the last answer and when its claim was sent, and whether the
 /// request waited at all (`None`: over the waiter limits, not registered).
+/// A registered waiter gives its in-flight `slot` back: it waits on the
+/// waiters' budget, and [`back_to_work`] takes a slot again after.
 async fn wait_for_original(
     shared: &Shared,
     claim_request: &ClaimRequest,
     wait_ms: u64,
+    slot: Option<&InFlightSlot>,
 ) -> Option<(Result<Claim, StoreError>, Instant)> {
     let waiting = shared.waiters.register(&claim_request.id)?;
+    if let Some(slot) = slot {
+        slot.give_back();
+    }
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     // A store shared with other gateways then tells this one when the
     // record completes there; failing that, the poll still finds it.
@@ -627,6 +639,44 @@ async fn wait_for_original(
             return Some((claimed, sent_at));
         }
     }
+}
+
+/// Takes an in-flight slot again after a wait, before the request goes on
+/// to work: to forward the attempt the wait acquired, or to look up an
+/// unknown outcome. With none free it is answered as a fresh request would
+/// be, 503 `overloaded`, and a key the wait acquired is released unsent for
+/// the next retry. An answer the wait already holds (a replay, a refusal)
+/// costs no more work and needs no slot; nor does a request with none.
+async fn back_to_work<B: From<Bytes>>(
+    shared: &Shared,
+    slot: Option<&InFlightSlot>,
+    id: &RecordId,
+    claimed: &Result<Claim, StoreError>,
+) -> Option<Response<B>> {
+    let works = match claimed {
+        Ok(Claim::Acquired { .. }) => true,
+        Ok(Claim::OutcomeUnknown { .. }) => shared.settler.is_some(),
+        _ => false,
+    };
+    if !works || slot.is_none_or(InFlightSlot::take_again) {
+        return None;
+    }
+    if let Ok(claim) = claimed {
+        shared.metrics.claim(claim);
+    }
+    if let Ok(Claim::Acquired { token, .. }) = claimed {
+        let cause = "no in-flight slot was free when the wait ended; not forwarded";
+        settle(shared, id, *token, Completion::Release, cause).await;
+        shared.waiters.wake(id);
+    }
+    Some(problem(
+        Problem::new(
+            ProblemKind::Overloaded,
+            "the wait ended, but the gateway is serving as many requests as it may \
+             (requests_in_flight_max); nothing was forwarded",
+        )
+        .retry_after(1),
+    ))
 }
 
 /// Asks the store's claim, timed; returns its answer and the instant just

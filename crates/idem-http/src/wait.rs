@@ -13,9 +13,12 @@
 //! otherwise at most every [`WAIT_POLL_MS`] per key, by one waiter for all
 //! (a change made by another gateway the store did not report).
 //!
-//! Memory is bounded: at most [`WaitLimits::per_key`] waiters on one key
-//! and [`WaitLimits::total`] in all; a request beyond either is answered
-//! at once as if it had not asked to wait.
+//! Waiters have a budget of their own: at most [`WaitLimits::per_key`]
+//! waiters on one key, [`WaitLimits::per_principal`] of one principal and
+//! [`WaitLimits::total`] in all; a request beyond any is answered at once
+//! as if it had not asked to wait. A waiter holds no in-flight slot while
+//! it waits ([`crate::InFlightSlot`]), so these bound what waiting costs,
+//! and one key's storm leaves the capacity that serves work to others.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use idem_core::RecordId;
+use idem_core::{RecordId, Scope};
 use tokio::sync::Notify;
 
 /// How often, at most, one waiter per key asks the store again when
@@ -37,6 +40,11 @@ pub const WAIT_MS_LIMIT: u64 = 300_000;
 /// Default of [`WaitLimits::per_key`].
 pub const WAITERS_PER_KEY_MAX_DEFAULT: usize = 256;
 
+/// Default of [`WaitLimits::per_principal`]: a quarter of
+/// [`WAITERS_MAX_DEFAULT`], so that one caller's storms over many keys
+/// leave room for at least three others to wait.
+pub const WAITERS_PER_PRINCIPAL_MAX_DEFAULT: usize = 1_024;
+
 /// Default of [`WaitLimits::total`].
 pub const WAITERS_MAX_DEFAULT: usize = 4_096;
 
@@ -45,6 +53,9 @@ pub const WAITERS_MAX_DEFAULT: usize = 4_096;
 pub struct WaitLimits {
     /// Waiters on one key (`waiters_per_key_max`).
     pub per_key: usize,
+    /// Waiters of one principal, over all its keys and operations
+    /// (`waiters_per_principal_max`).
+    pub per_principal: usize,
     /// Waiters in all (`waiters_max`).
     pub total: usize,
 }
@@ -53,6 +64,7 @@ impl Default for WaitLimits {
     fn default() -> WaitLimits {
         WaitLimits {
             per_key: WAITERS_PER_KEY_MAX_DEFAULT,
+            per_principal: WAITERS_PER_PRINCIPAL_MAX_DEFAULT,
             total: WAITERS_MAX_DEFAULT,
         }
     }
@@ -71,6 +83,8 @@ pub(crate) struct Waiters {
 #[derive(Debug, Default)]
 struct Registry {
     keys: HashMap<RecordId, Arc<KeyWaiters>>,
+    /// Waiters by the principal part of their key's scope.
+    principals: HashMap<Arc<str>, usize>,
     total: usize,
 }
 
@@ -90,6 +104,7 @@ pub(crate) struct Waiting {
     waiters: Arc<Waiters>,
     id: RecordId,
     key: Arc<KeyWaiters>,
+    principal: Arc<str>,
 }
 
 /// Why a waiter should ask the store again, or stop.
@@ -110,14 +125,19 @@ impl Waiters {
         }
     }
 
-    /// Registers a waiter on `id`, or `None` when either limit is reached.
+    /// Registers a waiter on `id`, or `None` when any limit is reached.
     pub(crate) fn register(self: &Arc<Self>, id: &RecordId) -> Option<Waiting> {
         // Zero allows no waiter; checked first, so no empty entry is left.
-        if self.limits.per_key == 0 {
+        if self.limits.per_key == 0 || self.limits.per_principal == 0 {
             return None;
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.total >= self.limits.total {
+            return None;
+        }
+        // Before the key's entry is made, so that a refusal leaves none.
+        let principal = principal_of(&id.scope);
+        if state.principals.get(principal).copied().unwrap_or(0) >= self.limits.per_principal {
             return None;
         }
         let key = state
@@ -137,12 +157,15 @@ impl Waiters {
         }
         *count += 1;
         drop(count);
+        let principal: Arc<str> = Arc::from(principal);
+        *state.principals.entry(principal.clone()).or_insert(0) += 1;
         state.total += 1;
         self.waiting.store(state.total, Ordering::Release);
         Some(Waiting {
             waiters: self.clone(),
             id: id.clone(),
             key,
+            principal,
         })
     }
 
@@ -217,6 +240,12 @@ impl Drop for Waiting {
         let mut state = self.waiters.state.lock().unwrap_or_else(|e| e.into_inner());
         state.total = state.total.saturating_sub(1);
         self.waiters.waiting.store(state.total, Ordering::Release);
+        if let Some(n) = state.principals.get_mut(&self.principal) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.principals.remove(&self.principal);
+            }
+        }
         let mut count = self.key.count.lock().unwrap_or_else(|e| e.into_inner());
         *count = count.saturating_sub(1);
         if *count == 0 {
@@ -224,6 +253,14 @@ impl Drop for Waiting {
             state.keys.remove(&self.id);
         }
     }
+}
+
+/// The principal part of a scope (`operation|principal[|region]`, as
+/// `Scope::from_parts` joins it; no part holds a `|`): one caller's
+/// waiters over all its operations. A scope in no such form counts alone.
+fn principal_of(scope: &Scope) -> &str {
+    let raw = scope.as_str();
+    raw.split('|').nth(1).unwrap_or(raw)
 }
 
 /// The wait a request asks for with `Prefer: wait=N` (RFC 7240: seconds,
@@ -307,10 +344,11 @@ mod tests {
     fn registration_is_bounded_per_key_and_in_all() {
         let waiters = Arc::new(Waiters::new(WaitLimits {
             per_key: 2,
+            per_principal: 3,
             total: 3,
         }));
         let id = |k: &str| RecordId {
-            scope: idem_core::Scope::from_parts("payouts", "tenant", None).unwrap(),
+            scope: Scope::from_parts("payouts", "tenant", None).unwrap(),
             key: idem_core::IdempotencyKey::parse(k).unwrap(),
         };
         let a1 = waiters.register(&id("a")).unwrap();
@@ -330,6 +368,7 @@ mod tests {
         assert!(waiters.register(&id("a")).is_some());
         let none = Arc::new(Waiters::new(WaitLimits {
             per_key: 0,
+            per_principal: 3,
             total: 3,
         }));
         assert!(none.register(&id("a")).is_none(), "no waiter allowed");
@@ -337,5 +376,29 @@ mod tests {
             none.state.lock().unwrap().keys.is_empty(),
             "and no entry left"
         );
+    }
+
+    #[test]
+    fn registration_is_bounded_per_principal_and_leaves_other_principals_room() {
+        let waiters = Arc::new(Waiters::new(WaitLimits {
+            per_key: 2,
+            per_principal: 3,
+            total: 5,
+        }));
+        let id = |principal: &str, operation: &str, k: &str| RecordId {
+            scope: Scope::from_parts(operation, principal, None).unwrap(),
+            key: idem_core::IdempotencyKey::parse(k).unwrap(),
+        };
+        let a1 = waiters.register(&id("acme", "payouts", "a")).unwrap();
+        let _a2 = waiters.register(&id("acme", "payouts", "a")).unwrap();
+        let _b = waiters.register(&id("acme", "refunds", "b")).unwrap();
+        assert!(
+            waiters.register(&id("acme", "payouts", "c")).is_none(),
+            "per principal, over its operations"
+        );
+        let _other = waiters.register(&id("globex", "payouts", "a")).unwrap();
+        assert_eq!(waiters.state.lock().unwrap().keys.len(), 3, "no entry left");
+        drop(a1);
+        assert!(waiters.register(&id("acme", "payouts", "c")).is_some());
     }
 }
