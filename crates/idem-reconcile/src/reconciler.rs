@@ -72,14 +72,29 @@ pub struct ScanTimes {
 /// What [`Reconciler::settle_now`] keeps: one lookup per key at a time, and
 /// a bound on them all.
 struct Inline {
-    /// A second caller for the same key waits for the first's lookup and
-    /// then finds the record settled (or its backoff running).
-    keys: std::sync::Mutex<HashMap<RecordId, Arc<Mutex<()>>>>,
+    /// Per key, the lookup being asked (every other caller for the key
+    /// waits for its answer and takes it as its own) or the time before
+    /// which a lookup would prove nothing (an attempt that may still
+    /// commit): one lookup serves a whole retry storm.
+    flights: std::sync::Mutex<HashMap<RecordId, Flight>>,
     /// At most `concurrency` lookups at once besides the scans'; a caller
     /// that finds none free asks nothing.
     permits: tokio::sync::Semaphore,
     rng: std::sync::Mutex<SplitMix64>,
 }
+
+/// A key's inline lookup, as [`Inline::flights`] keeps it.
+enum Flight {
+    /// Being asked; the answer arrives on this channel.
+    Asking(tokio::sync::watch::Receiver<Option<Settled>>),
+    /// "Not found" while the attempt may still commit: nothing is asked
+    /// again before then (store clock).
+    NotBefore(Timestamp),
+}
+
+/// How many keys [`Inline::flights`] holds before the time-outs that have
+/// passed are dropped from it.
+const FLIGHTS_PRUNE_AT: usize = 4096;
 
 /// What settling one record at once ([`Reconciler::settle_now`]) came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,7 +289,7 @@ impl Reconciler {
             .seed()
             .unwrap_or_else(|| clock.now().as_millis() ^ (u64::from(std::process::id()) << 32));
         let inline = Inline {
-            keys: std::sync::Mutex::new(HashMap::new()),
+            flights: std::sync::Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(settings.concurrency()),
             rng: std::sync::Mutex::new(SplitMix64::new(seed.rotate_left(17))),
         };
@@ -381,43 +396,104 @@ impl Reconciler {
     /// Settles the ambiguous record `id` now, if it is due, by the same
     /// lookup, verdict, try count and backoff a scan uses: for a retry
     /// that meets the record, so that it need not wait for the next scan.
-    /// One lookup per key at a time (a second caller waits for the first
-    /// and finds the record settled), at most `concurrency` at once
-    /// besides the scans' (none free: nothing is asked). Each lookup is
-    /// bounded by its own timeout.
+    /// One lookup per key at a time, whose answer every caller for the key
+    /// that arrives meanwhile takes as its own; after a "not found" while
+    /// the attempt may still commit, nothing is asked for the key until
+    /// then. At most `concurrency` lookups at once besides the scans'
+    /// (none free: nothing is asked). Each lookup is bounded by its own
+    /// timeout.
     pub async fn settle_now(&self, id: &RecordId) -> Settled {
         let (operation, _) = scope_parts(id);
         let Some(prober) = self.probers.get(operation).cloned() else {
             return Settled::NotNow;
         };
-        let key = {
-            let mut keys = self.inline.keys.lock().unwrap_or_else(|e| e.into_inner());
-            keys.entry(id.clone()).or_default().clone()
+        let answer = match self.join_flight(id) {
+            Ok(mut asked) => {
+                return match asked.wait_for(Option::is_some).await {
+                    Ok(settled) => settled.unwrap_or(Settled::NotNow),
+                    Err(_) => Settled::NotNow,
+                };
+            }
+            Err(None) => return Settled::NotNow,
+            Err(Some(answer)) => answer,
         };
-        let step = {
-            let _one_at_a_time = key.lock().await;
-            self.settle_due(id, &*prober).await
-        };
+        let step = self.settle_due(id, &*prober).await;
+        let settled = self.settled(id, step.as_ref());
         {
-            let mut keys = self.inline.keys.lock().unwrap_or_else(|e| e.into_inner());
-            // The map's and this caller's: nobody else waits on the key.
-            if Arc::strong_count(&key) <= 2 {
-                keys.remove(id);
+            let mut flights = self
+                .inline
+                .flights
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match step {
+                Some(Step::NotYet { until }) => {
+                    flights.insert(id.clone(), Flight::NotBefore(until));
+                }
+                _ => {
+                    flights.remove(id);
+                }
             }
         }
+        answer.send_replace(Some(settled));
+        settled
+    }
+
+    /// Joins the lookup being asked for `id` (`Ok`, its answer to come);
+    /// or refuses to ask before a not-before time (`Err(None)`); or makes
+    /// this caller the one that asks (`Err(Some)`, where to send its
+    /// answer).
+    #[allow(clippy::type_complexity, reason = "three outcomes of one map lookup")]
+    fn join_flight(
+        &self,
+        id: &RecordId,
+    ) -> Result<
+        tokio::sync::watch::Receiver<Option<Settled>>,
+        Option<tokio::sync::watch::Sender<Option<Settled>>>,
+    > {
+        let now = self.clock.now();
+        let mut flights = self
+            .inline
+            .flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match flights.get(id) {
+            // A sender gone without an answer (its caller was cancelled)
+            // asks nothing any more: this caller asks instead.
+            Some(Flight::Asking(asked)) if asked.has_changed().is_ok() => {
+                return Ok(asked.clone());
+            }
+            Some(Flight::NotBefore(at)) if now < *at => return Err(None),
+            _ => {}
+        }
+        if flights.len() >= FLIGHTS_PRUNE_AT {
+            flights.retain(|_, f| match f {
+                Flight::Asking(asked) => asked.has_changed().is_ok(),
+                Flight::NotBefore(at) => now < *at,
+            });
+        }
+        let (answer, asked) = tokio::sync::watch::channel(None);
+        flights.insert(id.clone(), Flight::Asking(asked));
+        Err(Some(answer))
+    }
+
+    /// What a step of [`Reconciler::settle_due`] comes to for the caller,
+    /// logged and counted.
+    fn settled(&self, id: &RecordId, step: Option<&Step>) -> Settled {
         match step {
             Some(Step::Resolved { completed }) => {
                 if let Some(hook) = &self.on_resolution {
                     hook(
                         RESOLVED_BY,
-                        if completed {
+                        if *completed {
                             "completed"
                         } else {
                             "not_executed"
                         },
                     );
                 }
-                Settled::Resolved { completed }
+                Settled::Resolved {
+                    completed: *completed,
+                }
             }
             Some(Step::LookupFailed { reason, tries }) => {
                 tracing::info!(record = %id, tries = tries.failures, %reason, "lookup on retry failed; will try again");

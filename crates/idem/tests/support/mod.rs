@@ -72,6 +72,8 @@ pub struct Ledger {
 ///   `GET /transfers/by-key/{key}` answers exactly what the first payment
 ///   with that key answered, so a record the reconciler completes replays
 ///   the client's first answer;
+/// - `GET /missing/by-key/{key}?ms=N`: a lookup that answers 404 after
+///   N ms, counted;
 /// - `POST /transfers/slow?ms=N`: a transfer whose payment lands N ms
 ///   after the request arrived (default 500), whether or not the caller
 ///   is still connected — the provider's lookup says "not found" until
@@ -98,6 +100,7 @@ impl Upstream {
             .route("/payouts/by-key/{key}", axum::routing::get(lookup))
             .route("/transfers", axum::routing::post(transfer))
             .route("/transfers/slow", axum::routing::post(transfer_slow))
+            .route("/missing/by-key/{key}", axum::routing::get(slow_not_found))
             .route(
                 "/transfers/by-key/{key}",
                 axum::routing::get(transfer_lookup),
@@ -276,6 +279,13 @@ async fn transfer_slow(
         Ok(n) => transferred(n),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// A lookup that finds nothing, slowly (`?ms=N`), counted.
+async fn slow_not_found(State(l): State<Shared>, uri: Uri) -> Response {
+    l.lock().unwrap().lookups += 1;
+    tokio::time::sleep(Duration::from_millis(query_ms(&uri))).await;
+    StatusCode::NOT_FOUND.into_response()
 }
 
 /// The `?ms=N` of a slow path, 500 by default.
