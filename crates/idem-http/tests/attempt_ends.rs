@@ -1,5 +1,5 @@
-//! Every way an attempt can end in-process, through the layer over a real
-//! SQLite store: an answer, a 5xx, a panic, an answer cut at the lease's
+//! Every way an attempt can end in-process, through the layer over the
+//! real SQLite and PostgreSQL stores: an answer, a 5xx, a panic, an answer cut at the lease's
 //! end, a caller that hangs up. Each ends with the key answered by the
 //! route's declared rule — replayed, released for the retry, or an
 //! unknown outcome whose 409 says truthfully who settles it — never a key
@@ -127,8 +127,8 @@ fn request(key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn check(i: usize, case: Case) {
-    let opened = open(Backend::Sqlite, "http_attempt_ends").await;
+async fn check(backend: Backend, i: usize, case: Case) {
+    let opened = open(backend, "http_attempt_ends").await;
     let route = Route::new(&RouteSpec {
         lease_ms: Some(1_500),
         completion: Some(case.completion),
@@ -180,14 +180,28 @@ async fn check(i: usize, case: Case) {
             Retry::Replay(s)
         }
         (201, false) if calls.load(Ordering::SeqCst) == 2 => Retry::RanAgain,
-        _ => panic!("case {i} {:?}: retry answered {status}: {body}", case.end),
+        _ => panic!(
+            "{backend:?} case {i} {:?}: retry answered {status}: {body}",
+            case.end
+        ),
     };
-    assert_eq!(got, case.retry, "case {i} {:?}: {body}", case.end);
+    assert_eq!(
+        got, case.retry,
+        "{backend:?} case {i} {:?}: {body}",
+        case.end
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_way_an_attempt_ends_leaves_its_key_an_answer() {
+async fn every_way_an_attempt_ends_leaves_its_key_an_answer_on_sqlite() {
     for (i, case) in cases().into_iter().enumerate() {
-        check(i, case).await;
+        check(Backend::Sqlite, i, case).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_an_attempt_ends_leaves_its_key_an_answer_on_postgres() {
+    for (i, case) in cases().into_iter().enumerate() {
+        check(Backend::Postgres, i, case).await;
     }
 }
