@@ -99,6 +99,7 @@ pub use store::{
 };
 pub use store_error::StoreError;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use verdict::SettleOnRetry;
 pub use window::{SuspectWindow, Verification, VerifyFresh, WindowOpening, WindowWatch};
 pub use wrap::{Accepted, StoreWrapper};
 

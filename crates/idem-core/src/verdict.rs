@@ -159,6 +159,24 @@ fn moved_on(e: &StoreError) -> bool {
     )
 }
 
+/// Settles an ambiguous record now, when a retry meets it (docs/http.md,
+/// "Settling an unknown outcome on the retry"): the reconciler with the
+/// operation's provider, which the HTTP layer and any other adapter ask
+/// before answering "outcome unknown". Beside [`crate::VerifyFresh`], its
+/// twin for a fresh claim inside the suspect window.
+pub trait SettleOnRetry: Send + Sync {
+    /// Tries to settle `id` (asking the provider, deciding by the one
+    /// verdict, counting a failed lookup as a scan would); resolves to true
+    /// when the record was resolved or is no longer the ambiguous attempt
+    /// it was (settled meanwhile by another retry, a scan or an operator),
+    /// so that the claim is worth asking again. Bounded in time by the
+    /// lookup's own timeout.
+    fn settle<'a>(
+        &'a self,
+        id: &'a crate::RecordId,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

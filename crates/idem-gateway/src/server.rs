@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use http::Request;
 use idem_core::{Store, SystemClock};
-use idem_http::{IdempotencyLayer, Metrics, Resolver, Route, SettleOnRetry, VerifyFresh};
-use idem_reconcile::{Reconciler, Settled};
+use idem_http::{IdempotencyLayer, Metrics, Resolver, Route, VerifyFresh};
+use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::{Layer, ServiceBuilder};
@@ -152,7 +152,7 @@ pub async fn serve_with(
     // ambiguous record of a route with a lookup.
     let reconciler = reconciler(config, store.clone(), metrics.clone()).map(Arc::new);
     if let Some(reconciler) = &reconciler {
-        layer = layer.with_settle_on_retry(Arc::new(SettleByLookup(reconciler.clone())));
+        layer = layer.with_settle_on_retry(reconciler.clone());
     }
     // The suspect window, as the store keeps it: read now, refreshed every
     // second, and at once when the store opens one itself.
@@ -356,24 +356,6 @@ pub fn reconciler(
             tracing::error!(error = %e, "the reconciler cannot start");
             None
         }
-    }
-}
-
-/// A retry that meets an ambiguous record asks the reconciler to settle it
-/// at once (the same lookup, verdict, tries and backoff as its scans).
-struct SettleByLookup(Arc<Reconciler>);
-
-impl SettleOnRetry for SettleByLookup {
-    fn settle<'a>(
-        &'a self,
-        id: &'a idem_core::RecordId,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
-        Box::pin(async move {
-            matches!(
-                self.0.settle_now(id).await,
-                Settled::Resolved { .. } | Settled::Changed
-            )
-        })
     }
 }
 

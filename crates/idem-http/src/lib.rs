@@ -50,15 +50,14 @@ mod request;
 mod route;
 mod service;
 mod setting;
-mod settle;
 mod slot;
 mod trace;
 mod wait;
 
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
-pub use idem_core::VerifyFresh;
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
+pub use idem_core::{SettleOnRetry, VerifyFresh};
 pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
     WaitOutcome, WindowOutcome,
@@ -80,7 +79,6 @@ pub use service::{
     RESPONSE_BYTES_MAX, UnknownOutcomes, read_body,
 };
 pub use setting::RouteError;
-pub use settle::SettleOnRetry;
 pub use slot::InFlightSlot;
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{

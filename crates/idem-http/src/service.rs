@@ -17,8 +17,8 @@ use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Clock, Completion, LeaseLeft, LimitError, Record,
-    RecordId, Store, StoreError, StoredResult, SuspectWindow, SystemClock, Token, Verification,
-    VerifyFresh, WindowWatch, lease,
+    RecordId, SettleOnRetry, Store, StoreError, StoredResult, SuspectWindow, SystemClock, Token,
+    Verification, VerifyFresh, WindowWatch, lease,
 };
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -29,7 +29,6 @@ use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
-use crate::settle::SettleOnRetry;
 use crate::slot::InFlightSlot;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters, Wake, preferred_wait_ms};

@@ -8,6 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use idem_core::SettleOnRetry;
 use idem_core::verdict::{self, AfterFailure, AfterResolve, LookupAnswer, Triage, Verdict};
 use idem_core::window::{self, SuspectWindow, Verification, VerifyFresh};
 use idem_core::{
@@ -114,6 +115,23 @@ pub enum Settled {
     /// lease still runs, the lookup failed (counted, as a scan's would be),
     /// the store failed, or every inline lookup slot is taken.
     NotNow,
+}
+
+/// A retry that meets an ambiguous record asks the reconciler to settle it
+/// at once ([`Reconciler::settle_now`]: the same lookup, verdict, tries and
+/// backoff as its scans), in the gateway or beside a service's own layer.
+impl SettleOnRetry for Reconciler {
+    fn settle<'a>(
+        &'a self,
+        id: &'a RecordId,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            matches!(
+                self.settle_now(id).await,
+                Settled::Resolved { .. } | Settled::Changed
+            )
+        })
+    }
 }
 
 /// A fresh claim inside a suspect window asks the operation's lookup, as
