@@ -15,7 +15,7 @@
 //! - [`tls::Pki`] and [`tls::TlsFront`]: a throwaway CA and server
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
 //! - [`services`]: the one line a test fails with when a service it
-//!   needs does not answer.
+//!   needs does not answer, and the tests' PostgreSQL URL.
 //! - [`brokers`]: a NATS server of a test's own, a plain RabbitMQ client,
 //!   and unique stream and queue names, for the broker adapters' tests and
 //!   the consumer's.

@@ -6,10 +6,28 @@ use std::fmt::Display;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
+/// The PostgreSQL server, role and database the tests use unless
+/// `IDEM_TEST_POSTGRES_URL` names another: the `postgres` superuser, with a
+/// password so that PostgreSQL's default `scram-sha-256` rule for 127.0.0.1
+/// lets it in, on database `test`. Defined here only: `scripts/test.sh`
+/// reads this line and brings a local server to it (creates the database,
+/// gives the role this password when it has none).
+pub const POSTGRES_URL_DEFAULT: &str = "postgres://postgres:idem-test@127.0.0.1:5432/test";
+
+/// The PostgreSQL server the tests use: `IDEM_TEST_POSTGRES_URL`, or
+/// [`POSTGRES_URL_DEFAULT`]. Fails the test with one line when the server
+/// does not answer.
+pub fn postgres_url() -> String {
+    let url =
+        std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| POSTGRES_URL_DEFAULT.to_owned());
+    Service::require_postgres(&url);
+    url
+}
+
 /// A service some tests need running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
-    /// PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default 127.0.0.1:5432).
+    /// PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default [`POSTGRES_URL_DEFAULT`]).
     Postgres,
     /// NATS with JetStream (127.0.0.1:4222).
     Nats,

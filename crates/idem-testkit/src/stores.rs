@@ -72,13 +72,10 @@ pub async fn open_with_clock(
     }
 }
 
-/// The PostgreSQL server the tests use.
+/// The PostgreSQL server the tests use ([`crate::services::postgres_url`]).
 /// Fails the test with one line when the server does not answer.
 pub fn pg_url() -> String {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    crate::services::Service::require_postgres(&url);
-    url
+    crate::services::postgres_url()
 }
 
 /// What to remove after a case: a temp dir, or a schema of its own.

@@ -16,16 +16,11 @@ use idem_core::{
 };
 use idem_postgres::{PgOptions, PgStore};
 
-/// The server every test runs against.
-pub const URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// `IDEM_TEST_POSTGRES_URL`, or [`URL_DEFAULT`].
-/// The test server's URL; fails the test with one line when it does not
-/// answer.
+/// The server every test runs against: `IDEM_TEST_POSTGRES_URL`, or
+/// `idem_testkit::services::POSTGRES_URL_DEFAULT`. Fails the test with
+/// one line when it does not answer.
 pub fn url() -> String {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| URL_DEFAULT.to_owned());
-    idem_testkit::services::Service::require_postgres(&url);
-    url
+    idem_testkit::services::postgres_url()
 }
 
 /// The test URL naming database `db` instead.
@@ -99,6 +94,8 @@ impl Drop for SchemaGuard {
 
 /// A login role without any privilege beyond PostgreSQL's defaults (in
 /// 15, no CREATE on the database or on `public`), dropped with the guard.
+/// Its password is its name, so that it logs in where 127.0.0.1 needs a
+/// password (Debian's default `pg_hba.conf`) as well as where it does not.
 pub struct RoleGuard {
     name: String,
 }
@@ -108,7 +105,7 @@ impl RoleGuard {
         let name = unique("idem_noperm");
         admin()
             .await
-            .batch_execute(&format!("CREATE ROLE {name} LOGIN"))
+            .batch_execute(&format!("CREATE ROLE {name} LOGIN PASSWORD '{name}'"))
             .await
             .unwrap();
         RoleGuard { name }
@@ -125,7 +122,7 @@ impl RoleGuard {
             .split_once("://")
             .and_then(|(_, rest)| rest.split_once('@'))
         {
-            Some((_, host)) => format!("postgres://{}@{host}", self.name),
+            Some((_, host)) => format!("postgres://{0}:{0}@{host}", self.name),
             None => panic!("the test URL {url} names no user"),
         }
     }
