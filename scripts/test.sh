@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that may have none of its services:
-# installs (Debian packages) and starts whatever does not answer —
-# PostgreSQL with its server binaries, NATS with JetStream, RabbitMQ,
-# Chromium and chromedriver — then runs `cargo test --workspace` with any
-# arguments given. Installing needs root; on a machine whose services
-# already answer, `cargo test --workspace` alone does the same.
+# installs (Debian packages) and starts whatever does not answer — PostgreSQL with its
+# server binaries, NATS with JetStream, RabbitMQ, Chromium and
+# chromedriver —, lets the tests into PostgreSQL (see
+# ensure_postgres_access), then runs `cargo test --workspace` with any
+# arguments given (with `-p PACKAGE`, `cargo test` of those packages only).
+# Installing needs root; on a machine whose services already answer and
+# let the tests in, `cargo test --workspace` alone does the same.
+#
+# IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium and
+# redis (default: all of them), limits what is checked and started, e.g.
+# `IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres`.
+#
+# Checking the PostgreSQL part against a fresh Debian server while
+# another one already serves 127.0.0.1:5432, as root, leaving that one
+# alone: a cluster with Debian's defaults (`pg_createcluster
+# --start-conf=manual 15 fresh`: scram-sha-256 on 127.0.0.1, no database
+# `test`, no password on role postgres), port 5432 and listen_addresses
+# '127.0.0.1' in its postgresql.conf; a network namespace
+# (`ip netns add pgfresh; ip -n pgfresh link set lo up`); inside it, in a
+# mount namespace of its own (`ip netns exec pgfresh unshare --mount
+# --propagation private bash`) with a tmpfs owned by postgres on
+# /run/postgresql, so that the two servers' sockets do not meet:
+#   pg_ctlcluster --skip-systemctl-redirect 15 fresh start
+#   IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres -p idem-testkit
+# then `pg_dropcluster --stop 15 fresh` and `ip netns del pgfresh`. Leave
+# out crates/idem/tests/postgres_restart.rs there: it stops and starts the
+# cluster named `main`, whichever network it listens on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
+die() { echo "$*" >&2; exit 1; }
+
+wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is unset
+  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis} "
+  [[ ${list//,/ } == *" $1 "* ]]
+}
 
 answers() { # host port
   timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
@@ -36,6 +64,96 @@ ensure_postgres() {
   log "starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
   wait_for PostgreSQL 127.0.0.1 5432 60
+}
+
+# Succeeds when `psql` gets into the URL as a superuser; otherwise says
+# why (psql's first line) and fails.
+pg_superuser() { # url
+  local said
+  said=$(PGCONNECT_TIMEOUT=5 psql -X -w -At -d "$1" \
+    -c "SELECT rolsuper FROM pg_roles WHERE rolname = current_user" 2>&1) || {
+    said=$(head -n1 <<<"$said")
+    echo "${said#psql: error: }"
+    return 1
+  }
+  [ "$said" = t ] || { echo "the role is not a superuser"; return 1; }
+}
+
+# The tests log in with IDEM_TEST_POSTGRES_URL or else POSTGRES_URL_DEFAULT
+# of crates/idem-testkit/src/services.rs (read from there: it is defined
+# once), as a superuser: they make schemas of their own, and roles with a
+# password to check the store's privilege errors. A fresh Debian server
+# refuses that URL: its pg_hba.conf asks for a password on 127.0.0.1
+# (scram-sha-256), its postgres role has none, and it has no database
+# `test`. As the postgres OS user over the local socket (peer
+# authentication), this creates the database and gives the role the URL's
+# password, only when the role has no password at all: a password someone
+# set is never replaced, and pg_hba.conf is left as it is. A server that
+# already lets the tests in is not touched.
+# The password as PostgreSQL stores it for scram-sha-256 (RFC 5803), with
+# 16 iterations instead of the 4096 PostgreSQL picks: the client side of
+# every login runs in the tests' unoptimised build, where 4096 iterations
+# cost about 35 ms a connection, enough for a gateway's fresh pool to miss
+# the races tests run within 500 ms. The password is public (it is in the
+# repository): iterations would not protect it. Perl and Digest::SHA come
+# with Debian's PostgreSQL (postgresql-common is written in Perl); without
+# them the password is stored the usual way.
+scram_secret() { # password
+  command -v perl >/dev/null && perl -MDigest::SHA=hmac_sha256,sha256 -MMIME::Base64 -e '
+    my ($password, $iterations) = ($ARGV[0], 16);
+    open my $random, "<", "/dev/urandom" or die; read $random, my $salt, 16;
+    my $u = hmac_sha256($salt . pack("N", 1), $password);
+    my $salted = $u;
+    for (2 .. $iterations) { $u = hmac_sha256($u, $password); $salted ^= $u }
+    printf "SCRAM-SHA-256\$%d:%s\$%s:%s", $iterations, map { encode_base64($_, "") }
+      $salt, sha256(hmac_sha256("Client Key", $salted)), hmac_sha256("Server Key", $salted);
+  ' "$1" 2>/dev/null || printf '%s' "$1"
+}
+
+ensure_postgres_access() {
+  local url said user password port db
+  if ! command -v psql >/dev/null; then
+    log "installing the PostgreSQL client"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+  fi
+  if [ -n "${IDEM_TEST_POSTGRES_URL:-}" ]; then
+    said=$(pg_superuser "$IDEM_TEST_POSTGRES_URL") ||
+      die "PostgreSQL does not let IDEM_TEST_POSTGRES_URL in as a superuser: $said"
+    log "PostgreSQL lets IDEM_TEST_POSTGRES_URL in"
+    return 0
+  fi
+  url=$(sed -n 's/^pub const POSTGRES_URL_DEFAULT: &str = "\(.*\)";$/\1/p' crates/idem-testkit/src/services.rs)
+  [[ $url =~ ^postgres://([^:@/]+):([^@/]+)@127\.0\.0\.1:([0-9]+)/([^/?]+)$ ]] ||
+    die "crates/idem-testkit/src/services.rs has no POSTGRES_URL_DEFAULT of the form postgres://USER:PASSWORD@127.0.0.1:PORT/DB"
+  user=${BASH_REMATCH[1]} password=${BASH_REMATCH[2]} port=${BASH_REMATCH[3]} db=${BASH_REMATCH[4]}
+  if pg_superuser "$url" >/dev/null; then
+    log "PostgreSQL lets the tests in as $user on database $db"
+    return 0
+  fi
+  said=$(pg_superuser "$url" || true)
+  local as_postgres=()
+  if [ "$(id -u)" = 0 ] && id -u postgres >/dev/null 2>&1; then
+    as_postgres=(runuser -u postgres --)
+  elif [ "$(id -un)" != postgres ]; then
+    die "PostgreSQL refuses the tests ($said): run this as root to create database $db and give role $user the tests' password, or set IDEM_TEST_POSTGRES_URL to a superuser's URL"
+  fi
+  log "PostgreSQL refuses the tests ($said): creating what they need over the local socket"
+  said=$(cd / && "${as_postgres[@]}" psql -X -At -v ON_ERROR_STOP=1 -p "$port" -d postgres \
+    -v user="$user" -v password="$(scram_secret "$password")" -v db="$db" 2>&1 <<'SQL'
+SELECT format('CREATE ROLE %I LOGIN SUPERUSER PASSWORD %L', :'user', :'password')
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'user') \gexec
+SELECT format('ALTER ROLE %I PASSWORD %L', :'user', :'password')
+  FROM pg_authid WHERE rolname = :'user' AND rolpassword IS NULL \gexec
+SELECT format('CREATE DATABASE %I', :'db')
+ WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \gexec
+SQL
+  ) || die "PostgreSQL's local socket for port $port did not let the postgres OS user in: $(head -n1 <<<"$said")"
+  [ -z "$said" ] || log "PostgreSQL: $(tr '\n' ' ' <<<"$said")"
+  local why="pg_hba.conf has no rule that lets $user in on 127.0.0.1 with a password"
+  [[ $said == *" ROLE"* ]] || why="role $user has a password of its own, left as it is"
+  said=$(pg_superuser "$url") ||
+    die "PostgreSQL still refuses the tests ($said): $why; set IDEM_TEST_POSTGRES_URL to a superuser's URL"
+  log "PostgreSQL lets the tests in as $user on database $db"
 }
 
 # The failover tests build throwaway clusters from the server binaries
@@ -93,13 +211,26 @@ ensure_chromium() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 }
 
-ensure_postgres
-ensure_postgres_binaries
-ensure_chromium
-ensure_service NATS 4222 nats-server nats-server \
-  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
-ensure_service RabbitMQ 5672 rabbitmq-server rabbitmq-server rabbitmq-server -detached
-ensure_redis
+if wanted postgres; then
+  ensure_postgres
+  ensure_postgres_access
+  ensure_postgres_binaries
+fi
+if wanted chromium; then ensure_chromium; fi
+if wanted nats; then
+  ensure_service NATS 4222 nats-server nats-server \
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
+fi
+if wanted rabbitmq; then ensure_service RabbitMQ 5672 rabbitmq-server rabbitmq-server rabbitmq-server -detached; fi
+if wanted redis; then ensure_redis; fi
 
+# `-p PACKAGE` (or --package) tests those packages instead of the workspace.
+scope=(--workspace)
+for arg in "$@"; do
+  case $arg in
+    --) break ;;
+    -p | -p* | --package | --package=*) scope=() ;;
+  esac
+done
 log "tests"
-exec cargo test --workspace "$@"
+exec cargo test "${scope[@]}" "$@"
