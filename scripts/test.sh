@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a machine that may have none of its services:
-# installs (Debian packages) and starts whatever does not answer — PostgreSQL with its
+# checks the Rust toolchain (scripts/check-toolchain.sh), installs (Debian
+# packages) and starts whatever does not answer — PostgreSQL with its
 # server binaries, NATS with JetStream, RabbitMQ, Chromium and
 # chromedriver —, lets the tests into PostgreSQL (see
 # ensure_postgres_access), then runs `cargo test --workspace` with any
@@ -211,6 +212,7 @@ ensure_chromium() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 }
 
+bash scripts/check-toolchain.sh
 if wanted postgres; then
   ensure_postgres
   ensure_postgres_access
