@@ -371,25 +371,6 @@ impl std::fmt::Debug for JwtVerifier {
     }
 }
 
-/// One warning per route that declares no principal, saying what the
-/// layer assumed: who shares a key space, and what runs again.
-pub(crate) fn warn_undeclared(routes: &[crate::Route]) {
-    let undeclared = routes
-        .iter()
-        .filter(|r| r.principal_kind() == PrincipalKind::DefaultCredentialDigest);
-    for route in undeclared {
-        tracing::warn!(
-            route = route.operation_name().unwrap_or(route.pattern().as_str()),
-            "no principal declared: callers are told apart only by the credentials they send \
-             ({}, or a TLS client certificate), digested; callers who send none of them share \
-             one key space and are answered each other's stored responses, and a refreshed \
-             credential is a new scope where the intent runs again; declare principal = \
-             {{ header = ... }} or {{ jwt = ... }}",
-            DEFAULT_CREDENTIAL_HEADERS.join(", ")
-        );
-    }
-}
-
 fn err(field: &'static str, reason: String) -> RouteError {
     RouteError { field, reason }
 }

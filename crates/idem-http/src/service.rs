@@ -99,7 +99,7 @@ impl IdempotencyLayer {
     /// into metrics of its own until [`IdempotencyLayer::with_metrics`].
     /// Each route that declares no principal is named in a warning.
     pub fn new(store: Arc<dyn Store>, routes: Vec<Route>) -> IdempotencyLayer {
-        crate::principal::warn_undeclared(&routes);
+        warn_undeclared(&routes);
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 store,
@@ -816,6 +816,25 @@ fn handler_panicked<B: From<Bytes>>() -> Response<B> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// One warning per route that declares no principal, saying what the
+/// layer assumed: who shares a key space, and what runs again.
+fn warn_undeclared(routes: &[Route]) {
+    let undeclared = routes
+        .iter()
+        .filter(|r| r.principal_kind() == crate::PrincipalKind::DefaultCredentialDigest);
+    for route in undeclared {
+        tracing::warn!(
+            route = route.operation_name().unwrap_or(route.pattern().as_str()),
+            "no principal declared: callers are told apart only by the credentials they send \
+             ({}, or a TLS client certificate), digested; callers who send none of them share \
+             one key space and are answered each other's stored responses, and a refreshed \
+             credential is a new scope where the intent runs again; declare principal = \
+             {{ header = ... }} or {{ jwt = ... }}",
+            crate::DEFAULT_CREDENTIAL_HEADERS.join(", ")
+        );
+    }
 }
 
 /// One warning per route that can leave an unknown outcome when nothing
