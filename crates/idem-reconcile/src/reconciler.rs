@@ -76,12 +76,49 @@ struct Inline {
     /// Per key, the lookup being asked (every other caller for the key
     /// waits for its answer and takes it as its own) or the time before
     /// which a lookup would prove nothing (an attempt that may still
-    /// commit): one lookup serves a whole retry storm.
-    flights: std::sync::Mutex<HashMap<RecordId, Flight>>,
+    /// commit): one lookup serves a whole retry storm, and a scan asks
+    /// nothing about a key a retry is asking about, or the reverse.
+    flights: Flights,
     /// At most `concurrency` lookups at once besides the scans'; a caller
     /// that finds none free asks nothing.
     permits: tokio::sync::Semaphore,
     rng: std::sync::Mutex<SplitMix64>,
+}
+
+/// Every key's lookup in flight or not-before time, shared with the scans'
+/// lookup tasks.
+type Flights = Arc<std::sync::Mutex<HashMap<RecordId, Flight>>>;
+
+/// The sending end of a flight: where its asker sends the answer.
+type Answer = tokio::sync::watch::Sender<Option<Settled>>;
+
+/// Ends `id`'s flight with what its lookup came to: a "not yet" keeps its
+/// time, anything else clears the key; every caller that joined it gets
+/// `settled`.
+fn land(flights: &Flights, id: &RecordId, step: Option<&Step>, answer: Answer, settled: Settled) {
+    {
+        let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
+        match step {
+            Some(Step::NotYet { until }) => {
+                flights.insert(id.clone(), Flight::NotBefore(*until));
+            }
+            _ => {
+                flights.remove(id);
+            }
+        }
+    }
+    answer.send_replace(Some(settled));
+}
+
+/// What a lookup's step comes to for a caller that joined it.
+fn settled_of(step: Option<&Step>) -> Settled {
+    match step {
+        Some(Step::Resolved { completed }) => Settled::Resolved {
+            completed: *completed,
+        },
+        Some(Step::Elsewhere) => Settled::Changed,
+        _ => Settled::NotNow,
+    }
 }
 
 /// A key's inline lookup, as [`Inline::flights`] keeps it.
@@ -307,7 +344,7 @@ impl Reconciler {
             .seed()
             .unwrap_or_else(|| clock.now().as_millis() ^ (u64::from(std::process::id()) << 32));
         let inline = Inline {
-            flights: std::sync::Mutex::new(HashMap::new()),
+            flights: Flights::default(),
             permits: tokio::sync::Semaphore::new(settings.concurrency()),
             rng: std::sync::Mutex::new(SplitMix64::new(seed.rotate_left(17))),
         };
@@ -437,22 +474,7 @@ impl Reconciler {
         };
         let step = self.settle_due(id, &*prober).await;
         let settled = self.settled(id, step.as_ref());
-        {
-            let mut flights = self
-                .inline
-                .flights
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match step {
-                Some(Step::NotYet { until }) => {
-                    flights.insert(id.clone(), Flight::NotBefore(until));
-                }
-                _ => {
-                    flights.remove(id);
-                }
-            }
-        }
-        answer.send_replace(Some(settled));
+        land(&self.inline.flights, id, step.as_ref(), answer, settled);
         settled
     }
 
@@ -464,10 +486,7 @@ impl Reconciler {
     fn join_flight(
         &self,
         id: &RecordId,
-    ) -> Result<
-        tokio::sync::watch::Receiver<Option<Settled>>,
-        Option<tokio::sync::watch::Sender<Option<Settled>>>,
-    > {
+    ) -> Result<tokio::sync::watch::Receiver<Option<Settled>>, Option<Answer>> {
         let now = self.clock.now();
         let mut flights = self
             .inline
@@ -525,8 +544,7 @@ impl Reconciler {
                 tracing::warn!(record = %id, %reason, "cannot record what the lookup on retry learned");
                 Settled::NotNow
             }
-            Some(Step::Elsewhere) => Settled::Changed,
-            Some(Step::NotYet { .. }) | None => Settled::NotNow,
+            step => settled_of(step),
         }
     }
 
@@ -776,13 +794,20 @@ impl Reconciler {
                 tokio::time::sleep_until(start).await;
                 state.next_start = start + spacing;
             }
+            // A retry is asking about this key, or a "not found" proved
+            // nothing until later: this scan leaves it.
+            let Err(Some(answer)) = self.join_flight(&id) else {
+                continue;
+            };
             let (store, clock) = (Arc::clone(&self.store), Arc::clone(&self.clock));
+            let flights = Arc::clone(&self.inline.flights);
             let tries_max = self.settings.max_tries();
             let task = async move {
                 let attempt = (&id, token, lease_until);
                 let step =
                     ask_and_record(&*store, &*clock, &*prober, attempt, (delay_ms, tries_max))
                         .await;
+                land(&flights, &id, Some(&step), answer, settled_of(Some(&step)));
                 (id, token, step)
             };
             tasks.spawn(task);

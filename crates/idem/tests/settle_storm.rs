@@ -55,7 +55,12 @@ async fn one_lookup_answers_a_storm(store: &str) {
         "{STORM} retries answered in {storm_ms} ms with {} lookups of {LOOKUP_MS} ms",
         up.lookups() - looked_before
     );
-    assert_eq!(up.lookups() - looked_before, 1, "one lookup for the storm");
+    assert_eq!(
+        up.lookups() - looked_before,
+        1,
+        "one lookup for the storm:\n{}",
+        gw.logs()
+    );
 
     // The "not yet" holds until the lease is over: the next retry asks nothing.
     let next = post(&url, &[key("storm-1")], PAYOUT).await;
