@@ -504,12 +504,16 @@ impl Gateway {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                for field in ["local_addr", "admin_addr"] {
-                    if let Some(addr) = logged_field(&line, field) {
-                        let _ = tx.send((field, addr));
-                    }
-                }
+                let found: Vec<_> = ["local_addr", "admin_addr"]
+                    .into_iter()
+                    .filter_map(|field| Some((field, logged_field(&line, field)?)))
+                    .collect();
+                // Kept before the start is announced: a test that reads the
+                // log once the gateway listens finds the listening line.
                 sink.lock().unwrap().push(line);
+                for found in found {
+                    let _ = tx.send(found);
+                }
             }
         });
         let (mut addr, mut admin) = (None, None);
@@ -628,10 +632,12 @@ impl Consumer {
         let sink = log.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("consuming") {
+                let consuming = line.contains("consuming");
+                // Kept before the start is announced, as for the gateway.
+                sink.lock().unwrap().push(line);
+                if consuming {
                     let _ = tx.send(());
                 }
-                sink.lock().unwrap().push(line);
             }
         });
         for _ in 0..subscriptions {
