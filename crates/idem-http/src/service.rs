@@ -421,50 +421,15 @@ where
         region: shared.region.clone(),
         policy: *route.policy(),
     };
-    let (mut claimed, mut sent_at) = claim(shared, &claim_request).await;
-    // A record written before fingerprint version 2 holds this request's
-    // version 1 fingerprint: only then is it computed, and the claim asked
-    // again with it (a second atomic decision over the record as it is now).
-    if let Ok(Claim::Mismatch { stored }) = &claimed {
-        let legacy = request::legacy_fingerprint(&parts, route, &body);
-        if legacy.as_ref() == Some(stored) {
-            claim_request.legacy_fingerprint = legacy;
-            (claimed, sent_at) = claim(shared, &claim_request).await;
-        }
-    }
-    // Held by another attempt: wait for its outcome, if asked and allowed.
-    // `Preference-Applied` answers a request that sent the preference.
-    let mut waited = None;
-    if let Ok(in_flight @ Claim::InFlight { .. }) = &claimed {
-        let preferred = preferred_wait_ms(&parts.headers);
-        let wait_ms = route.wait().applied_ms(preferred);
-        if wait_ms > 0 {
-            // Counted here; the answer the wait ends with is counted below.
-            shared.metrics.claim(in_flight);
-            let slot = parts.extensions.get::<InFlightSlot>().cloned();
-            match wait_for_original(shared, &claim_request, wait_ms, slot.as_ref()).await {
-                Some((answer, at)) => {
-                    shared.metrics.wait(wait_outcome(&answer));
-                    (claimed, sent_at) = (answer, at);
-                    waited = preferred.map(|_| wait_ms);
-                    let id = &claim_request.id;
-                    if let Some(shed) = back_to_work(shared, slot.as_ref(), id, &claimed).await {
-                        return with_preference(shed, waited);
-                    }
-                }
-                None => shared.metrics.wait(WaitOutcome::Refused),
-            }
-        }
-    }
-    // The outcome is unknown: settle it now if a lookup can, and ask again.
-    if let (Ok(Claim::OutcomeUnknown { .. }), Some(settler)) = (&claimed, &shared.settler)
-        && settler.settle(&claim_request.id).await
-    {
-        if let Ok(unknown) = &claimed {
-            shared.metrics.claim(unknown);
-        }
-        (claimed, sent_at) = claim(shared, &claim_request).await;
-    }
+    let decided = decide(shared, route, (&parts, &body), &mut claim_request).await;
+    let Decided {
+        claimed,
+        sent_at,
+        waited,
+    } = match decided {
+        Ok(decided) => decided,
+        Err(answered) => return answered,
+    };
     let id = &claim_request.id;
     let claim = match claimed {
         Ok(claim) => claim,
@@ -502,6 +467,77 @@ where
         Claim::Replay { record } => with_preference(replay(&record), waited),
         other => with_preference(problem(refusal(route, id, other, shared.unknown)), waited),
     }
+}
+
+/// What a request's claim came to once asked, waited on and settled.
+struct Decided {
+    claimed: Result<Claim, StoreError>,
+    /// Just before the claim that decided was sent: where its lease counts from.
+    sent_at: Instant,
+    /// The wait applied, when the request asked for one.
+    waited: Option<u64>,
+}
+
+/// Claims the key and follows the claim as far as the contract lets a
+/// request go without its effect: the claim asked again with the version 1
+/// fingerprint of a record written before version 2, a wait for the
+/// attempt holding the key, an unknown outcome settled by a lookup. `Err`
+/// is an answer made on the way (no slot free after a wait).
+async fn decide<B: From<Bytes>>(
+    shared: &Shared,
+    route: &Route,
+    (parts, body): (&http::request::Parts, &Bytes),
+    claim_request: &mut ClaimRequest,
+) -> Result<Decided, Response<B>> {
+    let (mut claimed, mut sent_at) = claim(shared, claim_request).await;
+    // A record written before fingerprint version 2 holds this request's
+    // version 1 fingerprint: only then is it computed, and the claim asked
+    // again with it (a second atomic decision over the record as it is now).
+    if let Ok(Claim::Mismatch { stored }) = &claimed {
+        let legacy = request::legacy_fingerprint(parts, route, body);
+        if legacy.as_ref() == Some(stored) {
+            claim_request.legacy_fingerprint = legacy;
+            (claimed, sent_at) = claim(shared, claim_request).await;
+        }
+    }
+    // Held by another attempt: wait for its outcome, if asked and allowed.
+    // `Preference-Applied` answers a request that sent the preference.
+    let mut waited = None;
+    if let Ok(in_flight @ Claim::InFlight { .. }) = &claimed {
+        let preferred = preferred_wait_ms(&parts.headers);
+        let wait_ms = route.wait().applied_ms(preferred);
+        if wait_ms > 0 {
+            // Counted here; the answer the wait ends with is counted below.
+            shared.metrics.claim(in_flight);
+            let slot = parts.extensions.get::<InFlightSlot>().cloned();
+            match wait_for_original(shared, claim_request, wait_ms, slot.as_ref()).await {
+                Some((answer, at)) => {
+                    shared.metrics.wait(wait_outcome(&answer));
+                    (claimed, sent_at) = (answer, at);
+                    waited = preferred.map(|_| wait_ms);
+                    let id = &claim_request.id;
+                    if let Some(shed) = back_to_work(shared, slot.as_ref(), id, &claimed).await {
+                        return Err(with_preference(shed, waited));
+                    }
+                }
+                None => shared.metrics.wait(WaitOutcome::Refused),
+            }
+        }
+    }
+    // The outcome is unknown: settle it now if a lookup can, and ask again.
+    if let (Ok(Claim::OutcomeUnknown { .. }), Some(settler)) = (&claimed, &shared.settler)
+        && settler.settle(&claim_request.id).await
+    {
+        if let Ok(unknown) = &claimed {
+            shared.metrics.claim(unknown);
+        }
+        (claimed, sent_at) = claim(shared, claim_request).await;
+    }
+    Ok(Decided {
+        claimed,
+        sent_at,
+        waited,
+    })
 }
 
 /// Verifies a fresh claim of `id` inside `window` (see
