@@ -280,7 +280,7 @@ where
                 }
                 None => {
                     let mut inner = inner;
-                    inner.call(req).await
+                    inner.call(req).await.map(without_owned_headers)
                 }
             }
         };
@@ -380,7 +380,7 @@ where
         Ok(Some(key)) => key,
         Ok(None) if !route.key_required => {
             return match inner.call(req).await {
-                Ok(response) => response,
+                Ok(response) => without_owned_headers(response),
                 Err(e) => problem(Problem::new(ProblemKind::UpstreamFailed, e.to_string())),
             };
         }

@@ -223,6 +223,11 @@ async fn headers_the_gateway_owns_never_come_from_the_upstream() {
         (count("idempotency-expires"), count("idempotent-replayed")),
         (1, 1)
     );
+    // A request the contract does not cover (a GET) passes through, but
+    // never with headers that would say it does.
+    let passed = raw(gw.addr, "GET", path, &[]).await;
+    assert_eq!(passed.status, 201, "{passed:?}");
+    assert_eq!(owned(&passed), (None, None), "{passed:?}");
 }
 
 /// A gateway whose one route protects POST under `/payouts/`.
