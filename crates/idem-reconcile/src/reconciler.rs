@@ -99,7 +99,7 @@ fn land(flights: &Flights, id: &RecordId, step: Option<&Step>, answer: Answer, s
     {
         let mut flights = flights.lock().unwrap_or_else(|e| e.into_inner());
         match step {
-            Some(Step::NotYet { until }) => {
+            Some(Step::NotYet { until }) if flights.len() <= FLIGHTS_KEYS_MAX => {
                 flights.insert(id.clone(), Flight::NotBefore(*until));
             }
             _ => {
@@ -130,9 +130,12 @@ enum Flight {
     NotBefore(Timestamp),
 }
 
-/// How many keys [`Inline::flights`] holds before the time-outs that have
-/// passed are dropped from it.
-const FLIGHTS_PRUNE_AT: usize = 4096;
+/// The most keys [`Inline::flights`] holds. At the bound, the entries whose
+/// asker is gone or whose not-before time has passed are dropped; a
+/// not-before time that still finds it full is not kept (the next retry
+/// asks again, as before it existed). Lookups in flight need no bound of
+/// their own: the inline permits and the scans' concurrency bound them.
+const FLIGHTS_KEYS_MAX: usize = 4096;
 
 /// What settling one record at once ([`Reconciler::settle_now`]) came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -502,7 +505,7 @@ impl Reconciler {
             Some(Flight::NotBefore(at)) if now < *at => return Err(None),
             _ => {}
         }
-        if flights.len() >= FLIGHTS_PRUNE_AT {
+        if flights.len() >= FLIGHTS_KEYS_MAX {
             flights.retain(|_, f| match f {
                 Flight::Asking(asked) => asked.has_changed().is_ok(),
                 Flight::NotBefore(at) => now < *at,
