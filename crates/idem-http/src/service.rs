@@ -73,6 +73,9 @@ struct Shared {
     window: Arc<WindowWatch>,
     verifier: Option<Arc<dyn VerifyFresh>>,
     unknown: UnknownOutcomes,
+    /// The routes nothing settles are named once per layer, however many
+    /// services it wraps (axum wraps each route's).
+    unsettled_named: Arc<std::sync::Once>,
 }
 
 /// Who settles an attempt whose outcome is unknown (an `ambiguous`
@@ -113,6 +116,7 @@ impl IdempotencyLayer {
                 window: Arc::default(),
                 verifier: None,
                 unknown: UnknownOutcomes::Operator,
+                unsettled_named: Arc::new(std::sync::Once::new()),
             }),
         }
     }
@@ -218,7 +222,10 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
     fn layer(&self, inner: S) -> Idempotency<S> {
         if self.shared.unknown == UnknownOutcomes::Operator {
-            warn_unsettled(&self.shared.routes);
+            let routes = &self.shared.routes;
+            self.shared
+                .unsettled_named
+                .call_once(|| warn_unsettled(routes));
         }
         Idempotency {
             inner,

@@ -387,6 +387,15 @@ async fn serve_warns_once_per_route_that_digests_a_credential() {
         "{logs}"
     );
     assert!(warnings.iter().any(|l| l.contains("legacy")), "{logs}");
+    // No [[lookup]], so no reconciler: each route that can leave an
+    // unknown outcome is named once, as one that only an operator settles.
+    let unsettled = || {
+        gw.logs()
+            .matches("nothing in this process settles it")
+            .count()
+    };
+    assert!(support::eventually(Duration::from_secs(10), || unsettled() >= 3).await);
+    assert_eq!(unsettled(), 3, "{}", gw.logs());
 }
 
 /// With no principal declared, two callers authenticated differently —
