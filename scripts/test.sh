@@ -3,14 +3,14 @@
 # checks the Rust toolchain (scripts/check-toolchain.sh), installs (Debian
 # packages) and starts whatever does not answer — PostgreSQL with its
 # server binaries, NATS with JetStream, RabbitMQ, Chromium and
-# chromedriver —, lets the tests into PostgreSQL (see
+# chromedriver, and the DynamoDB emulators dynalite (npm) and moto (PyPI) —, lets the tests into PostgreSQL (see
 # ensure_postgres_access), then runs `cargo test --workspace` with any
 # arguments given (with `-p PACKAGE`, `cargo test` of those packages only).
 # Installing needs root; on a machine whose services already answer and
 # let the tests in, `cargo test --workspace` alone does the same.
 #
-# IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium and
-# redis (default: all of them), limits what is checked and started, e.g.
+# IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium, redis,
+# dynalite and moto (default: all of them), limits what is checked and started, e.g.
 # `IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres`.
 #
 # Checking the PostgreSQL part against a fresh Debian server while
@@ -35,7 +35,7 @@ log() { printf '==> %s\n' "$*"; }
 die() { echo "$*" >&2; exit 1; }
 
 wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is unset
-  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis} "
+  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis dynalite moto} "
   [[ ${list//,/ } == *" $1 "* ]]
 }
 
@@ -212,6 +212,61 @@ ensure_chromium() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 }
 
+# The DynamoDB store's tests run on two independent implementations that
+# install from the registries: dynalite (npm) and moto in server mode
+# (PyPI), each in a folder of its own under IDEM_EMULATORS_DIR (default
+# ~/.cache/idem-emulators), installed once, pinned, started in the
+# background with their logs beside them.
+emulators_dir() {
+  local dir=${IDEM_EMULATORS_DIR:-${HOME:-/root}/.cache/idem-emulators}
+  mkdir -p "$dir" && echo "$dir"
+}
+
+ensure_dynalite() {
+  local dir
+  if answers 127.0.0.1 4567; then
+    log "dynalite answers on 127.0.0.1:4567"
+    return 0
+  fi
+  dir=$(emulators_dir)/dynalite-$DYNALITE_VERSION
+  if [ ! -x "$dir/node_modules/.bin/dynalite" ]; then
+    if ! command -v npm >/dev/null; then
+      log "installing Node.js and npm"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    log "installing dynalite $DYNALITE_VERSION (npm)"
+    npm install --silent --no-audit --no-fund --prefix "$dir" "dynalite@$DYNALITE_VERSION" >/dev/null
+  fi
+  log "starting dynalite"
+  nohup "$dir/node_modules/.bin/dynalite" --host 127.0.0.1 --port 4567 \
+    --createTableMs 0 --deleteTableMs 0 --updateTableMs 0 >"$dir/dynalite.log" 2>&1 &
+  wait_for dynalite 127.0.0.1 4567 60
+}
+
+ensure_moto() {
+  local dir
+  if answers 127.0.0.1 4568; then
+    log "moto answers on 127.0.0.1:4568"
+    return 0
+  fi
+  dir=$(emulators_dir)/moto-$MOTO_VERSION
+  if [ ! -x "$dir/bin/moto_server" ]; then
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+      log "installing Python's venv"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    log "installing moto $MOTO_VERSION (PyPI)"
+    rm -rf "$dir" && python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+  fi
+  log "starting moto"
+  nohup "$dir/bin/moto_server" -H 127.0.0.1 -p 4568 >"$dir/moto.log" 2>&1 &
+  wait_for moto 127.0.0.1 4568 60
+}
+
+DYNALITE_VERSION=4.0.0
+MOTO_VERSION=5.2.6
+
 bash scripts/check-toolchain.sh
 if wanted postgres; then
   ensure_postgres
@@ -225,6 +280,8 @@ if wanted nats; then
 fi
 if wanted rabbitmq; then ensure_service RabbitMQ 5672 rabbitmq-server rabbitmq-server rabbitmq-server -detached; fi
 if wanted redis; then ensure_redis; fi
+if wanted dynalite; then ensure_dynalite; fi
+if wanted moto; then ensure_moto; fi
 
 # `-p PACKAGE` (or --package) tests those packages instead of the workspace.
 scope=(--workspace)

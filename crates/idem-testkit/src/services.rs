@@ -33,7 +33,18 @@ pub enum Service {
     Nats,
     /// RabbitMQ (127.0.0.1:5672).
     RabbitMq,
+    /// dynalite, a DynamoDB implementation from npm
+    /// (`IDEM_TEST_DYNALITE_URL`, default [`DYNALITE_URL_DEFAULT`]).
+    Dynalite,
+    /// moto in server mode, a DynamoDB implementation from PyPI
+    /// (`IDEM_TEST_MOTO_URL`, default [`MOTO_URL_DEFAULT`]).
+    Moto,
 }
+
+/// Where `scripts/test.sh` starts dynalite.
+pub const DYNALITE_URL_DEFAULT: &str = "http://127.0.0.1:4567";
+/// Where `scripts/test.sh` starts moto's server.
+pub const MOTO_URL_DEFAULT: &str = "http://127.0.0.1:4568";
 
 impl Service {
     fn name(self) -> &'static str {
@@ -41,6 +52,8 @@ impl Service {
             Service::Postgres => "PostgreSQL",
             Service::Nats => "NATS",
             Service::RabbitMq => "RabbitMQ",
+            Service::Dynalite => "dynalite",
+            Service::Moto => "moto",
         }
     }
 
@@ -51,7 +64,33 @@ impl Service {
             Service::Postgres => "pg_ctlcluster $(ls /etc/postgresql | tail -n1) main start",
             Service::Nats => "nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &",
             Service::RabbitMq => "rabbitmq-server -detached",
+            Service::Dynalite => "IDEM_TEST_SERVICES=dynalite bash scripts/test.sh --no-run",
+            Service::Moto => "IDEM_TEST_SERVICES=moto bash scripts/test.sh --no-run",
         }
+    }
+
+    /// The HTTP endpoint of a DynamoDB emulator (its environment variable,
+    /// or its default), after checking that it answers; fails the test
+    /// with [`Service::missing`] when it does not. Panics for the services
+    /// that are not DynamoDB emulators.
+    pub fn endpoint(self) -> String {
+        let (var, default) = match self {
+            Service::Dynalite => ("IDEM_TEST_DYNALITE_URL", DYNALITE_URL_DEFAULT),
+            Service::Moto => ("IDEM_TEST_MOTO_URL", MOTO_URL_DEFAULT),
+            other => panic!("{} has no HTTP endpoint", other.name()),
+        };
+        let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+        let authority = url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "80"));
+        match port.parse() {
+            Ok(port) => self.require(host, port),
+            Err(_) => panic!("{var}={url:?} names no port"),
+        }
+        url
     }
 
     /// The line a test fails with when the service at `addr` did not
