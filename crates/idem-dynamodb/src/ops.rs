@@ -122,6 +122,16 @@ impl DynamoStore {
         self.modify(&req.id, Some(Item::missing()), |current, now, judged| {
             let mut next = current.clone();
             match decision::plan(record_of(current), req, judged) {
+                // The lease is judged over `skew` late, but a caller is told
+                // when it ends: retrying then meets at most `skew` of wait.
+                Plan::Answer(Claim::InFlight { lease_until, .. }, Write::None) => {
+                    let retry_after_ms = now.millis_until(lease_until);
+                    let claim = Claim::InFlight {
+                        lease_until,
+                        retry_after_ms,
+                    };
+                    Ok((claim, Change::Keep))
+                }
                 Plan::Answer(claim, Write::None) => Ok((claim, Change::Keep)),
                 Plan::Answer(claim, Write::Put(record)) => {
                     next.record = Some(record);

@@ -8,7 +8,6 @@ use aws_config::BehaviorVersion;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::Region;
-use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TableStatus as AwsTableStatus, TimeToLiveSpecification,
@@ -219,7 +218,7 @@ pub async fn create_table(client: &Client, url: &DynamoUrl) -> Result<Vec<String
         Err(e) => done.push(format!(
             "TTL not turned on ({}); records are still expired by idem, only storage is not \
              reclaimed",
-            DisplayErrorContext(&e)
+            crate::table::said(&e)
         )),
     }
     let meta = HashMap::from([
@@ -233,6 +232,56 @@ pub async fn create_table(client: &Client, url: &DynamoUrl) -> Result<Vec<String
     }
     check_layout(&table).await?;
     Ok(done)
+}
+
+/// The table [`create_table`] makes, as a CloudFormation template (JSON)
+/// with one `AWS::DynamoDB::Table` resource, for teams whose tables come
+/// from infrastructure code: the same keys, indexes, billing and TTL.
+pub fn cloudformation(url: &DynamoUrl) -> String {
+    let index = |name: &str, hash: &str, range: &str| {
+        serde_json::json!({
+            "IndexName": name,
+            "KeySchema": [
+                { "AttributeName": hash, "KeyType": "HASH" },
+                { "AttributeName": range, "KeyType": "RANGE" },
+            ],
+            "Projection": { "ProjectionType": "ALL" },
+        })
+    };
+    let template = serde_json::json!({
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": format!("The idem store {url} (layout {LAYOUT_VERSION})"),
+        "Resources": {
+            "IdemStore": {
+                "Type": "AWS::DynamoDB::Table",
+                "DeletionPolicy": "Retain",
+                "Properties": {
+                    "TableName": url.table,
+                    "BillingMode": "PAY_PER_REQUEST",
+                    "AttributeDefinitions": [
+                        { "AttributeName": PK, "AttributeType": "S" },
+                        { "AttributeName": "amb", "AttributeType": "S" },
+                        { "AttributeName": "amb_sk", "AttributeType": "S" },
+                        { "AttributeName": "due_shard", "AttributeType": "S" },
+                        { "AttributeName": "due", "AttributeType": "N" },
+                    ],
+                    "KeySchema": [{ "AttributeName": PK, "KeyType": "HASH" }],
+                    "GlobalSecondaryIndexes": [
+                        index(AMBIGUOUS_INDEX, "amb", "amb_sk"),
+                        index(DUE_INDEX, "due_shard", "due"),
+                    ],
+                    "TimeToLiveSpecification": {
+                        "AttributeName": TTL_ATTRIBUTE,
+                        "Enabled": true,
+                    },
+                    "PointInTimeRecoverySpecification": {
+                        "PointInTimeRecoveryEnabled": true,
+                    },
+                },
+            },
+        },
+    });
+    serde_json::to_string_pretty(&template).unwrap_or_default()
 }
 
 async fn send_create(client: &Client, url: &DynamoUrl, table: &Table) -> Result<(), StoreError> {

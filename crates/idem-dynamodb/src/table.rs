@@ -3,7 +3,7 @@
 //! each failure said as a [`StoreError`] naming the table.
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
@@ -195,20 +195,76 @@ impl Table {
     /// (the write may or may not have applied).
     pub fn unavailable<E, R>(&self, what: &str, e: &SdkError<E, R>) -> StoreError
     where
-        E: std::error::Error + 'static,
+        E: std::error::Error + ProvideErrorMetadata + 'static,
         R: std::fmt::Debug,
     {
         StoreError::Unavailable {
             store: self.label.clone(),
-            reason: format!("{what}: {}", DisplayErrorContext(e)),
+            reason: format!("{what}: {}", said(e)),
         }
     }
 
-    fn refused(&self, what: &str, e: &dyn std::error::Error) -> StoreError {
+    fn refused<E: ProvideErrorMetadata>(&self, what: &str, e: &E) -> StoreError {
         StoreError::Unavailable {
             store: self.label.clone(),
-            reason: format!("{what}: {}", DisplayErrorContext(e)),
+            reason: format!("{what}: {}", service_said(e)),
         }
+    }
+}
+
+/// What a failed request said, in one line: DynamoDB's error code and
+/// message, or why no answer came.
+pub fn said<E, R>(e: &SdkError<E, R>) -> String
+where
+    E: std::error::Error + ProvideErrorMetadata + 'static,
+    R: std::fmt::Debug,
+{
+    match e {
+        SdkError::ServiceError(s) => service_said(s.err()),
+        SdkError::TimeoutError(_) => "no answer in time (the request may have been applied)".into(),
+        SdkError::DispatchFailure(d) => {
+            let why = if d.is_io() {
+                "the connection failed"
+            } else if d.is_timeout() {
+                "connecting timed out"
+            } else {
+                "the request could not be sent"
+            };
+            format!("{why}: {}", causes(e))
+        }
+        SdkError::ResponseError(_) => {
+            format!(
+                "the answer could not be read (the request may have been applied): {}",
+                causes(e)
+            )
+        }
+        other => causes(other),
+    }
+}
+
+/// An error's causes, innermost last, each said once.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut said: Vec<String> = Vec::new();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+        next = cause.source();
+    }
+    if said.is_empty() {
+        return e.to_string();
+    }
+    said.join(": ")
+}
+
+fn service_said<E: ProvideErrorMetadata>(e: &E) -> String {
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_owned(),
+        (None, Some(message)) => message.to_owned(),
+        (None, None) => "an error without a code".to_owned(),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Store URLs (`sqlite://PATH`, `postgres://…`) parsed and checked once,
+//! Store URLs (`sqlite://PATH`, `postgres://…`, `dynamodb://TABLE…`) parsed and checked once,
 //! with the rest of a configuration, so that a wrong `store` is refused
 //! before anything starts, naming the file and field (or the flag) it came
 //! from. Opening the store is the caller's.
@@ -20,6 +20,9 @@ pub enum StoreUrl {
     /// idem's own, [`idem_postgres::URL_PARAMETERS`], included). It may
     /// hold a password, so `Display` and `Debug` mask it.
     Postgres(String),
+    /// `dynamodb://TABLE[?region=…][&endpoint=…][&clock_skew_ms=…]`
+    /// ([`idem_dynamodb::DynamoUrl`]).
+    Dynamodb(idem_dynamodb::DynamoUrl),
 }
 
 /// Why a store URL is refused. Every message masks passwords and says what
@@ -53,6 +56,11 @@ pub enum StoreUrlError {
         /// Why, and what to write (password masked).
         reason: String,
     },
+    /// A `dynamodb://` URL the store would refuse.
+    Dynamodb {
+        /// Why, and what to write.
+        reason: String,
+    },
 }
 
 impl StoreUrl {
@@ -77,8 +85,13 @@ impl StoreUrl {
                 }),
             };
         }
+        if raw.starts_with("dynamodb://") {
+            return idem_dynamodb::DynamoUrl::parse(raw)
+                .map(StoreUrl::Dynamodb)
+                .map_err(|reason| StoreUrlError::Dynamodb { reason });
+        }
         if let Some((scheme, rest)) = raw.split_once(':')
-            && ["sqlite", "postgres", "postgresql"].contains(&scheme)
+            && ["sqlite", "postgres", "postgresql", "dynamodb"].contains(&scheme)
             && !rest.starts_with("//")
         {
             return Err(StoreUrlError::MissingSlashes {
@@ -120,6 +133,7 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
             StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+            StoreUrl::Dynamodb(url) => url.fmt(f),
         }
     }
 }
@@ -129,6 +143,7 @@ impl fmt::Debug for StoreUrl {
         match self {
             StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
             StoreUrl::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
+            StoreUrl::Dynamodb(url) => f.debug_tuple("Dynamodb").field(url).finish(),
         }
     }
 }
@@ -151,9 +166,11 @@ impl fmt::Display for StoreUrlError {
             StoreUrlError::UnknownScheme { url, scheme } => write!(
                 f,
                 "{url:?} has scheme {scheme:?}; supported: sqlite://PATH, \
-                 postgres://USER@HOST/DB"
+                 postgres://USER@HOST/DB, dynamodb://TABLE?region=REGION"
             ),
-            StoreUrlError::Postgres { reason } => f.write_str(reason),
+            StoreUrlError::Postgres { reason } | StoreUrlError::Dynamodb { reason } => {
+                f.write_str(reason)
+            }
         }
     }
 }
@@ -202,6 +219,17 @@ mod tests {
                 Err("invalid PostgreSQL URL"),
             ),
             ("mysql://app:pw@h/db", Err("has scheme \"mysql\"")),
+            (
+                "dynamodb://idem?region=eu-west-1",
+                Ok(StoreUrl::Dynamodb(
+                    idem_dynamodb::DynamoUrl::parse("dynamodb://idem?region=eu-west-1").unwrap(),
+                )),
+            ),
+            (
+                "dynamodb://idem?regoin=eu-west-1",
+                Err("unknown parameter \"regoin\""),
+            ),
+            ("dynamodb:idem", Err("write dynamodb://idem")),
             ("idem.db", Err("has no scheme")),
             ("app:pw@h/db", Err("\"app:***@h/db\" has no scheme")),
         ];

@@ -62,6 +62,11 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum StoreCommand {
+    /// Create the store where its URL points: an SQLite file or a
+    /// PostgreSQL schema, or a DynamoDB table with its indexes and TTL
+    /// attribute (on-demand billing); `--print cloudformation` prints the
+    /// table's CloudFormation instead. A store that exists is left as it is.
+    Init(store_cmd::InitArgs),
     /// Write a consistent copy of an SQLite store to a new file, while the
     /// gateway serves from it (SQLite's online backup), and check the copy.
     Backup(store_cmd::BackupArgs),
@@ -131,6 +136,7 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
         Command::Demo(args) => block_on(demo::run(args)),
+        Command::Store(StoreCommand::Init(args)) => block_on(store_cmd::init(args)),
         Command::Store(StoreCommand::Backup(args)) => finish(store_cmd::backup(args)),
         Command::Store(StoreCommand::Restore(args)) => finish(store_cmd::restore(args)),
         Command::Store(StoreCommand::MarkRestored(args)) => {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use idem_core::{Clock, SystemClock, Timestamp, WindowOpening};
 
-use crate::store_url::{StoreArgs, StoreUrl};
+use crate::store_url::{OpenStore, StoreArgs, StoreUrl};
 
 /// `idem store backup`.
 #[derive(Debug, clap::Args)]
@@ -37,6 +37,11 @@ pub fn backup(args: BackupArgs) -> anyhow::Result<()> {
             "{}: {url} is a PostgreSQL store: back it up with the database that holds it \
              (pg_basebackup and WAL archiving, for a restore to a point in time together with \
              the business data), not with idem; docs/stores.md, \"Backups\"",
+            args.store.field()
+        ),
+        StoreUrl::Dynamodb(_) => bail!(
+            "{}: {url} is a DynamoDB store: back it up with DynamoDB (point-in-time recovery, \
+             or on-demand backups), not with idem; docs/stores.md, \"Backups\"",
             args.store.field()
         ),
     };
@@ -88,6 +93,12 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
              docs/stores.md, \"Backups\"",
             args.store.field()
         ),
+        StoreUrl::Dynamodb(_) => bail!(
+            "{}: {url} is a DynamoDB store: restore it with DynamoDB (point-in-time recovery \
+             restores to a new table: point the store's URL at it), then run \
+             `idem store mark-restored --since TIME`; docs/stores.md, \"Backups\"",
+            args.store.field()
+        ),
     };
     let window_ms = window_ms(args.window_s)?;
     let report = idem_sqlite::restore(&args.from, path, (window_ms, SystemClock.now()))
@@ -103,6 +114,50 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     );
     print_window(&report.window);
     Ok(())
+}
+
+/// `idem store init`.
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// The store to create.
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print what would be created instead of creating it: `cloudformation`
+    /// (a DynamoDB table's AWS::DynamoDB::Table resource, as JSON).
+    #[arg(long, value_name = "FORMAT", value_parser = ["cloudformation"])]
+    print: Option<String>,
+}
+
+/// Creates the store, or prints its DynamoDB table as CloudFormation.
+pub async fn init(args: InitArgs) -> anyhow::Result<()> {
+    let url = args.store.url()?;
+    match (&url, args.print.as_deref()) {
+        (StoreUrl::Dynamodb(table), Some(_)) => {
+            println!("{}", idem_dynamodb::setup::cloudformation(table));
+            eprintln!(
+                "once the stack has made the table, run `idem store init --store {url}`: it \
+                 finds the table and writes the item that names idem's layout"
+            );
+            Ok(())
+        }
+        (_, Some(format)) => bail!(
+            "{}: {url} is not a DynamoDB store: --print {format} describes a DynamoDB table",
+            args.store.field()
+        ),
+        (StoreUrl::Dynamodb(table), None) => {
+            let client = idem_dynamodb::connect(table).await;
+            let done = idem_dynamodb::create_table(&client, table)
+                .await
+                .with_context(|| format!("cannot create store {url}"))?;
+            println!("{url}: {}", done.join("; "));
+            Ok(())
+        }
+        (StoreUrl::Sqlite(_) | StoreUrl::Postgres(_), None) => {
+            url.open()?;
+            println!("{url}: ready");
+            Ok(())
+        }
+    }
 }
 
 /// `idem store mark-restored`.

@@ -113,11 +113,17 @@ pub fn field(flag: Option<&str>, config: Option<&Path>) -> String {
 /// The line `--check` prints for what it left unchecked of the store: a
 /// PostgreSQL server is not reached.
 pub fn print_unchecked(checked: Checked) {
-    if checked == Checked::Postgres {
-        println!(
+    match checked {
+        Checked::Postgres => println!(
             "  connect    the PostgreSQL server (a start connects, creates or upgrades the \
              schema, and checks the server: its replication for synchronous routes, a promotion)"
-        );
+        ),
+        Checked::Dynamodb => println!(
+            "  connect    the DynamoDB table (a start checks that it exists with idem's layout, \
+             and for synchronous routes that it is a multi-Region strongly consistent global \
+             table)"
+        ),
+        Checked::Sqlite(_) => {}
     }
 }
 
@@ -131,6 +137,7 @@ pub fn log_opened(url: &StoreUrl) {
             tracing::info!(file = %file.display(), "store open: SQLite");
         }
         StoreUrl::Postgres(_) => tracing::info!(url = %url, "store open: PostgreSQL"),
+        StoreUrl::Dynamodb(_) => tracing::info!(url = %url, "store open: DynamoDB"),
     }
 }
 
@@ -141,6 +148,8 @@ pub enum Checked {
     Sqlite(Found),
     /// A PostgreSQL server: only connecting tells more.
     Postgres,
+    /// A DynamoDB table: only asking AWS tells more.
+    Dynamodb,
 }
 
 /// Opening what a [`StoreUrl`] names.
@@ -185,7 +194,7 @@ impl OpenStore for StoreUrl {
                  with a synchronous standby, or another mode",
                 synchronous.join(", ")
             ),
-            StoreUrl::Sqlite(_) | StoreUrl::Postgres(_) => Ok(()),
+            StoreUrl::Sqlite(_) | StoreUrl::Postgres(_) | StoreUrl::Dynamodb(_) => Ok(()),
         }
     }
 
@@ -193,6 +202,7 @@ impl OpenStore for StoreUrl {
         match self {
             StoreUrl::Sqlite(path) => Ok(Checked::Sqlite(SqliteStore::check(path)?)),
             StoreUrl::Postgres(_) => Ok(Checked::Postgres),
+            StoreUrl::Dynamodb(_) => Ok(Checked::Dynamodb),
         }
     }
 
@@ -218,6 +228,10 @@ impl OpenStore for StoreUrl {
                 ))),
                 Err(e) => Err(e),
             },
+            StoreUrl::Dynamodb(url) => {
+                let store = on_runtime(open_dynamodb(url, serving))?;
+                Ok(Arc::new(store))
+            }
         }
     }
 
@@ -232,6 +246,10 @@ impl OpenStore for StoreUrl {
                 Some(store) => Ok(Arc::new(store)),
                 None => bail!("store {self} was not created"),
             },
+            StoreUrl::Dynamodb(url) => {
+                let store = on_runtime(open_dynamodb(url, Serving::default()))?;
+                Ok(Arc::new(store))
+            }
         }
     }
 
@@ -253,8 +271,70 @@ impl OpenStore for StoreUrl {
                 let store = connect_postgres(url, false, Serving::default())?;
                 Ok(store.map(|s| Arc::new(s) as Arc<dyn Store>))
             }
+            StoreUrl::Dynamodb(url) => match on_runtime(open_dynamodb(url, Serving::default())) {
+                Ok(store) => Ok(Some(Arc::new(store))),
+                Err(e) if is_missing_table(&e) => Ok(None),
+                Err(e) => Err(e),
+            },
         }
     }
+}
+
+/// Runs `future` to its end from synchronous code: on the caller's
+/// multi-threaded runtime when there is one (so the store's client lives
+/// on the runtime that will use it), else on a runtime of its own.
+fn on_runtime<T>(
+    future: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(future))
+        }
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start a runtime to reach DynamoDB")?
+            .block_on(future),
+    }
+}
+
+/// Opens the DynamoDB store `url` names, on the table `idem store init`
+/// made; with routes in `synchronous` mode, only on a multi-Region
+/// strongly consistent global table.
+async fn open_dynamodb(
+    url: &idem_dynamodb::DynamoUrl,
+    serving: Serving,
+) -> anyhow::Result<idem_dynamodb::DynamoStore> {
+    let client = idem_dynamodb::connect(url).await;
+    if serving.synchronous {
+        let table = idem_dynamodb::describe(&client, url).await?;
+        if table.multi_region_consistency.as_deref() != Some("STRONG") {
+            bail!(
+                "table {} is {}: a route in synchronous mode needs a global table whose \
+                 MultiRegionConsistency is STRONG (MRSC), where a write is acknowledged only \
+                 once another Region has it",
+                url.table,
+                match &table.multi_region_consistency {
+                    Some(c) => format!("a global table with MultiRegionConsistency {c}"),
+                    None => "not a multi-Region strongly consistent global table".to_owned(),
+                }
+            );
+        }
+    }
+    let store =
+        idem_dynamodb::DynamoStore::with_client(client, url, Arc::new(idem_core::SystemClock))
+            .await
+            .with_context(|| format!("cannot open store {url}"))?;
+    Ok(store)
+}
+
+/// Whether opening failed because the table does not exist.
+fn is_missing_table(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<StoreError>()
+            .is_some_and(|e| matches!(e, StoreError::Incompatible { reason, .. } if reason.contains("does not exist")))
+    })
 }
 
 impl fmt::Display for Checked {
@@ -273,6 +353,7 @@ impl fmt::Display for Checked {
             }
             Checked::Sqlite(_) => f.write_str("an SQLite file"),
             Checked::Postgres => f.write_str("PostgreSQL: not connected to"),
+            Checked::Dynamodb => f.write_str("DynamoDB: not reached"),
         }
     }
 }

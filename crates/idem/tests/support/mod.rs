@@ -5,6 +5,7 @@
 
 pub mod broker;
 pub mod consume_suite;
+pub mod dynamo;
 pub mod nats;
 pub mod rabbit;
 
@@ -476,8 +477,9 @@ impl Gateway {
         cmd.args(["--upstream", upstream])
             .args(extra)
             .arg("--store")
-            .arg(store_url)
+            .arg(dynamo::gateway_store(store_url))
             .env("IDEM_LOG", "info")
+            .envs(dynamo::AWS_ENV.iter().copied())
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
