@@ -95,7 +95,7 @@ pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
     DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreFuture,
-    WakeFn, WindowFn,
+    WakeFn, Watch, Watching, WindowFn,
 };
 pub use store_error::StoreError;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -155,6 +155,53 @@ pub trait Store: Send + Sync {
     fn on_window_opened(&self, opened: WindowFn) {
         let _ = opened;
     }
+
+    /// What this store was asked to watch for by itself on its server
+    /// ([`Watch`]), and whether the server lets it: a PostgreSQL store on
+    /// an engine that refuses what a watch takes runs without it and says
+    /// so here, and a readiness probe names each. The default watches
+    /// nothing.
+    fn watches(&self) -> Vec<(Watch, Watching)> {
+        Vec::new()
+    }
+}
+
+/// Something a store shared by several processes notices by itself, when
+/// asked to and when its server allows it ([`Store::watches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Watch {
+    /// A server that is not the one written to before (a promoted standby,
+    /// a restore), which opens the suspect window. Off, only an operator
+    /// opens it (`idem store mark-restored`).
+    Promotion,
+    /// Completions in other processes of records a request here waits
+    /// on, which wake the waiters at once. Off, waiters learn of them at
+    /// their next poll ([`crate::WAIT_POLL_MS`]).
+    Completions,
+}
+
+impl Watch {
+    /// Its name, as a readiness probe says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Watch::Promotion => "promotion_check",
+            Watch::Completions => "completion_notices",
+        }
+    }
+}
+
+/// Whether a [`Watch`] is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Watching {
+    /// It is.
+    Active,
+    /// It is not: the server refused what it takes.
+    Off {
+        /// What was refused, and what is lost.
+        reason: String,
+    },
 }
 
 /// What [`Store::on_window_opened`] calls with the window opened.

@@ -6,7 +6,9 @@
 use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult, Token};
-use crate::store::{ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, WindowFn};
+use crate::store::{
+    ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, Watch, Watching, WindowFn,
+};
 use crate::window::{SuspectWindow, WindowOpening};
 
 /// A write the inner store accepted, as [`StoreWrapper::accepted`] sees it:
@@ -51,8 +53,8 @@ macro_rules! wrapper {
         /// [`StoreWrapper::accepted`] once the inner store accepted it, so a
         /// wrapper that notes writes overrides only that (and sets
         /// [`StoreWrapper::WATCHES_WRITES`]). The two registrations
-        /// (`on_completed`, `on_window_opened`) go to the inner store as
-        /// they are.
+        /// (`on_completed`, `on_window_opened`) and `watches` go to the
+        /// inner store as they are.
         pub trait StoreWrapper: Send + Sync {
             /// Whether the writes' defaults call [`StoreWrapper::accepted`];
             /// off by default, so that a wrapper that does not note writes
@@ -104,6 +106,11 @@ macro_rules! wrapper {
             fn on_window_opened(&self, opened: WindowFn) {
                 self.inner().on_window_opened(opened);
             }
+
+            /// [`Store::watches`].
+            fn watches(&self) -> Vec<(Watch, Watching)> {
+                self.inner().watches()
+            }
         }
 
         impl<W: StoreWrapper> Store for W {
@@ -124,6 +131,10 @@ macro_rules! wrapper {
 
             fn on_window_opened(&self, opened: WindowFn) {
                 StoreWrapper::on_window_opened(self, opened);
+            }
+
+            fn watches(&self) -> Vec<(Watch, Watching)> {
+                StoreWrapper::watches(self)
             }
         }
     };

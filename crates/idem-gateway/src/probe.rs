@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use idem_core::{Clock, Store, SystemClock};
+use idem_core::{Clock, Store, SystemClock, Watch, Watching};
 use idem_http::Metrics;
 use idem_reconcile::Reconciler;
 use serde::Serialize;
@@ -274,6 +274,7 @@ async fn check(p: &Probes) -> (bool, Vec<u8>) {
         ("suspect_window".into(), window),
         ("reconciler".into(), reconciler(p)),
     ];
+    found.extend(p.store.watches().into_iter().map(watched));
     for (name, extra) in &p.extra {
         found.push((name.clone(), extra.check()));
     }
@@ -291,6 +292,17 @@ async fn check(p: &Probes) -> (bool, Vec<u8>) {
     })
     .unwrap_or_default();
     (ready, body)
+}
+
+/// What the store watches for by itself (a PostgreSQL store: a promotion,
+/// completions elsewhere): `ok`, or `off` where the server refused it,
+/// which leaves the gateway ready; the store logged why when it found out.
+fn watched((watch, watching): (Watch, Watching)) -> (Cow<'static, str>, Checked) {
+    let checked = match watching {
+        Watching::Off { reason } => Checked::with_detail(Status::Off, reason),
+        _ => Checked::status(Status::Ok),
+    };
+    (watch.as_str().into(), checked)
 }
 
 /// Logs why one check failed, within [`PROBE_LOG_LINES_MAX`] a minute.
@@ -429,6 +441,24 @@ mod tests {
         }
     }
 
+    /// A store whose server refused its promotion check, the refusal
+    /// naming where it is.
+    struct Refusing(MemoryStore);
+
+    impl StoreWrapper for Refusing {
+        fn inner(&self) -> &dyn Store {
+            &self.0
+        }
+
+        fn watches(&self) -> Vec<(Watch, Watching)> {
+            let reason = format!("{URL} refused pg_control_system()");
+            vec![
+                (Watch::Promotion, Watching::Off { reason }),
+                (Watch::Completions, Watching::Active),
+            ]
+        }
+    }
+
     fn memory() -> MemoryStore {
         MemoryStore::new(Arc::new(SystemClock))
     }
@@ -442,7 +472,7 @@ mod tests {
             cause: format!("restored from the backup {BACKUP}"),
         };
         restored.open_suspect_window(&opening).await.unwrap();
-        let cases: [(Arc<dyn Store>, &str); 2] = [
+        let cases: [(Arc<dyn Store>, &str); 3] = [
             (
                 Arc::new(Down(memory())),
                 r#"{"ready":false,"checks":{"store_read":"failed","store_write":"failed","suspect_window":"unknown","reconciler":"off"}}"#,
@@ -450,6 +480,10 @@ mod tests {
             (
                 Arc::new(restored),
                 r#"{"ready":true,"checks":{"store_read":"ok","store_write":"ok","suspect_window":"open","reconciler":"off"}}"#,
+            ),
+            (
+                Arc::new(Refusing(memory())),
+                r#"{"ready":true,"checks":{"store_read":"ok","store_write":"ok","suspect_window":"closed","reconciler":"off","promotion_check":"off","completion_notices":"ok"}}"#,
             ),
         ];
         for (store, expect) in cases {
