@@ -69,6 +69,22 @@ pub(crate) fn from_pg(store: &str, e: &tokio_postgres::Error) -> StoreError {
     unavailable(store, text)
 }
 
+/// Whether the server refused a statement because the engine or the role
+/// does not offer what it uses: a function revoked from the role (42501)
+/// or absent (42883), or a statement the engine does not implement
+/// (0A000). Managed and PG-compatible engines do this to the promotion
+/// check and to `LISTEN`; a retry would meet the same refusal.
+pub(crate) fn not_offered(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| {
+        [
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::UNDEFINED_FUNCTION,
+            SqlState::FEATURE_NOT_SUPPORTED,
+        ]
+        .contains(code)
+    })
+}
+
 /// A pool checkout that failed: no free connection in time, or a new one
 /// could not be opened.
 pub(crate) fn from_pool(store: &str, e: PoolError, waited: Duration) -> StoreError {

@@ -73,6 +73,13 @@
 //! fails closed). Every message names the host, port, database and schema,
 //! never the password.
 //!
+//! ## Managed and PG-compatible engines
+//! What such an engine refuses is done without, and said: the promotion
+//! check when its functions are revoked or absent
+//! ([`PgStore::promotion_check`]), the completion notices when `LISTEN` is
+//! not supported ([`PgStore::completion_notices`]); [`Store::watches`]
+//! gives both to a readiness probe.
+//!
 //! ## Schema
 //! In the schema [`PgOptions::schema`]: `records` keyed by `(scope, key)`
 //! (text in `COLLATE "C"`, so listing order is byte order), the resolution
@@ -118,7 +125,7 @@ use idem_core::decision;
 use idem_core::{
     Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
-    Token, WindowFn, WindowOpening,
+    Token, Watch, Watching, WindowFn, WindowOpening,
 };
 use tokio_postgres::NoTls;
 
@@ -155,6 +162,7 @@ pub struct PgStore {
     synchronous: replication::Required,
     promotion: window::PromotionWatch,
     window_sql: window::Statements,
+    notices: listen::Notices,
 }
 
 impl PgStore {
@@ -185,6 +193,25 @@ impl PgStore {
         drop(Object::take(client));
         self.shared.pool.retain(|_, _| false);
         opened
+    }
+
+    /// Whether the promotion check of [`PgStore::open_window_on_promotion`]
+    /// runs: `None` when it was not asked for, [`Watching::Off`] when the
+    /// server refused the functions it reads (`pg_control_system()` and
+    /// `pg_walfile_name(pg_current_wal_lsn())`: revoked on Aurora, absent
+    /// on CockroachDB and YugabyteDB). Off, the store serves as ever, a
+    /// promotion or a restore is not noticed, and the window opens only
+    /// by [`Store::open_suspect_window`].
+    pub fn promotion_check(&self) -> Option<Watching> {
+        self.promotion.watching()
+    }
+
+    /// Whether completions in other processes are heard
+    /// ([`Store::on_completed`]): `None` when nothing asked to hear them,
+    /// [`Watching::Off`] when the server refused `LISTEN`. Off, waiters
+    /// learn of a completion elsewhere at their next poll.
+    pub fn completion_notices(&self) -> Option<Watching> {
+        self.notices.watching()
     }
 
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`),
@@ -372,6 +399,7 @@ impl PgStore {
             synchronous,
             promotion,
             window_sql,
+            notices: listen::Notices::default(),
         };
         Ok((pg, found))
     }
@@ -805,7 +833,14 @@ impl Store for PgStore {
         Box::pin(self.purge_pooled(limit))
     }
 
+    /// Marks the record, once this store's listener has `LISTEN` in
+    /// place; before that, or on an engine that refuses it, nothing: a
+    /// mark only serves the process that hears what it causes, and waiters
+    /// poll anyway.
     fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
+        if !self.notices.heard() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         Box::pin(self.bounded(async move |client| {
             ops::note_waiting(&Exec::Pooled(client), &self.shared.ctx, id).await
         }))
@@ -813,12 +848,17 @@ impl Store for PgStore {
 
     /// Starts a connection that `LISTEN`s on the schema's channel (its
     /// name: `idem_` and a digest of the schema's); it reconnects after a
-    /// second when it ends, for as long as the runtime lives.
+    /// second when it ends, for as long as the runtime lives, unless the
+    /// server refuses `LISTEN` ([`PgStore::completion_notices`]).
     fn on_completed(&self, wake: idem_core::WakeFn) {
         listen::spawn(
             self.pg.clone(),
-            self.shared.ctx.schema.channel.clone(),
+            (
+                self.shared.ctx.schema.channel.clone(),
+                self.shared.ctx.store.clone(),
+            ),
             wake,
+            self.notices.clone(),
         );
     }
 
@@ -857,6 +897,17 @@ impl Store for PgStore {
 
     fn on_window_opened(&self, opened: WindowFn) {
         self.promotion.listen(opened);
+    }
+
+    /// The promotion check and the completion notices, each once asked for.
+    fn watches(&self) -> Vec<(Watch, Watching)> {
+        [
+            (Watch::Promotion, self.promotion_check()),
+            (Watch::Completions, self.completion_notices()),
+        ]
+        .into_iter()
+        .filter_map(|(watch, watching)| Some((watch, watching?)))
+        .collect()
     }
 }
 

@@ -5,14 +5,20 @@
 //! that is not that one (a promoted standby, a point-in-time restore, a
 //! copy in another cluster) opens the window before the connection is
 //! used.
+//!
+//! An engine that refuses the functions the check reads (Aurora revokes
+//! `pg_control_system()`, CockroachDB and YugabyteDB lack it, a role may
+//! have had EXECUTE revoked) runs without it: the store starts, says once
+//! in the log and in [`PromotionWatch::watching`] that promotions are not
+//! noticed, and a window is opened only by hand (`open_suspect_window`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use deadpool_postgres::HookError;
-use idem_core::{Clock, StoreError, SuspectWindow, Timestamp, WindowFn, WindowOpening};
+use idem_core::{Clock, StoreError, SuspectWindow, Timestamp, Watching, WindowFn, WindowOpening};
 use tokio_postgres::GenericClient;
 
 use crate::error;
@@ -35,7 +41,8 @@ pub(crate) struct Statements {
     lock: String,
     write: String,
     now: String,
-    epoch: String,
+    server: String,
+    recorded: String,
     epoch_lock: String,
     epoch_put: String,
 }
@@ -59,14 +66,16 @@ impl Statements {
             now: "SELECT COALESCE($1::bigint, \
                   floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
                 .into(),
-            // NULL on a standby, which has no WAL position of its own to
-            // read a timeline from (and takes no writes).
-            epoch: format!(
-                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE \
+            // The timeline is NULL on a standby, which has no WAL position
+            // of its own to read one from (and takes no writes). Apart from
+            // `recorded`, so that a refusal of these functions is told from
+            // a refusal of the schema's table.
+            server: "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE \
                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint \
-                 END, (SELECT system_identifier::text FROM pg_control_system()), \
-                 e.timeline, e.system_identifier \
-                 FROM (SELECT) AS one LEFT JOIN {s}.server_epoch e ON e.id = 1"
+                 END, (SELECT system_identifier::text FROM pg_control_system())"
+                .into(),
+            recorded: format!(
+                "SELECT timeline, system_identifier FROM {s}.server_epoch WHERE id = 1"
             ),
             epoch_lock: format!("LOCK TABLE {s}.server_epoch IN EXCLUSIVE MODE"),
             epoch_put: format!(
@@ -159,11 +168,44 @@ struct WatchState {
     /// The window's length in milliseconds; 0: not checked.
     length_ms: AtomicU64,
     listeners: Mutex<Vec<WindowFn>>,
+    /// Why the check is off although asked for: the server refused the
+    /// functions it reads. Set once and kept for the store's life, so a
+    /// refusal costs one statement and one line of log, not one of each
+    /// per connection; a grant made later counts from the next start.
+    refused: OnceLock<String>,
 }
 
 impl PromotionWatch {
     pub(crate) fn set_length(&self, length_ms: u64) {
         self.0.length_ms.store(length_ms, Ordering::SeqCst);
+    }
+
+    /// Whether the check runs; `None` when it was not asked for.
+    pub(crate) fn watching(&self) -> Option<Watching> {
+        if self.0.length_ms.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        Some(match self.0.refused.get() {
+            Some(reason) => Watching::Off {
+                reason: reason.clone(),
+            },
+            None => Watching::Active,
+        })
+    }
+
+    /// Turns the check off for good after the server refused what it
+    /// reads, logging it the first time.
+    fn refuse(&self, store: &str, e: &tokio_postgres::Error) {
+        let reason = format!(
+            "the server refused the functions that tell which server it is \
+             (pg_control_system(), pg_walfile_name(pg_current_wal_lsn())): {}; a promotion \
+             or a restore is not noticed automatically: after one, open the suspect window \
+             by hand (idem store mark-restored)",
+            error::chain(e)
+        );
+        if self.0.refused.set(reason.clone()).is_ok() {
+            tracing::warn!(store, %reason, "the promotion check is off");
+        }
     }
 
     pub(crate) fn listen(&self, opened: WindowFn) {
@@ -176,7 +218,9 @@ impl PromotionWatch {
 
     /// Compares the server `client` reached with the one recorded, records
     /// it when there was none, and opens the window when it changed. The
-    /// window, when this call opened one.
+    /// window, when this call opened one. A server that refuses the
+    /// functions that tell it apart ([`error::not_offered`]) turns the
+    /// check off instead of failing the connection.
     pub(crate) async fn check(
         &self,
         client: &mut tokio_postgres::Client,
@@ -184,21 +228,28 @@ impl PromotionWatch {
         (store, clock): (&str, Option<&dyn Clock>),
     ) -> Result<Option<SuspectWindow>, StoreError> {
         let length_ms = self.0.length_ms.load(Ordering::SeqCst);
-        if length_ms == 0 {
+        if length_ms == 0 || self.0.refused.get().is_some() {
             return Ok(None);
         }
         let failed = |e: tokio_postgres::Error| error::from_pg(store, &e);
-        let (now, held) = epochs(&*client, sql, store).await?;
+        let now = match server(&*client, sql).await {
+            Ok(now) => now,
+            Err(e) if error::not_offered(&e) => {
+                self.refuse(store, &e);
+                return Ok(None);
+            }
+            Err(e) => return Err(failed(e)),
+        };
         let Some(now) = now else {
             return Ok(None);
         };
-        if held.as_ref() == Some(&now) {
+        if recorded(&*client, sql, store).await?.as_ref() == Some(&now) {
             return Ok(None);
         }
         let tx = client.transaction().await.map_err(failed)?;
         tx.execute(&sql.epoch_lock, &[]).await.map_err(failed)?;
         // Another connection may have recorded it meanwhile.
-        let (_, held) = epochs(&tx, sql, store).await?;
+        let held = recorded(&tx, sql, store).await?;
         if held.as_ref() == Some(&now) {
             return Ok(None);
         }
@@ -267,29 +318,34 @@ impl PromotionWatch {
     }
 }
 
-/// The server `client` reached (`None` on a standby) and the one recorded.
-async fn epochs(
+/// The server `client` reached; `None` on a standby. The driver's error as
+/// it came, for [`error::not_offered`].
+async fn server(
+    client: &impl GenericClient,
+    sql: &Statements,
+) -> Result<Option<Epoch>, tokio_postgres::Error> {
+    let row = client.query_one(&sql.server, &[]).await?;
+    let timeline: Option<i64> = row.try_get(0)?;
+    let system_identifier: String = row.try_get(1)?;
+    Ok(timeline.map(|timeline| Epoch {
+        timeline,
+        system_identifier,
+    }))
+}
+
+/// The server the schema was last written on, if it was ever recorded.
+async fn recorded(
     client: &impl GenericClient,
     sql: &Statements,
     store: &str,
-) -> Result<(Option<Epoch>, Option<Epoch>), StoreError> {
+) -> Result<Option<Epoch>, StoreError> {
     let failed = |e: tokio_postgres::Error| error::from_pg(store, &e);
-    let row = client.query_one(&sql.epoch, &[]).await.map_err(failed)?;
-    let timeline: Option<i64> = row.try_get(0).map_err(failed)?;
-    let system_identifier: String = row.try_get(1).map_err(failed)?;
-    let now = timeline.map(|timeline| Epoch {
-        timeline,
-        system_identifier,
-    });
-    let held = match (
-        row.try_get::<_, Option<i64>>(2).map_err(failed)?,
-        row.try_get::<_, Option<String>>(3).map_err(failed)?,
-    ) {
-        (Some(timeline), Some(system_identifier)) => Some(Epoch {
-            timeline,
-            system_identifier,
-        }),
-        _ => None,
+    let row = client.query_opt(&sql.recorded, &[]).await.map_err(failed)?;
+    let Some(row) = row else {
+        return Ok(None);
     };
-    Ok((now, held))
+    Ok(Some(Epoch {
+        timeline: row.try_get(0).map_err(failed)?,
+        system_identifier: row.try_get(1).map_err(failed)?,
+    }))
 }

@@ -25,10 +25,14 @@ pub fn url() -> String {
 
 /// The test URL naming database `db` instead.
 pub fn url_with_db(db: &str) -> String {
-    let url = url();
+    on_db(&url(), db)
+}
+
+/// `url` naming database `db` instead.
+pub fn on_db(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base.to_owned(), format!("?{query}")),
-        None => (url.clone(), String::new()),
+        None => (url.to_owned(), String::new()),
     };
     match base.rsplit_once('/') {
         Some((server, _)) => format!("{server}/{db}{query}"),
@@ -88,6 +92,49 @@ impl Drop for SchemaGuard {
         );
         if let Err(e) = admin_blocking(sql) {
             eprintln!("cannot drop test schema {}: {e}", self.name);
+        }
+    }
+}
+
+/// A database of one test's own, created from `template0` (which nobody
+/// connects to, so that creating it never waits on another test), and
+/// dropped with whatever sessions are still in it when the guard drops:
+/// what a test revokes in it is revoked nowhere else on the server.
+pub struct DatabaseGuard {
+    name: String,
+}
+
+impl DatabaseGuard {
+    pub async fn new() -> DatabaseGuard {
+        let name = unique("idem_db");
+        admin()
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE template0"))
+            .await
+            .unwrap();
+        DatabaseGuard { name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A connection to it as the test URL's user (a superuser).
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let url = url_with_db(&self.name);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+        tokio::spawn(connection);
+        client
+    }
+}
+
+impl Drop for DatabaseGuard {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        if let Err(e) = admin_blocking(sql) {
+            eprintln!("cannot drop test database {}: {e}", self.name);
         }
     }
 }
