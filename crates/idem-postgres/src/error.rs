@@ -64,8 +64,9 @@ pub(crate) fn from_pg(store: &str, e: &tokio_postgres::Error) -> StoreError {
         );
     }
     // Connection failures (08), cancellation (57014), overload (53),
-    // serialization failures and deadlocks (40), lock timeouts (55) and
-    // anything else: the server may answer a retry.
+    // serialization failures and deadlocks (40, run again already where
+    // that is safe: `retry`), lock timeouts (55) and anything else: the
+    // server may answer a retry.
     unavailable(store, text)
 }
 

@@ -73,6 +73,11 @@
 //! fails closed). Every message names the host, port, database and schema,
 //! never the password.
 //!
+//! Work that a serialization failure or a deadlock rolled back is run
+//! again, up to [`CONFLICT_RETRIES_MAX`] times, before the failure is
+//! `Unavailable`: every statement in autocommit, and a claim's locked
+//! transaction as a whole; never the caller's own transaction.
+//!
 //! ## Managed and PG-compatible engines
 //! What such an engine refuses is done without, and said: the promotion
 //! check when its functions are revoked or absent
@@ -100,6 +105,7 @@ mod error;
 mod listen;
 mod ops;
 pub mod replication;
+mod retry;
 mod row;
 mod schema;
 mod window;
@@ -143,6 +149,7 @@ pub use config::{
 /// The pool, re-exported so callers of [`PgStore::client`] name the same
 /// version.
 pub use deadpool_postgres;
+pub use retry::CONFLICT_RETRIES_MAX;
 pub use schema::SCHEMA_VERSION;
 /// The driver, re-exported so callers of [`PgStore::claim_in`] name the
 /// same `Transaction` type.
@@ -438,8 +445,8 @@ impl PgStore {
     /// for every claim of a new key queued meanwhile), then, for a key that
     /// has a record, on a pooled connection in autocommit: a read without
     /// a lock for an answer that writes nothing, then the locked path in a
-    /// transaction, retried if the record vanished in between. One
-    /// deadline covers it all.
+    /// transaction, retried if the record vanished in between (and, apart,
+    /// if a conflict rolled it back: `retry`). One deadline covers it all.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
         if self.shared.ctx.clock_refresh_due() {
@@ -490,10 +497,7 @@ impl PgStore {
                     if let Some(claim) = ops::answer_unlocked(&exec, ctx, req).await? {
                         return Ok(claim);
                     }
-                    let tx = client.transaction().await.map_err(|e| ctx.error(&e))?;
-                    let claim = ops::claim_locked(&Exec::PooledTx(&tx), ctx, req).await?;
-                    tx.commit().await.map_err(|e| ctx.error(&e))?;
-                    if let Some(claim) = claim {
+                    if let Some(claim) = claim_locked(client, ctx, req).await? {
                         return Ok(claim);
                     }
                 }
@@ -908,6 +912,36 @@ impl Store for PgStore {
         .into_iter()
         .filter_map(|(watch, watching)| Some((watch, watching?)))
         .collect()
+    }
+}
+
+/// A claim's locked read-decide-write in a transaction of its own, run
+/// again when a conflict rolled it back (`retry`): the `None` of
+/// [`ops::claim_locked`] when the record vanished.
+async fn claim_locked(
+    client: &mut deadpool_postgres::Client,
+    ctx: &Ctx,
+    req: &ClaimRequest,
+) -> Result<Option<Claim>, StoreError> {
+    let mut retries = 0;
+    loop {
+        let conflict = retry::Conflict::default();
+        let attempt = async {
+            let tx = client.transaction().await.map_err(|e| ctx.error(&e))?;
+            let claim = ops::claim_locked(&Exec::RetriedTx(&tx, &conflict), ctx, req).await?;
+            tx.commit().await.map_err(|e| {
+                conflict.note(&e);
+                ctx.error(&e)
+            })?;
+            Ok(claim)
+        };
+        match attempt.await {
+            Err(_) if conflict.seen() && retries < retry::CONFLICT_RETRIES_MAX => {
+                retries += 1;
+                retry::pause(retries).await;
+            }
+            answer => return answer,
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::db_clock::DbClock;
 use crate::error;
+use crate::retry::{self, CONFLICT_RETRIES_MAX, Conflict};
 use crate::row::{self, Columns, Param, int};
 use crate::schema::{Schema, now_param};
 
@@ -40,6 +41,9 @@ pub(crate) enum Exec<'a, 't> {
     Pooled(&'a deadpool_postgres::Client),
     /// A transaction on a pooled connection.
     PooledTx(&'a deadpool_postgres::Transaction<'t>),
+    /// A transaction on a pooled connection that is run again when a
+    /// conflict rolled it back: a statement that meets one notes it.
+    RetriedTx(&'a deadpool_postgres::Transaction<'t>, &'a Conflict),
     /// The caller's transaction: typed statements, one round trip each,
     /// nothing left prepared on a connection the store does not own.
     Foreign(&'a tokio_postgres::Transaction<'t>),
@@ -60,7 +64,7 @@ impl Exec<'_, '_> {
                 let stmt = client.prepare_cached(sql).await?;
                 client.query(&stmt, &values()).await
             }
-            Exec::PooledTx(tx) => {
+            Exec::PooledTx(tx) | Exec::RetriedTx(tx, _) => {
                 let stmt = tx.prepare_cached(sql).await?;
                 tx.query(&stmt, &values()).await
             }
@@ -139,14 +143,33 @@ impl Ctx {
             .map_err(|e| self.error(&e))
     }
 
-    /// `sql` on `exec`; the server's error as it came.
+    /// `sql` on `exec`; the server's error as it came. In autocommit, a
+    /// statement a conflict rolled back runs again (`retry`); in a
+    /// transaction run again as a whole, the conflict is noted for it.
     async fn run(
         &self,
         exec: &Exec<'_, '_>,
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        exec.query(sql, params).await
+        let mut retries = 0;
+        loop {
+            let ran = exec.query(sql, params).await;
+            let Err(e) = &ran else {
+                return ran;
+            };
+            match exec {
+                Exec::Pooled(_) if retry::conflict(e) && retries < CONFLICT_RETRIES_MAX => {
+                    retries += 1;
+                    retry::pause(retries).await;
+                }
+                Exec::RetriedTx(_, conflict) => {
+                    conflict.note(e);
+                    return ran;
+                }
+                _ => return ran,
+            }
+        }
     }
 
     /// A value of a row this store wrote that does not read back.

@@ -10,6 +10,12 @@
 //!   finds before `pg_catalog` (placed last, as PostgreSQL allows), raising
 //!   the code those engines raise. The store starts, serves, says the check
 //!   is off (once in the log), and a window opened by hand still opens.
+//! - **Conflicts.** A serialization failure (40001) or a deadlock (40P01) is
+//!   staged by a trigger on the store's `records` that raises it the first
+//!   N times (a sequence counts the tries: it is not rolled back with
+//!   them): with N up to `CONFLICT_RETRIES_MAX` the claim or completion
+//!   passes, with one more it is `Unavailable` after exactly
+//!   `CONFLICT_RETRIES_MAX + 1` tries.
 //!
 //! The fallback from `LISTEN` is tested inside the crate (`src/listen.rs`),
 //! where a test build can make the server refuse it.
@@ -20,9 +26,12 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 
-use idem_core::{Claim, Store, StoreError, StoredResult, Watch, Watching, WindowOpening};
-use idem_postgres::{PgOptions, PgStore};
-use support::{DatabaseGuard, RoleGuard, on_db, request};
+use idem_core::{
+    Claim, LeaseExpiry, ManualClock, Policy, Store, StoreError, StoredResult, Timestamp, Token,
+    Watch, Watching, WindowOpening,
+};
+use idem_postgres::{CONFLICT_RETRIES_MAX, PgOptions, PgStore};
+use support::{DatabaseGuard, RoleGuard, SchemaGuard, admin, on_db, request, unique};
 
 /// How the promotion check's functions answer a role.
 #[derive(Clone, Copy, Debug)]
@@ -241,4 +250,170 @@ impl tracing::field::Visit for Message {
             self.0 = format!("{value:?}");
         }
     }
+}
+
+/// Which write meets the staged conflicts.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// The claim of a new key: the fast path's insert, in autocommit.
+    NewKey,
+    /// A completion: one statement in autocommit.
+    Completion,
+    /// The claim of a key whose lease ran out (`Takeover`): the locked
+    /// read-decide-write, a transaction of its own.
+    Takeover,
+}
+
+#[tokio::test]
+async fn a_conflict_is_tried_again_a_bounded_number_of_times() {
+    let guard = SchemaGuard::new();
+    let s = guard.name();
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    // Unbatched, and batched (a single write is a batch of one).
+    let stores = [
+        PgStore::connect(&support::url(), options(&guard, &clock, 0))
+            .await
+            .unwrap(),
+        PgStore::connect(&support::url(), options(&guard, &clock, 2))
+            .await
+            .unwrap(),
+    ];
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE {s}.conflicts_met; \
+             CREATE FUNCTION {s}.conflict() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF nextval('{s}.conflicts_met') <= TG_ARGV[1]::bigint THEN \
+             RAISE EXCEPTION USING ERRCODE = TG_ARGV[0], \
+             MESSAGE = 'a conflict staged by the test'; END IF; RETURN NEW; END $$"
+        ))
+        .await
+        .unwrap();
+    let bound = u64::from(CONFLICT_RETRIES_MAX);
+    let mut n = 0;
+    for store in &stores {
+        for write in [Write::NewKey, Write::Completion, Write::Takeover] {
+            for code in ["40001", "40P01"] {
+                for (conflicts, passes) in [(bound, true), (bound + 1, false)] {
+                    n += 1;
+                    let case = format!("{write:?} meeting {conflicts} x {code}, case {n}");
+                    let key = unique("conflict");
+                    let stage = Stage {
+                        admin: &admin,
+                        s,
+                        code,
+                        conflicts,
+                    };
+                    let got = write_after(store, &clock, &key, write, stage).await;
+                    match (got, passes) {
+                        (Ok(()), true) => {}
+                        (Err(StoreError::Unavailable { reason, .. }), false) => {
+                            assert!(reason.contains("staged by the test"), "{case}: {reason}");
+                            // Each try refused at its first row: tried
+                            // exactly once and `CONFLICT_RETRIES_MAX` times
+                            // again, no more.
+                            assert_eq!(tries(&admin, s).await, bound + 1, "{case}: tries");
+                        }
+                        (got, _) => panic!("{case}: {got:?}, want it to pass: {passes}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn options(guard: &SchemaGuard, clock: &ManualClock, batch_lanes: usize) -> PgOptions {
+    PgOptions {
+        batch_lanes,
+        ..guard.options(Some(clock.clone()))
+    }
+}
+
+/// The first `conflicts` rows written to `records` from now are refused
+/// with `code`.
+struct Stage<'a> {
+    admin: &'a tokio_postgres::Client,
+    s: &'a str,
+    code: &'a str,
+    conflicts: u64,
+}
+
+impl Stage<'_> {
+    async fn set(&self) {
+        let Stage {
+            s, code, conflicts, ..
+        } = self;
+        self.admin
+            .batch_execute(&format!(
+                "DROP TRIGGER IF EXISTS conflicts ON {s}.records; \
+                 ALTER SEQUENCE {s}.conflicts_met RESTART; \
+                 CREATE TRIGGER conflicts BEFORE INSERT OR UPDATE ON {s}.records \
+                 FOR EACH ROW EXECUTE FUNCTION {s}.conflict('{code}', '{conflicts}')"
+            ))
+            .await
+            .unwrap();
+    }
+
+    async fn clear(&self) {
+        let s = self.s;
+        self.admin
+            .batch_execute(&format!("DROP TRIGGER IF EXISTS conflicts ON {s}.records"))
+            .await
+            .unwrap();
+    }
+}
+
+/// Prepares `write` on `key` with nothing staged, then stages the
+/// conflicts and makes it.
+async fn write_after(
+    store: &PgStore,
+    clock: &ManualClock,
+    key: &str,
+    write: Write,
+    stage: Stage<'_>,
+) -> Result<(), StoreError> {
+    stage.clear().await;
+    let mut req = request(key, 1, 1_000);
+    let got = match write {
+        Write::NewKey => {
+            stage.set().await;
+            store.claim(&req).await.map(|claim| acquired(&claim))
+        }
+        Write::Completion => {
+            let token = acquired(&store.claim(&req).await.unwrap());
+            stage.set().await;
+            let result = StoredResult::new(201, vec![], b"paid".to_vec()).unwrap();
+            store.complete(&req.id, token, result).await.map(|_| token)
+        }
+        Write::Takeover => {
+            req.policy = Policy::new(1_000, 60, 3_600, LeaseExpiry::Takeover).unwrap();
+            acquired(&store.claim(&req).await.unwrap());
+            clock.advance_millis(2_000);
+            stage.set().await;
+            store.claim(&req).await.map(|claim| acquired(&claim))
+        }
+    };
+    stage.clear().await;
+    got.map(|_| ())
+}
+
+fn acquired(claim: &Claim) -> Token {
+    match claim {
+        Claim::Acquired { token, .. } => *token,
+        other => panic!("want acquired, got {other:?}"),
+    }
+}
+
+/// How many times the staged trigger fired since it was set.
+async fn tries(admin: &tokio_postgres::Client, s: &str) -> u64 {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.conflicts_met"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    u64::try_from(row.get::<_, i64>(0)).unwrap()
 }
