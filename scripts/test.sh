@@ -5,7 +5,9 @@
 # server binaries, NATS with JetStream, RabbitMQ, Chromium and
 # chromedriver, and the DynamoDB emulators dynalite (npm) and moto (PyPI) —, lets the tests into PostgreSQL (see
 # ensure_postgres_access), then runs `cargo test --workspace` with any
-# arguments given (with `-p PACKAGE`, `cargo test` of those packages only).
+# arguments given (with `-p PACKAGE`, `cargo test` of those packages only),
+# and, for the whole workspace with no arguments, the gateway's black-box
+# tests again on each DynamoDB emulator.
 # Installing needs root; on a machine whose services already answer and
 # let the tests in, `cargo test --workspace` alone does the same.
 #
@@ -292,4 +294,18 @@ for arg in "$@"; do
   esac
 done
 log "tests"
-exec cargo test "${scope[@]}" "$@"
+cargo test "${scope[@]}" "$@"
+
+# The gateway's black-box tests once more on each DynamoDB emulator: a
+# gateway a test starts on an SQLite file runs on a table of the emulator
+# instead (crates/idem/tests/support/dynamo.rs). The cases about SQLite
+# itself (an unwritable file, a stalled disk) stay SQLite's.
+if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
+  for emulator in dynalite moto; do
+    wanted "$emulator" || continue
+    log "the gateway's black-box tests on $emulator"
+    IDEM_TEST_GATEWAY_STORE=$emulator cargo test -p idem --test gateway --test wait \
+      --test attempts --test slow_clients --test reconcile -- \
+      --skip _on_sqlite --skip an_unwritable_store_fails_closed
+  done
+fi

@@ -19,7 +19,6 @@ mod ops;
 pub mod setup;
 mod table;
 pub mod url;
-mod waiters;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,11 +49,13 @@ pub struct DynamoStore {
     table: Table,
     clock: Arc<dyn Clock>,
     skew_ms: u64,
-    /// Items this process wrote whose record is in progress, as written:
-    /// the first guess of the next change (the condition on the version
-    /// catches a guess that is out of date).
+    /// Items whose record this process last saw in progress (it wrote
+    /// them, or a claim found another attempt holding them): the first
+    /// guess of the next change or claim of that key, so that finishing an
+    /// attempt needs no read and a retry or waiter asking about a key in
+    /// flight costs one read, never a failed write (the condition on the
+    /// version catches a guess that is out of date).
     recent: Mutex<HashMap<RecordId, Item>>,
-    waiters: waiters::Waiters,
 }
 
 impl DynamoStore {
@@ -76,10 +77,10 @@ impl DynamoStore {
             client,
             name: url.table.clone(),
             label: format!("dynamodb://{}", url.table),
+            url: url.clone(),
         };
         setup::check_layout(&table).await?;
         Ok(DynamoStore {
-            waiters: waiters::Waiters::new(table.clone()),
             table,
             clock,
             skew_ms: url.clock_skew_ms,

@@ -6,7 +6,7 @@ use idem_core::decision::{self, Claim, ClaimRequest, Plan, Write};
 use idem_core::{
     JournalEntry, ListCursor, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record,
     RecordId, Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
-    Timestamp, Token, WakeFn, WindowOpening,
+    Timestamp, Token, Watch, Watching, WindowOpening,
 };
 
 use crate::item::{self, Item};
@@ -58,7 +58,10 @@ impl DynamoStore {
             let (out, change) = decided?;
             let wid = write_id()?;
             let sent = match &change {
-                Change::Keep => return Ok(out),
+                Change::Keep => {
+                    self.remember(id, &current);
+                    return Ok(out);
+                }
                 Change::Put(new) => {
                     let (attrs, chunks) = new
                         .to_attributes(id, current.version + 1, &wid)
@@ -119,7 +122,9 @@ impl DynamoStore {
     async fn claim_item(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
         // A fresh key is the common case: put first, read only if it fails.
-        self.modify(&req.id, Some(Item::missing()), |current, now, judged| {
+        // A key this process saw in flight is asked about with a read.
+        let guess = self.guess(&req.id).unwrap_or_else(Item::missing);
+        self.modify(&req.id, Some(guess), |current, now, judged| {
             let mut next = current.clone();
             match decision::plan(record_of(current), req, judged) {
                 // The lease is judged over `skew` late, but a caller is told
@@ -378,13 +383,25 @@ impl Store for DynamoStore {
         Box::pin(self.purge_items(limit))
     }
 
-    fn note_waiting<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, ()> {
-        self.waiters.note(id, self.clock.now());
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn on_completed(&self, wake: WakeFn) {
-        self.waiters.listen(wake);
+    fn watches(&self) -> Vec<(Watch, Watching)> {
+        vec![
+            (
+                Watch::Completions,
+                Watching::Off {
+                    reason: "DynamoDB notifies no one: a waiter learns of another process's \
+                             completion at its next poll (one read per key every 250 ms)"
+                        .into(),
+                },
+            ),
+            (
+                Watch::Promotion,
+                Watching::Off {
+                    reason: "DynamoDB has no promotion to notice: a point-in-time restore \
+                             makes a new table; run `idem store mark-restored --since` on it"
+                        .into(),
+                },
+            ),
+        ]
     }
 
     fn suspect_window(&self) -> StoreFuture<'_, Option<SuspectWindow>> {

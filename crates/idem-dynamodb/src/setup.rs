@@ -140,6 +140,7 @@ fn table_of(client: &Client, url: &DynamoUrl) -> Table {
         client: client.clone(),
         name: url.table.clone(),
         label: format!("dynamodb://{}", url.table),
+        url: url.clone(),
     }
 }
 
@@ -155,13 +156,7 @@ fn missing_table(url: &DynamoUrl) -> StoreError {
 
 /// Refuses a table that is not idem's, or is idem's in a newer layout.
 pub(crate) async fn check_layout(table: &Table) -> Result<(), StoreError> {
-    let url = DynamoUrl {
-        table: table.name.clone(),
-        region: None,
-        endpoint: None,
-        clock_skew_ms: crate::CLOCK_SKEW_MS_DEFAULT,
-    };
-    let found = describe(&table.client, &url).await?;
+    let found = describe(&table.client, &table.url).await?;
     let lacks: Vec<&str> = [AMBIGUOUS_INDEX, DUE_INDEX]
         .into_iter()
         .filter(|i| !found.indexes.iter().any(|f| f == i))

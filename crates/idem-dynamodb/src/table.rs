@@ -20,6 +20,9 @@ pub struct Table {
     pub(crate) name: String,
     /// `dynamodb://TABLE` as messages name it.
     pub(crate) label: String,
+    /// The URL the store was opened with, for the commands a message
+    /// suggests.
+    pub(crate) url: crate::DynamoUrl,
 }
 
 /// Why a conditional write did not apply.

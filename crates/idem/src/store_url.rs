@@ -116,7 +116,9 @@ pub fn print_unchecked(checked: Checked) {
     match checked {
         Checked::Postgres => println!(
             "  connect    the PostgreSQL server (a start connects, creates or upgrades the \
-             schema, and checks the server: its replication for synchronous routes, a promotion)"
+             schema, and checks the server: its replication for synchronous routes, a promotion; \
+             a server refusing the promotion check's functions or LISTEN is served without them, \
+             said in the log and /readyz)"
         ),
         Checked::Dynamodb => println!(
             "  connect    the DynamoDB table (a start checks that it exists with idem's layout, \
@@ -404,9 +406,9 @@ fn connect_postgres(url: &str, create: bool, serving: Serving) -> anyhow::Result
                     .await
                     .context(
                         "cannot read which server the store is on (its timeline and system \
-                         identifier), which every new connection checks to notice a promotion; \
-                         grant EXECUTE on pg_control_system() and pg_walfile_name() to the role, \
-                         or set suspect_window_s = 0 to run without the check",
+                         identifier), which every new connection checks to notice a promotion \
+                         (a server that refuses the functions it takes is served without the \
+                         check, said in the log and /readyz; this failed otherwise)",
                     )?;
             }
             Ok::<_, anyhow::Error>(store)

@@ -11,6 +11,8 @@
 
 mod support;
 
+use idem_testkit::services::Service;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -229,4 +231,16 @@ async fn every_intent_gets_a_definite_answer_through_sigkills_on_sqlite() {
 async fn every_intent_gets_a_definite_answer_through_sigkills_on_postgres() {
     let schema = PgSchema::new("chaos");
     chaos(&schema.store_url(), "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_intent_gets_a_definite_answer_through_sigkills_on_dynalite() {
+    let store = support::dynamo::fresh_table(Service::Dynalite, "chaos");
+    chaos(&store, "dynalite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_intent_gets_a_definite_answer_through_sigkills_on_moto() {
+    let store = support::dynamo::fresh_table(Service::Moto, "chaos");
+    chaos(&store, "moto").await;
 }

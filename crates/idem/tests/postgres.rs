@@ -1,113 +1,25 @@
 //! Many gateway nodes, one memory: `idem serve` processes sharing one
-//! PostgreSQL schema behave as one gateway.
+//! PostgreSQL schema behave as one gateway (the cases in support/nodes.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
 
-use std::time::Duration;
-
-use support::{Gateway, PgSchema, Upstream, eventually, key, post};
-
-const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+use support::{PgSchema, nodes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_sharing_one_database_make_one_effect() {
-    let up = Upstream::start().await;
     let schema = PgSchema::new("two_nodes");
-    let nodes = [
-        Gateway::start_url(&up.url(), &schema.store_url(), None),
-        Gateway::start_url(&up.url(), &schema.store_url(), None),
-    ];
-    let first = tokio::spawn({
-        let url = nodes[0].url("/slow?ms=2000");
-        async move { post(&url, &[key("n-1")], PAYOUT).await }
-    });
-    assert!(eventually(Duration::from_secs(10), || up.effects().len() == 1).await);
-    let duplicates: Vec<_> = (0..31)
-        .map(|i| {
-            let url = nodes[i % 2].url("/slow?ms=2000");
-            tokio::spawn(async move { post(&url, &[key("n-1")], PAYOUT).await })
-        })
-        .collect();
-    for handle in duplicates {
-        let reply = handle.await.unwrap();
-        assert_eq!(reply.status, 409, "{reply:?}");
-        assert_eq!(
-            reply.problem().as_deref(),
-            Some("urn:idem:problem:request-in-progress")
-        );
-    }
-    let first = first.await.unwrap();
-    assert_eq!(first.status, 201);
-    for node in &nodes {
-        let replay = post(&node.url("/slow?ms=2000"), &[key("n-1")], PAYOUT).await;
-        replay.assert_replay_of(&first);
-    }
-    assert_eq!(up.effects().len(), 1);
+    nodes::two_nodes_make_one_effect(&schema.store_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_fresh_claims_split_across_nodes_make_one_effect() {
-    let up = Upstream::start().await;
     let schema = PgSchema::new("race");
-    let nodes = [
-        Gateway::start_url(&up.url(), &schema.store_url(), None),
-        Gateway::start_url(&up.url(), &schema.store_url(), None),
-    ];
-    // All 32 race for a key nobody holds yet.
-    let replies: Vec<_> = (0..32)
-        .map(|i| {
-            let url = nodes[i % 2].url("/slow?ms=500");
-            tokio::spawn(async move { post(&url, &[key("race-1")], PAYOUT).await })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for handle in replies {
-        statuses.push(handle.await.unwrap().status);
-    }
-    statuses.sort_unstable();
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 201).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 409).count(),
-        31,
-        "{statuses:?}"
-    );
-    assert_eq!(up.effects().len(), 1);
+    nodes::fresh_claims_split_across_nodes_make_one_effect(&schema.store_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_commands_read_the_shared_store() {
-    let up = Upstream::start().await;
     let schema = PgSchema::new("records");
-    let gw = Gateway::start_url(&up.url(), &schema.store_url(), None);
-    assert_eq!(
-        post(&gw.url("/payouts"), &[key("rec-1")], PAYOUT)
-            .await
-            .status,
-        201
-    );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "records",
-            "list",
-            "--format",
-            "json",
-            "--store",
-            &schema.store_url(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(records[0]["key"], "rec-1");
-    assert_eq!(records[0]["state"], "completed");
-    assert_eq!(records[0]["result"]["status"], 201);
+    nodes::records_commands_read_the_store(&schema.store_url()).await;
 }

@@ -7,6 +7,7 @@ pub mod broker;
 pub mod consume_suite;
 pub mod dynamo;
 pub mod nats;
+pub mod nodes;
 pub mod rabbit;
 
 use std::collections::HashMap;
