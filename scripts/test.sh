@@ -296,16 +296,18 @@ done
 log "tests"
 cargo test "${scope[@]}" "$@"
 
-# The gateway's black-box tests once more on each DynamoDB emulator: a
-# gateway a test starts on an SQLite file runs on a table of the emulator
-# instead (crates/idem/tests/support/dynamo.rs). The cases about SQLite
+# The gateway's and the consumer's black-box tests once more on each
+# DynamoDB emulator: a gateway or consumer a test starts on an SQLite file
+# runs on a table of the emulator instead
+# (crates/idem/tests/support/dynamo.rs). The cases about SQLite
 # itself (an unwritable file, a stalled disk) stay SQLite's.
 if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
   for emulator in dynalite moto; do
     wanted "$emulator" || continue
     log "the gateway's black-box tests on $emulator"
     IDEM_TEST_GATEWAY_STORE=$emulator cargo test -p idem --test gateway --test wait \
-      --test attempts --test slow_clients --test reconcile -- \
+      --test attempts --test slow_clients --test reconcile --test consume_nats \
+      --test consume_rabbitmq -- \
       --skip _on_sqlite --skip an_unwritable_store_fails_closed
   done
 fi

@@ -280,11 +280,13 @@ impl<B: Broker> Bed<B> {
         }
     }
 
+    /// The bed's store: its SQLite file, or the table that stands for it
+    /// when `IDEM_TEST_GATEWAY_STORE` names a DynamoDB emulator.
     pub fn store_url(&self) -> String {
-        format!("sqlite://{}", self.site.store().display())
+        super::dynamo::gateway_store(&format!("sqlite://{}", self.site.store().display()))
     }
 
-    /// The config file for `subs` on the SQLite store.
+    /// The config file for `subs` on the bed's store.
     pub fn config(&self, subs: &[Sub]) -> PathBuf {
         self.site
             .config(&consume_toml::<B>(&self.store_url(), &self.up, subs))

@@ -625,6 +625,7 @@ impl Consumer {
             .arg("--config")
             .arg(config)
             .env("IDEM_LOG", "info")
+            .envs(dynamo::AWS_ENV.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -947,6 +948,7 @@ pub fn text(bytes: &[u8]) -> String {
 pub fn idem(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
+        .envs(dynamo::AWS_ENV.iter().copied())
         .output()
         .unwrap()
 }
