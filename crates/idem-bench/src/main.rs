@@ -11,6 +11,9 @@
 //!   [--messages 20000] [--concurrency 8] [--broker rabbitmq|nats] [--store postgres://…]
 //!   [--idem PATH] [--dir DIR]`
 //!
+//! - `cargo run --release -p idem-bench -- dynamodb [--endpoint URL] [--keys 200] [--body 1024]`
+//!   (requests and capacity per key on the DynamoDB store, beside Powertools' pattern)
+//!
 //! - `cargo run --release -p idem-bench -- sync-commit [--commits 500]` (builds a throwaway
 //!   primary and synchronous standby from the machine's PostgreSQL binaries)
 //!
@@ -19,6 +22,7 @@
 mod args;
 mod bare;
 mod consume;
+mod dynamodb;
 mod fixtures;
 mod gateway;
 mod load;
@@ -42,6 +46,7 @@ const USAGE: &str = "usage: idem-bench sqlite [--callers N] [--seconds S] [--dir
      idem-bench purge [--records N] [--callers N] [--seconds S] [--dir DIR]\n       \
      idem-bench consume [--messages N] [--concurrency N] [--broker rabbitmq|nats] [--store URL] \
      [--idem PATH] [--dir DIR]\n       \
+     idem-bench dynamodb [--endpoint URL] [--keys N] [--body BYTES]\n       \
      idem-bench sync-commit [--commits N]";
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Some("purge") => purge::main(args),
         Some("consume") => consume::main(args),
         Some("sync-commit") => sync_commit::main(args),
+        Some("dynamodb") => dynamodb::main(args),
         Some("bare-consume") => bare::main(args),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");

@@ -19,6 +19,7 @@ mod ops;
 pub mod setup;
 mod table;
 pub mod url;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -78,6 +79,7 @@ impl DynamoStore {
             name: url.table.clone(),
             label: format!("dynamodb://{}", url.table),
             url: url.clone(),
+            usage: Default::default(),
         };
         setup::check_layout(&table).await?;
         Ok(DynamoStore {
@@ -91,6 +93,11 @@ impl DynamoStore {
     /// The table's name.
     pub fn table_name(&self) -> &str {
         &self.table.name
+    }
+
+    /// The requests this store made and the capacity DynamoDB reported.
+    pub fn usage(&self) -> usage::UsageCounts {
+        self.table.usage.counts()
     }
 
     /// The store's clock now, and the instant a lease is judged against:

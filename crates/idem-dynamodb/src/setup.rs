@@ -141,6 +141,7 @@ fn table_of(client: &Client, url: &DynamoUrl) -> Table {
         name: url.table.clone(),
         label: format!("dynamodb://{}", url.table),
         url: url.clone(),
+        usage: Default::default(),
     }
 }
 

@@ -6,10 +6,13 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure,
+};
 use idem_core::{RecordId, StoreError};
 
 use crate::item::{self, Item, PK, Payload, n, s};
+use crate::usage::{Request, Usage};
 
 pub use crate::item::Attrs;
 
@@ -23,6 +26,8 @@ pub struct Table {
     /// The URL the store was opened with, for the commands a message
     /// suggests.
     pub(crate) url: crate::DynamoUrl,
+    /// The requests made and the capacity they consumed.
+    pub(crate) usage: std::sync::Arc<Usage>,
 }
 
 /// Why a conditional write did not apply.
@@ -44,9 +49,11 @@ impl Table {
             .table_name(&self.name)
             .key(PK, s(pk))
             .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| self.unavailable("read", &e))?;
+        self.usage.count(Request::Read, out.consumed_capacity());
         Ok(out.item)
     }
 
@@ -82,13 +89,16 @@ impl Table {
 
     /// Writes an item no one else writes (a payload chunk), unconditionally.
     pub async fn put(&self, item: Attrs) -> Result<(), StoreError> {
-        self.client
+        let out = self
+            .client
             .put_item()
             .table_name(&self.name)
             .set_item(Some(item))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| self.unavailable("write a payload chunk", &e))?;
+        self.usage.count(Request::Write, out.consumed_capacity());
         Ok(())
     }
 
@@ -100,6 +110,7 @@ impl Table {
             .put_item()
             .table_name(&self.name)
             .set_item(Some(item))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         put = if version == 0 {
             put.condition_expression("attribute_not_exists(pk)")
@@ -108,9 +119,13 @@ impl Table {
                 .expression_attribute_values(":v", n(version))
         };
         match put.send().await {
-            Ok(_) => Ok(()),
+            Ok(out) => {
+                self.usage.count(Request::Write, out.consumed_capacity());
+                Ok(())
+            }
             Err(SdkError::ServiceError(e)) => match e.into_err() {
                 PutItemError::ConditionalCheckFailedException(c) => {
+                    self.usage.failed_condition();
                     Err(WriteRefused::Condition(c.item))
                 }
                 other => Err(WriteRefused::Store(self.refused("write", &other))),
@@ -128,13 +143,18 @@ impl Table {
             .key(PK, s(pk))
             .condition_expression("v = :v")
             .expression_attribute_values(":v", n(version))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match sent {
-            Ok(_) => Ok(()),
+            Ok(out) => {
+                self.usage.count(Request::Write, out.consumed_capacity());
+                Ok(())
+            }
             Err(SdkError::ServiceError(e)) => match e.into_err() {
                 DeleteItemError::ConditionalCheckFailedException(c) => {
+                    self.usage.failed_condition();
                     Err(WriteRefused::Condition(c.item))
                 }
                 other => Err(WriteRefused::Store(self.refused("delete", &other))),
@@ -160,6 +180,7 @@ impl Table {
             .expression_attribute_names("#p", page.partition)
             .expression_attribute_values(":p", s(page.value))
             .set_exclusive_start_key(start)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .limit(page.limit);
         // DynamoDB refuses an empty string as a key value, even in a
         // condition (dynalite lets it pass): no bound, no sort condition.
@@ -174,6 +195,7 @@ impl Table {
             .send()
             .await
             .map_err(|e| self.unavailable("query", &e))?;
+        self.usage.count(Request::Query, out.consumed_capacity());
         Ok((out.items.unwrap_or_default(), out.last_evaluated_key))
     }
 
@@ -188,9 +210,11 @@ impl Table {
             .table_name(&self.name)
             .consistent_read(true)
             .set_exclusive_start_key(start)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| self.unavailable("scan", &e))?;
+        self.usage.count(Request::Scan, out.consumed_capacity());
         Ok((out.items.unwrap_or_default(), out.last_evaluated_key))
     }
 
