@@ -1,4 +1,4 @@
-//! The five example contracts: golden text output and per-question verdicts.
+//! The example contracts: golden text output and per-question verdicts.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ fn example(name: &str) -> PathBuf {
 /// Verdicts in `Question::ALL` order: intent, generation, propagation,
 /// fingerprint, concurrency, completion, ambiguity, retention, scope,
 /// failover, recovery, testing.
-const CASES: [(&str, [Verdict; 12]); 5] = [
+const CASES: [(&str, [Verdict; 12]); 7] = [
     (
         "incident-one-key-per-attempt.toml",
         [P, F, P, P, P, P, P, P, P, P, P, P],
@@ -35,6 +35,14 @@ const CASES: [(&str, [Verdict; 12]); 5] = [
         [P, P, P, P, P, P, P, P, P, F, P, P],
     ),
     ("payouts.toml", [P, P, P, P, P, P, P, P, P, P, P, P]),
+    (
+        "dynamodb-global-mrec.toml",
+        [P, P, P, P, P, P, P, P, P, F, P, P],
+    ),
+    (
+        "dynamodb-global-mrsc.toml",
+        [P, P, P, P, P, P, P, P, P, P, P, P],
+    ),
 ];
 
 #[test]

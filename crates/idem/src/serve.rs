@@ -31,7 +31,9 @@ pub struct ServeArgs {
     /// Store URL [default: sqlite://idem.db], or
     /// postgres://USER@HOST:PORT/DB?schema=NAME&operation_timeout_ms=N&…
     /// (idem's PostgreSQL parameters: schema, pool_size, connect_timeout_ms,
-    /// statement_timeout_ms, operation_timeout_ms). A relative
+    /// statement_timeout_ms, operation_timeout_ms), or
+    /// dynamodb://TABLE?region=REGION[&endpoint=URL][&clock_skew_ms=N] (a
+    /// table made by `idem store init`; AWS's standard credential chain). A relative
     /// sqlite://PATH here, and the default, are read against the working
     /// directory; the config file's `store` against the file's directory.
     #[arg(long)]

@@ -18,7 +18,8 @@ use idem_sqlite::{Found, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 /// `idem serve --config FILE` reads it, never both.
 #[derive(Debug, clap::Args)]
 pub struct StoreArgs {
-    /// The store, as a URL [default: sqlite://idem.db]. A relative
+    /// The store, as a URL [default: sqlite://idem.db]: sqlite://PATH,
+    /// postgres://USER@HOST/DB or dynamodb://TABLE?region=REGION. A relative
     /// sqlite://PATH here, and the default, are read against the working
     /// directory.
     #[arg(long, value_name = "URL")]
