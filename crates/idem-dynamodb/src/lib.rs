@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use idem_core::{Clock, Record, RecordId, StoreError, Timestamp};
 
-pub use setup::{TableStatus, connect, create_table, describe, emulator_client};
+pub use setup::{TableStatus, clock_offset_ms, connect, create_table, describe, emulator_client};
 pub use url::{CLOCK_SKEW_MS_DEFAULT, CLOCK_SKEW_MS_MAX, DynamoUrl, URL_PARAMETERS};
 
 use crate::item::Item;
@@ -82,6 +82,7 @@ impl DynamoStore {
             usage: Default::default(),
         };
         setup::check_layout(&table).await?;
+        check_clock(&table.client, url).await;
         Ok(DynamoStore {
             table,
             clock,
@@ -166,6 +167,32 @@ impl DynamoStore {
             store: self.table.label.clone(),
             reason: format!("the item of {id} cannot be read: {why}"),
         }
+    }
+}
+
+/// Warns when this process's clock is further from DynamoDB's than the
+/// skew the URL tolerates (the measure is good to about a second, so only
+/// a clock off by more than that plus the skew is said).
+async fn check_clock(client: &aws_sdk_dynamodb::Client, url: &DynamoUrl) {
+    let Some(offset) = clock_offset_ms(client, url).await else {
+        return;
+    };
+    let bound = i64::try_from(url.clock_skew_ms)
+        .unwrap_or(i64::MAX)
+        .saturating_add(1_000);
+    if offset.abs() > bound {
+        tracing::warn!(
+            offset_ms = offset,
+            clock_skew_ms = url.clock_skew_ms,
+            "this machine's clock is further from DynamoDB's than the store tolerates: leases \
+             may be judged over while their owner still runs; synchronise the clock (Amazon \
+             Time Sync, chrony) or raise clock_skew_ms in the store URL"
+        );
+    } else {
+        tracing::debug!(
+            offset_ms = offset,
+            "clock within the tolerated skew of DynamoDB's"
+        );
     }
 }
 

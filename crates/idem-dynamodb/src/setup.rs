@@ -359,6 +359,64 @@ impl Table {
     }
 }
 
+/// How far this process's clock is from DynamoDB's, in milliseconds
+/// (positive: ahead), from the `Date` header of a `DescribeTable`'s answer:
+/// `None` when the answer had none or it could not be read. The header
+/// counts whole seconds, so the figure is good to about half a second plus
+/// the round trip: enough to catch a clock that is off by more than a
+/// `clock_skew_ms` of a few seconds, not to measure a smaller one.
+pub async fn clock_offset_ms(client: &Client, url: &DynamoUrl) -> Option<i64> {
+    let probe = DateProbe::default();
+    let seen = probe.seen.clone();
+    client
+        .describe_table()
+        .table_name(&url.table)
+        .customize()
+        .interceptor(probe)
+        .send()
+        .await
+        .ok()?;
+    let guard = seen.lock().ok()?;
+    let (server, local) = (*guard)?;
+    // The header cuts the server's instant to its second: take the middle.
+    let server = server + std::time::Duration::from_millis(500);
+    let offset = match local.duration_since(server) {
+        Ok(ahead) => i64::try_from(ahead.as_millis()).ok()?,
+        Err(behind) => -i64::try_from(behind.duration().as_millis()).ok()?,
+    };
+    Some(offset)
+}
+
+/// Reads the `Date` of an answer and the local time it arrived.
+#[derive(Debug, Default)]
+struct DateProbe {
+    seen: std::sync::Arc<std::sync::Mutex<Option<(std::time::SystemTime, std::time::SystemTime)>>>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for DateProbe {
+    fn name(&self) -> &'static str {
+        "idem clock probe"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let local = std::time::SystemTime::now();
+        let server = context
+            .response()
+            .headers()
+            .get("date")
+            .and_then(|d| httpdate::parse_http_date(d).ok());
+        if let (Some(server), Ok(mut seen)) = (server, self.seen.lock()) {
+            *seen = Some((server, local));
+        }
+        Ok(())
+    }
+}
+
 /// A record item read for a listing: the record, or why it cannot be read.
 type Row = (String, Result<Record, DamagedRow>);
 

@@ -150,7 +150,7 @@ pub async fn init(args: InitArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot create store {url}"))?;
             println!("{url}: {}", done.join("; "));
-            Ok(())
+            print_clock(&client, table).await
         }
         (StoreUrl::Sqlite(_) | StoreUrl::Postgres(_), None) => {
             url.open()?;
@@ -158,6 +158,35 @@ pub async fn init(args: InitArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Says how far this machine's clock is from DynamoDB's against the skew
+/// the URL tolerates; fails when it is further.
+async fn print_clock(
+    client: &aws_sdk_dynamodb::Client,
+    table: &idem_dynamodb::DynamoUrl,
+) -> anyhow::Result<()> {
+    let Some(offset) = idem_dynamodb::clock_offset_ms(client, table).await else {
+        println!("clock: DynamoDB's answer had no Date to compare with");
+        return Ok(());
+    };
+    let bound = i64::try_from(table.clock_skew_ms)
+        .unwrap_or(i64::MAX)
+        .saturating_add(1_000);
+    println!(
+        "clock: {offset:+} ms from DynamoDB's (to about half a second); the store tolerates \
+         clock_skew_ms = {}",
+        table.clock_skew_ms
+    );
+    if offset.abs() > bound {
+        bail!(
+            "this machine's clock is {offset:+} ms from DynamoDB's, more than clock_skew_ms = {} \
+             plus the second the measure may be off: synchronise it (Amazon Time Sync, chrony) \
+             or raise clock_skew_ms in the store URL",
+            table.clock_skew_ms
+        );
+    }
+    Ok(())
 }
 
 /// `idem store mark-restored`.

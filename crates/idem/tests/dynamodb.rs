@@ -79,6 +79,13 @@ fn init_is_idempotent_and_prints_cloudformation() {
     let said = String::from_utf8_lossy(&again.stdout);
     assert!(again.status.success(), "{said}");
     assert!(said.contains("exists"), "{said}");
+    // The clock is compared with the emulator's Date, on this same machine.
+    let clock = said
+        .lines()
+        .find_map(|l| l.strip_prefix("clock: "))
+        .unwrap_or_else(|| panic!("no clock line: {said}"));
+    let offset: i64 = clock.split(' ').next().unwrap().parse().unwrap();
+    assert!(offset.abs() < 1_500, "{clock}");
     let printed = idem(&[
         "store",
         "init",
