@@ -99,15 +99,14 @@ impl Item {
     }
 
     /// Appends a journal entry, dropping the oldest beyond
-    /// [`JOURNAL_PER_RECORD_MAX`] entries or [`JOURNAL_BYTES_MAX`] bytes.
+    /// [`JOURNAL_PER_RECORD_MAX`] entries or [`JOURNAL_BYTES_MAX`] bytes of
+    /// the journal as the item keeps it (JSON, escapes included); the
+    /// newest entry is always kept (its texts are bounded far below).
     pub fn append_journal(&mut self, entry: JournalEntry) {
         self.journal.push(entry);
         let over = self.journal.len().saturating_sub(JOURNAL_PER_RECORD_MAX);
         self.journal.drain(..over);
-        let size = |e: &JournalEntry| e.by.len() + e.reason.len() + JOURNAL_ENTRY_OVERHEAD;
-        let mut bytes: usize = self.journal.iter().map(size).sum();
-        while bytes > JOURNAL_BYTES_MAX && self.journal.len() > 1 {
-            bytes -= size(&self.journal[0]);
+        while self.journal.len() > 1 && kept_bytes(&self.journal) > JOURNAL_BYTES_MAX {
             self.journal.remove(0);
         }
     }
@@ -350,9 +349,11 @@ const PAYLOAD_CHUNK_BYTES: usize = 350 * 1024;
 /// The most bytes of journal text an item keeps; the oldest entries are
 /// dropped beyond it (or beyond [`JOURNAL_PER_RECORD_MAX`] entries).
 pub const JOURNAL_BYTES_MAX: usize = 64 * 1024;
-/// What one journal entry costs besides its texts, in bytes (an estimate
-/// on the safe side of its JSON).
-const JOURNAL_ENTRY_OVERHEAD: usize = 128;
+
+// An item's parts fit in DynamoDB's 400 KB: the inline payload, the
+// journal, and the record's other fields (scope, key, owner, region and
+// numbers: under 8 KiB).
+const _: () = assert!(PAYLOAD_INLINE_MAX + JOURNAL_BYTES_MAX + 8 * 1024 < 400 * 1024);
 
 /// The payload's fields other than the body.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -483,6 +484,12 @@ pub fn id_of_pk(pk: &str) -> Option<Result<RecordId, DamagedRow>> {
     )
 }
 
+/// The size of the journal as an item keeps it, in bytes.
+fn kept_bytes(journal: &[JournalEntry]) -> usize {
+    let kept: Vec<KeptEntry> = journal.iter().map(KeptEntry::from).collect();
+    serde_json::to_string(&kept).map_or(usize::MAX, |json| json.len())
+}
+
 /// A journal entry as an item keeps it (the record's id is the item's).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct KeptEntry {
@@ -567,5 +574,45 @@ pub fn get_n(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u64,
             .map_err(|_| format!("{name} is not an unsigned integer: {text:?}")),
         Some(_) => Err(format!("{name} is not a number")),
         None => Err(format!("{name} is missing")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u64, text: &str) -> JournalEntry {
+        JournalEntry {
+            id: RecordId {
+                scope: Scope::new("s").unwrap_or_else(|e| panic!("{e}")),
+                key: IdempotencyKey::new("k".to_owned()).unwrap_or_else(|e| panic!("{e}")),
+            },
+            token: Token(n),
+            outcome: Resolved::NotExecuted,
+            status: None,
+            by: text.to_owned(),
+            reason: text.to_owned(),
+            at: Timestamp::from_millis(n),
+        }
+    }
+
+    /// Texts that JSON escapes to twice their size still leave an item
+    /// within DynamoDB's 400 KB: the journal is bounded as it is kept.
+    #[test]
+    fn the_journal_is_bounded_as_kept_escapes_included() {
+        let mut item = Item::missing();
+        let text = "\"\\".repeat(2048); // 4096 bytes, 8192 escaped
+        for n in 0..100 {
+            item.append_journal(entry(n, &text));
+        }
+        let bytes = kept_bytes(&item.journal);
+        assert!(bytes <= JOURNAL_BYTES_MAX, "{bytes}");
+        assert!(item.journal.len() < 100 && !item.journal.is_empty());
+        assert_eq!(item.journal.last().map(|e| e.token), Some(Token(99)));
+        let newest_first: Vec<u64> = item.journal.iter().rev().map(|e| e.token.0).collect();
+        assert!(
+            newest_first.windows(2).all(|w| w[0] == w[1] + 1),
+            "{newest_first:?}"
+        );
     }
 }
