@@ -144,3 +144,38 @@ fn a_synchronous_route_is_refused_on_a_table_that_is_not_mrsc() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mark_restored_opens_the_window_a_gateway_then_reports() {
+    let up = support::Upstream::start().await;
+    for emulator in EMULATORS {
+        let url = fresh_table(emulator, "restored");
+        let out = idem(&[
+            "store",
+            "mark-restored",
+            "--store",
+            &url,
+            "--since",
+            "2026-01-01T00:00:00Z",
+            "--window-s",
+            "3600",
+        ]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("suspect window open until"), "{said}");
+        assert!(
+            said.contains("marked restored to 2026-01-01T00:00:00Z"),
+            "{said}"
+        );
+        let gateway = support::Gateway::start_url(&up.url(), &url, None);
+        let opened = support::eventually(std::time::Duration::from_secs(10), || {
+            gateway.logs().contains("suspect window open")
+        })
+        .await;
+        assert!(opened, "{emulator:?}: {}", gateway.logs());
+    }
+}
