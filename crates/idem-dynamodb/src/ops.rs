@@ -1,12 +1,11 @@
 //! The [`Store`] operations: each one [`DynamoStore::modify`] of one item,
 //! decided by [`idem_core::decision`].
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use idem_core::decision::{self, Claim, ClaimRequest, Plan, Write};
 use idem_core::{
-    JournalEntry, ListCursor, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record,
-    RecordId, Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
-    Timestamp, Token, Watch, Watching, WindowOpening,
+    JournalEntry, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record, RecordId,
+    Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
+    Token, Watch, Watching, WindowOpening,
 };
 
 use crate::item::{self, Item};
@@ -414,9 +413,4 @@ impl Store for DynamoStore {
     ) -> StoreFuture<'a, SuspectWindow> {
         Box::pin(self.open_window(opening))
     }
-}
-
-/// Where a listing page starts in the ambiguous index.
-pub(crate) fn after_bound(after: Option<&ListCursor>) -> Option<AttributeValue> {
-    after.map(|c| item::s(item::index_sort_key(&format!("{}\n{}", c.scope, c.key))))
 }

@@ -476,7 +476,7 @@ async fn ambiguous_rows(
             value: "a",
             sort: "amb_sk",
             cmp: ">=",
-            bound: crate::ops::after_bound(after),
+            bound: after_bound(after),
             limit: i32::try_from(limit + 1).unwrap_or(i32::MAX),
         };
         let (items, next) = table.query_page(page, start).await?;
@@ -611,4 +611,9 @@ pub(crate) fn window_from(attrs: &Attrs) -> Result<(SuspectWindow, u64), String>
         version: get_n(attrs, "wv")?,
     };
     Ok((window, get_n(attrs, "v")?))
+}
+
+/// Where a listing page starts in the ambiguous index.
+fn after_bound(after: Option<&ListCursor>) -> Option<aws_sdk_dynamodb::types::AttributeValue> {
+    after.map(|c| item::s(item::index_sort_key(&format!("{}\n{}", c.scope, c.key))))
 }
