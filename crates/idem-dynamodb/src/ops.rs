@@ -125,7 +125,14 @@ impl DynamoStore {
         let guess = self.guess(&req.id).unwrap_or_else(Item::missing);
         self.modify(&req.id, Some(guess), |current, now, judged| {
             let mut next = current.clone();
-            match decision::plan(record_of(current), req, judged) {
+            // Only a lease is judged late: a record in progress is the only
+            // one whose answer turns on a lease's end. Retention and the
+            // tombstone horizon are read at `now`, as listings read them.
+            let at = match record_of(current) {
+                Some(r) if r.state == State::InProgress => judged,
+                _ => now,
+            };
+            match decision::plan(record_of(current), req, at) {
                 // The lease is judged over `skew` late, but a caller is told
                 // when it ends: retrying then meets at most `skew` of wait.
                 Plan::Answer(Claim::InFlight { lease_until, .. }, Write::None) => {
@@ -215,20 +222,19 @@ impl DynamoStore {
         if limit == 0 {
             return Ok(report);
         }
-        let (_, judged) = self.times();
-        let (candidates, damaged) =
-            crate::setup::due_candidates(&self.table, judged, limit).await?;
+        let now = self.clock.now();
+        let (candidates, damaged) = crate::setup::due_candidates(&self.table, now, limit).await?;
         report.damaged = damaged;
         for (_, id) in candidates {
             if report.tombstoned + report.deleted >= limit as u64 {
                 break;
             }
             let done = self
-                .modify(&id, None, |current, _, judged| {
+                .modify(&id, None, |current, now, _| {
                     let Some(record) = record_of(current) else {
                         return Ok((Write::None, Change::Keep));
                     };
-                    match decision::purge(record, judged) {
+                    match decision::purge(record, now) {
                         Write::None => Ok((Write::None, Change::Keep)),
                         Write::Put(tombstone) => {
                             let mut next = current.clone();

@@ -532,12 +532,12 @@ async fn row_of(table: &Table, attrs: &Attrs) -> Result<Option<Row>, StoreError>
     Ok(Some((pk.to_owned(), read)))
 }
 
-/// The records due for the purge at `judged`, longest due first then
+/// The records due for the purge at `now`, longest due first then
 /// (scope, key), at most `limit`, from every shard of the due index; and
 /// how many index entries could not be read.
 pub(crate) async fn due_candidates(
     table: &Table,
-    judged: Timestamp,
+    now: Timestamp,
     limit: usize,
 ) -> Result<(Vec<(u64, idem_core::RecordId)>, u64), StoreError> {
     let mut found = Vec::new();
@@ -550,7 +550,7 @@ pub(crate) async fn due_candidates(
             value: &shard,
             sort: "due",
             cmp: "<=",
-            bound: Some(n(judged.as_millis())),
+            bound: Some(n(now.as_millis())),
             limit: i32::try_from(limit).unwrap_or(i32::MAX),
         };
         let (items, _) = table.query_page(page, None).await?;

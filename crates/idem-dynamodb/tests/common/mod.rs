@@ -43,9 +43,18 @@ pub fn fresh_table(tag: &str) -> String {
 
 /// The URL of a new table of idem's on `emulator`, created.
 pub async fn fresh_url(emulator: Emulator, tag: &str) -> (DynamoUrl, aws_sdk_dynamodb::Client) {
+    fresh_url_with_skew(emulator, tag, 0).await
+}
+
+/// [`fresh_url`] tolerating `skew_ms` of clock skew.
+pub async fn fresh_url_with_skew(
+    emulator: Emulator,
+    tag: &str,
+    skew_ms: u64,
+) -> (DynamoUrl, aws_sdk_dynamodb::Client) {
     let endpoint = emulator.endpoint();
     let url = DynamoUrl::parse(&format!(
-        "dynamodb://{}?region=us-east-1&endpoint={endpoint}&clock_skew_ms=0",
+        "dynamodb://{}?region=us-east-1&endpoint={endpoint}&clock_skew_ms={skew_ms}",
         fresh_table(tag)
     ))
     .unwrap();
