@@ -302,12 +302,16 @@ cargo test "${scope[@]}" "$@"
 # (crates/idem/tests/support/dynamo.rs). The cases about SQLite
 # itself (an unwritable file, a stalled disk) stay SQLite's.
 if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
+  # moto's server answers one request at a time: a storm of 1 000 claims
+  # takes it seconds, past the bound the storm case puts on "at once", so
+  # that case runs on dynalite only.
   for emulator in dynalite moto; do
     wanted "$emulator" || continue
-    log "the gateway's black-box tests on $emulator"
+    skip=(--skip _on_sqlite --skip an_unwritable_store_fails_closed)
+    [ "$emulator" = moto ] && skip+=(--skip a_retry_storm_waits_within_the_limits)
+    log "the gateway's and the consumer's black-box tests on $emulator"
     IDEM_TEST_GATEWAY_STORE=$emulator cargo test -p idem --test gateway --test wait \
       --test attempts --test slow_clients --test reconcile --test consume_nats \
-      --test consume_rabbitmq -- \
-      --skip _on_sqlite --skip an_unwritable_store_fails_closed
+      --test consume_rabbitmq -- "${skip[@]}"
   done
 fi

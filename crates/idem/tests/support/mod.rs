@@ -945,7 +945,10 @@ pub fn text(bytes: &[u8]) -> String {
 }
 
 /// Runs the `idem` binary to completion.
+/// An SQLite store named in `args` is the table standing for it when
+/// `IDEM_TEST_GATEWAY_STORE` names an emulator ([`dynamo::gateway_store`]).
 pub fn idem(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| dynamo::gateway_store(a)).collect();
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
         .envs(dynamo::AWS_ENV.iter().copied())
