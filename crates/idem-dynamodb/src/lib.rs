@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use idem_core::{Clock, Record, RecordId, StoreError, Timestamp};
 
-pub use setup::{TableStatus, clock_offset_ms, connect, create_table, describe, emulator_client};
+pub use setup::{TableStatus, connect, create_table, describe, emulator_client};
 pub use url::{CLOCK_SKEW_MS_DEFAULT, CLOCK_SKEW_MS_MAX, DynamoUrl, URL_PARAMETERS};
 
 use crate::item::Item;
@@ -81,8 +81,8 @@ impl DynamoStore {
             url: url.clone(),
             usage: Default::default(),
         };
-        setup::check_layout(&table).await?;
-        check_clock(&table.client, url).await;
+        let found = setup::check_layout(&table).await?;
+        check_clock(found.clock_offset_ms, url);
         Ok(DynamoStore {
             table,
             clock,
@@ -124,11 +124,16 @@ impl DynamoStore {
             .record
             .as_ref()
             .is_some_and(|r| r.state == idem_core::State::InProgress);
-        if in_progress && (recent.len() < RECENT_MAX || recent.contains_key(id)) {
-            recent.insert(id.clone(), item.clone());
-        } else {
+        if !in_progress {
             recent.remove(id);
+            return;
         }
+        // Guesses are only a shortcut: a full map starts again empty rather
+        // than keeping, for good, guesses nothing will ever correct.
+        if recent.len() >= RECENT_MAX && !recent.contains_key(id) {
+            recent.clear();
+        }
+        recent.insert(id.clone(), item.clone());
     }
 
     fn guess(&self, id: &RecordId) -> Option<Item> {
@@ -173,8 +178,8 @@ impl DynamoStore {
 /// Warns when this process's clock is further from DynamoDB's than the
 /// skew the URL tolerates (the measure is good to about a second, so only
 /// a clock off by more than that plus the skew is said).
-async fn check_clock(client: &aws_sdk_dynamodb::Client, url: &DynamoUrl) {
-    let Some(offset) = clock_offset_ms(client, url).await else {
+fn check_clock(offset: Option<i64>, url: &DynamoUrl) {
+    let Some(offset) = offset else {
         return;
     };
     let bound = i64::try_from(url.clock_skew_ms)

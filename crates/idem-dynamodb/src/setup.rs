@@ -87,14 +87,25 @@ pub struct TableStatus {
     /// `EVENTUAL`), `None` when the table is not a global table or the
     /// endpoint does not say.
     pub multi_region_consistency: Option<String>,
+    /// How far this process's clock was from DynamoDB's when it answered,
+    /// in milliseconds (positive: ahead), from the answer's `Date`: `None`
+    /// when it had none. The header counts whole seconds, so the figure is
+    /// good to about half a second plus the round trip: enough to catch a
+    /// clock off by more than a `clock_skew_ms` of a second or more, not to
+    /// measure a smaller one.
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// Describes the table `table` names: exists, indexes, layout.
 pub async fn describe(client: &Client, url: &DynamoUrl) -> Result<TableStatus, StoreError> {
     let table = table_of(client, url);
+    let probe = DateProbe::default();
+    let seen = probe.seen.clone();
     let described = client
         .describe_table()
         .table_name(&url.table)
+        .customize()
+        .interceptor(probe)
         .send()
         .await
         .map_err(|e| {
@@ -132,6 +143,7 @@ pub async fn describe(client: &Client, url: &DynamoUrl) -> Result<TableStatus, S
         multi_region_consistency: desc
             .multi_region_consistency()
             .map(|c| c.as_str().to_owned()),
+        clock_offset_ms: seen.lock().ok().and_then(|seen| offset_ms(*seen)),
     })
 }
 
@@ -156,7 +168,8 @@ fn missing_table(url: &DynamoUrl) -> StoreError {
 }
 
 /// Refuses a table that is not idem's, or is idem's in a newer layout.
-pub(crate) async fn check_layout(table: &Table) -> Result<(), StoreError> {
+/// Returns what it found (the clock's offset too).
+pub(crate) async fn check_layout(table: &Table) -> Result<TableStatus, StoreError> {
     let found = describe(&table.client, &table.url).await?;
     let lacks: Vec<&str> = [AMBIGUOUS_INDEX, DUE_INDEX]
         .into_iter()
@@ -178,7 +191,7 @@ pub(crate) async fn check_layout(table: &Table) -> Result<(), StoreError> {
             store: table.label.clone(),
             reason: format!("the table lacks the index(es) {}", lacks.join(", ")),
         }),
-        Some(_) => Ok(()),
+        Some(_) => Ok(found),
     }
 }
 
@@ -359,32 +372,17 @@ impl Table {
     }
 }
 
-/// How far this process's clock is from DynamoDB's, in milliseconds
-/// (positive: ahead), from the `Date` header of a `DescribeTable`'s answer:
-/// `None` when the answer had none or it could not be read. The header
-/// counts whole seconds, so the figure is good to about half a second plus
-/// the round trip: enough to catch a clock that is off by more than a
-/// `clock_skew_ms` of a few seconds, not to measure a smaller one.
-pub async fn clock_offset_ms(client: &Client, url: &DynamoUrl) -> Option<i64> {
-    let probe = DateProbe::default();
-    let seen = probe.seen.clone();
-    client
-        .describe_table()
-        .table_name(&url.table)
-        .customize()
-        .interceptor(probe)
-        .send()
-        .await
-        .ok()?;
-    let guard = seen.lock().ok()?;
-    let (server, local) = (*guard)?;
-    // The header cuts the server's instant to its second: take the middle.
+/// The offset of the local instant an answer arrived at from the server's
+/// `Date`, taken at the middle of its second.
+fn offset_ms(seen: Option<(std::time::SystemTime, std::time::SystemTime)>) -> Option<i64> {
+    let (server, local) = seen?;
     let server = server + std::time::Duration::from_millis(500);
-    let offset = match local.duration_since(server) {
-        Ok(ahead) => i64::try_from(ahead.as_millis()).ok()?,
-        Err(behind) => -i64::try_from(behind.duration().as_millis()).ok()?,
-    };
-    Some(offset)
+    match local.duration_since(server) {
+        Ok(ahead) => i64::try_from(ahead.as_millis()).ok(),
+        Err(behind) => i64::try_from(behind.duration().as_millis())
+            .ok()
+            .map(|ms| -ms),
+    }
 }
 
 /// Reads the `Date` of an answer and the local time it arrived.

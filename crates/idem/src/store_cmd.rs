@@ -150,7 +150,8 @@ pub async fn init(args: InitArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot create store {url}"))?;
             println!("{url}: {}", done.join("; "));
-            print_clock(&client, table).await
+            let found = idem_dynamodb::describe(&client, table).await?;
+            print_clock(table, found.clock_offset_ms)
         }
         (StoreUrl::Sqlite(_) | StoreUrl::Postgres(_), None) => {
             url.open()?;
@@ -162,11 +163,8 @@ pub async fn init(args: InitArgs) -> anyhow::Result<()> {
 
 /// Says how far this machine's clock is from DynamoDB's against the skew
 /// the URL tolerates; fails when it is further.
-async fn print_clock(
-    client: &aws_sdk_dynamodb::Client,
-    table: &idem_dynamodb::DynamoUrl,
-) -> anyhow::Result<()> {
-    let Some(offset) = idem_dynamodb::clock_offset_ms(client, table).await else {
+fn print_clock(table: &idem_dynamodb::DynamoUrl, offset: Option<i64>) -> anyhow::Result<()> {
+    let Some(offset) = offset else {
         println!("clock: DynamoDB's answer had no Date to compare with");
         return Ok(());
     };

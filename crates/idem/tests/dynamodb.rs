@@ -6,10 +6,9 @@
 
 mod support;
 
-use std::process::Command;
-
 use idem_testkit::services::Service;
-use support::dynamo::{AWS_ENV, fresh_table};
+use support::dynamo::fresh_table;
+use support::idem;
 use support::{Site, nodes};
 
 const EMULATORS: [Service; 2] = [Service::Dynalite, Service::Moto];
@@ -34,14 +33,6 @@ async fn records_commands_read_the_table() {
     for emulator in EMULATORS {
         nodes::records_commands_read_the_store(&fresh_table(emulator, "records")).await;
     }
-}
-
-fn idem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .envs(AWS_ENV.iter().copied())
-        .output()
-        .unwrap()
 }
 
 #[test]
