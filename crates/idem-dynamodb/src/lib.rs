@@ -77,7 +77,6 @@ impl DynamoStore {
         let table = Table {
             client,
             name: url.table.clone(),
-            label: format!("dynamodb://{}", url.table),
             url: url.clone(),
             usage: Default::default(),
         };
@@ -169,7 +168,7 @@ impl DynamoStore {
 
     fn damaged(&self, id: &RecordId, why: &str) -> StoreError {
         StoreError::Incompatible {
-            store: self.table.label.clone(),
+            store: self.table.label(),
             reason: format!("the item of {id} cannot be read: {why}"),
         }
     }

@@ -98,7 +98,7 @@ impl DynamoStore {
         }
         self.recent().remove(id);
         Err(StoreError::Unavailable {
-            store: self.table.label.clone(),
+            store: self.table.label(),
             reason: format!("{id} changed under {MODIFY_TRIES} decisions in a row; try again"),
         })
     }
@@ -269,7 +269,7 @@ impl DynamoStore {
             None => Ok(None),
             Some(attrs) => crate::setup::window_from(&attrs).map(Some).map_err(|why| {
                 StoreError::Incompatible {
-                    store: self.table.label.clone(),
+                    store: self.table.label(),
                     reason: format!("the suspect window's item cannot be read: {why}"),
                 }
             }),
@@ -291,7 +291,7 @@ impl DynamoStore {
             }
         }
         Err(StoreError::Unavailable {
-            store: self.table.label.clone(),
+            store: self.table.label(),
             reason: "the suspect window changed under every try; try again".into(),
         })
     }

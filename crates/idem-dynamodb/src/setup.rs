@@ -124,7 +124,7 @@ pub async fn describe(client: &Client, url: &DynamoUrl) -> Result<TableStatus, S
         None => None,
         Some(attrs) => Some(
             get_n(&attrs, "layout").map_err(|why| StoreError::Incompatible {
-                store: table.label.clone(),
+                store: table.label(),
                 reason: format!("the table's meta item cannot be read: {why}"),
             })? as i64,
         ),
@@ -151,7 +151,6 @@ fn table_of(client: &Client, url: &DynamoUrl) -> Table {
     Table {
         client: client.clone(),
         name: url.table.clone(),
-        label: format!("dynamodb://{}", url.table),
         url: url.clone(),
         usage: Default::default(),
     }
@@ -177,7 +176,7 @@ pub(crate) async fn check_layout(table: &Table) -> Result<TableStatus, StoreErro
         .collect();
     match found.layout {
         None => Err(StoreError::Incompatible {
-            store: table.label.clone(),
+            store: table.label(),
             reason: format!(
                 "table {:?} was not made by `idem store init` (it has no meta item); idem \
                  does not write into a table it did not create",
@@ -185,10 +184,10 @@ pub(crate) async fn check_layout(table: &Table) -> Result<TableStatus, StoreErro
             ),
         }),
         Some(v) if v > LAYOUT_VERSION => {
-            Err(StoreError::newer_schema(&table.label, v, LAYOUT_VERSION))
+            Err(StoreError::newer_schema(&table.label(), v, LAYOUT_VERSION))
         }
         Some(_) if !lacks.is_empty() => Err(StoreError::Incompatible {
-            store: table.label.clone(),
+            store: table.label(),
             reason: format!("the table lacks the index(es) {}", lacks.join(", ")),
         }),
         Some(_) => Ok(found),
@@ -366,7 +365,7 @@ async fn wait_active(client: &Client, url: &DynamoUrl, table: &Table) -> Result<
 impl Table {
     fn unavailable_text(&self, what: &str, why: &str) -> StoreError {
         StoreError::Unavailable {
-            store: self.label.clone(),
+            store: self.label(),
             reason: format!("{what}: {why}"),
         }
     }

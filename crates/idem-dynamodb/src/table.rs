@@ -21,8 +21,6 @@ pub use crate::item::Attrs;
 pub struct Table {
     pub(crate) client: Client,
     pub(crate) name: String,
-    /// `dynamodb://TABLE` as messages name it.
-    pub(crate) label: String,
     /// The URL the store was opened with, for the commands a message
     /// suggests.
     pub(crate) url: crate::DynamoUrl,
@@ -41,6 +39,11 @@ pub enum WriteRefused {
 }
 
 impl Table {
+    /// `dynamodb://TABLE`, as messages name the store.
+    pub fn label(&self) -> String {
+        format!("dynamodb://{}", self.name)
+    }
+
     /// The item with partition key `pk`, read with `ConsistentRead`.
     pub async fn get(&self, pk: &str) -> Result<Option<Attrs>, StoreError> {
         let out = self
@@ -226,14 +229,14 @@ impl Table {
         R: std::fmt::Debug,
     {
         StoreError::Unavailable {
-            store: self.label.clone(),
+            store: self.label(),
             reason: format!("{what}: {}", said(e)),
         }
     }
 
     fn refused<E: ProvideErrorMetadata>(&self, what: &str, e: &E) -> StoreError {
         StoreError::Unavailable {
-            store: self.label.clone(),
+            store: self.label(),
             reason: format!("{what}: {}", service_said(e)),
         }
     }
