@@ -637,7 +637,7 @@ mod tests {
             idem_config("http://127.0.0.1:9/payouts", 8, &section),
         )
         .unwrap();
-        let config = idem_bridge::config::ConsumeConfig::load(&path).unwrap();
+        let config = idem_consumer::config::ConsumeConfig::load(&path).unwrap();
         let [sub] = config.subscriptions.as_slice() else {
             panic!("one subscription, not {}", config.subscriptions.len())
         };
@@ -645,7 +645,7 @@ mod tests {
         assert_eq!(sub.concurrency, 8);
         assert_eq!(sub.deliver.to_string(), "http://127.0.0.1:9/payouts");
         assert_eq!(sub.intent.key().as_str(), KEY);
-        let idem_bridge::broker::Broker::RabbitMq(rabbit) = &sub.broker else {
+        let idem_consumer::broker::Broker::RabbitMq(rabbit) = &sub.broker else {
             panic!("not RabbitMQ: {:?}", sub.broker)
         };
         assert_eq!(*rabbit, crate::rabbit::config("idem-bench-q", 16).unwrap());

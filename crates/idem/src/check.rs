@@ -169,8 +169,8 @@ fn consumer(
     colour: bool,
     json: &mut Vec<serde_json::Value>,
 ) -> anyhow::Result<bool> {
-    let config = idem_bridge::config::ConsumeConfig::load(config)?;
-    let mut contracts = idem_bridge::contracts::evaluate(&config).into_iter();
+    let config = idem_consumer::config::ConsumeConfig::load(config)?;
+    let mut contracts = idem_consumer::contracts::evaluate(&config).into_iter();
     let mut passed = true;
     for sub in &config.subscriptions {
         // evaluate() keeps the subscriptions that name a contract, in order.
@@ -185,7 +185,7 @@ fn consumer(
             }
             None => (None, Vec::new(), None),
         };
-        cross.push(idem_bridge::contracts::key_source(sub));
+        cross.push(idem_consumer::contracts::key_source(sub));
         let ok =
             report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
         passed &= ok;

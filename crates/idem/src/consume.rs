@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use idem_bridge::config::ConsumeConfig;
+use idem_consumer::config::ConsumeConfig;
 
 use crate::store_url::{self, Checked, OpenStore};
 
@@ -81,7 +81,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             Some(listener)
         }
     };
-    let report = idem_bridge::run::run(&config, store, probes, idem_gateway::shutdown_signal())
+    let report = idem_consumer::run::run(&config, store, probes, idem_gateway::shutdown_signal())
         .await
         .map_err(|e| {
             // A broker error about a field of the file names both, as a
@@ -155,7 +155,7 @@ fn print_unchecked(config: &ConsumeConfig, checked: Checked) {
 fn judge_contracts(config: &ConsumeConfig, allow_unsafe: bool) -> anyhow::Result<()> {
     let mut lines = Vec::new();
     for sub in &config.subscriptions {
-        let key = idem_bridge::contracts::key_source(sub);
+        let key = idem_consumer::contracts::key_source(sub);
         if !key.verdict.passed() {
             lines.push(format!(
                 "subscription {:?}: {} {}: {}",
@@ -166,7 +166,7 @@ fn judge_contracts(config: &ConsumeConfig, allow_unsafe: bool) -> anyhow::Result
             ));
         }
     }
-    for c in idem_bridge::contracts::evaluate(config) {
+    for c in idem_consumer::contracts::evaluate(config) {
         if !c.passed() {
             lines.push(format!(
                 "subscription {:?}: contract {} fails:",

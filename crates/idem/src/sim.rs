@@ -107,7 +107,7 @@ pub fn run(args: SimArgs) -> ExitCode {
 /// the contract's lease, retention and tombstone replaced by what the
 /// subscription enforces, so the simulation judges the running consumer.
 fn consumer_designs(config: &std::path::Path) -> anyhow::Result<Vec<Design>> {
-    let consume = idem_bridge::config::ConsumeConfig::load(config)?;
+    let consume = idem_consumer::config::ConsumeConfig::load(config)?;
     let mut designs = Vec::new();
     for sub in &consume.subscriptions {
         let Some(path) = &sub.contract else {

@@ -10,10 +10,10 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_consume::{Done, Outcome, RetryReason, RunOnce};
 use idem_core::{
     CompletionTable, Dedup, FORWARD_MS_MIN, LeaseExpiry, Policy, State, Store, lease::margin_ms,
 };
+use idem_message::{Done, Outcome, RetryReason, RunOnce};
 use idem_testkit::late_ack::LateAck;
 use idem_testkit::stores::{Backend, open};
 use proptest::prelude::*;
@@ -75,7 +75,7 @@ async fn check(backend: Backend, ack_delay_ms: u64, effect_ms: u64) {
                 span.lock().unwrap().started = Some(Instant::now());
                 let _end = EndGuard(span);
                 tokio::time::sleep(Duration::from_millis(effect_ms)).await;
-                Ok(idem_consume::Reply::status(201))
+                Ok(idem_message::Reply::status(201))
             }
         })
         .await;

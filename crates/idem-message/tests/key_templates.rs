@@ -6,7 +6,7 @@
 //! the parser or the renderer panic.
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
-use idem_consume::{KeyRefusal, KeyTemplate, Message, Source};
+use idem_message::{KeyRefusal, KeyTemplate, Message, Source};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_consume::{Outcome, RetryReason};
 use idem_core::{Clock, Completion, ManualClock, State, StoreError, Timestamp};
+use idem_message::{Outcome, RetryReason};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use idem_testkit::stores::{Backend, TestStore};
 use support::{Answer, Effects, Harness, LEASE_MS, Seen, manual_clock};

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use http::header::{self, HeaderName, HeaderValue};
 use idem_broker::{Message, Reason};
-use idem_consume::{Done, IntentSpec, Outcome, RejectReason, Reply, RunOnce, Sink};
 use idem_core::{AttemptOutcome, Store, VerifyFresh, WindowWatch};
+use idem_message::{Done, IntentSpec, Outcome, RejectReason, Reply, RunOnce, Sink};
 
 use crate::config::Subscription;
 use crate::deliver::Endpoint;
@@ -101,7 +101,7 @@ impl Subscriber {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
-        let message = idem_consume::Message {
+        let message = idem_message::Message {
             payload: &m.payload,
             headers: &headers,
             message_id: m.message_id.as_deref(),

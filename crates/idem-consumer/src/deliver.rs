@@ -76,7 +76,7 @@ impl Endpoint {
 
     /// Posts `payload` once, with `headers` (the key header among them),
     /// giving up at the endpoint's timeout or at `deadline`, the attempt's
-    /// lease end ([`idem_consume::Attempt::deadline`]), whichever is first.
+    /// lease end ([`idem_message::Attempt::deadline`]), whichever is first.
     pub async fn post(
         &self,
         payload: Bytes,

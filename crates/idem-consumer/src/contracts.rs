@@ -6,9 +6,9 @@
 
 use std::path::PathBuf;
 
-use idem_consume::Source;
 use idem_contract::consumer::KeySource;
 use idem_contract::{Enforcer, Finding, GatewayFacts, Judgement};
+use idem_message::Source;
 
 use crate::config::{ConsumeConfig, Subscription};
 

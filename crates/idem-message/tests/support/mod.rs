@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_consume::{
-    Done, Intent, IntentSpec, KeyTemplate, Message, Outcome, PayloadFingerprint, RejectReason,
-    Reply, RetryReason, RunOnce, Sink,
-};
 use idem_core::{
     AttemptOutcome, Claim, ClaimRequest, Clock, CompletionTable, Dedup, IdempotencyKey,
     LeaseExpiry, ManualClock, Policy, RESULT_BODY_BYTES_MAX, Record, RecordId, Scope, State, Store,
     StoreError, StoreFuture, StoreWrapper, StoredResult, Timestamp, Token,
+};
+use idem_message::{
+    Done, Intent, IntentSpec, KeyTemplate, Message, Outcome, PayloadFingerprint, RejectReason,
+    Reply, RetryReason, RunOnce, Sink,
 };
 
 /// The lease of every test policy, in milliseconds.

@@ -29,10 +29,10 @@ use std::time::Duration;
 
 use http::Uri;
 use http::header::HeaderName;
-use idem_consume::{IntentSpec, KeyTemplate, PayloadFingerprint};
 use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
 use idem_gateway::StoreUrl;
 use idem_http::CompletionSpec;
+use idem_message::{IntentSpec, KeyTemplate, PayloadFingerprint};
 use idem_reconcile::{
     ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
 };
@@ -102,7 +102,7 @@ pub struct SubscriptionSpec {
     /// The principal part of the scope; default `-`.
     pub tenant: Option<String>,
     /// The key template (required): `{/pointer}`, `{header:NAME}`,
-    /// `{message_id}` and literal text (see `idem_consume::KeyTemplate`).
+    /// `{message_id}` and literal text (see `idem_message::KeyTemplate`).
     pub key: String,
     /// `json` (default: canonical JSON, exclusions apply) or `bytes`.
     pub fingerprint: Option<String>,

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_consume::{Done, Outcome, RetryReason, RunOnce};
 use idem_core::{Clock, CompletionTable, Dedup, RecordId, Store, StoredResult, SystemClock};
+use idem_message::{Done, Outcome, RetryReason, RunOnce};
 use idem_reconcile::{Finding, Provider, ProviderFuture, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use support::{intent, policy, reply};

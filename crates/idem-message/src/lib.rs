@@ -22,7 +22,7 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use idem_core::{CompletionTable, Dedup, MemoryStore, Policy, Scope, SystemClock};
-//! use idem_consume::*;
+//! use idem_message::*;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
