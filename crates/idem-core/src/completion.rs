@@ -1,5 +1,5 @@
-//! What an attempt's answer means for its record (DESIGN.md "Completing an
-//! attempt"): store it as final, release the key, or mark the outcome
+//! What an attempt's answer means for its record (docs/http.md, "In-process:
+//! how an attempt ends"): store it as final, release the key, or mark the outcome
 //! unknown. One table for every caller (the tower layer, the gateway, the
 //! simulator), on plain status numbers so the core needs no HTTP crate.
 

@@ -51,7 +51,8 @@ impl ClaimRequest {
     }
 }
 
-/// A row of DESIGN.md's claim table: what to do given the existing record.
+/// A row of the claim table (docs/contract.md): what to do given the
+/// existing record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// No record, or a tombstone past its horizon: a new acquisition.
@@ -137,7 +138,7 @@ pub enum Write {
     Delete,
 }
 
-/// DESIGN.md's claim table as one function.
+/// The claim table (docs/contract.md) as one function.
 pub fn decide(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> Decision {
     let Some(record) = existing else {
         return Decision::Acquire;
@@ -546,7 +547,7 @@ mod tests {
 
     type TableRow = (&'static str, Option<Record>, u8, Policy, Decision);
 
-    /// Every row of DESIGN.md's claim table: (name, existing record, the
+    /// Every row of the claim table (docs/contract.md): (name, existing record, the
     /// claim's fingerprint byte, policy, decision).
     fn claim_table() -> Vec<TableRow> {
         use Decision::*;

@@ -1,6 +1,6 @@
 //! A stored header value as the bytes the upstream sent: HTTP allows field
 //! values that are not UTF-8 (obs-text, 0x80–0xFF), and a replay must carry
-//! them unchanged (invariant I3).
+//! them unchanged (I3, docs/contract.md).
 
 use std::fmt;
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// The longest key accepted, in bytes (DESIGN.md "Limits").
+/// The longest key accepted, in bytes (docs/contract.md, "Policy and limits").
 pub const KEY_BYTES_MAX: usize = 255;
 
 /// A validated idempotency key: 1–255 bytes of visible ASCII (`0x21..=0x7e`).

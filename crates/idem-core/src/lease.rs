@@ -1,5 +1,5 @@
 //! How much of a granted lease is left for the effect, and whether that is
-//! enough to start it: the one rule behind DESIGN's I8 ("a forward never
+//! enough to start it: the one rule behind I8 (docs/contract.md: "a forward never
 //! outlives the lease the store granted it"), called by the tower layer,
 //! the consumer's run-once, and the model checker.
 //!

@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::{Fingerprint, HeaderBytes, IdempotencyKey, Scope, Timestamp};
 
-/// The largest stored response body, in bytes (DESIGN.md "Limits").
+/// The largest stored response body, in bytes (docs/contract.md, "Policy and limits").
 pub const RESULT_BODY_BYTES_MAX: usize = 1024 * 1024;
 /// The most headers a stored result may keep.
 pub const RESULT_HEADERS_MAX: usize = 64;

@@ -1,5 +1,5 @@
 //! A forward never outlives the lease the store granted, however late the
-//! store's answer arrives (DESIGN I8): the layer over the real SQLite and
+//! store's answer arrives (I8, docs/contract.md): the layer over the real SQLite and
 //! PostgreSQL stores (127.0.0.1:5432, or `IDEM_TEST_POSTGRES_URL`;
 //! PostgreSQL leases by its own clock), with their claim answers held back
 //! for any delay after the commit, in front of an upstream that takes any

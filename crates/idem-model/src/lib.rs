@@ -300,7 +300,7 @@ pub mod property {
     /// the locked claim's there, which writes nothing.
     pub const CACHE_IS_THE_CLAIM: &str =
         "a replay from memory is the locked claim's, which writes nothing";
-    /// No effect commits at or after its attempt's lease end (DESIGN I8).
+    /// No effect commits at or after its attempt's lease end (I8, docs/contract.md).
     pub const FORWARD_WITHIN_LEASE: &str = "a forward never outlives the lease the store granted";
     /// Reachability: a claim's answer arrives with too little of its lease
     /// left, and nothing is forwarded.

@@ -1,7 +1,8 @@
 //! The reconciler for ambiguous records: an attempt whose outcome is unknown
 //! is resolved by asking the provider by the exact reference the gateway
 //! forwarded for it (so two tenants who chose the same key are never
-//! confused), never by re-executing the request (DESIGN.md "Reconciliation").
+//! confused), never by re-executing the request (I2 in docs/contract.md;
+//! docs/operations.md, "The reconciler").
 //!
 //! - [`LookupSpec`] + [`ForwardedKey`] → [`Lookup`]: per route, how to ask
 //!   the provider (`[[lookup]]` in the gateway config), and how the route

@@ -1,4 +1,5 @@
-//! The checker: judges a run's log against DESIGN.md's invariants I1–I6. It
+//! The checker: judges a run's log against the invariants I1–I6
+//! (docs/contract.md, "Invariants I1–I8"). It
 //! never injects anything and never looks inside the world, only at what the
 //! world wrote down (effects at the bank, answers the callers accepted, the
 //! stores' final states).

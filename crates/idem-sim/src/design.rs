@@ -50,7 +50,8 @@ pub struct Workload {
     /// amount, 1–600 s later (a client bug).
     pub mismatch_resend: f64,
     /// DLQ redrive delay when the contract says `redrive = "manual"`
-    /// (DESIGN.md: the next morning, 14 h).
+    /// (the incident of `examples/contracts/incident-two-dlq-redrive.toml`:
+    /// the next morning, 14 h).
     pub redrive_after_s: u64,
     /// With several regions: when region 0 fails and traffic moves.
     pub failover_at_s: u64,

@@ -9,8 +9,8 @@
 //!
 //! The world (queue, orchestrator, payout API, bank rail, reconciler,
 //! regions) injects faults and writes what happened to a log; a separate
-//! checker judges the log against DESIGN.md's invariants I1–I6. See
-//! docs/simulation.md.
+//! checker judges the log against the invariants I1–I6 (docs/contract.md).
+//! See docs/simulation.md.
 //!
 //! ```
 //! let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/contracts/payouts.toml");

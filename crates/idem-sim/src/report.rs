@@ -73,7 +73,7 @@ pub struct Coverage {
 /// One violated invariant in one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
-    /// `I1`…`I6`, or `sim` for a simulator error.
+    /// `I1`…`I6` (docs/contract.md), or `sim` for a simulator error.
     pub invariant: &'static str,
     /// What was seen.
     pub detail: String,

@@ -1,4 +1,4 @@
-//! A claim acknowledged late never forwards past its lease (DESIGN I8),
+//! A claim acknowledged late never forwards past its lease (I8, docs/contract.md),
 //! through `idem serve` on both stores: on PostgreSQL behind a relay that
 //! holds the server's answers back, on SQLite with the commit's `fsync`
 //! stalled by a slow disk. Either way the claim is decided at once, its

@@ -1,4 +1,4 @@
-//! The claim table of DESIGN.md, row by row, with its time boundaries: a
+//! The claim table of docs/contract.md, row by row, with its time boundaries: a
 //! store that applies the shared decision atomically passes every case here.
 
 use std::sync::Arc;
