@@ -73,8 +73,37 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
         args.seconds,
         dir.display()
     );
-    // The baseline first: the same two durable writes per key on a plain
-    // SQLite connection, batched the same way, without idem's checks.
+    let plain = baseline(&runtime, args, dir)?;
+    let modes = [
+        (
+            "group commit (batch_max 256)",
+            "group.db",
+            SqliteOptions::default(),
+        ),
+        (
+            "one transaction per op (batch_max 1)",
+            "single.db",
+            SqliteOptions {
+                batch_max: 1,
+                ..SqliteOptions::default()
+            },
+        ),
+    ];
+    let mut runs = Vec::new();
+    for (name, file, options) in modes {
+        runs.push(mode(&runtime, args, name, &dir.join(file), options)?);
+    }
+    targets(&runs[0], &runs[1], &plain);
+    Ok(())
+}
+
+/// The baseline, run first: the same two durable writes per key on a
+/// plain SQLite connection, batched the same way, without idem's checks.
+fn baseline(
+    runtime: &tokio::runtime::Runtime,
+    args: &Args,
+    dir: &Path,
+) -> anyhow::Result<plain_sqlite::Plain> {
     let cpu_before = measured::process_cpu("self");
     let plain = runtime.block_on(plain_sqlite::run(
         &dir.join("plain.db"),
@@ -101,53 +130,50 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
         p.percentile_us(0.999),
         p.percentile_us(1.0),
     );
-    let modes = [
-        (
-            "group commit (batch_max 256)",
-            "group.db",
-            SqliteOptions::default(),
-        ),
-        (
-            "one transaction per op (batch_max 1)",
-            "single.db",
-            SqliteOptions {
-                batch_max: 1,
-                ..SqliteOptions::default()
-            },
-        ),
-    ];
-    let mut runs = Vec::new();
-    for (name, file, options) in modes {
-        let store = SqliteStore::open(dir.join(file), options)?;
-        let cpu_before = measured::process_cpu("self");
-        let run = runtime.block_on(run(Arc::new(store), args.callers, args.seconds))?;
-        let p = &run.pairs;
-        println!(
-            "  {name:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch, {} CPU per pair)",
-            run.pairs_per_s(),
-            p.ok,
-            p.elapsed.as_secs_f64(),
-            run.stats.batches,
-            run.ops_per_batch(),
-            cpu_per_pair(cpu_before, p.ok)
-        );
-        // A pair's tail is the store's own, without HTTP: a stall in the
-        // writer (a checkpoint in a commit, a slow fsync) shows here.
-        println!(
-            "  {:<38} pair p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; checkpoints {} \
-             off the commit path, {} catch-ups, {} inline",
-            "",
-            p.percentile_us(0.50),
-            p.percentile_us(0.99),
-            p.percentile_us(0.999),
-            p.percentile_us(1.0),
-            run.stats.checkpoints,
-            run.stats.catch_ups,
-            run.stats.inline_checkpoints
-        );
-        runs.push(run);
-    }
-    let (group, single) = (&runs[0], &runs[1]);
+    Ok(plain)
+}
+
+/// One mode of the store on a fresh `file`, measured and printed.
+fn mode(
+    runtime: &tokio::runtime::Runtime,
+    args: &Args,
+    name: &str,
+    file: &Path,
+    options: SqliteOptions,
+) -> anyhow::Result<Run> {
+    let store = SqliteStore::open(file, options)?;
+    let cpu_before = measured::process_cpu("self");
+    let run = runtime.block_on(run(Arc::new(store), args.callers, args.seconds))?;
+    let p = &run.pairs;
+    println!(
+        "  {name:<38} {:>9.0} pairs/s  ({} pairs in {:.2} s, {} batches, {:.1} ops/batch, {} CPU per pair)",
+        run.pairs_per_s(),
+        p.ok,
+        p.elapsed.as_secs_f64(),
+        run.stats.batches,
+        run.ops_per_batch(),
+        cpu_per_pair(cpu_before, p.ok)
+    );
+    // A pair's tail is the store's own, without HTTP: a stall in the
+    // writer (a checkpoint in a commit, a slow fsync) shows here.
+    println!(
+        "  {:<38} pair p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; checkpoints {} \
+         off the commit path, {} catch-ups, {} inline",
+        "",
+        p.percentile_us(0.50),
+        p.percentile_us(0.99),
+        p.percentile_us(0.999),
+        p.percentile_us(1.0),
+        run.stats.checkpoints,
+        run.stats.catch_ups,
+        run.stats.inline_checkpoints
+    );
+    Ok(run)
+}
+
+/// The ratios against the baseline and one transaction per op, and the
+/// targets' verdicts.
+fn targets(group: &Run, single: &Run, plain: &plain_sqlite::Plain) {
     let ratio = group.pairs_per_s() / single.pairs_per_s().max(f64::MIN_POSITIVE);
     println!("  ratio group / single: {ratio:.1}x");
     println!(
@@ -163,7 +189,6 @@ fn bench(args: &Args, dir: &Path) -> anyhow::Result<()> {
         "  target >= {TARGET_RATIO:.0}x one transaction per op: {} ({ratio:.1}x)",
         verdict(ratio >= TARGET_RATIO)
     );
-    Ok(())
 }
 
 /// The process's CPU time (every thread: callers, writer, checkpointer)

@@ -26,7 +26,18 @@ fn bad(found: &mut Found, field: &str, reason: impl Into<String>) {
     found.push((field.to_string(), reason.into()));
 }
 
+/// Every section but `[replay.*]`, in the file's order: the first problem
+/// found is the one reported.
 fn sections(c: &Contract, found: &mut Found) {
+    intent(c, found);
+    key(c, found);
+    propagation(c, found);
+    concurrency(c, found);
+    retention(c, found);
+}
+
+/// `[operation]` and `[intent]`: names that are not blank.
+fn intent(c: &Contract, found: &mut Found) {
     if c.operation.name.trim().is_empty() {
         bad(found, "operation.name", "must not be empty");
     }
@@ -38,6 +49,10 @@ fn sections(c: &Contract, found: &mut Found) {
             bad(found, "intent.fields", "field names must not be empty");
         }
     }
+}
+
+/// `[key]`: a business key has a balanced template, other sources none.
+fn key(c: &Contract, found: &mut Found) {
     if let Some(k) = &c.key {
         match (k.source, &k.template) {
             (KeySource::Business, None) => bad(
@@ -58,6 +73,11 @@ fn sections(c: &Contract, found: &mut Found) {
             _ => {}
         }
     }
+}
+
+/// `[[propagation.dependency]]`: a dedup window exactly where it dedups,
+/// and only by a key it receives.
+fn propagation(c: &Contract, found: &mut Found) {
     if let Some(p) = &c.propagation {
         for (i, d) in p.dependencies.iter().enumerate() {
             let at = |f: &str| format!("propagation.dependency[{i}].{f}");
@@ -76,6 +96,11 @@ fn sections(c: &Contract, found: &mut Found) {
             }
         }
     }
+}
+
+/// `[concurrency]` and `[ambiguity]`: timeouts above zero, a lookup where
+/// the provider is asked.
+fn concurrency(c: &Contract, found: &mut Found) {
     if let Some(cc) = &c.concurrency {
         if cc.lease_ms == 0 {
             bad(found, "concurrency.lease_ms", "must be greater than 0");
@@ -100,6 +125,10 @@ fn sections(c: &Contract, found: &mut Found) {
             bad(found, "ambiguity.max_tries", "must be at least 1");
         }
     }
+}
+
+/// `[retention]` and `[regions]`: horizons in order, regions named.
+fn retention(c: &Contract, found: &mut Found) {
     if let Some(r) = &c.retention {
         if r.retention_s == 0 {
             bad(found, "retention.retention_s", "must be greater than 0");

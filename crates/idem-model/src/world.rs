@@ -214,7 +214,7 @@ pub struct Effect {
     pub attempt: usize,
     /// That attempt's token, as the provider's lookup finds it.
     pub token: Token,
-    /// Whether it committed at or after its attempt's lease end (DESIGN I8
+    /// Whether it committed at or after its attempt's lease end (I8 in docs/contract.md
     /// forbids it: a retry or the reconciler may have judged the attempt).
     pub after_lease: bool,
 }
@@ -432,6 +432,15 @@ impl World {
 
     /// Every action enabled in this world.
     pub fn actions(&self, model: &IdemModel, out: &mut Vec<Action>) {
+        self.client_actions(model, out);
+        self.attempt_actions(out);
+        self.store_actions(model, out);
+    }
+
+    /// What the clients may do: a request (told at once, late or before
+    /// its commit), a read on the fast path and its decision, a waiter's
+    /// or a settling retry's next step.
+    fn client_actions(&self, model: &IdemModel, out: &mut Vec<Action>) {
         for (client, c) in self.clients.iter().enumerate() {
             // A request takes effect at the store before the replay
             // horizon, the read and the claim that ends it alike: that is
@@ -481,6 +490,11 @@ impl World {
                 out.push(Action::Snapshot { client });
             }
         }
+    }
+
+    /// What the gateways holding attempts may do: forward, commit, answer,
+    /// verify inside the suspect window, crash.
+    fn attempt_actions(&self, out: &mut Vec<Action>) {
         for (attempt, a) in self.attempts.iter().enumerate() {
             if a.sent && a.effect.is_none() && a.deadline.is_some_and(|d| self.now < d) {
                 out.push(Action::Commit { attempt });
@@ -509,6 +523,11 @@ impl World {
                 out.push(Action::NotSent { attempt });
             }
         }
+    }
+
+    /// What happens at the store and around it: the lease sweep, the
+    /// resolvers, the purge, a lost tail, and time passing.
+    fn store_actions(&self, model: &IdemModel, out: &mut Vec<Action>) {
         let record = self.record();
         if record.is_some_and(|r| r.state == State::InProgress && self.now >= r.lease_until) {
             out.push(Action::Sweep);

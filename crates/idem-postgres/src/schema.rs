@@ -268,175 +268,45 @@ impl Schema {
     }
 
     /// The statements for schema `name`, which `config::target` validated
-    /// (it needs no quoting).
+    /// (it needs no quoting). The long ones are built by the functions
+    /// after this impl, in the order of the tables they touch: `records`
+    /// (claims, completions, the purge), `resolutions`, `lookup_tries`.
     pub(crate) fn new(name: &str) -> Schema {
         let cols = COLUMNS.join(", ");
         let now = STORE_NOW_MS;
-        let unnest: Vec<String> = row::ARRAY_TYPES
-            .iter()
-            .enumerate()
-            .map(|(i, ty)| format!("${}::{ty}", i + 1))
-            .collect();
-        let update: Vec<String> = COLUMNS[2..]
-            .iter()
-            .map(|c| format!("{c} = EXCLUDED.{c}"))
-            .collect();
         let s = name;
         let channel = channel(name);
-        // What a completion sets from the record as it was (`old`) at the
-        // time read after its lock (`now`), as `decision::complete` does.
-        let completed = format!(
-            "state = 'completed', completed_at_ms = now.ms, \
-             expires_at_ms = now.ms + LEAST(LEAST(old.retention_s, {SECONDS_MAX}) * 1000, \
-             9223372036854775807 - now.ms), \
-             tombstone_until_ms = now.ms + LEAST(LEAST(old.tombstone_s, {SECONDS_MAX}) * 1000, \
-             9223372036854775807 - now.ms),"
-        );
         Schema {
             name: name.to_owned(),
             wait_note: format!(
                 "UPDATE {s}.records SET waited = true WHERE scope = $1 AND key = $2 \
                  AND state = 'in_progress' AND waited IS DISTINCT FROM true"
             ),
-            insert_new: format!(
-                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
-                 lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
-                 SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
-                 now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
-                 $9::text \
-                 FROM (SELECT {now} AS ms) AS now \
-                 WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = $2 AND r.key = $3) \
-                 IS NULL \
-                 ON CONFLICT (scope, key) DO NOTHING \
-                 RETURNING token, created_at_ms, lease_until_ms, {now}"
-            ),
-            insert_batch: format!(
-                "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
-                 lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
-                 SELECT b.scope, b.key, b.fingerprint, 'in_progress', nextval('{s}.tokens'), \
-                 b.owner, now.ms + LEAST(b.lease, 9223372036854775807 - now.ms), now.ms, \
-                 b.retention, b.tombstone, b.region \
-                 FROM (SELECT {now} AS ms) AS now, \
-                 unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::bigint[], \
-                 $7::bigint[], $8::bigint[], $9::text[]) WITH ORDINALITY \
-                 AS b(scope, key, fingerprint, owner, lease, retention, tombstone, region, n) \
-                 WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = b.scope AND r.key = b.key) \
-                 IS NULL \
-                 ORDER BY b.n \
-                 ON CONFLICT (scope, key) DO NOTHING \
-                 RETURNING token, created_at_ms, lease_until_ms, {now}, scope, key"
-            ),
+            insert_new: insert_new(s),
+            insert_batch: insert_batch(s),
             peek: format!(
                 "SELECT {now} AS now_ms, {cols} FROM {s}.records WHERE scope = $2 AND key = $3"
             ),
-            restart_lease: format!(
-                "UPDATE {s}.records AS r SET created_at_ms = now.ms, \
-                 lease_until_ms = now.ms + LEAST($5::bigint, 9223372036854775807 - now.ms) \
-                 FROM (SELECT {now} AS ms) AS now \
-                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.state = 'in_progress' \
-                 RETURNING r.token, r.created_at_ms, r.lease_until_ms, now.ms"
-            ),
-            lock: format!(
-                "WITH locked AS MATERIALIZED (\
-                 SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE) \
-                 SELECT {now} AS now_ms, locked.* FROM (SELECT) AS one LEFT JOIN locked ON true"
-            ),
-            complete: format!(
-                "WITH old AS MATERIALIZED (\
-                 SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE), \
-                 now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
-                 done AS (UPDATE {s}.records AS r SET {completed} \
-                 result_status = $5, result_headers = $6, result_body = $7 \
-                 FROM old, now \
-                 WHERE r.scope = old.scope AND r.key = old.key \
-                 AND old.token = $4 AND old.state = 'in_progress' \
-                 RETURNING {}, r.waited) \
-                 SELECT now.ms, old.*, done.*, \
-                 (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
-                 FROM now LEFT JOIN old ON true LEFT JOIN done ON true",
-                COLUMNS.map(|c| format!("r.{c}")).join(", ")
-            ),
-            complete_batch: format!(
-                "WITH input AS MATERIALIZED (SELECT * FROM unnest($2::text[], $3::text[], \
-                 $4::bigint[], $5::int[], $6::text[], $7::bytea[]) WITH ORDINALITY \
-                 AS i(scope, key, token, status, headers, body, n)), \
-                 old AS MATERIALIZED (SELECT {} FROM {s}.records r \
-                 JOIN input ON r.scope = input.scope AND r.key = input.key \
-                 ORDER BY r.scope, r.key FOR UPDATE OF r), \
-                 now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
-                 done AS (UPDATE {s}.records AS r SET {completed} \
-                 result_status = input.status, result_headers = input.headers, \
-                 result_body = input.body \
-                 FROM old, now, input \
-                 WHERE r.scope = old.scope AND r.key = old.key \
-                 AND input.scope = old.scope AND input.key = old.key \
-                 AND old.token = input.token AND old.state = 'in_progress' \
-                 RETURNING {}, r.waited) \
-                 SELECT now.ms, old.*, done.*, \
-                 (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
-                 FROM input CROSS JOIN now \
-                 LEFT JOIN old ON old.scope = input.scope AND old.key = input.key \
-                 LEFT JOIN done ON done.scope = input.scope AND done.key = input.key \
-                 ORDER BY input.n",
-                COLUMNS.map(|c| format!("r.{c}")).join(", "),
-                COLUMNS.map(|c| format!("r.{c}")).join(", ")
-            ),
+            restart_lease: restart_lease(s),
+            lock: lock(s),
+            complete: complete(s, &channel),
+            complete_batch: complete_batch(s, &channel),
             next_token: format!("SELECT nextval('{s}.tokens')"),
             clock: format!("SELECT {now} AS now_ms"),
-            put: format!(
-                "INSERT INTO {s}.records ({cols}) SELECT * FROM unnest({}) \
-                 ON CONFLICT (scope, key) DO UPDATE SET {}",
-                unnest.join(", "),
-                update.join(", ")
-            ),
+            put: put(s),
             delete: format!(
                 "DELETE FROM {s}.records WHERE (scope, key) IN \
                  (SELECT * FROM unnest($1::text[], $2::text[]))"
             ),
             get: format!("SELECT {cols} FROM {s}.records WHERE scope = $1 AND key = $2"),
-            purge: format!(
-                "WITH now AS MATERIALIZED (SELECT {now} AS ms), \
-                 due AS MATERIALIZED (SELECT * FROM (\
-                 (SELECT r.scope, r.key, r.expires_at_ms AS at FROM {s}.records r \
-                 WHERE r.state = 'completed' AND r.expires_at_ms <= (SELECT ms FROM now) \
-                 ORDER BY r.expires_at_ms, r.scope, r.key LIMIT $2) \
-                 UNION ALL \
-                 (SELECT r.scope, r.key, r.tombstone_until_ms FROM {s}.records r \
-                 WHERE r.state = 'tombstone' AND r.tombstone_until_ms <= (SELECT ms FROM now) \
-                 ORDER BY r.tombstone_until_ms, r.scope, r.key LIMIT $2)) AS both_states \
-                 ORDER BY at, scope, key LIMIT $2) \
-                 SELECT now.ms, r.* FROM due CROSS JOIN now CROSS JOIN LATERAL (\
-                 SELECT {cols} FROM {s}.records AS r \
-                 WHERE r.scope = due.scope AND r.key = due.key \
-                 AND ((r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
-                  OR (r.state = 'completed' AND r.expires_at_ms <= now.ms)) \
-                 FOR UPDATE) AS r \
-                 ORDER BY due.at, r.scope, r.key"
-            ),
-            journal_append: format!(
-                "WITH appended AS (\
-                 INSERT INTO {s}.resolutions (scope, key, seq, token, outcome, status, \
-                 resolved_by, reason, at_ms) \
-                 SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4, $5, $6, $7, $8 \
-                 FROM {s}.resolutions WHERE scope = $1 AND key = $2 RETURNING seq) \
-                 DELETE FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
-                 AND seq <= (SELECT seq FROM appended) - $9"
-            ),
-            journal_get: format!(
-                "SELECT token, outcome, status, resolved_by, reason, at_ms FROM (\
-                 SELECT * FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
-                 ORDER BY seq DESC LIMIT $3) AS newest ORDER BY seq"
-            ),
+            purge: purge(s),
+            journal_append: journal_append(s),
+            journal_get: journal_get(s),
             tries_get: format!(
                 "SELECT token, failures, next_at_ms FROM {s}.lookup_tries \
                  WHERE scope = $1 AND key = $2"
             ),
-            tries_put: format!(
-                "INSERT INTO {s}.lookup_tries (scope, key, token, failures, next_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO UPDATE SET \
-                 token = EXCLUDED.token, failures = EXCLUDED.failures, \
-                 next_at_ms = EXCLUDED.next_at_ms"
-            ),
+            tries_put: tries_put(s),
             tries_delete: format!("DELETE FROM {s}.lookup_tries WHERE scope = $1 AND key = $2"),
             select: format!("SELECT {cols} FROM {s}.records"),
             channel,
@@ -446,6 +316,209 @@ impl Schema {
             ),
         }
     }
+}
+
+/// What a completion sets from the record as it was (`old`) at the time
+/// read after its lock (`now`), as `decision::complete` does.
+fn completed() -> String {
+    format!(
+        "state = 'completed', completed_at_ms = now.ms, \
+         expires_at_ms = now.ms + LEAST(LEAST(old.retention_s, {SECONDS_MAX}) * 1000, \
+         9223372036854775807 - now.ms), \
+         tombstone_until_ms = now.ms + LEAST(LEAST(old.tombstone_s, {SECONDS_MAX}) * 1000, \
+         9223372036854775807 - now.ms),"
+    )
+}
+
+/// `Schema::insert_new`: a new key claimed in one statement.
+fn insert_new(s: &str) -> String {
+    let now = STORE_NOW_MS;
+    format!(
+        "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+         lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
+         SELECT $2, $3, $4, 'in_progress', nextval('{s}.tokens'), $5, \
+         now.ms + LEAST($6::bigint, 9223372036854775807 - now.ms), now.ms, $7, $8, \
+         $9::text \
+         FROM (SELECT {now} AS ms) AS now \
+         WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = $2 AND r.key = $3) \
+         IS NULL \
+         ON CONFLICT (scope, key) DO NOTHING \
+         RETURNING token, created_at_ms, lease_until_ms, {now}"
+    )
+}
+
+/// `Schema::insert_batch`: many new keys claimed in one statement.
+fn insert_batch(s: &str) -> String {
+    let now = STORE_NOW_MS;
+    format!(
+        "INSERT INTO {s}.records (scope, key, fingerprint, state, token, owner, \
+         lease_until_ms, created_at_ms, retention_s, tombstone_s, region) \
+         SELECT b.scope, b.key, b.fingerprint, 'in_progress', nextval('{s}.tokens'), \
+         b.owner, now.ms + LEAST(b.lease, 9223372036854775807 - now.ms), now.ms, \
+         b.retention, b.tombstone, b.region \
+         FROM (SELECT {now} AS ms) AS now, \
+         unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::bigint[], \
+         $7::bigint[], $8::bigint[], $9::text[]) WITH ORDINALITY \
+         AS b(scope, key, fingerprint, owner, lease, retention, tombstone, region, n) \
+         WHERE (SELECT true FROM {s}.records AS r WHERE r.scope = b.scope AND r.key = b.key) \
+         IS NULL \
+         ORDER BY b.n \
+         ON CONFLICT (scope, key) DO NOTHING \
+         RETURNING token, created_at_ms, lease_until_ms, {now}, scope, key"
+    )
+}
+
+/// `Schema::restart_lease`.
+fn restart_lease(s: &str) -> String {
+    let now = STORE_NOW_MS;
+    format!(
+        "UPDATE {s}.records AS r SET created_at_ms = now.ms, \
+         lease_until_ms = now.ms + LEAST($5::bigint, 9223372036854775807 - now.ms) \
+         FROM (SELECT {now} AS ms) AS now \
+         WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.state = 'in_progress' \
+         RETURNING r.token, r.created_at_ms, r.lease_until_ms, now.ms"
+    )
+}
+
+/// `Schema::lock`: the locked read.
+fn lock(s: &str) -> String {
+    let now = STORE_NOW_MS;
+    let cols = COLUMNS.join(", ");
+    format!(
+        "WITH locked AS MATERIALIZED (\
+         SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE) \
+         SELECT {now} AS now_ms, locked.* FROM (SELECT) AS one LEFT JOIN locked ON true"
+    )
+}
+
+/// `Schema::complete`: a completion in one statement.
+fn complete(s: &str, channel: &str) -> String {
+    let now = STORE_NOW_MS;
+    let cols = COLUMNS.join(", ");
+    let completed = completed();
+    format!(
+        "WITH old AS MATERIALIZED (\
+         SELECT {cols} FROM {s}.records WHERE scope = $2 AND key = $3 FOR UPDATE), \
+         now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
+         done AS (UPDATE {s}.records AS r SET {completed} \
+         result_status = $5, result_headers = $6, result_body = $7 \
+         FROM old, now \
+         WHERE r.scope = old.scope AND r.key = old.key \
+         AND old.token = $4 AND old.state = 'in_progress' \
+         RETURNING {}, r.waited) \
+         SELECT now.ms, old.*, done.*, \
+         (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
+         FROM now LEFT JOIN old ON true LEFT JOIN done ON true",
+        COLUMNS.map(|c| format!("r.{c}")).join(", ")
+    )
+}
+
+/// `Schema::complete_batch`: many completions in one statement.
+fn complete_batch(s: &str, channel: &str) -> String {
+    let now = STORE_NOW_MS;
+    let completed = completed();
+    format!(
+        "WITH input AS MATERIALIZED (SELECT * FROM unnest($2::text[], $3::text[], \
+         $4::bigint[], $5::int[], $6::text[], $7::bytea[]) WITH ORDINALITY \
+         AS i(scope, key, token, status, headers, body, n)), \
+         old AS MATERIALIZED (SELECT {} FROM {s}.records r \
+         JOIN input ON r.scope = input.scope AND r.key = input.key \
+         ORDER BY r.scope, r.key FOR UPDATE OF r), \
+         now AS MATERIALIZED (SELECT (SELECT count(*) FROM old) AS locked, {now} AS ms), \
+         done AS (UPDATE {s}.records AS r SET {completed} \
+         result_status = input.status, result_headers = input.headers, \
+         result_body = input.body \
+         FROM old, now, input \
+         WHERE r.scope = old.scope AND r.key = old.key \
+         AND input.scope = old.scope AND input.key = old.key \
+         AND old.token = input.token AND old.state = 'in_progress' \
+         RETURNING {}, r.waited) \
+         SELECT now.ms, old.*, done.*, \
+         (SELECT pg_notify('{channel}', done.scope || chr(10) || done.key) WHERE done.waited) \
+         FROM input CROSS JOIN now \
+         LEFT JOIN old ON old.scope = input.scope AND old.key = input.key \
+         LEFT JOIN done ON done.scope = input.scope AND done.key = input.key \
+         ORDER BY input.n",
+        COLUMNS.map(|c| format!("r.{c}")).join(", "),
+        COLUMNS.map(|c| format!("r.{c}")).join(", ")
+    )
+}
+
+/// `Schema::put`: records inserted or replaced, one array per column.
+fn put(s: &str) -> String {
+    let cols = COLUMNS.join(", ");
+    let unnest: Vec<String> = row::ARRAY_TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("${}::{ty}", i + 1))
+        .collect();
+    let update: Vec<String> = COLUMNS[2..]
+        .iter()
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {s}.records ({cols}) SELECT * FROM unnest({}) \
+         ON CONFLICT (scope, key) DO UPDATE SET {}",
+        unnest.join(", "),
+        update.join(", ")
+    )
+}
+
+/// `Schema::purge`: the purge's candidates, locked and checked again.
+fn purge(s: &str) -> String {
+    let now = STORE_NOW_MS;
+    let cols = COLUMNS.join(", ");
+    format!(
+        "WITH now AS MATERIALIZED (SELECT {now} AS ms), \
+         due AS MATERIALIZED (SELECT * FROM (\
+         (SELECT r.scope, r.key, r.expires_at_ms AS at FROM {s}.records r \
+         WHERE r.state = 'completed' AND r.expires_at_ms <= (SELECT ms FROM now) \
+         ORDER BY r.expires_at_ms, r.scope, r.key LIMIT $2) \
+         UNION ALL \
+         (SELECT r.scope, r.key, r.tombstone_until_ms FROM {s}.records r \
+         WHERE r.state = 'tombstone' AND r.tombstone_until_ms <= (SELECT ms FROM now) \
+         ORDER BY r.tombstone_until_ms, r.scope, r.key LIMIT $2)) AS both_states \
+         ORDER BY at, scope, key LIMIT $2) \
+         SELECT now.ms, r.* FROM due CROSS JOIN now CROSS JOIN LATERAL (\
+         SELECT {cols} FROM {s}.records AS r \
+         WHERE r.scope = due.scope AND r.key = due.key \
+         AND ((r.state = 'tombstone' AND r.tombstone_until_ms <= now.ms) \
+          OR (r.state = 'completed' AND r.expires_at_ms <= now.ms)) \
+         FOR UPDATE) AS r \
+         ORDER BY due.at, r.scope, r.key"
+    )
+}
+
+/// `Schema::journal_append`, on `resolutions`.
+fn journal_append(s: &str) -> String {
+    format!(
+        "WITH appended AS (\
+         INSERT INTO {s}.resolutions (scope, key, seq, token, outcome, status, \
+         resolved_by, reason, at_ms) \
+         SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4, $5, $6, $7, $8 \
+         FROM {s}.resolutions WHERE scope = $1 AND key = $2 RETURNING seq) \
+         DELETE FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
+         AND seq <= (SELECT seq FROM appended) - $9"
+    )
+}
+
+/// `Schema::journal_get`, on `resolutions`.
+fn journal_get(s: &str) -> String {
+    format!(
+        "SELECT token, outcome, status, resolved_by, reason, at_ms FROM (\
+         SELECT * FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
+         ORDER BY seq DESC LIMIT $3) AS newest ORDER BY seq"
+    )
+}
+
+/// `Schema::tries_put`, on `lookup_tries`.
+fn tries_put(s: &str) -> String {
+    format!(
+        "INSERT INTO {s}.lookup_tries (scope, key, token, failures, next_at_ms) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO UPDATE SET \
+         token = EXCLUDED.token, failures = EXCLUDED.failures, \
+         next_at_ms = EXCLUDED.next_at_ms"
+    )
 }
 
 /// The notification channel of schema `name`: `idem_` and the first 16
