@@ -40,6 +40,7 @@
 //! # }
 //! ```
 
+mod builder;
 mod completion;
 mod gate;
 mod metrics;
@@ -54,6 +55,7 @@ mod slot;
 mod trace;
 mod wait;
 
+pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
@@ -65,8 +67,8 @@ pub use metrics::{
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
     ANONYMOUS, ClientCertificate, DEFAULT_CREDENTIAL_HEADERS, JwtSpec, KEYS_FILE_BYTES_MAX,
-    PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX,
-    TOKEN_LEEWAY_S,
+    PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalFn, PrincipalKind, PrincipalSpec,
+    TOKEN_BYTES_MAX, TOKEN_LEEWAY_S,
 };
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{

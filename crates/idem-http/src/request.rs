@@ -57,9 +57,7 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<Strin
             }
         }
     };
-    let (principal, value) = route
-        .principal
-        .identify(&parts.headers, &parts.extensions)?;
+    let (principal, value) = route.principal.identify(parts)?;
     let scope = Scope::from_parts(&operation, &principal, None)
         .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("cannot form a scope: {e}")))?;
     Ok((scope, value))
