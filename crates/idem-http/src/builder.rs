@@ -95,9 +95,7 @@ impl Route {
     pub fn default_catch_all() -> Route {
         // The defaults are constants that validate; a failure here is a bug
         // caught by the unit tests.
-        Route::builder()
-            .build()
-            .unwrap_or_else(|e| unreachable!("default route: {e}"))
+        Route::new(&RouteSpec::default()).unwrap_or_else(|e| unreachable!("default route: {e}"))
     }
 
     /// A route built in code (see [`RouteBuilder`]). Without
@@ -111,8 +109,9 @@ impl Route {
 impl RouteBuilder {
     /// The operation name in every record's scope, and what a reconciler's
     /// provider is registered under. Default: `"METHODS path"` for a route
-    /// with a path; for one without, each request's method and path (with
-    /// the `axum` feature, the path pattern axum matched).
+    /// with a path; for one without, each request's method and the path
+    /// pattern axum matched (`POST /payouts/{id}`, with the `axum` feature),
+    /// or else the request's path.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -315,7 +314,10 @@ impl RouteBuilder {
         };
         let pattern = PathPattern::parse(self.path.as_deref().unwrap_or("/**"))
             .map_err(|reason| err("path", reason))?;
-        let operation = operation(self.name.as_deref(), &methods, &pattern)?;
+        let operation = match (&self.name, &self.path) {
+            (None, None) => Operation::MethodAndMatchedPath,
+            (name, _) => operation(name.as_deref(), &methods, &pattern)?,
+        };
         let key_header = self
             .key_header
             .unwrap_or(HeaderName::from_static("idempotency-key"));
@@ -381,7 +383,9 @@ impl RouteBuilder {
         Ok(RouteBuilder {
             name: spec.name.clone(),
             methods: spec.methods.as_deref().map(parse_methods).transpose()?,
-            path: spec.path.clone(),
+            // A declared route always has a path: the catch-all keeps its
+            // per-request operation whatever router it runs in.
+            path: Some(spec.path.clone().unwrap_or_else(|| "/**".to_owned())),
             key_header: spec
                 .key_header
                 .as_deref()
@@ -592,5 +596,231 @@ fn fingerprint_headers(names: Vec<HeaderName>) -> Result<Vec<HeaderName>, RouteE
             ),
         )),
         None => Ok(names),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::header::{AUTHORIZATION, LOCATION};
+
+    use super::*;
+    use crate::completion::CompletionSpec;
+    use crate::principal::PrincipalKind;
+    use crate::problem::ProblemKind;
+    use crate::route::ForwardKeySpec;
+
+    /// A config file's route and the same route in code are one route:
+    /// every validated field (its `Debug`) agrees.
+    #[test]
+    fn a_spec_and_a_builder_build_the_same_route() {
+        let full_spec = RouteSpec {
+            name: Some("payouts".into()),
+            methods: Some(vec!["post".into(), "PUT".into()]),
+            path: Some("/payouts/{id}".into()),
+            key_header: Some("x-key".into()),
+            key_required: Some(false),
+            principal: Some(PrincipalSpec::Header("x-tenant".into())),
+            fingerprint_headers: Some(vec!["x-amount".into()]),
+            fingerprint_exclude: Some(vec!["/request_time".into()]),
+            body_bytes_max: Some(4096),
+            lease_ms: Some(2_500),
+            retention_s: Some(3_600),
+            tombstone_s: Some(7_200),
+            on_lease_expiry: Some(LeaseExpiry::Takeover),
+            upstream_dedups: Some(true),
+            completion: Some(CompletionSpec {
+                final_statuses: Some(vec![409]),
+                release: Some(vec![503]),
+                unknown: None,
+            }),
+            replay_headers: Some(vec!["x-payout-id".into()]),
+            forward_key: Some(ForwardKeySpec {
+                header: Some("x-upstream-key".into()),
+                template: Some("{scope_digest}:{key}".into()),
+            }),
+            contract: Some("payouts.toml".into()),
+            wait_ms: Some(100),
+            wait_ms_max: Some(2_000),
+            ..RouteSpec::default()
+        };
+        let full_builder = Route::builder()
+            .name("payouts")
+            .methods([Method::POST, Method::PUT])
+            .path("/payouts/{id}")
+            .key_header(HeaderName::from_static("x-key"))
+            .missing_key(MissingKey::PassThrough)
+            .principal_header(HeaderName::from_static("x-tenant"))
+            .fingerprint_headers([HeaderName::from_static("x-amount")])
+            .fingerprint_exclude(["/request_time"])
+            .body_bytes_max(4096)
+            .lease(Duration::from_millis(2_500))
+            .retention(Duration::from_secs(3_600))
+            .tombstone(Duration::from_secs(7_200))
+            .on_lease_expiry(LeaseExpiry::Takeover)
+            .dedup(Dedup::Upstream)
+            .completion(StatusCode::CONFLICT, Completion::Final)
+            .completion(StatusCode::SERVICE_UNAVAILABLE, Completion::Release)
+            .replay_headers([HeaderName::from_static("x-payout-id")])
+            .forward_key_header(HeaderName::from_static("x-upstream-key"))
+            .forward_key_template("{scope_digest}:{key}")
+            .contract("payouts.toml")
+            .wait(Duration::from_millis(100))
+            .wait_max(Duration::from_secs(2));
+        let cases = [
+            (RouteSpec::default(), Route::builder().path("/**")),
+            (full_spec, full_builder),
+            (
+                RouteSpec {
+                    path: Some("/refunds".into()),
+                    ..RouteSpec::default()
+                },
+                Route::builder().path("/refunds"),
+            ),
+        ];
+        for (spec, builder) in cases {
+            let declared = format!("{:?}", Route::new(&spec).unwrap());
+            let built = format!("{:?}", builder.build().unwrap());
+            assert_eq!(declared, built, "{spec:?}");
+        }
+    }
+
+    /// Durations are rounded up to the unit the store keeps: a lease or a
+    /// retention is never shorter than asked.
+    #[test]
+    fn durations_round_up_to_the_stored_unit() {
+        let route = Route::builder()
+            .lease(Duration::from_micros(2_000_001))
+            .retention(Duration::from_millis(1_500))
+            .build()
+            .unwrap();
+        assert_eq!(route.policy().lease_ms(), 2_001);
+        assert_eq!(route.policy().retention_s(), 2);
+        let exact = Route::builder()
+            .lease(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        assert_eq!(exact.policy().lease_ms(), 2_000);
+    }
+
+    #[test]
+    fn builder_settings_are_refused_by_field() {
+        let cases: Vec<(RouteBuilder, &str)> = vec![
+            (Route::builder().methods([]), "methods"),
+            (Route::builder().path("payouts"), "path"),
+            (Route::builder().name("a|b"), "name"),
+            (
+                Route::builder().principal_header(AUTHORIZATION),
+                "principal.header",
+            ),
+            (
+                Route::builder().principal_credential_headers([]),
+                "principal.credential_headers",
+            ),
+            (
+                Route::builder().fingerprint_headers([HeaderName::from_static("traceparent")]),
+                "fingerprint_headers",
+            ),
+            (
+                Route::builder().fingerprint_exclude(["x"]),
+                "fingerprint_exclude",
+            ),
+            (Route::builder().lease(Duration::from_millis(1)), "lease_ms"),
+            (Route::builder().retention(Duration::ZERO), "retention_s"),
+            (
+                Route::builder()
+                    .wait(Duration::from_secs(3))
+                    .wait_max(Duration::from_secs(2)),
+                "wait_ms",
+            ),
+            (
+                Route::builder().wait_max(Duration::from_secs(31)),
+                "wait_ms_max",
+            ),
+            (Route::builder().body_bytes_max(0), "body_bytes_max"),
+            (
+                Route::builder().body_bytes_max(BODY_BYTES_MAX_LIMIT + 1),
+                "body_bytes_max",
+            ),
+            (
+                Route::builder().on_lease_expiry(LeaseExpiry::Takeover),
+                "on_lease_expiry",
+            ),
+            (
+                Route::builder()
+                    .completion(StatusCode::OK, Completion::Final)
+                    .completion(StatusCode::OK, Completion::Release),
+                "completion",
+            ),
+            (
+                Route::builder().forward_key_template("{nope}"),
+                "forward_key.template",
+            ),
+            (Route::builder().contract(""), "contract"),
+        ];
+        for (builder, field) in cases {
+            let got = builder.build().map(|_| ()).map_err(|e| e.field);
+            assert_eq!(got, Err(field));
+        }
+        let replayed = Route::builder().replay_headers([LOCATION]).build();
+        assert!(replayed.is_ok());
+    }
+
+    #[derive(Clone)]
+    struct User {
+        tenant: String,
+    }
+
+    fn request(user: Option<&str>, tenant_header: Option<&str>) -> Parts {
+        let mut builder = http::Request::post("/payouts");
+        if let Some(tenant) = tenant_header {
+            builder = builder.header("x-tenant", tenant);
+        }
+        let (mut parts, ()) = builder.body(()).unwrap().into_parts();
+        if let Some(tenant) = user {
+            parts.extensions.insert(User {
+                tenant: tenant.to_owned(),
+            });
+        }
+        parts
+    }
+
+    /// A principal the service names itself: each tenant its own scope,
+    /// the same tenant one, and a request without one refused as a
+    /// missing trusted header is.
+    #[test]
+    fn a_principal_from_an_extension_or_a_closure_is_the_tenant() {
+        let by_extension = Route::builder()
+            .principal_from_extension(|user: &User| user.tenant.clone())
+            .build()
+            .unwrap();
+        let by_closure = Route::builder()
+            .principal_fn(|parts: &Parts| {
+                let tenant = parts.headers.get("x-tenant")?;
+                tenant.to_str().ok().map(str::to_owned)
+            })
+            .build()
+            .unwrap();
+        for route in [&by_extension, &by_closure] {
+            assert_eq!(route.principal_kind(), PrincipalKind::Application);
+        }
+        let of = |route: &Route, parts: Parts| route.principal.identify(&parts);
+        let a = of(&by_extension, request(Some("acme"), None)).unwrap();
+        assert_eq!(a.1.as_deref(), Some("acme"));
+        assert_eq!(a, of(&by_extension, request(Some("acme"), None)).unwrap());
+        assert_ne!(
+            a.0,
+            of(&by_extension, request(Some("globex"), None)).unwrap().0
+        );
+        assert_eq!(a.0, of(&by_closure, request(None, Some("acme"))).unwrap().0);
+        let refused = [
+            of(&by_extension, request(None, Some("acme"))),
+            of(&by_extension, request(Some(""), None)),
+            of(&by_extension, request(Some(&"t".repeat(256)), None)),
+            of(&by_closure, request(Some("acme"), None)),
+        ];
+        for (i, answer) in refused.into_iter().enumerate() {
+            let problem = answer.unwrap_err();
+            assert_eq!(problem.kind, ProblemKind::InvalidPrincipal, "case {i}");
+        }
     }
 }

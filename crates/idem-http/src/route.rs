@@ -177,6 +177,10 @@ pub(crate) enum Operation {
     /// `METHOD path` of each request: the zero-config catch-all route, so
     /// that one key on two different endpoints is two intents.
     MethodAndPath,
+    /// `METHOD pattern` of the route the router matched (axum's
+    /// `MatchedPath`, with the `axum` feature), else `METHOD path`: a route
+    /// built without a path, attached to one route of the router.
+    MethodAndMatchedPath,
 }
 
 /// A path pattern: literal segments, `{name}` for one segment, a final `**`
@@ -245,7 +249,7 @@ impl Route {
     pub fn operation_name(&self) -> Option<&str> {
         match &self.operation {
             Operation::Named(name) => Some(name),
-            Operation::MethodAndPath => None,
+            Operation::MethodAndPath | Operation::MethodAndMatchedPath => None,
         }
     }
 
