@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
-use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy};
+use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Store};
 
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
 use crate::route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Operation, PathPattern, Route,
     RouteSpec, RouteWait,
 };
+use crate::service::IdempotencyLayer;
 use crate::setting::RouteError;
 use crate::wait::WAIT_MS_LIMIT;
 
@@ -374,6 +375,14 @@ impl RouteBuilder {
                 other => other,
             },
         })
+    }
+
+    /// The layer that protects this one route over `store`, for axum's
+    /// `route_layer`: `post(pay).route_layer(Route::builder().name("payouts").layer(store)?)`.
+    /// The layer's own settings (`with_settle_on_retry`, `with_metrics`, …)
+    /// chain on the result.
+    pub fn layer(self, store: Arc<dyn Store>) -> Result<IdempotencyLayer, RouteError> {
+        Ok(IdempotencyLayer::new(store, vec![self.build()?]))
     }
 
     /// The builder a config file's route declares: the same settings,

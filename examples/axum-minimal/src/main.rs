@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::post;
-use idem_http::{IdempotencyLayer, Route, RouteSpec};
+use idem_http::Route;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,14 +13,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "minimal-idem.db",
         idem_sqlite::SqliteOptions::default(),
     )?);
-    let route = Route::new(&RouteSpec {
-        methods: Some(vec!["POST".into()]),
-        path: Some("/payouts".into()),
-        ..RouteSpec::default()
-    })?;
-    let app = Router::new()
-        .route("/payouts", post(|| async { "paid" }))
-        .layer(IdempotencyLayer::new(store, vec![route]));
+    let payouts = Route::builder().name("payouts").layer(store)?;
+    let app = Router::new().route("/payouts", post(|| async { "paid" }).route_layer(payouts));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     axum::serve(listener, app).await?;
     Ok(())

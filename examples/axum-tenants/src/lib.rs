@@ -116,13 +116,10 @@ pub fn service(
     // No name: the operation is the route axum matched, `POST /payouts/{id}/cancel`.
     let cancels = Route::builder()
         .principal_from_extension(|user: &User| user.tenant.clone())
-        .build()?;
+        .layer(store)?;
     let router = Router::new()
         .route("/payouts", post(pay).route_layer(layer))
-        .route(
-            "/payouts/{id}/cancel",
-            post(cancel).route_layer(IdempotencyLayer::new(store, vec![cancels])),
-        )
+        .route("/payouts/{id}/cancel", post(cancel).route_layer(cancels))
         .route("/health", axum::routing::get(|| async { "ok" }))
         .layer(middleware::from_fn(authenticate))
         .with_state(ledger);
