@@ -355,25 +355,14 @@ impl RouteBuilder {
             key_required: self.missing_key == MissingKey::Refuse,
             principal,
             fingerprint_headers: fingerprint_headers(self.fingerprint_headers)?,
-            fingerprint_exclude: self
-                .fingerprint_exclude
-                .iter()
-                .map(|p| {
-                    JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string()))
-                })
-                .collect::<Result<_, _>>()?,
+            fingerprint_exclude: pointers(&self.fingerprint_exclude)?,
             body_bytes_max: body_limit(self.body_bytes_max)?,
             policy,
             upstream_dedups: dedup == Dedup::Upstream,
             completion: CompletionTable::new(self.completion, dedup)
                 .map_err(|e| err("completion", e.to_string()))?,
             replay_headers: self.replay_headers,
-            contract: match self.contract {
-                Some(file) if file.as_os_str().is_empty() => {
-                    return Err(err("contract", "names no file".into()));
-                }
-                other => other,
-            },
+            contract: contract(self.contract)?,
         })
     }
 
@@ -552,6 +541,20 @@ fn route_wait(
         ));
     }
     Ok(RouteWait { default_ms, max_ms })
+}
+
+fn pointers(texts: &[String]) -> Result<Vec<JsonPointer>, RouteError> {
+    texts
+        .iter()
+        .map(|p| JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string())))
+        .collect()
+}
+
+fn contract(file: Option<PathBuf>) -> Result<Option<PathBuf>, RouteError> {
+    match file {
+        Some(file) if file.as_os_str().is_empty() => Err(err("contract", "names no file".into())),
+        other => Ok(other),
+    }
 }
 
 fn body_limit(declared: Option<usize>) -> Result<usize, RouteError> {
