@@ -179,7 +179,7 @@ impl RouteBuilder {
         principal: impl Fn(&T) -> String + Send + Sync + 'static,
     ) -> Self
     where
-        T: Clone + Send + Sync + 'static,
+        T: Send + Sync + 'static,
     {
         let from = format!("the request extension {}", std::any::type_name::<T>());
         let read = move |parts: &Parts| parts.extensions.get::<T>().map(&principal);

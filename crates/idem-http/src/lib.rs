@@ -83,8 +83,8 @@ pub use metrics::{
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
     ANONYMOUS, ClientCertificate, DEFAULT_CREDENTIAL_HEADERS, JwtSpec, KEYS_FILE_BYTES_MAX,
-    PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalFn, PrincipalKind, PrincipalSpec,
-    TOKEN_BYTES_MAX, TOKEN_LEEWAY_S,
+    PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX,
+    TOKEN_LEEWAY_S,
 };
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{

@@ -121,9 +121,9 @@ pub enum PrincipalKind {
 }
 
 /// A principal named by the service from the request, as given to
-/// [`crate::RouteBuilder::principal_fn`]: `None` when the request carries
-/// none (refused as a missing trusted header is).
-pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+/// `RouteBuilder::principal_fn`: `None` when the request carries none
+/// (refused as a missing trusted header is).
+pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// A validated principal source.
 #[derive(Clone, Debug)]
