@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::routing::post;
 use idem_core::Store;
-use idem_http::{IdempotencyLayer, Route, RouteSpec};
+use idem_http::Route;
 
 /// The effects the handler performed: the thing idempotency protects.
 #[derive(Default)]
@@ -23,13 +23,11 @@ pub struct Ledger {
 
 /// The app: `POST /payouts` protected, `GET /health` not.
 pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Result<Router, idem_http::RouteError> {
-    let payouts = Route::new(&RouteSpec {
-        name: Some("payouts".into()),
-        methods: Some(vec!["POST".into()]),
-        path: Some("/payouts".into()),
-        fingerprint_exclude: Some(vec!["/request_time".into()]),
-        ..RouteSpec::default()
-    })?;
+    let payouts = Route::builder()
+        .name("payouts")
+        .methods([Method::POST])
+        .fingerprint_exclude(["/request_time"])
+        .layer(store)?;
     let pay = move |body: String| {
         let ledger = ledger.clone();
         async move {
@@ -41,9 +39,8 @@ pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Result<Router, idem_ht
         }
     };
     Ok(Router::new()
-        .route("/payouts", post(pay))
-        .route("/health", axum::routing::get(|| async { "ok" }))
-        .layer(IdempotencyLayer::new(store, vec![payouts])))
+        .route("/payouts", post(pay).route_layer(payouts))
+        .route("/health", axum::routing::get(|| async { "ok" })))
 }
 
 #[tokio::main]

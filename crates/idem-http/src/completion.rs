@@ -24,17 +24,25 @@ impl CompletionSpec {
     /// order final, release, unknown (the order a status listed twice is
     /// reported in).
     pub fn table(&self, dedup: Dedup) -> Result<CompletionTable, CompletionError> {
+        CompletionTable::new(self.overrides(), dedup)
+    }
+
+    /// Every override as `(status, completion)`, in the order final,
+    /// release, unknown: what a route built in code lists one by one.
+    pub fn overrides(&self) -> Vec<(u16, Completion)> {
         let lists = [
             (&self.final_statuses, Completion::Final),
             (&self.release, Completion::Release),
             (&self.unknown, Completion::Unknown),
         ];
-        let overrides = lists.into_iter().flat_map(|(list, completion)| {
-            list.iter()
-                .flatten()
-                .map(move |status| (*status, completion))
-        });
-        CompletionTable::new(overrides, dedup)
+        lists
+            .into_iter()
+            .flat_map(|(list, completion)| {
+                list.iter()
+                    .flatten()
+                    .map(move |status| (*status, completion))
+            })
+            .collect()
     }
 }
 

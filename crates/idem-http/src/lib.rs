@@ -10,17 +10,27 @@
 //! Every decision is counted in [`Metrics`] (share one `Arc<Metrics>` with
 //! [`IdempotencyLayer::with_metrics`] and serve [`Metrics::render`]).
 //!
+//! A route is built in the service's types ([`Route::builder`]: `Method`,
+//! `Duration`, byte sizes, closures for the principal) or read from a
+//! config file's [`RouteSpec`] into the same builder. Built without a path,
+//! it protects whatever it wraps: axum's `route_layer`.
+//!
+//! Features, all off by default: `jwt` (principals from verified bearer
+//! JWTs), `otel` (spans joined to the caller's OpenTelemetry trace), `axum`
+//! (operations named by axum's matched route).
+//!
 //! ```
 //! use std::sync::Arc;
+//! use std::time::Duration;
 //! use bytes::Bytes;
-//! use http::{Request, Response};
+//! use http::{Method, Request, Response};
 //! use http_body_util::Full;
 //! use idem_core::{MemoryStore, SystemClock};
-//! use idem_http::{IdempotencyLayer, Route};
+//! use idem_http::Route;
 //! use tower::{Layer, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
+//! # async fn main() -> Result<(), idem_http::RouteError> {
 //! let effects = Arc::new(std::sync::atomic::AtomicUsize::new(0));
 //! let counter = effects.clone();
 //! let payouts = service_fn(move |_req: Request<Full<Bytes>>| {
@@ -28,7 +38,12 @@
 //!     async move { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("payout {n}"))))) }
 //! });
 //! let store = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
-//! let service = IdempotencyLayer::new(store, vec![Route::default_catch_all()]).layer(payouts);
+//! let layer = Route::builder()
+//!     .name("payouts")
+//!     .methods([Method::POST])
+//!     .lease(Duration::from_secs(10))
+//!     .layer(store)?;
+//! let service = layer.layer(payouts);
 //!
 //! for _ in 0..2 {
 //!     let req = Request::post("/payouts").header("Idempotency-Key", "\"p-847\"")
@@ -37,9 +52,11 @@
 //!     assert_eq!(res.status(), 200);
 //! }
 //! assert_eq!(effects.load(std::sync::atomic::Ordering::SeqCst), 1);
+//! # Ok(())
 //! # }
 //! ```
 
+mod builder;
 mod completion;
 mod gate;
 mod metrics;
@@ -54,6 +71,7 @@ mod slot;
 mod trace;
 mod wait;
 
+pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};

@@ -43,8 +43,15 @@ pub(crate) fn key(headers: &HeaderMap, route: &Route) -> Result<Option<Idempoten
 pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<String>), Problem> {
     let operation = match &route.operation {
         Operation::Named(name) => name.clone(),
-        Operation::MethodAndPath => {
-            let path = crate::path::operation_path(parts.uri.path());
+        Operation::MethodAndPath | Operation::MethodAndMatchedPath => {
+            let matched = match route.operation {
+                Operation::MethodAndMatchedPath => matched_path(parts),
+                _ => None,
+            };
+            let path = match matched {
+                Some(pattern) => pattern.to_owned(),
+                None => crate::path::operation_path(parts.uri.path()),
+            };
             // Upper-cased, as the route matched it: `post` and `POST` reach
             // the same handler of a lenient upstream, so they share a scope
             // (and the fingerprint, which keeps the spelling, tells them apart).
@@ -57,12 +64,26 @@ pub(crate) fn scope(parts: &Parts, route: &Route) -> Result<(Scope, Option<Strin
             }
         }
     };
-    let (principal, value) = route
-        .principal
-        .identify(&parts.headers, &parts.extensions)?;
+    let (principal, value) = route.principal.identify(parts)?;
     let scope = Scope::from_parts(&operation, &principal, None)
         .map_err(|e| Problem::new(ProblemKind::InvalidKey, format!("cannot form a scope: {e}")))?;
     Ok((scope, value))
+}
+
+/// The path pattern the router matched, when the layer runs inside one
+/// that says (axum's `MatchedPath`, with the `axum` feature): one
+/// operation per route, `POST /payouts/{id}`, not one per resource.
+#[cfg(feature = "axum")]
+fn matched_path(parts: &Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str())
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_path(_parts: &Parts) -> Option<&str> {
+    None
 }
 
 /// The request's fingerprint in the current canonical form (version 2),

@@ -1,13 +1,13 @@
-//! Which requests are protected, and how: routes are declared as plain data
-//! ([`RouteSpec`], what a config file holds) and validated once into
-//! [`Route`], so the request path never meets an invalid setting.
+//! Which requests are protected, and how: a [`Route`], validated once so
+//! that the request path never meets an invalid setting. It is built in
+//! code (`Route::builder`, in `builder`) or declared as plain data
+//! ([`RouteSpec`], what a config file holds) and read into that builder.
 
 use std::collections::BTreeMap;
 
 use http::{HeaderName, Method};
 use idem_core::{
-    CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope,
-    to_hex,
+    CompletionTable, JsonPointer, LeaseExpiry, Policy, RecordId, SCOPE_BYTES_MAX, Scope, to_hex,
 };
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -15,8 +15,6 @@ use sha2::{Digest, Sha256};
 use crate::completion::CompletionSpec;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
-use crate::setting::RouteError;
-use crate::wait::WAIT_MS_LIMIT;
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
@@ -28,7 +26,8 @@ pub const OPERATION_NAME_BYTES_MAX: usize = SCOPE_BYTES_MAX - 1 - PRINCIPAL_DIGE
 /// The most literal text a forward-key template may add, in bytes.
 pub const FORWARD_TEXT_BYTES_MAX: usize = 256;
 
-/// A route as declared: every field optional, defaults applied by [`Route::new`].
+/// A route as a config file declares it: every field optional, defaults
+/// applied by [`Route::new`] (through [`crate::RouteBuilder::from_spec`]).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
@@ -178,6 +177,10 @@ pub(crate) enum Operation {
     /// `METHOD path` of each request: the zero-config catch-all route, so
     /// that one key on two different endpoints is two intents.
     MethodAndPath,
+    /// `METHOD pattern` of the route the router matched (axum's
+    /// `MatchedPath`, with the `axum` feature), else `METHOD path`: a route
+    /// built without a path, attached to one route of the router.
+    MethodAndMatchedPath,
 }
 
 /// A path pattern: literal segments, `{name}` for one segment, a final `**`
@@ -224,91 +227,6 @@ enum TemplatePart {
 }
 
 impl Route {
-    /// Validates a declared route, applying defaults.
-    pub fn new(spec: &RouteSpec) -> Result<Route, RouteError> {
-        let methods = parse_methods(spec.methods.as_deref())?;
-        let pattern = PathPattern::parse(spec.path.as_deref().unwrap_or("/**"))
-            .map_err(|reason| err("path", reason))?;
-        let operation = match &spec.name {
-            Some(name) => Operation::Named(operation_name(name).map_err(|r| err("name", r))?),
-            None if pattern.is_catch_all() => Operation::MethodAndPath,
-            None => {
-                let derived = format!("{} {}", method_list(&methods), pattern.as_str());
-                let reason = |r| format!("{r} (derived from methods and path; set name)");
-                Operation::Named(operation_name(&derived).map_err(|r| err("name", reason(r)))?)
-            }
-        };
-        let key_header = header_name(
-            "key_header",
-            spec.key_header.as_deref().unwrap_or("idempotency-key"),
-        )?;
-        let upstream_dedups = spec.upstream_dedups.unwrap_or(false);
-        let policy = policy(spec)?;
-        if policy.on_lease_expiry() == LeaseExpiry::Takeover && !upstream_dedups {
-            return Err(err(
-                "on_lease_expiry",
-                "\"takeover\" re-executes an attempt whose outcome is unknown; it is only \
-                 allowed with upstream_dedups = true"
-                    .into(),
-            ));
-        }
-        let forward = spec.forward_key.clone().unwrap_or_default();
-        let wait = route_wait(spec, &policy)?;
-        Ok(Route {
-            wait,
-            operation,
-            methods,
-            pattern,
-            forward_header: match forward.header.as_deref() {
-                Some(h) => header_name("forward_key.header", h)?,
-                None => key_header.clone(),
-            },
-            forward_template: KeyTemplate::parse(forward.template.as_deref().unwrap_or("{key}"))
-                .map_err(|reason| err("forward_key.template", reason))?,
-            key_header,
-            key_required: spec.key_required.unwrap_or(true),
-            principal: Principal::new(spec.principal.as_ref(), spec.principal_headers.as_deref())?,
-            fingerprint_headers: fingerprint_header_names(
-                spec.fingerprint_headers.as_deref().unwrap_or(&[]),
-            )?,
-            fingerprint_exclude: spec
-                .fingerprint_exclude
-                .iter()
-                .flatten()
-                .map(|p| {
-                    JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string()))
-                })
-                .collect::<Result<_, _>>()?,
-            body_bytes_max: body_limit(spec.body_bytes_max)?,
-            policy,
-            upstream_dedups,
-            completion: spec
-                .completion
-                .as_ref()
-                .unwrap_or(&CompletionSpec::default())
-                .table(match upstream_dedups {
-                    true => Dedup::Upstream,
-                    false => Dedup::Idem,
-                })
-                .map_err(|e| err("completion", e.to_string()))?,
-            replay_headers: header_names(
-                "replay_headers",
-                spec.replay_headers.as_deref().unwrap_or(&[]),
-            )?,
-            contract: match spec.contract.as_deref() {
-                Some("") => return Err(err("contract", "names no file".into())),
-                other => other.map(std::path::PathBuf::from),
-            },
-        })
-    }
-
-    /// The zero-config route: POST and PATCH on every path, key required.
-    pub fn default_catch_all() -> Route {
-        // The defaults are constants that validate; a failure here is a bug
-        // caught by the unit tests, so fall back to the same literal values.
-        Route::new(&RouteSpec::default()).unwrap_or_else(|e| unreachable!("default route: {e}"))
-    }
-
     /// True when this route protects `method` on `path`. The method is
     /// compared ASCII case-insensitively: Django, Flask and other lenient
     /// upstreams upper-case it before routing, and `fetch()` sends
@@ -331,7 +249,7 @@ impl Route {
     pub fn operation_name(&self) -> Option<&str> {
         match &self.operation {
             Operation::Named(name) => Some(name),
-            Operation::MethodAndPath => None,
+            Operation::MethodAndPath | Operation::MethodAndMatchedPath => None,
         }
     }
 
@@ -468,13 +386,13 @@ impl PathPattern {
         &self.text
     }
 
-    fn is_catch_all(&self) -> bool {
+    pub(crate) fn is_catch_all(&self) -> bool {
         self.segments.is_empty() && self.rest
     }
 }
 
 impl KeyTemplate {
-    fn parse(text: &str) -> Result<KeyTemplate, String> {
+    pub(crate) fn parse(text: &str) -> Result<KeyTemplate, String> {
         let mut parts = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find('{') {
@@ -522,14 +440,10 @@ pub(crate) fn scope_digest(scope: &Scope) -> String {
     to_hex(&Sha256::digest(scope.as_str().as_bytes())[..8])
 }
 
-fn err(field: &'static str, reason: String) -> RouteError {
-    RouteError { field, reason }
-}
-
 /// An operation name that forms a scope with any principal: checked by
 /// forming one with the longest principal, so that what is accepted here
 /// is what the store accepts.
-fn operation_name(name: &str) -> Result<String, String> {
+pub(crate) fn operation_name(name: &str) -> Result<String, String> {
     if name.trim().is_empty() {
         return Err(format!("{name:?} is blank"));
     }
@@ -576,110 +490,6 @@ fn check_forward_text(text: &str, parts: &[TemplatePart]) -> Result<(), String> 
         ));
     }
     Ok(())
-}
-
-fn policy(spec: &RouteSpec) -> Result<Policy, RouteError> {
-    let d = Policy::DEFAULT;
-    Policy::new(
-        spec.lease_ms.unwrap_or(d.lease_ms()),
-        spec.retention_s.unwrap_or(d.retention_s()),
-        spec.tombstone_s
-            .unwrap_or(d.tombstone_s().max(spec.retention_s.unwrap_or(0))),
-        spec.on_lease_expiry.unwrap_or(d.on_lease_expiry()),
-    )
-    .map_err(|e| err(e.field(), e.to_string()))
-}
-
-fn route_wait(spec: &RouteSpec, policy: &Policy) -> Result<RouteWait, RouteError> {
-    let lease_ms = policy.lease_ms();
-    let max_ms = match spec.wait_ms_max {
-        None => lease_ms.saturating_sub(idem_core::lease::margin_ms(lease_ms)),
-        Some(n) if n > lease_ms || n > WAIT_MS_LIMIT => {
-            return Err(err(
-                "wait_ms_max",
-                format!(
-                    "{n} ms is longer than the lease ({lease_ms} ms) or the limit \
-                     ({WAIT_MS_LIMIT} ms): the attempt waited for is over by the lease's end"
-                ),
-            ));
-        }
-        Some(n) => n,
-    };
-    let default_ms = spec.wait_ms.unwrap_or(0);
-    if default_ms > max_ms {
-        return Err(err(
-            "wait_ms",
-            format!("{default_ms} ms is longer than wait_ms_max ({max_ms} ms)"),
-        ));
-    }
-    Ok(RouteWait { default_ms, max_ms })
-}
-
-fn body_limit(declared: Option<usize>) -> Result<usize, RouteError> {
-    match declared {
-        None => Ok(BODY_BYTES_MAX_DEFAULT),
-        Some(0) => Err(err("body_bytes_max", "must be at least 1".into())),
-        Some(n) if n > BODY_BYTES_MAX_LIMIT => Err(err(
-            "body_bytes_max",
-            format!("{n} is over the limit of {BODY_BYTES_MAX_LIMIT} bytes"),
-        )),
-        Some(n) => Ok(n),
-    }
-}
-
-fn parse_methods(declared: Option<&[String]>) -> Result<Vec<Method>, RouteError> {
-    let Some(names) = declared else {
-        return Ok(vec![Method::POST, Method::PATCH]);
-    };
-    if names.is_empty() {
-        return Err(err("methods", "must name at least one method".into()));
-    }
-    names
-        .iter()
-        .map(|m| {
-            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                .map_err(|_| err("methods", format!("{m:?} is not an HTTP method")))
-        })
-        .collect()
-}
-
-fn method_list(methods: &[Method]) -> String {
-    methods
-        .iter()
-        .map(Method::as_str)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn header_name(field: &'static str, name: &str) -> Result<HeaderName, RouteError> {
-    HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| err(field, format!("{name:?} is not a valid header name")))
-}
-
-fn header_names(field: &'static str, names: &[String]) -> Result<Vec<HeaderName>, RouteError> {
-    names.iter().map(|n| header_name(field, n)).collect()
-}
-
-/// The headers a route's fingerprint covers. The trace context is refused:
-/// every attempt of a client sends a new `traceparent` (a new span), so
-/// fingerprinting it would refuse every retry as another request.
-fn fingerprint_header_names(names: &[String]) -> Result<Vec<HeaderName>, RouteError> {
-    let field = "fingerprint_headers";
-    let names = header_names(field, names)?;
-    match names
-        .iter()
-        .find(|n| idem_core::fingerprint::is_trace_context(n.as_str()))
-    {
-        Some(n) => Err(err(
-            field,
-            format!(
-                "{:?}: {}",
-                n.as_str(),
-                idem_core::fingerprint::TRACE_CONTEXT_REFUSED
-            ),
-        )),
-        None => Ok(names),
-    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,11 @@
 
 use std::fmt;
 
-/// A route setting that is invalid: which field, and why.
+/// A route setting that is invalid: which field, and why. The field is
+/// named as in the config file whichever way the route was built (a
+/// builder's `lease` is `lease_ms`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RouteError {
     /// The field, as named in the config file.
     pub field: &'static str,

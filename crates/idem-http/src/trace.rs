@@ -3,18 +3,20 @@
 //! forward, complete, release, mark ambiguous), and the `traceparent` the
 //! inner service receives, whose parent is the forward span.
 //!
-//! Spans are `tracing` spans; they reach OpenTelemetry through a
-//! `tracing_opentelemetry` layer when the process installs one. Without
-//! it, a valid incoming context is passed on in its canonical version-00
+//! Spans are `tracing` spans; with the `otel` feature they reach
+//! OpenTelemetry through a `tracing_opentelemetry` layer when the process
+//! installs one. Without either, a valid incoming context is passed on in its canonical version-00
 //! form and nothing is generated. Attributes name the scope (its principal is a digest, never
 //! a credential) and the key, never a header value or a body.
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response};
 use idem_core::{AttemptOutcome, RecordId, StoreError};
-use opentelemetry::Context;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+#[cfg(feature = "otel")]
+use opentelemetry::{Context, trace::TraceContextExt};
 use tracing::Span;
 use tracing::field::Empty;
+#[cfg(feature = "otel")]
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::metrics::StoreOp;
@@ -71,6 +73,7 @@ pub(crate) fn request_span(method: &Method, incoming: Option<SpanContext>) -> Sp
         idem.problem = Empty,
         otel.status_code = Empty,
     );
+    #[cfg(feature = "otel")]
     if let Some(parent) = incoming
         && !span.is_disabled()
         && !Span::current().context().span().span_context().is_valid()
@@ -78,11 +81,19 @@ pub(crate) fn request_span(method: &Method, incoming: Option<SpanContext>) -> Sp
         // Fails only without an OpenTelemetry layer, where there is no trace to continue.
         let _ = span.set_parent(Context::new().with_remote_span_context(parent));
     }
+    #[cfg(not(feature = "otel"))]
+    let _ = incoming;
     span
 }
 
+/// Without the `otel` feature no span is exported: `headers` keep the
+/// context they hold.
+#[cfg(not(feature = "otel"))]
+pub(crate) fn propagate(_span: &Span, _headers: &mut HeaderMap) {}
+
 /// Makes `span` the parent of what the inner service does next, when it
 /// is exported; otherwise `headers` keep the context they hold.
+#[cfg(feature = "otel")]
 pub(crate) fn propagate(span: &Span, headers: &mut HeaderMap) {
     let context = span.context();
     let own = context.span();

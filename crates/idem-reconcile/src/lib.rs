@@ -11,7 +11,11 @@
 //!   rate, interval and batch, each bounded.
 //! - [`Reconciler`]: [`Reconciler::run_once`] is one bounded scan and returns
 //!   a [`ReconcileReport`]; [`Reconciler::run`] scans every `interval_s`
-//!   until shutdown.
+//!   until shutdown ([`Reconciler::spawn`] on a task of its own).
+//! - Beside a service's own `IdempotencyLayer`, in-process:
+//!   [`Reconciler::with_providers`] with a [`provider_fn`] that asks the
+//!   service's ledger, passed to the layer's `with_settle_on_retry`, and
+//!   spawned until shutdown (`examples/axum-tenants`).
 //!
 //! For each ambiguous record whose operation has a lookup:
 //!
@@ -69,7 +73,7 @@ pub use lookup::{
     CONNECT_TIMEOUT_MS_DEFAULT, ForwardedKey, HEADERS_MAX, Lookup, LookupSpec, LookupTarget,
     TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, Verdict, scope_parts, with_trust,
 };
-pub use probe::{Finding, Provider, ProviderFuture};
+pub use probe::{Finding, Provider, ProviderFuture, provider_fn};
 pub use reconciler::{
     RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, ScanTimes, Settled, TRACKED_MAX,
 };

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Uri, header};
@@ -40,6 +41,37 @@ pub trait Provider: Send + Sync {
 
 /// What [`Provider::ask`] returns.
 pub type ProviderFuture<'a> = Pin<Box<dyn Future<Output = Finding> + Send + 'a>>;
+
+/// A provider that is a closure: a service asks its own ledger in-process,
+/// beside its `IdempotencyLayer`, with no HTTP lookup.
+///
+/// ```
+/// use idem_reconcile::{Finding, provider_fn};
+///
+/// let ledger = provider_fn(|id| async move {
+///     Finding::NotFound { reason: format!("{} is not in the ledger", id.key) }
+/// });
+/// # let _ = ledger;
+/// ```
+pub fn provider_fn<F, Fut>(ask: F) -> Arc<dyn Provider>
+where
+    F: Fn(RecordId) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Finding> + Send + 'static,
+{
+    Arc::new(ProviderFn(ask))
+}
+
+struct ProviderFn<F>(F);
+
+impl<F, Fut> Provider for ProviderFn<F>
+where
+    F: Fn(RecordId) -> Fut + Send + Sync,
+    Fut: Future<Output = Finding> + Send + 'static,
+{
+    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a> {
+        Box::pin((self.0)(id.clone()))
+    }
+}
 
 /// A lookup with its own HTTP client (the connect timeout is per client).
 pub(crate) struct Prober {

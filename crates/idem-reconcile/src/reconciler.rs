@@ -625,6 +625,18 @@ impl Reconciler {
         Some(ask_and_record(store, &*self.clock, prober, attempt, (delay_ms, tries_max)).await)
     }
 
+    /// Runs [`Reconciler::run`] on a task of its own until `shutdown`
+    /// completes: the reconciler beside a service's `IdempotencyLayer`,
+    /// settling what nobody retries. Await the handle after `shutdown` to
+    /// know it stopped.
+    pub fn spawn<F>(self: &Arc<Self>, shutdown: F) -> tokio::task::JoinHandle<()>
+    where
+        F: Future + Send + 'static,
+    {
+        let reconciler = Arc::clone(self);
+        tokio::spawn(async move { reconciler.run(shutdown).await })
+    }
+
     /// Runs a scan every `interval_s` until `shutdown` completes; a scan in
     /// progress is abandoned (lookups are reads, resolutions atomic).
     pub async fn run<F: Future>(&self, shutdown: F) {
