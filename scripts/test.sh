@@ -296,6 +296,14 @@ done
 log "tests"
 cargo test "${scope[@]}" "$@"
 
+# idem-http on its own, with none of its optional features: in the
+# workspace run, feature unification turns `jwt` and `otel` on, so the
+# refusal of a JWT principal without `jwt` is only seen here.
+if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
+  log "idem-http without its optional features"
+  cargo test -p idem-http --lib
+fi
+
 # The gateway's and the consumer's black-box tests once more on each
 # DynamoDB emulator: a gateway or consumer a test starts on an SQLite file
 # runs on a table of the emulator instead

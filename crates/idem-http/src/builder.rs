@@ -14,8 +14,8 @@ use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Po
 
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
 use crate::route::{
-    BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Operation, PathPattern, Route,
-    RouteSpec, RouteWait,
+    BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Methods, Operation, PathPattern,
+    Route, RouteSpec, RouteWait,
 };
 use crate::service::IdempotencyLayer;
 use crate::setting::RouteError;
@@ -118,8 +118,11 @@ impl RouteBuilder {
         self
     }
 
-    /// The methods protected; default POST and PATCH. Any other method
-    /// passes through unprotected.
+    /// The methods protected. Default: POST and PATCH for a route with a
+    /// [`path`](RouteBuilder::path) (as in the config file); every method
+    /// but GET, HEAD, OPTIONS and TRACE for a route without one, attached
+    /// to the handler it protects. Any other method passes through
+    /// unprotected.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = Some(methods.into_iter().collect());
         self
@@ -306,18 +309,19 @@ impl RouteBuilder {
             return Err(error);
         }
         let dedup = self.dedup.unwrap_or(Dedup::Idem);
-        let methods = match self.methods {
-            None => vec![Method::POST, Method::PATCH],
-            Some(m) if m.is_empty() => {
+        let methods = match (self.methods, &self.path) {
+            (None, Some(_)) => Methods::Listed(vec![Method::POST, Method::PATCH]),
+            (None, None) => Methods::Unsafe,
+            (Some(m), _) if m.is_empty() => {
                 return Err(err("methods", "must name at least one method".into()));
             }
-            Some(m) => m,
+            (Some(m), _) => Methods::Listed(m),
         };
         let pattern = PathPattern::parse(self.path.as_deref().unwrap_or("/**"))
             .map_err(|reason| err("path", reason))?;
         let operation = match (&self.name, &self.path) {
             (None, None) => Operation::MethodAndMatchedPath,
-            (name, _) => operation(name.as_deref(), &methods, &pattern)?,
+            (name, _) => operation(name.as_deref(), methods_named(&methods), &pattern)?,
         };
         let key_header = self
             .key_header
@@ -470,6 +474,16 @@ fn ceil_ms(d: Duration) -> u64 {
 /// A duration in whole seconds, rounded up.
 fn ceil_s(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// The methods a derived operation name lists (none for a route that
+/// protects every unsafe method: it has no path either, so its operation is
+/// named by the request or by the name given).
+fn methods_named(methods: &Methods) -> &[Method] {
+    match methods {
+        Methods::Listed(listed) => listed,
+        Methods::Unsafe => &[],
+    }
 }
 
 /// The scope's operation: the name given, the catch-all's per-request
@@ -698,6 +712,38 @@ mod tests {
 
     /// Durations are rounded up to the unit the store keeps: a lease or a
     /// retention is never shorter than asked.
+    #[test]
+    fn a_route_on_one_handler_protects_every_unsafe_method_unless_told() {
+        let on_handler = Route::builder().build().unwrap();
+        let with_path = Route::builder().path("/payouts").build().unwrap();
+        let listed = Route::builder().methods([Method::PUT]).build().unwrap();
+        let cases = [
+            ("POST", true, true, false),
+            ("patch", true, true, false),
+            ("PUT", true, false, true),
+            ("DELETE", true, false, false),
+            ("PURGE", true, false, false),
+            ("GET", false, false, false),
+            ("head", false, false, false),
+            ("OPTIONS", false, false, false),
+            ("TRACE", false, false, false),
+        ];
+        for (name, handler, path, put) in cases {
+            let method = Method::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(
+                on_handler.protects_method(&method),
+                handler,
+                "{name}, on a handler"
+            );
+            assert_eq!(
+                with_path.protects_method(&method),
+                path,
+                "{name}, with a path"
+            );
+            assert_eq!(listed.protects_method(&method), put, "{name}, PUT listed");
+        }
+    }
+
     #[test]
     fn durations_round_up_to_the_stored_unit() {
         let route = Route::builder()

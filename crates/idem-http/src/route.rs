@@ -131,11 +131,28 @@ pub struct ForwardKeySpec {
     pub template: Option<String>,
 }
 
+/// The methods a route protects.
+#[derive(Clone, Debug)]
+pub(crate) enum Methods {
+    /// Those named (by the config file, or the builder's `methods`).
+    Listed(Vec<Method>),
+    /// Every method but the safe ones: the default of a route attached to
+    /// one handler (axum's `route_layer`). Its user put the layer on that
+    /// handler to protect it, so a `PUT` or `DELETE` handler is protected
+    /// without naming its method, where a default of POST and PATCH would
+    /// let it through unprotected without a word.
+    Unsafe,
+}
+
+/// The methods RFC 9110 defines as safe, which a route attached to one
+/// handler leaves unprotected unless it names them.
+const SAFE_METHODS: [&str; 4] = ["GET", "HEAD", "OPTIONS", "TRACE"];
+
 /// A validated route.
 #[derive(Clone, Debug)]
 pub struct Route {
     pub(crate) operation: Operation,
-    pub(crate) methods: Vec<Method>,
+    pub(crate) methods: Methods,
     pub(crate) pattern: PathPattern,
     pub(crate) key_header: HeaderName,
     pub(crate) key_required: bool,
@@ -238,9 +255,14 @@ impl Route {
 
     /// True when `method`, in any ASCII case, is one this route protects.
     pub fn protects_method(&self, method: &Method) -> bool {
-        self.methods
-            .iter()
-            .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+        match &self.methods {
+            Methods::Listed(listed) => listed
+                .iter()
+                .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str())),
+            Methods::Unsafe => !SAFE_METHODS
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(method.as_str())),
+        }
     }
 
     /// The operation name every record of this route carries in its scope,
@@ -264,9 +286,15 @@ impl Route {
         &self.policy
     }
 
-    /// The methods the route protects.
+    /// The methods the route lists. Empty for a route attached to one
+    /// handler without [`RouteBuilder::methods`](crate::RouteBuilder::methods),
+    /// which protects every method but the safe ones (`GET`, `HEAD`,
+    /// `OPTIONS`, `TRACE`): see [`Route::protects_method`].
     pub fn methods(&self) -> &[Method] {
-        &self.methods
+        match &self.methods {
+            Methods::Listed(listed) => listed,
+            Methods::Unsafe => &[],
+        }
     }
 
     /// The path pattern.
