@@ -1,0 +1,30 @@
+//! One attempt's lifecycle, written once below every adapter that runs an
+//! effect at most once: the HTTP layer (`idem-http`, whose effect is the
+//! upstream's call) and the queue consumer (`idem-message`, whose effect is
+//! a message's delivery). [`Driver::run`] claims the key (again with a
+//! legacy fingerprint, waiting for another attempt's outcome where the
+//! adapter asks, settling an unknown outcome on the retry with
+//! [`idem_core::SettleOnRetry`]), verifies a fresh claim inside the store's
+//! suspect window ([`idem_core::VerifyFresh`]), bounds the effect by the
+//! lease the store granted ([`idem_core::lease`]), runs it catching a
+//! panic, judges its end by the completion table, and completes, releases
+//! or marks the record ambiguous with the attempt's token. It returns an
+//! [`AttemptEnd`], which each adapter renders in its own terms: a response,
+//! or ack / retry / reject.
+//!
+//! Every decision is the core's ([`idem_core::attempt`]); what differs
+//! between adapters is a hook ([`Claimant`], [`Observe`], [`Answer`]), never
+//! a second copy of a step. Nothing here speaks HTTP or a broker's
+//! protocol, and delays stay [`std::time::Duration`]s until a renderer
+//! rounds them to its own unit.
+
+mod driver;
+mod end;
+mod hooks;
+
+pub use driver::{Ask, Driver, Unknowns};
+pub use end::{AttemptEnd, Granted, Ran};
+pub use hooks::{
+    Answer, Asked, BoxFuture, Claimant, Observe, Plain, Polling, StoreAnswer, StoreOp, Unobserved,
+    WaitEnd, WindowEnd,
+};
