@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
@@ -79,52 +80,12 @@ where
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
-    let key = match request::key(req.headers(), route) {
-        Ok(Some(key)) => key,
-        Ok(None) if !route.key_required => {
-            return match inner.call(req).await {
-                Ok(response) => without_owned_headers(response),
-                Err(e) => problem(Problem::new(ProblemKind::UpstreamFailed, e.to_string())),
-            };
-        }
-        Ok(None) => {
-            let detail = format!("this route requires the {} header", route.key_header);
-            return problem(Problem::new(ProblemKind::MissingKey, detail));
-        }
-        Err(p) => return problem(p),
+    let (mut claim_request, request) = match prepare(shared, (index, route), &mut inner, req).await
+    {
+        Ok(prepared) => prepared,
+        Err(answered) => return answered,
     };
-    let (parts, body) = req.into_parts();
-    let body = match read_body(&parts.headers, body, route.body_bytes_max).await {
-        Ok(bytes) => bytes,
-        Err(p) => return problem(p),
-    };
-    let prepared = request::scope(&parts, route)
-        .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)));
-    let ((scope, principal), fingerprint) = match prepared {
-        Ok(found) => found,
-        Err(p) => return problem(p),
-    };
-    if let Some(gate) = &shared.gate {
-        let before = BeforeClaim {
-            route: index,
-            parts: &parts,
-            key: &key,
-            principal: principal.as_deref(),
-            body: &body,
-        };
-        if let Gate::Answer(answer) = gate.before_claim(&before) {
-            return answer.await.map(ResBody::from);
-        }
-    }
-    let mut claim_request = ClaimRequest {
-        id: RecordId { scope, key },
-        fingerprint,
-        legacy_fingerprint: None,
-        owner: shared.owner.clone(),
-        region: shared.region.clone(),
-        policy: *route.policy(),
-    };
-    let hooks = Hooks::new(shared, route, (parts, body));
+    let hooks = Hooks::new(shared, route, request);
     let unknowns = match shared.unknown {
         UnknownOutcomes::Reconciler => Unknowns::Reconciler,
         UnknownOutcomes::Operator => Unknowns::Operator,
@@ -144,6 +105,67 @@ where
         shared.waiters.wake(id);
     }
     with_preference(render((shared, route), id, end), hooks.waited())
+}
+
+/// Reads what the contract needs before a claim (the key, the body within
+/// its limit, the scope and fingerprint) and asks the gate: the claim's
+/// request and the request as read, or the answer made on the way (a
+/// problem, the gate's answer, or an unkeyed request passed through).
+async fn prepare<S, ReqBody, ResBody>(
+    shared: &Shared,
+    (index, route): (usize, &Route),
+    inner: &mut S,
+    req: Request<ReqBody>,
+) -> Result<(ClaimRequest, (Parts, Bytes)), Response<ResBody>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Display,
+    ReqBody: HttpBody,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: From<Bytes>,
+{
+    let key = match request::key(req.headers(), route) {
+        Ok(Some(key)) => key,
+        Ok(None) if !route.key_required => {
+            return Err(match inner.call(req).await {
+                Ok(response) => without_owned_headers(response),
+                Err(e) => problem(Problem::new(ProblemKind::UpstreamFailed, e.to_string())),
+            });
+        }
+        Ok(None) => {
+            let detail = format!("this route requires the {} header", route.key_header);
+            return Err(problem(Problem::new(ProblemKind::MissingKey, detail)));
+        }
+        Err(p) => return Err(problem(p)),
+    };
+    let (parts, body) = req.into_parts();
+    let body = read_body(&parts.headers, body, route.body_bytes_max)
+        .await
+        .map_err(problem)?;
+    let ((scope, principal), fingerprint) = request::scope(&parts, route)
+        .and_then(|scope| Ok((scope, request::fingerprint(&parts, route, &body)?)))
+        .map_err(problem)?;
+    if let Some(gate) = &shared.gate {
+        let before = BeforeClaim {
+            route: index,
+            parts: &parts,
+            key: &key,
+            principal: principal.as_deref(),
+            body: &body,
+        };
+        if let Gate::Answer(answer) = gate.before_claim(&before) {
+            return Err(answer.await.map(ResBody::from));
+        }
+    }
+    let claim_request = ClaimRequest {
+        id: RecordId { scope, key },
+        fingerprint,
+        legacy_fingerprint: None,
+        owner: shared.owner.clone(),
+        region: shared.region.clone(),
+        policy: *route.policy(),
+    };
+    Ok((claim_request, (parts, body)))
 }
 
 /// The response for how the attempt ended.
