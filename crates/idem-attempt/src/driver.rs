@@ -19,7 +19,8 @@ use tracing::Instrument;
 
 use crate::end::{AttemptEnd, Granted, Ran};
 use crate::hooks::{
-    Answer, Asked, Claimant, Observe, Plain, StoreAnswer, StoreOp, Unobserved, WaitEnd, WindowEnd,
+    Answer, Ask, AskAgain, Asked, BoxFuture, Claimant, Observe, Plain, StoreAnswer, StoreOp,
+    Unobserved, WaitEnd, WindowEnd,
 };
 
 /// Runs attempts against one store with one completion table; the rest is
@@ -44,14 +45,6 @@ pub enum Unknowns {
     Reconciler,
     /// Only an operator: nothing in this process reconciles.
     Operator,
-}
-
-/// Asks the claim again, timed and observed as every claim of the driver:
-/// what a [`Claimant::wait_for`] calls between its waits.
-#[derive(Clone, Copy)]
-pub struct Ask<'a> {
-    driver: &'a Driver<'a>,
-    request: &'a ClaimRequest,
 }
 
 /// An acquisition: what the claim granted and when it was sent.
@@ -193,11 +186,15 @@ impl<'a> Driver<'a> {
         {
             // Counted here; the answer the wait ends with is counted after.
             self.observer.claim(in_flight);
-            let ask = Ask {
+            let again = Again {
                 driver: self,
                 request,
             };
-            match self.claimant.wait_for(ask, wait).await {
+            match self
+                .claimant
+                .wait_for(Ask::new(&again, &request.id), wait)
+                .await
+            {
                 Some(answer) => {
                     self.observer.waited(wait_end(&answer.0));
                     asked = answer;
@@ -512,31 +509,15 @@ impl<'a> Driver<'a> {
     }
 }
 
-impl<'a> Ask<'a> {
-    /// Asks the claim again.
-    pub async fn ask(&self) -> Asked {
-        self.driver.ask(self.request).await
-    }
-
-    /// The record asked for.
-    pub fn id(&self) -> &'a RecordId {
-        &self.request.id
-    }
+/// The driver asking the claim of one request again.
+struct Again<'d> {
+    driver: &'d Driver<'d>,
+    request: &'d ClaimRequest,
 }
 
-/// Asks again every [`idem_core::WAIT_POLL_MS`], at most, until the claim
-/// answers other than in flight or `wait` is over: the same decision each
-/// time, so a later answer is what a retry then would have got.
-pub(crate) async fn poll(ask: Ask<'_>, wait: Duration) -> Asked {
-    let deadline = Instant::now() + wait;
-    let poll = Duration::from_millis(idem_core::WAIT_POLL_MS);
-    loop {
-        let next = (Instant::now() + poll).min(deadline);
-        tokio::time::sleep_until(next.into()).await;
-        let asked = ask.ask().await;
-        if !matches!(asked.0, Ok(Claim::InFlight { .. })) || Instant::now() >= deadline {
-            return asked;
-        }
+impl AskAgain for Again<'_> {
+    fn ask_again(&self) -> BoxFuture<'_, Asked> {
+        Box::pin(self.driver.ask(self.request))
     }
 }
 

@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use idem_core::{Claim, Completion, EffectEnd, Fingerprint, RecordId, StoreError, StoredResult};
 use tracing::Span;
 
-use crate::driver::Ask;
-
 /// A claim's answer and the instant just before its claim was sent: the
 /// store decided after it, so a lease it granted ends no earlier than that
 /// instant plus the lease.
@@ -20,6 +18,51 @@ pub type Asked = (Result<Claim, StoreError>, Instant);
 
 /// A boxed future borrowing for `'a`, as the object-safe hooks return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Asks the claim again, timed and observed as every claim of the driver:
+/// what a [`Claimant::wait_for`] calls between its waits.
+#[derive(Clone, Copy)]
+pub struct Ask<'a> {
+    again: &'a (dyn AskAgain + 'a),
+    id: &'a RecordId,
+}
+
+/// What an [`Ask`] asks through (the driver, with the claim's request).
+pub(crate) trait AskAgain: Sync {
+    fn ask_again(&self) -> BoxFuture<'_, Asked>;
+}
+
+impl<'a> Ask<'a> {
+    pub(crate) fn new(again: &'a (dyn AskAgain + 'a), id: &'a RecordId) -> Ask<'a> {
+        Ask { again, id }
+    }
+
+    /// Asks the claim again.
+    pub async fn ask(&self) -> Asked {
+        self.again.ask_again().await
+    }
+
+    /// The record asked for.
+    pub fn id(&self) -> &'a RecordId {
+        self.id
+    }
+}
+
+/// Asks again every [`idem_core::WAIT_POLL_MS`], at most, until the claim
+/// answers other than in flight or `wait` is over: the same decision each
+/// time, so a later answer is what a retry then would have got.
+async fn poll(ask: Ask<'_>, wait: Duration) -> Asked {
+    let deadline = Instant::now() + wait;
+    let poll = Duration::from_millis(idem_core::WAIT_POLL_MS);
+    loop {
+        let next = (Instant::now() + poll).min(deadline);
+        tokio::time::sleep_until(next.into()).await;
+        let asked = ask.ask().await;
+        if !matches!(asked.0, Ok(Claim::InFlight { .. })) || Instant::now() >= deadline {
+            return asked;
+        }
+    }
+}
 
 /// A store operation the driver makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -139,7 +182,7 @@ pub trait Claimant: Send + Sync {
     /// again with `ask`: the last answer, or `None` when no wait was
     /// allowed. The default asks every [`idem_core::WAIT_POLL_MS`].
     fn wait_for<'a>(&'a self, ask: Ask<'a>, wait: Duration) -> BoxFuture<'a, Option<Asked>> {
-        Box::pin(async move { Some(crate::driver::poll(ask, wait).await) })
+        Box::pin(async move { Some(poll(ask, wait).await) })
     }
 
     /// Whether an attempt that waited may go on to work (its effect, or a

@@ -22,9 +22,9 @@ mod driver;
 mod end;
 mod hooks;
 
-pub use driver::{Ask, Driver, Unknowns};
+pub use driver::{Driver, Unknowns};
 pub use end::{AttemptEnd, Granted, Ran};
 pub use hooks::{
-    Answer, Asked, BoxFuture, Claimant, Observe, Plain, Polling, StoreAnswer, StoreOp, Unobserved,
-    WaitEnd, WindowEnd,
+    Answer, Ask, Asked, BoxFuture, Claimant, Observe, Plain, Polling, StoreAnswer, StoreOp,
+    Unobserved, WaitEnd, WindowEnd,
 };

@@ -92,7 +92,7 @@ async fn a_retry_that_meets_an_unknown_outcome_settles_it_first() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
-        Arc::new(SqliteStore::open(&dir.path().join("idem.db"), SqliteOptions::default()).unwrap());
+        Arc::new(SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap());
     for (i, (name, settles, paid, expect)) in cases.into_iter().enumerate() {
         let ledger = Arc::new(Ledger::default());
         let provider: Arc<dyn Provider> = ledger.clone();
