@@ -17,6 +17,15 @@
 //! a second copy of a step. Nothing here speaks HTTP or a broker's
 //! protocol, and delays stay [`std::time::Duration`]s until a renderer
 //! rounds them to its own unit.
+//!
+//! Three things the HTTP layer and the consumer once did each their own
+//! way are decided here once: a delay is a `Duration` (the layer rounds it
+//! up to whole seconds, `Retry-After`'s unit; a broker takes milliseconds);
+//! a record released unsent (a fresh claim the provider could not clear, a
+//! lease spent, no capacity after a wait) goes through the one settle
+//! step, observed and logged like every other write, never a bare
+//! `Store::release`; and an ambiguous record a claim meets is settled
+//! first whenever the adapter gives a settler.
 
 mod driver;
 mod end;

@@ -13,10 +13,22 @@
 //! | completed, same payload | not run | unchanged | [`Outcome::Ack`] ([`Done::Replayed`]) |
 //! | in progress, lease valid | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::InFlight`]) |
 //! | ambiguous, or in progress with its lease over | not run | ambiguous | [`Outcome::Retry`] ([`RetryReason::OutcomeUnknown`]) |
+//! | ambiguous, and the settler ([`RunOnce::with_settle_on_retry`]) resolves it | not run | resolved | the claim again: [`Outcome::Ack`] ([`Done::Replayed`]) when it ran, or run now when it did not |
 //! | any live record, other payload | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::KeyReused`]) |
 //! | a tombstone (past retention) | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::Late`]) |
 //! | the store fails | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::StoreUnavailable`]) |
 //! | nothing, but the store's answer left too little of its lease ([`idem_core::lease`]) | not run | released | [`Outcome::Retry`] ([`RetryReason::LeaseSpent`]) |
+//!
+//! The attempt is not written here: [`RunOnce::run`] hands it to
+//! [`idem_attempt::Driver`], the same lifecycle the HTTP layer runs, and
+//! renders its end. Where the two adapters once differed, they now agree
+//! on purpose: a release (after a refused verification, or a lease spent)
+//! goes through the driver's one settle, as over HTTP, with the same log;
+//! an ambiguous record a delivery meets is settled first when a settler is
+//! given, as the layer's `with_settle_on_retry` does; and every delay is
+//! the core's [`Duration`], kept to the millisecond here because a
+//! broker's redelivery delay takes milliseconds (HTTP rounds the same
+//! delay up to whole seconds for `Retry-After`).
 //!
 //! A retried message is never acked: it comes back, and the claim decides
 //! again. A record the store could not settle after the effect ran stays
