@@ -148,7 +148,7 @@ async fn every_end_is_written_once_and_handed_back() {
             "wrote Final",
         ),
         (
-            Effect::Answers(429),
+            Effect::Answers(425),
             "Release after answered",
             None,
             "wrote Release",
