@@ -65,7 +65,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_attempt::{Answer, AttemptEnd, Driver, Granted, Polling, Ran};
+use idem_attempt::{Answer, AttemptEnd, Driver, Granted, Polling, Ran, Unknowns};
 use idem_core::{
     AttemptOutcome, ClaimRequest, Completion, CompletionTable, EffectEnd, Fingerprint,
     FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Refusal, Scope,
@@ -383,7 +383,10 @@ impl RunOnce {
             policy: self.policy,
         };
         let waits = Polling(self.wait);
+        // An unknown outcome awaits reconciliation: the log says so, as it
+        // did before the driver (a consumer's reconciler sweeps beside it).
         let driver = Driver::new(&*self.store, &self.completion)
+            .with_unknowns(Unknowns::Reconciler)
             .with_window(&self.window, self.verifier.as_deref())
             .with_settler(self.settler.as_deref())
             .with_claimant(&waits);

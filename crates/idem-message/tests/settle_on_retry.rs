@@ -8,40 +8,14 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use idem_core::{
-    CompletionTable, Dedup, RecordId, SettleOnRetry, Store, StoredResult, SystemClock,
-};
+use idem_core::{CompletionTable, Dedup, SettleOnRetry, Store, StoredResult, SystemClock};
 use idem_message::{Done, Outcome, RetryReason, RunOnce};
-use idem_reconcile::{Finding, Provider, ProviderFuture, ReconcileSettings, Reconciler};
+use idem_reconcile::{Provider, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
+use support::ledger::Ledger;
 use support::{intent, policy, reply};
-
-/// The provider: what each intent's effect answered, looked up by key.
-#[derive(Default)]
-struct Ledger(Mutex<BTreeMap<RecordId, Vec<StoredResult>>>);
-
-impl Provider for Ledger {
-    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a> {
-        let first = self
-            .0
-            .lock()
-            .unwrap()
-            .get(id)
-            .and_then(|r| r.first().cloned());
-        Box::pin(std::future::ready(match first {
-            Some(result) => Finding::Found {
-                result,
-                reason: "the ledger has it".into(),
-            },
-            None => Finding::NotFound {
-                reason: "the ledger has no such key".into(),
-            },
-        }))
-    }
-}
 
 /// Whether a runner settles on the retry.
 #[derive(Clone, Copy, Debug)]
@@ -116,13 +90,7 @@ async fn a_retry_that_meets_an_unknown_outcome_settles_it_first() {
                 let answer = reply(201, 1);
                 if let Paid::Yes = paid {
                     let result = StoredResult::new(201, answer.headers.clone(), answer.body);
-                    ledger
-                        .0
-                        .lock()
-                        .unwrap()
-                        .entry(attempt.id)
-                        .or_default()
-                        .push(result.unwrap());
+                    ledger.pay(attempt.id, result.unwrap());
                 }
                 // Paid (or not), then the answer is lost.
                 async { Err(idem_core::AttemptOutcome::Lost) }

@@ -7,45 +7,15 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Clock, CompletionTable, Dedup, RecordId, Store, StoredResult, SystemClock};
+use idem_core::{Clock, CompletionTable, Dedup, Store, StoredResult, SystemClock};
 use idem_message::{Done, Outcome, RetryReason, RunOnce};
-use idem_reconcile::{Finding, Provider, ProviderFuture, ReconcileSettings, Reconciler};
+use idem_reconcile::{Provider, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
+use support::ledger::Ledger;
 use support::{intent, policy, reply};
-
-/// The provider: what each intent's effect answered, looked up by key.
-#[derive(Default)]
-struct Ledger(Mutex<BTreeMap<RecordId, Vec<StoredResult>>>);
-
-impl Ledger {
-    fn effects(&self) -> usize {
-        self.0.lock().unwrap().values().map(Vec::len).sum()
-    }
-}
-
-impl Provider for Ledger {
-    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a> {
-        let first = self
-            .0
-            .lock()
-            .unwrap()
-            .get(id)
-            .and_then(|r| r.first().cloned());
-        Box::pin(std::future::ready(match first {
-            Some(result) => Finding::Found {
-                result,
-                reason: "the ledger has it".into(),
-            },
-            None => Finding::NotFound {
-                reason: "the ledger has no such key".into(),
-            },
-        }))
-    }
-}
 
 fn runner(store: Arc<dyn Store>) -> RunOnce {
     RunOnce::new(
