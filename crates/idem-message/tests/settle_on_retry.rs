@@ -10,11 +10,10 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 
-use idem_core::{CompletionTable, Dedup, SettleOnRetry, Store, StoredResult, SystemClock};
+use idem_core::{CompletionTable, Dedup, SettleOnRetry, Store, StoredResult};
 use idem_message::{Done, Outcome, RetryReason, RunOnce};
-use idem_reconcile::{Provider, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
-use support::ledger::Ledger;
+use support::ledger::{Ledger, reconciler};
 use support::{intent, policy, reply};
 
 /// Whether a runner settles on the retry.
@@ -69,14 +68,7 @@ async fn a_retry_that_meets_an_unknown_outcome_settles_it_first() {
         Arc::new(SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap());
     for (i, (name, settles, paid, expect)) in cases.into_iter().enumerate() {
         let ledger = Arc::new(Ledger::default());
-        let provider: Arc<dyn Provider> = ledger.clone();
-        let reconciler = Reconciler::with_providers(
-            store.clone(),
-            vec![("payouts".into(), provider)],
-            ReconcileSettings::default(),
-            Arc::new(SystemClock),
-        )
-        .unwrap();
+        let reconciler = reconciler(store.clone(), &ledger);
         let table = CompletionTable::new([], Dedup::Idem).unwrap();
         let mut run = RunOnce::new(store.clone(), policy(), table);
         if let Settles::OnRetry = settles {

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use idem_core::{Clock, CompletionTable, Dedup, Store, StoredResult, SystemClock};
 use idem_message::{Done, Outcome, RetryReason, RunOnce};
-use idem_reconcile::{Provider, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
-use support::ledger::Ledger;
+use support::ledger::{Ledger, reconciler};
 use support::{intent, policy, reply};
 
 fn runner(store: Arc<dyn Store>) -> RunOnce {
@@ -69,14 +68,7 @@ async fn a_restored_store_replays_what_the_provider_has_and_runs_nothing_twice()
         window.open_at(SystemClock.now()).is_some(),
         "the restore opened it"
     );
-    let provider: Arc<dyn Provider> = ledger.clone();
-    let reconciler = Reconciler::with_providers(
-        store.clone(),
-        vec![("payouts".into(), provider)],
-        ReconcileSettings::default(),
-        Arc::new(SystemClock),
-    )
-    .unwrap();
+    let reconciler = reconciler(store.clone(), &ledger);
     let verified =
         runner(store.clone()).with_suspect_window(window.clone(), Some(Arc::new(reconciler)));
     for (i, first) in firsts.iter().enumerate() {

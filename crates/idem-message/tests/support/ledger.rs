@@ -2,10 +2,10 @@
 //! answered, looked up by key, as a payment provider would answer.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use idem_core::{RecordId, StoredResult};
-use idem_reconcile::{Finding, Provider, ProviderFuture};
+use idem_core::{RecordId, Store, StoredResult, SystemClock};
+use idem_reconcile::{Finding, Provider, ProviderFuture, ReconcileSettings, Reconciler};
 
 /// What each intent's effect answered, by key.
 #[derive(Default)]
@@ -21,6 +21,19 @@ impl Ledger {
     pub fn pay(&self, id: RecordId, result: StoredResult) {
         self.0.lock().unwrap().entry(id).or_default().push(result);
     }
+}
+
+/// The real reconciler over `store`, asking `ledger` about the tests'
+/// operation (`payouts`).
+pub fn reconciler(store: Arc<dyn Store>, ledger: &Arc<Ledger>) -> Reconciler {
+    let provider: Arc<dyn Provider> = ledger.clone();
+    Reconciler::with_providers(
+        store,
+        vec![("payouts".into(), provider)],
+        ReconcileSettings::default(),
+        Arc::new(SystemClock),
+    )
+    .unwrap()
 }
 
 impl Provider for Ledger {
