@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderName, HeaderValue};
 use idem_broker::{Message, Reason};
-use idem_core::{AttemptOutcome, Store, VerifyFresh, WindowWatch};
+use idem_core::{AttemptOutcome, SettleOnRetry, Store, VerifyFresh, WindowWatch};
 use idem_message::{Done, IntentSpec, Outcome, RejectReason, Reply, RunOnce, Sink};
 
 use crate::config::Subscription;
@@ -34,12 +34,14 @@ pub struct Subscriber {
 
 impl Subscriber {
     /// The handler of `sub` over `store`, labelling records with `owner`
-    /// and, when there is one, `region`.
+    /// and, when there is one, `region`; `settler` (the reconciler) settles
+    /// an ambiguous record a delivery meets, as the gateway's layer does.
     pub fn new(
         sub: &Subscription,
         store: Arc<dyn Store>,
         (owner, region): (&str, Option<&str>),
         (window, verifier): (Arc<WindowWatch>, Option<Arc<dyn VerifyFresh>>),
+        settler: Option<Arc<dyn SettleOnRetry>>,
     ) -> Result<Subscriber, String> {
         let mut run = RunOnce::new(store, sub.policy, sub.completion.clone())
             .with_wait(sub.wait)
@@ -48,6 +50,9 @@ impl Subscriber {
             .map_err(|e| format!("owner {owner:?}: {e}"))?;
         if let Some(region) = region {
             run = run.with_region(region).map_err(|e| e.to_string())?;
+        }
+        if let Some(settler) = settler {
+            run = run.with_settle_on_retry(settler);
         }
         Ok(Subscriber {
             name: sub.name.clone(),

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
-use idem_core::{Store, SystemClock, VerifyFresh, WindowWatch};
+use idem_core::{SettleOnRetry, Store, SystemClock, VerifyFresh, WindowWatch};
 use idem_gateway::probe::{Checked, Probes, ReadyCheck, Status};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
@@ -117,6 +117,9 @@ pub async fn run(
     // reconciler's lookups before their effect runs.
     let window = idem_reconcile::window::watch(&*store).await;
     let verifier = reconciler.clone().map(|r| r as Arc<dyn VerifyFresh>);
+    // An ambiguous record a delivery meets is settled by the same lookups
+    // before the delivery is retried, as the gateway's layer does.
+    let settler = reconciler.clone().map(|r| r as Arc<dyn SettleOnRetry>);
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let handler = Subscriber::new(
@@ -124,6 +127,7 @@ pub async fn run(
             Arc::clone(&store),
             (&config.owner, config.region.as_deref()),
             (Arc::clone(&window), verifier.clone()),
+            settler.clone(),
         )
         .map_err(|reason| RunError::Subscription {
             name: sub.name.clone(),

@@ -4,6 +4,8 @@
 //! - [`IdempotencyKey`], [`Scope`], [`Fingerprint`]: validated inputs.
 //! - [`Record`], [`State`], [`Token`]: what a store keeps per (scope, key).
 //! - [`decision`]: the claim table and every other transition, as pure functions.
+//! - [`attempt`]: one attempt's steps (claim, verify, effect, write) as data
+//!   every adapter renders.
 //! - [`completion`]: what an attempt's answer means for its record.
 //! - [`verdict`]: what a provider lookup means for an ambiguous attempt.
 //! - [`lease`]: how much of a granted lease is left for the effect.
@@ -57,6 +59,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod attempt;
 pub mod completion;
 pub mod decision;
 pub mod fingerprint;
@@ -76,6 +79,9 @@ pub mod verdict;
 pub mod window;
 mod wrap;
 
+pub use attempt::{
+    AfterClaim, AfterVerification, EffectEnd, Freshness, Refusal, Unverified, Unwritten,
+};
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
 pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};

@@ -13,10 +13,22 @@
 //! | completed, same payload | not run | unchanged | [`Outcome::Ack`] ([`Done::Replayed`]) |
 //! | in progress, lease valid | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::InFlight`]) |
 //! | ambiguous, or in progress with its lease over | not run | ambiguous | [`Outcome::Retry`] ([`RetryReason::OutcomeUnknown`]) |
+//! | ambiguous, and the settler ([`RunOnce::with_settle_on_retry`]) resolves it | not run | resolved | the claim again: [`Outcome::Ack`] ([`Done::Replayed`]) when it ran, or run now when it did not |
 //! | any live record, other payload | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::KeyReused`]) |
 //! | a tombstone (past retention) | not run | unchanged | [`Outcome::Reject`] ([`RejectReason::Late`]) |
 //! | the store fails | not run | unchanged | [`Outcome::Retry`] ([`RetryReason::StoreUnavailable`]) |
 //! | nothing, but the store's answer left too little of its lease ([`idem_core::lease`]) | not run | released | [`Outcome::Retry`] ([`RetryReason::LeaseSpent`]) |
+//!
+//! The attempt is not written here: [`RunOnce::run`] hands it to
+//! [`idem_attempt::Driver`], the same lifecycle the HTTP layer runs, and
+//! renders its end. Where the two adapters once differed, they now agree
+//! on purpose: a release (after a refused verification, or a lease spent)
+//! goes through the driver's one settle, as over HTTP, with the same log;
+//! an ambiguous record a delivery meets is settled first when a settler is
+//! given, as the layer's `with_settle_on_retry` does; and every delay is
+//! the core's [`Duration`], kept to the millisecond here because a
+//! broker's redelivery delay takes milliseconds (HTTP rounds the same
+//! delay up to whole seconds for `Retry-After`).
 //!
 //! A retried message is never acked: it comes back, and the claim decides
 //! again. A record the store could not settle after the effect ran stays
@@ -48,28 +60,27 @@
 //! answer came so late that less than [`idem_core::FORWARD_MS_MIN`] is
 //! left, the effect is not run at all and the record is released.
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
+use idem_attempt::{Answer, AttemptEnd, Driver, Granted, Polling, Ran, Unknowns};
 use idem_core::{
-    AttemptOutcome, Claim, ClaimRequest, Clock, Completion, CompletionTable, Fingerprint,
-    FingerprintError, HeaderBytes, IdempotencyKey, LeaseLeft, LimitError, Policy, RecordId, Scope,
-    Store, StoreError, StoredResult, SuspectWindow, SystemClock, Timestamp, Token, Verification,
-    VerifyFresh, WindowWatch, check_owner, check_region, lease,
+    AttemptOutcome, ClaimRequest, Completion, CompletionTable, EffectEnd, Fingerprint,
+    FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Refusal, Scope,
+    SettleOnRetry, Store, StoreError, StoredResult, Timestamp, Token, Unverified, VerifyFresh,
+    WindowWatch, attempt, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
 
-/// How long to wait before a retry when the store failed, in milliseconds.
-pub const STORE_RETRY_MS: u64 = 1_000;
+/// How long to wait before a retry when the store failed, in milliseconds
+/// ([`idem_core::attempt::STORE_RETRY`]).
+pub const STORE_RETRY_MS: u64 = attempt::STORE_RETRY.as_millis() as u64;
 /// How long to wait before a retry when the effect was released as not
-/// processed, in milliseconds.
-pub const RELEASED_RETRY_MS: u64 = 1_000;
+/// processed, in milliseconds ([`idem_core::attempt::RELEASED_RETRY`]).
+pub const RELEASED_RETRY_MS: u64 = attempt::RELEASED_RETRY.as_millis() as u64;
 /// The shortest wait before a retry of a message in flight elsewhere, in
 /// milliseconds: its lease may end any moment, but not in a busy loop.
 pub const IN_FLIGHT_RETRY_MS_MIN: u64 = 100;
@@ -89,6 +100,9 @@ pub struct RunOnce {
     /// The store's suspect window, and who verifies a fresh claim inside it.
     window: Arc<WindowWatch>,
     verifier: Option<Arc<dyn VerifyFresh>>,
+    /// Who settles an ambiguous record a delivery meets, before it is
+    /// handed back as "outcome unknown".
+    settler: Option<Arc<dyn SettleOnRetry>>,
 }
 
 /// What a message asks for: the record it claims and the fingerprint of
@@ -274,6 +288,20 @@ impl RunOnce {
             wait: Duration::ZERO,
             window: Arc::default(),
             verifier: None,
+            settler: None,
+        }
+    }
+
+    /// Asks `settler` to settle an ambiguous record when a delivery meets
+    /// it (the reconciler `idem consume` runs, for subscriptions with a
+    /// lookup), then claims again: a completion is acked as a replay, a
+    /// "not executed" runs here. Without one the delivery is retried after
+    /// a lease ([`RetryReason::OutcomeUnknown`]), as before a reconciler's
+    /// sweep settles it. The HTTP layer's `with_settle_on_retry` is the same.
+    pub fn with_settle_on_retry(self, settler: Arc<dyn SettleOnRetry>) -> RunOnce {
+        RunOnce {
+            settler: Some(settler),
+            ..self
         }
     }
 
@@ -338,12 +366,15 @@ impl RunOnce {
     /// left, [`AttemptOutcome::Lost`] when it was sent and the answer is
     /// unknown (a timeout, a reset). If it panics, the record is marked
     /// ambiguous and the panic resumes.
+    ///
+    /// The attempt is [`idem_attempt::Driver::run`], the one the HTTP layer
+    /// runs too; this renders its end as an [`Outcome`].
     pub async fn run<E, F>(&self, intent: &Intent, effect: E) -> Outcome
     where
         E: FnOnce(Attempt) -> F,
         F: Future<Output = Result<Reply, AttemptOutcome>>,
     {
-        let request = ClaimRequest {
+        let mut request = ClaimRequest {
             id: intent.id.clone(),
             fingerprint: intent.fingerprint,
             legacy_fingerprint: None,
@@ -351,249 +382,146 @@ impl RunOnce {
             region: self.region.clone(),
             policy: self.policy,
         };
-        let id = &request.id;
-        let (claim, sent_at) = match self.claim_waiting(&request).await {
-            Ok(claimed) => claimed,
-            Err(e) => {
+        let waits = Polling(self.wait);
+        // An unknown outcome awaits reconciliation: the log says so, as it
+        // did before the driver (a consumer's reconciler sweeps beside it).
+        let driver = Driver::new(&*self.store, &self.completion)
+            .with_unknowns(Unknowns::Reconciler)
+            .with_window(&self.window, self.verifier.as_deref())
+            .with_settler(self.settler.as_deref())
+            .with_claimant(&waits);
+        let end = driver
+            .run(&mut request, |granted| {
+                let answered = effect(Attempt::from(granted));
+                async move { Replied(answered.await) }
+            })
+            .await;
+        self.render(&request.id, end)
+    }
+
+    /// The consumer's words for how the attempt ended.
+    fn render(&self, id: &RecordId, end: AttemptEnd<Replied>) -> Outcome {
+        let unknown = attempt::outcome_unknown_retry(&self.policy);
+        match end {
+            AttemptEnd::Replay(record) => replayed(record.result),
+            AttemptEnd::InFlight { retry_after } => Outcome::Retry {
+                after: retry_after.max(Duration::from_millis(IN_FLIGHT_RETRY_MS_MIN)),
+                reason: RetryReason::InFlight,
+            },
+            AttemptEnd::Refused(refusal) => refused(id, refusal, unknown),
+            AttemptEnd::StoreUnavailable(e) => {
                 tracing::warn!(scope = %id.scope, key = %id.key, error = %e, "store unavailable; nothing was run");
-                return retry(STORE_RETRY_MS, RetryReason::StoreUnavailable(e));
+                retry(attempt::STORE_RETRY, RetryReason::StoreUnavailable(e))
             }
-        };
-        let (token, lease_until, lease_ms) = match claim {
-            Claim::Acquired {
-                token,
-                lease_until,
+            AttemptEnd::Verified(written) => match written {
+                Ok(record) => replayed(record.result),
+                Err(error) => self.not_recorded(id, Completion::Final, error),
+            },
+            AttemptEnd::Unverified {
+                why,
+                retry_after,
+                released,
+            } => match released {
+                Ok(()) => retry(
+                    retry_after,
+                    RetryReason::Unverified {
+                        reason: why_unverified(why),
+                    },
+                ),
+                Err(error) => self.not_recorded(id, Completion::Release, error),
+            },
+            AttemptEnd::LeaseSpent {
                 lease_ms,
-                took_over,
-            } => {
-                // A key the store holds no record of may still have run
-                // while a suspect window is open: ask the provider first.
-                if took_over.is_none()
-                    && let Some(window) = self.window.open_at(SystemClock.now())
-                    && let Some(outcome) = self.verify_fresh(id, token, &window).await
-                {
-                    return outcome;
-                }
-                (token, lease_until, lease_ms)
-            }
-            other => return self.not_acquired(id, other),
-        };
-        let forward_ms = match lease::lease_left(lease_ms, lease::elapsed_ms(sent_at.elapsed())) {
-            LeaseLeft::Forward { forward_ms } => forward_ms,
-            LeaseLeft::TooLittle { left_ms } => {
-                return self.lease_spent(id, token, (lease_ms, left_ms)).await;
-            }
-        };
-        let deadline = Instant::now() + Duration::from_millis(forward_ms);
-        let attempt = Attempt {
-            id: id.clone(),
-            token,
-            lease_until,
-            deadline,
-        };
-        // The call is inside the caught future too: a closure that panics
-        // before it returns its future is an effect that panicked. An
-        // effect cut at its deadline may have happened: its outcome is
-        // unknown, as after a timeout of its own.
-        let effect = async move {
-            tokio::time::timeout_at(deadline.into(), effect(attempt))
-                .await
-                .unwrap_or(Err(AttemptOutcome::Lost))
-        };
-        match AssertUnwindSafe(effect).catch_unwind().await {
-            Ok(answer) => self.finish(id, token, answer).await,
-            Err(panic) => self.after_panic(id, token, panic).await,
-        }
-    }
-
-    /// Asks the claim, and while another attempt holds the key and the
-    /// wait allows, asks again every [`idem_core::lease::WAIT_POLL_MS`]: the
-    /// same decision each time, so a later answer is what a redelivery then
-    /// would have got. Returns the last answer and the instant just before
-    /// its claim was sent (the store decided after it, so a lease it
-    /// granted ends no earlier than that instant plus the lease).
-    async fn claim_waiting(&self, request: &ClaimRequest) -> Result<(Claim, Instant), StoreError> {
-        let deadline = Instant::now() + self.wait;
-        let poll = Duration::from_millis(idem_core::lease::WAIT_POLL_MS);
-        loop {
-            let sent_at = Instant::now();
-            let claim = self.store.claim(request).await?;
-            let now = Instant::now();
-            if !matches!(claim, Claim::InFlight { .. }) || now >= deadline {
-                return Ok((claim, sent_at));
-            }
-            tokio::time::sleep_until((now + poll).min(deadline).into()).await;
-        }
-    }
-
-    /// Verifies a fresh claim of `id` inside `window`: `None` to run the
-    /// effect, or the outcome instead.
-    async fn verify_fresh(
-        &self,
-        id: &RecordId,
-        token: Token,
-        window: &SuspectWindow,
-    ) -> Option<Outcome> {
-        let Some(verifier) = self.verifier.as_ref().filter(|v| v.covers(id)) else {
-            tracing::warn!(scope = %id.scope, key = %id.key, cause = %window.cause,
-                "a fresh claim inside the suspect window without a lookup: run unverified; \
-                 the store may have lost a record of this key");
-            return None;
-        };
-        let (after_ms, reason) = match verifier.verify(id, window, self.policy.lease_ms()).await {
-            Verification::NotExecuted => return None,
-            Verification::Executed(result) => {
-                tracing::info!(scope = %id.scope, key = %id.key,
-                    "the provider has this key's effect, which the store had lost: its answer \
-                     is stored, nothing run");
-                return Some(match self.store.complete(id, token, result).await {
-                    Ok(record) => Outcome::Ack {
-                        done: Done::Replayed {
-                            result: record.result,
-                        },
-                    },
-                    Err(error) => self.not_recorded(id, Completion::Final, error),
-                });
-            }
-            Verification::NotYet { at } => (
-                SystemClock.now().millis_until(at).max(1),
-                "an attempt the store forgot may still be running".to_owned(),
-            ),
-            Verification::Failed { reason } => (STORE_RETRY_MS, reason),
-        };
-        Some(match self.store.release(id, token).await {
-            Ok(()) => retry(after_ms, RetryReason::Unverified { reason }),
-            Err(error) => self.not_recorded(id, Completion::Release, error),
-        })
-    }
-
-    /// The claim acquired with too little of its lease left: the effect was
-    /// not run, so the record is released for a later delivery.
-    async fn lease_spent(
-        &self,
-        id: &RecordId,
-        token: Token,
-        (lease_ms, left_ms): (u64, u64),
-    ) -> Outcome {
-        tracing::warn!(scope = %id.scope, key = %id.key, lease_ms, left_ms, "the store's answer left too little of its lease; nothing was run");
-        match self.store.release(id, token).await {
-            Ok(()) => retry(
-                RELEASED_RETRY_MS,
-                RetryReason::LeaseSpent { lease_ms, left_ms },
-            ),
-            Err(error) => self.not_recorded(id, Completion::Release, error),
-        }
-    }
-
-    /// The outcome of a claim that did not acquire.
-    fn not_acquired(&self, id: &RecordId, claim: Claim) -> Outcome {
-        match claim {
-            Claim::Replay { record } => Outcome::Ack {
-                done: Done::Replayed {
-                    result: record.result,
-                },
+                left_ms,
+                released,
+            } => match released {
+                Ok(()) => retry(
+                    attempt::RELEASED_RETRY,
+                    RetryReason::LeaseSpent { lease_ms, left_ms },
+                ),
+                Err(error) => self.not_recorded(id, Completion::Release, error),
             },
-            Claim::InFlight { retry_after_ms, .. } => retry(
-                retry_after_ms.max(IN_FLIGHT_RETRY_MS_MIN),
-                RetryReason::InFlight,
-            ),
-            Claim::OutcomeUnknown { .. } => {
-                retry(self.policy.lease_ms(), RetryReason::OutcomeUnknown)
-            }
-            Claim::Mismatch { .. } => Outcome::Reject {
-                reason: RejectReason::KeyReused {
-                    key: id.key.clone(),
-                    scope: id.scope.clone(),
-                },
-            },
-            Claim::Expired {
-                completed_at,
-                tombstone_until,
-                ..
-            } => {
-                tracing::warn!(scope = %id.scope, key = %id.key, completed_at_ms = completed_at.map(|t| t.as_millis()), "late replay after retention refused; nothing was run");
-                Outcome::Reject {
-                    reason: RejectReason::Late {
-                        key: id.key.clone(),
-                        completed_at,
-                        tombstone_until,
-                    },
-                }
-            }
-            _ => retry(STORE_RETRY_MS, RetryReason::UnknownClaim),
-        }
-    }
-
-    /// Records what the effect's answer means.
-    async fn finish(
-        &self,
-        id: &RecordId,
-        token: Token,
-        answer: Result<Reply, AttemptOutcome>,
-    ) -> Outcome {
-        let (completion, reply) = match answer {
-            Ok(reply) => (self.completion.classify(reply.status), Some(reply)),
-            Err(failure) => (self.completion.classify_failure(failure), None),
-        };
-        let reply = match (completion, reply) {
-            (Completion::Final, Some(reply)) => reply,
-            (completion, _) => return self.settle(id, token, completion).await,
-        };
-        // Only a status outside 100..=599 cannot be stored at all; a
-        // completion table never declares one final, and unknown is the
-        // side that never repeats an effect.
-        let Ok(result) = stored(reply) else {
-            return self.settle(id, token, Completion::Unknown).await;
-        };
-        match self.store.complete(id, token, result.clone()).await {
-            Ok(_) => {
-                tracing::info!(scope = %id.scope, key = %id.key, status = result.status(), "completed");
-                Outcome::Ack {
+            AttemptEnd::Completed {
+                result, written, ..
+            } => match written {
+                Ok(_) => Outcome::Ack {
                     done: Done::Executed { result },
+                },
+                Err(error) => self.not_recorded(id, Completion::Final, error),
+            },
+            AttemptEnd::Settled {
+                completion,
+                ran,
+                written,
+            } => {
+                if let Ran::Panicked(panic) = ran {
+                    std::panic::resume_unwind(panic);
+                }
+                match (written, completion) {
+                    (Err(error), completion) => self.not_recorded(id, completion, error),
+                    (Ok(()), Completion::Release) => {
+                        retry(attempt::RELEASED_RETRY, RetryReason::Released)
+                    }
+                    (Ok(()), _) => retry(unknown, RetryReason::OutcomeUnknown),
                 }
             }
-            Err(error) => self.not_recorded(id, Completion::Final, error),
-        }
-    }
-
-    /// Releases or marks ambiguous, per `completion` (never final).
-    async fn settle(&self, id: &RecordId, token: Token, completion: Completion) -> Outcome {
-        let written = match completion {
-            Completion::Release => self.store.release(id, token).await,
-            _ => self.store.mark_ambiguous(id, token).await.map(|_| ()),
-        };
-        match (written, completion) {
-            (Ok(()), Completion::Release) => {
-                tracing::debug!(scope = %id.scope, key = %id.key, "not processed; released");
-                retry(RELEASED_RETRY_MS, RetryReason::Released)
-            }
-            (Ok(()), _) => {
-                tracing::warn!(scope = %id.scope, key = %id.key, "outcome unknown; the record awaits reconciliation");
-                retry(self.policy.lease_ms(), RetryReason::OutcomeUnknown)
-            }
-            (Err(error), completion) => self.not_recorded(id, completion, error),
+            // A wait that ended in work always goes on here (the default
+            // claimant has capacity); anything newer is retried, not acked.
+            _ => retry(attempt::STORE_RETRY, RetryReason::UnknownClaim),
         }
     }
 
     fn not_recorded(&self, id: &RecordId, completion: Completion, error: StoreError) -> Outcome {
         tracing::warn!(scope = %id.scope, key = %id.key, completion = completion.as_str(), error = %error, "the effect's answer was not recorded; the record is reconciled after its lease");
         retry(
-            self.policy.lease_ms(),
+            attempt::outcome_unknown_retry(&self.policy),
             RetryReason::NotRecorded { completion, error },
         )
     }
+}
 
-    /// The effect panicked, perhaps after its side effect: mark the record
-    /// ambiguous, then let the panic go on.
-    async fn after_panic(
-        &self,
-        id: &RecordId,
-        token: Token,
-        panic: Box<dyn Any + Send>,
-    ) -> Outcome {
-        let outcome = self.settle(id, token, Completion::Unknown).await;
-        tracing::error!(scope = %id.scope, key = %id.key, ?outcome, "the effect panicked");
-        std::panic::resume_unwind(panic)
+/// The effect's answer as the driver judges it.
+struct Replied(Result<Reply, AttemptOutcome>);
+
+impl Answer for Replied {
+    type Kept = ();
+
+    fn end(&self) -> EffectEnd {
+        match &self.0 {
+            Ok(reply) => EffectEnd::Answered {
+                status: reply.status,
+            },
+            Err(failure) => EffectEnd::Failed(*failure),
+        }
+    }
+
+    fn cause(&self) -> String {
+        match &self.0 {
+            Ok(reply) => format!("the effect answered {}", reply.status),
+            Err(AttemptOutcome::NotSent) => "the effect's request never left".to_owned(),
+            Err(_) => "the effect's answer was lost".to_owned(),
+        }
+    }
+
+    fn keep(self) -> impl Future<Output = Option<(StoredResult, ())>> + Send {
+        // Only a status outside 100..=599 cannot be stored at all; a
+        // completion table never declares one final.
+        let kept = match self.0 {
+            Ok(reply) => stored(reply).ok().map(|result| (result, ())),
+            Err(_) => None,
+        };
+        std::future::ready(kept)
+    }
+}
+
+impl From<Granted> for Attempt {
+    fn from(granted: Granted) -> Attempt {
+        Attempt {
+            id: granted.id,
+            token: granted.token,
+            lease_until: granted.lease_until,
+            deadline: granted.deadline,
+        }
     }
 }
 
@@ -754,11 +682,8 @@ impl fmt::Display for Sink {
     }
 }
 
-fn retry(after_ms: u64, reason: RetryReason) -> Outcome {
-    Outcome::Retry {
-        after: Duration::from_millis(after_ms),
-        reason,
-    }
+fn retry(after: Duration, reason: RetryReason) -> Outcome {
+    Outcome::Retry { after, reason }
 }
 
 /// The reply as a stored result. A reply whose headers or body cannot be
@@ -780,4 +705,43 @@ fn stored(reply: Reply) -> Result<StoredResult, LimitError> {
     Ok(StoredResult::not_stored(&format!(
         "it answered {status}; {why}"
     )))
+}
+
+fn replayed(result: Option<StoredResult>) -> Outcome {
+    Outcome::Ack {
+        done: Done::Replayed { result },
+    }
+}
+
+/// A claim's refusal: rejected for good, or retried after an unknown
+/// outcome is reconciled.
+fn refused(id: &RecordId, refusal: Refusal, unknown: Duration) -> Outcome {
+    match refusal {
+        Refusal::KeyReused => Outcome::Reject {
+            reason: RejectReason::KeyReused {
+                key: id.key.clone(),
+                scope: id.scope.clone(),
+            },
+        },
+        Refusal::OutcomeUnknown => retry(unknown, RetryReason::OutcomeUnknown),
+        Refusal::Expired {
+            completed_at,
+            tombstone_until,
+        } => Outcome::Reject {
+            reason: RejectReason::Late {
+                key: id.key.clone(),
+                completed_at,
+                tombstone_until,
+            },
+        },
+        _ => retry(attempt::STORE_RETRY, RetryReason::UnknownClaim),
+    }
+}
+
+/// Why a fresh claim inside the suspect window was not run, in words.
+fn why_unverified(why: Unverified) -> String {
+    match why {
+        Unverified::LookupFailed { reason } => reason,
+        _ => "an attempt the store forgot may still be running".to_owned(),
+    }
 }

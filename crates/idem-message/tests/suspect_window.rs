@@ -7,45 +7,14 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Clock, CompletionTable, Dedup, RecordId, Store, StoredResult, SystemClock};
+use idem_core::{Clock, CompletionTable, Dedup, Store, StoredResult, SystemClock};
 use idem_message::{Done, Outcome, RetryReason, RunOnce};
-use idem_reconcile::{Finding, Provider, ProviderFuture, ReconcileSettings, Reconciler};
 use idem_sqlite::{SqliteOptions, SqliteStore};
+use support::ledger::{Ledger, reconciler};
 use support::{intent, policy, reply};
-
-/// The provider: what each intent's effect answered, looked up by key.
-#[derive(Default)]
-struct Ledger(Mutex<BTreeMap<RecordId, Vec<StoredResult>>>);
-
-impl Ledger {
-    fn effects(&self) -> usize {
-        self.0.lock().unwrap().values().map(Vec::len).sum()
-    }
-}
-
-impl Provider for Ledger {
-    fn ask<'a>(&'a self, id: &'a RecordId) -> ProviderFuture<'a> {
-        let first = self
-            .0
-            .lock()
-            .unwrap()
-            .get(id)
-            .and_then(|r| r.first().cloned());
-        Box::pin(std::future::ready(match first {
-            Some(result) => Finding::Found {
-                result,
-                reason: "the ledger has it".into(),
-            },
-            None => Finding::NotFound {
-                reason: "the ledger has no such key".into(),
-            },
-        }))
-    }
-}
 
 fn runner(store: Arc<dyn Store>) -> RunOnce {
     RunOnce::new(
@@ -99,14 +68,7 @@ async fn a_restored_store_replays_what_the_provider_has_and_runs_nothing_twice()
         window.open_at(SystemClock.now()).is_some(),
         "the restore opened it"
     );
-    let provider: Arc<dyn Provider> = ledger.clone();
-    let reconciler = Reconciler::with_providers(
-        store.clone(),
-        vec![("payouts".into(), provider)],
-        ReconcileSettings::default(),
-        Arc::new(SystemClock),
-    )
-    .unwrap();
+    let reconciler = reconciler(store.clone(), &ledger);
     let verified =
         runner(store.clone()).with_suspect_window(window.clone(), Some(Arc::new(reconciler)));
     for (i, first) in firsts.iter().enumerate() {

@@ -10,6 +10,8 @@
 )]
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
+pub mod ledger;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
