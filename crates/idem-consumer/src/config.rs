@@ -30,9 +30,9 @@ use std::time::Duration;
 use http::Uri;
 use http::header::HeaderName;
 use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
-use idem_gateway::StoreUrl;
 use idem_http::CompletionSpec;
 use idem_message::{IntentSpec, KeyTemplate, PayloadFingerprint};
+use idem_process::StoreUrl;
 use idem_reconcile::{
     ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
 };
@@ -44,7 +44,7 @@ use idem_broker::rabbitmq::RabbitConfig;
 use crate::broker::Broker;
 
 /// The default store, the gateway's.
-pub use idem_gateway::STORE_DEFAULT;
+pub use idem_process::STORE_DEFAULT;
 /// The default header the key is delivered in.
 pub const KEY_HEADER_DEFAULT: &str = "Idempotency-Key";
 /// The default connect timeout towards the endpoint, in milliseconds.
@@ -319,7 +319,7 @@ impl ConsumeConfig {
                 Lookup::new(entry, forwarded).map_err(|e| (at(e.field), e.reason.clone()))?;
             // An https:// provider is trusted through the system's roots.
             if lookup.is_https() {
-                let trust = idem_gateway::UpstreamTls::load(None)
+                let trust = idem_process::UpstreamTls::load(None)
                     .map_err(|e| (at("url"), e.to_string()))?;
                 lookup = lookup.with_tls(trust.shared_config(), "the system's roots".into());
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{Store, SystemClock, VerifyFresh, WindowWatch};
-use idem_gateway::probe::{Checked, Probes, ReadyCheck, Status};
+use idem_process::probe::{Checked, Probes, ReadyCheck, Status};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -152,7 +152,7 @@ pub async fn run(
         }
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = idem_gateway::probe::serve(listener, Arc::new(probes), stop).await {
+            if let Err(e) = idem_process::probe::serve(listener, Arc::new(probes), stop).await {
                 tracing::error!(error = %e, "the probe listener failed");
             }
         });
@@ -252,7 +252,7 @@ fn background(
         stopped(stop_rx.clone()),
     ));
     // The gateway's purge: bounded batches per run, damaged rows named.
-    let purge = tokio::spawn(idem_gateway::run_purge(
+    let purge = tokio::spawn(idem_process::run_purge(
         Arc::clone(store),
         Arc::default(),
         config.purge_interval,

@@ -57,8 +57,10 @@
 //! # }).unwrap();
 //! ```
 
+mod chain;
 pub mod completion;
 pub mod decision;
+mod field_error;
 pub mod fingerprint;
 mod header_bytes;
 pub mod jcs;
@@ -67,6 +69,7 @@ pub mod lease;
 mod memory;
 mod policy;
 mod record;
+mod redact;
 mod replay_cache;
 mod scope;
 mod store;
@@ -76,8 +79,10 @@ pub mod verdict;
 pub mod window;
 mod wrap;
 
+pub use chain::{error_causes, error_chain};
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
+pub use field_error::FieldError;
 pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use header_bytes::HeaderBytes;
 pub use jcs::{JcsError, JsonPointer};
@@ -91,6 +96,7 @@ pub use record::{
     RESULT_NOT_STORED_TITLE, RESULT_NOT_STORED_TYPE, Record, RecordId, Resolution, Resolved, State,
     StoredResult, Token, check_owner, check_region,
 };
+pub use redact::redact_url;
 pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{

@@ -18,15 +18,14 @@ use idem_reconcile::{
 use serde::Deserialize;
 
 use crate::admin::AdminToken;
-use crate::listen::ConnectionLimits;
 use crate::regions::{RegionMode, Regions, check_region};
-use crate::store_url::StoreUrl;
-use crate::tls::{AdminTransport, ServerTls, TlsError, UpstreamTls};
+use crate::tls::AdminTransport;
+use idem_process::ConnectionLimits;
+use idem_process::{STORE_DEFAULT, StoreUrl};
+use idem_process::{ServerTls, TlsError, UpstreamTls};
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
-/// The default store.
-pub const STORE_DEFAULT: &str = "sqlite://idem.db";
 /// Default connect timeout, in milliseconds.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 /// Default response timeout, in milliseconds: shorter than the default

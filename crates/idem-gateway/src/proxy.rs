@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceExt};
 
-use crate::tls::UpstreamTls;
+use idem_process::UpstreamTls;
 
 /// Forwards requests to one upstream base URL.
 #[derive(Clone)]

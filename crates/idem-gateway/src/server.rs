@@ -28,12 +28,13 @@ use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
 use crate::config::PROBE_PATHS;
 use crate::in_flight::InFlight;
-use crate::listen::{self, Transport};
-use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
-use crate::tls::{AdminTransport, ServerTls};
-use crate::watched::{self, Watched};
-use crate::{GatewayConfig, HopByHop, Proxy, purge};
+use crate::tls::AdminTransport;
+use crate::{GatewayConfig, HopByHop, Proxy};
+use idem_process::ServerTls;
+use idem_process::listen::{self, Transport};
+use idem_process::probe::{self, Probes};
+use idem_process::{Watched, run_purge};
 
 /// What runs next to the proxy: shared metrics and the admin API.
 #[derive(Debug, Default)]
@@ -162,7 +163,7 @@ pub async fn serve_with(
     // Dropping the sender stops everything as surely as sending `true`:
     // the proxy's shutdown future owns it.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let purge = tokio::spawn(purge::run(
+    let purge = tokio::spawn(run_purge(
         store.clone(),
         metrics.clone(),
         config.purge_interval,
@@ -257,7 +258,7 @@ pub async fn serve_with(
         (config.body_read_timeout, config.body_buffer_bytes_max),
         admission_metrics,
     );
-    let store_stopped = watched::stopped(store_seen.clone());
+    let store_stopped = idem_process::stopped(store_seen.clone());
     let shutdown = async move {
         tokio::select! {
             () = shutdown => {}
