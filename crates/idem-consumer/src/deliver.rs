@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX};
+use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX, error_chain};
 
 /// The service's answer to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl Endpoint {
         }
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
-                let reason = chain(&e);
+                let reason = error_chain(&e);
                 if e.is_connect() {
                     failure(AttemptOutcome::NotSent, format!("cannot connect: {reason}"))
                 } else {
@@ -122,7 +122,7 @@ impl Endpoint {
                 ),
                 Err(e) => (
                     Bytes::new(),
-                    Some(format!("its body failed: {}", chain(e.as_ref()))),
+                    Some(format!("its body failed: {}", error_chain(e.as_ref()))),
                 ),
             };
             Ok(Answer {
@@ -152,14 +152,6 @@ impl Endpoint {
 
 fn failure(outcome: AttemptOutcome, reason: String) -> Failure {
     Failure { outcome, reason }
-}
-
-/// An error with its causes, `a: b: c`.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! within the response timeout, and marks each failure with whether the
 //! request was ever sent.
 
+use idem_core::error_chain;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -118,7 +119,7 @@ impl Proxy {
                 // connector returns before the request is written, so it
                 // proves the request never left, like a refused connection.
                 if e.is_connect() {
-                    let reason = format!("cannot connect to the upstream: {}", chain(&e));
+                    let reason = format!("cannot connect to the upstream: {}", error_chain(&e));
                     let reason = match &self.trust {
                         Some(trust) => idem_reconcile::with_trust(reason, trust),
                         None => reason,
@@ -133,7 +134,7 @@ impl Proxy {
                         ProblemKind::UpstreamFailed,
                         format!(
                             "the upstream connection failed after the request was sent: {}",
-                            chain(&e)
+                            error_chain(&e)
                         ),
                         AttemptOutcome::Lost,
                     )
@@ -241,18 +242,6 @@ where
         },
     );
     BoxCloneSyncService::new(bounded)
-}
-
-/// An error with its causes, `a: b: c`, so the detail says why, not only what.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn failure(kind: ProblemKind, reason: String, outcome: AttemptOutcome) -> Response<Body> {

@@ -13,7 +13,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{RESULT_BODY_BYTES_MAX, RecordId, StoredResult};
+use idem_core::{RESULT_BODY_BYTES_MAX, RecordId, StoredResult, error_chain};
 
 use crate::lookup::{Lookup, Verdict};
 
@@ -125,7 +125,7 @@ impl Prober {
         let response = match self.client.request(request).await {
             Ok(response) => response,
             Err(e) => {
-                let reason = format!("{shown} failed: {}", chain(&e));
+                let reason = format!("{shown} failed: {}", error_chain(&e));
                 return failed(crate::with_trust(reason, self.lookup.trust()));
             }
         };
@@ -184,14 +184,6 @@ fn without_query(uri: &Uri) -> String {
         shown.push('…');
     }
     shown
-}
-
-/// An error with its causes, `a: b: c`, so a log line says why, not only what.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 #[cfg(test)]
