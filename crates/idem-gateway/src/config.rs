@@ -380,328 +380,48 @@ impl GatewayConfig {
         overrides: &Overrides,
         unsafe_lookup: UnsafeLookup,
     ) -> Result<GatewayConfig, ConfigError> {
-        let err = |field: &str, reason: String, from_file: bool| ConfigError {
-            file: if from_file {
-                path.map(Path::to_path_buf)
-            } else {
-                None
-            },
-            field: field.to_owned(),
-            reason,
-        };
-        let (listen, from_file) = pick(&overrides.listen, &file.listen, LISTEN_DEFAULT);
-        let listen = listen.parse::<SocketAddr>().map_err(|e| {
-            err(
-                "listen",
-                format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"),
-                from_file,
-            )
-        })?;
-        let upstream = match (&overrides.upstream, &file.upstream) {
-            (Some(u), _) => parse_upstream(u).map_err(|r| err("upstream", r, false))?,
-            (None, Some(u)) => parse_upstream(u).map_err(|r| err("upstream", r, true))?,
-            (None, None) => {
-                return Err(err(
-                    "upstream",
-                    "is required: pass --upstream http://HOST:PORT or set upstream in the config file".into(),
-                    false,
-                ));
-            }
-        };
-        let base_dir = path
-            .and_then(Path::parent)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        let (store, from_file) = pick(&overrides.store, &file.store, STORE_DEFAULT);
-        let field = if from_file { "store" } else { "--store" };
-        let store = StoreUrl::parse(store).map_err(|e| err(field, e.to_string(), from_file))?;
-        // A store named in the file is the file's, like its contract and
-        // TLS files; `--store` and the default are the working directory's.
-        let store = if from_file {
-            store.relative_to(&base_dir)
-        } else {
-            store
-        };
-        let owner = file
-            .owner
-            .clone()
-            .unwrap_or_else(|| format!("idem-{}", std::process::id()));
-        // The store refuses what check_owner refuses, on every claim: refuse
-        // it here, once, instead.
-        if owner.is_empty() || idem_core::check_owner(&owner).is_err() {
-            return Err(err(
-                "owner",
-                format!(
-                    "{owner:?} must be 1-{} bytes without control characters",
-                    idem_core::OWNER_BYTES_MAX
-                ),
-                true,
-            ));
-        }
-        // Refused here for the same reason as the owner: the store would
-        // refuse it on every claim.
-        if let Some(region) = &file.region {
-            idem_core::check_region(region).map_err(|e| err("region", e.to_string(), true))?;
-        }
-        let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default)
-        {
-            ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
-            ms => Err(err(
-                field,
-                format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"),
-                true,
-            )),
-        };
-        let connect_timeout = timeout(
-            "connect_timeout_ms",
-            file.connect_timeout_ms,
-            CONNECT_TIMEOUT_MS_DEFAULT,
-        )?;
-        let response_timeout = timeout(
-            "response_timeout_ms",
-            file.response_timeout_ms,
-            RESPONSE_TIMEOUT_MS_DEFAULT,
-        )?;
-        if file.routes.len() > ROUTES_MAX {
-            return Err(err(
-                "route",
-                format!("{} routes; at most {ROUTES_MAX}", file.routes.len()),
-                true,
-            ));
-        }
-        let admin_listen = match &file.admin_listen {
-            Some(raw) => Some(parse_admin_listen(raw).map_err(|r| err("admin_listen", r, true))?),
-            None => None,
-        };
-        let admin_token_env = match &file.admin_token_env {
-            Some(name) => {
-                check_env_name(name).map_err(|r| err("admin_token_env", r, true))?;
-                name.clone()
-            }
-            None => ADMIN_TOKEN_ENV_DEFAULT.to_owned(),
-        };
-        let purge_interval = match file.purge_interval_s.unwrap_or(PURGE_INTERVAL_S_DEFAULT) {
-            s @ 1..=PURGE_INTERVAL_S_MAX => Duration::from_secs(s),
-            s => {
-                return Err(err(
-                    "purge_interval_s",
-                    format!("{s} is out of range (1..={PURGE_INTERVAL_S_MAX})"),
-                    true,
-                ));
-            }
-        };
-        let requests_in_flight_max = match file.requests_in_flight_max {
-            None => REQUESTS_IN_FLIGHT_MAX_DEFAULT,
-            Some(n) => usize::try_from(n)
-                .ok()
-                .filter(|n| (1..=REQUESTS_IN_FLIGHT_MAX_LIMIT).contains(n))
-                .ok_or_else(|| {
-                    err(
-                        "requests_in_flight_max",
-                        format!("{n} is out of range (1..={REQUESTS_IN_FLIGHT_MAX_LIMIT})"),
-                        true,
-                    )
-                })?,
-        };
-        let (connections, admin_connections, body_read_timeout) =
-            connection_bounds(&file).map_err(|(field, reason)| err(field, reason, true))?;
-        let wait_limits = wait_limits(&file).map_err(|(field, reason)| err(field, reason, true))?;
-        let routes = if file.routes.is_empty() {
-            let spec = with_wait_default(&RouteSpec::default(), response_timeout);
-            vec![Route::new(&spec).map_err(|e| err(e.field, e.reason, true))?]
-        } else {
-            file.routes
-                .iter()
-                .enumerate()
-                .map(|(i, spec)| {
-                    let spec = with_wait_default(&relative_to(spec, &base_dir), response_timeout);
-                    Route::new(&spec).map_err(|e| {
-                        let name = spec
-                            .name
-                            .as_deref()
-                            .map(|n| format!(" ({n:?})"))
-                            .unwrap_or_default();
-                        err(
-                            &format!("route[{i}].{}", e.field),
-                            format!("{}{name}", e.reason),
-                            true,
-                        )
-                    })
-                })
-                .collect::<Result<_, _>>()?
-        };
-        let body_buffer_bytes_max = body_buffer_bytes_max(&file, &routes)
-            .map_err(|reason| err("body_buffer_bytes_max", reason, true))?;
-        check_lease_outlasts(&routes, &file.routes, response_timeout)
-            .map_err(|(field, reason)| err(&field, reason, true))?;
-        let regions = regions(&file).map_err(|(field, reason)| err(&field, reason, true))?;
-        let route_regions = if file.routes.is_empty() {
-            vec![RegionMode::Single]
-        } else {
-            file.routes
-                .iter()
-                .zip(&routes)
-                .enumerate()
-                .map(|(i, (spec, route))| {
-                    RegionMode::new(spec.regions.as_ref(), route, &regions).map_err(
-                        |(field, reason)| err(&format!("route[{i}].{field}"), reason, true),
-                    )
-                })
-                .collect::<Result<_, _>>()?
-        };
-        let lookups = file
-            .lookups
-            .iter()
-            .enumerate()
-            .map(|(i, entry)| {
-                let served = entry
-                    .target(LookupTarget::Route)
-                    .map_err(|(field, why)| err(&format!("lookup[{i}].{field}"), why, true))?;
-                let mut named = routes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.operation_name() == Some(served));
-                let field = format!("lookup[{i}].route");
-                let (r, route) = match (named.next(), named.next()) {
-                    (Some(only), None) => only,
-                    (None, _) => {
-                        let reason = format!(
-                            "no [[route]] has name = {served:?}; a lookup serves a named route"
-                        );
-                        return Err(err(&field, reason, true));
-                    }
-                    // One scope, two forward templates: a lookup renders one.
-                    (Some((a, _)), Some((b, _))) => {
-                        let reason = format!(
-                            "route[{a}] and route[{b}] are both named {:?}; they share their \
-                             records, and a lookup asks by one forwarded reference per record, \
-                             so it serves a route whose name no other route has",
-                            served
-                        );
-                        return Err(err(&field, reason, true));
-                    }
-                };
-                let tenancy = crate::findings::lookup_tenancy(route);
-                if unsafe_lookup == UnsafeLookup::Refuse && !tenancy.verdict.passed() {
-                    return Err(err(
-                        &format!("route[{r}].forward_key.template"),
-                        format!(
-                            "lookup[{i}] serves route {served:?}, but {}; {}",
-                            tenancy.why,
-                            tenancy.change.unwrap_or_default()
-                        ),
-                        true,
-                    ));
-                }
-                let route = route.clone();
-                let forwarded: ForwardedKey = Arc::new(move |id| route.forwarded_key(id));
-                Lookup::new(entry, forwarded)
-                    .map(|lookup| (served.to_owned(), lookup))
-                    .map_err(|e| err(&format!("lookup[{i}].{}", e.field), e.reason, true))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let at = Place { path };
+        let basics = Basics::validate(&file, overrides, at)?;
+        let limits = Limits::validate(&file, at)?;
+        let routes = RouteSection::validate(&file, &basics.base_dir, limits.response_timeout, at)?;
+        let lookups = lookups(&file, &routes.routes, unsafe_lookup, at)?;
         let console_sessions =
             SessionLimits::new(file.console_session_idle_s, file.console_session_absolute_s)
-                .map_err(|e| err(e.field, e.reason, true))?;
+                .map_err(|e| at.err(e.field, e.reason, true))?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
-            .map_err(|e| err(&format!("reconcile.{}", e.field), e.reason, true))?;
-        let probe_paths = file.probe_paths.unwrap_or(false);
-        if probe_paths {
-            // A protected route on a probe path would never see its GETs.
-            let get = http::Method::GET;
-            for (i, route) in routes.iter().enumerate() {
-                if let Some(path) = PROBE_PATHS.iter().find(|p| route.matches(&get, p)) {
-                    return Err(err(
-                        "probe_paths",
-                        format!(
-                            "route[{i}] protects GET {path}, which probe_paths answers on the \
-                             proxy listener; leave probe_paths off (the admin listener answers \
-                             the probes) or keep GET off that route"
-                        ),
-                        true,
-                    ));
-                }
-            }
-        }
-        let tls = TlsFiles::pick(&file, overrides, &base_dir);
-        let https_lookups = lookups.iter().any(|(_, l)| l.is_https());
-        let https_peers = regions
-            .peers
-            .values()
-            .any(|uri| uri.scheme_str() == Some("https"));
-        let upstream_tls = tls
-            .upstream(&upstream, https_lookups || https_peers)
-            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
-        // An https:// lookup or peer trusts what an https upstream would:
-        // the system's roots and upstream_ca_file's.
-        let peer_trust = match (https_lookups || https_peers, &upstream_tls) {
-            (false, _) => None,
-            (true, Some(trust)) => Some(trust.clone()),
-            (true, None) => {
-                let ca = tls.upstream_ca.as_ref();
-                let trust = UpstreamTls::load(ca.map(|(path, _)| path.as_path())).map_err(|e| {
-                    let from_file = ca.is_none_or(|(_, from_file)| *from_file);
-                    err("upstream_ca_file", e.to_string(), from_file)
-                })?;
-                Some(trust)
-            }
-        };
-        let lookups = match &peer_trust {
-            Some(trust) => with_trust(lookups, trust),
-            None => lookups,
-        };
-        let admin_tls = tls
-            .admin()
-            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
-        let listen_tls = tls
-            .listen()
-            .map_err(|(field, reason, from_file)| err(field, reason, from_file))?;
-        let suspect_window = match file.suspect_window_s {
-            None => Duration::from_secs(
-                routes
-                    .iter()
-                    .map(|r| r.policy().retention_s())
-                    .max()
-                    .unwrap_or(idem_core::Policy::default().retention_s()),
-            ),
-            Some(s @ 0..=SUSPECT_WINDOW_S_MAX) => Duration::from_secs(s),
-            Some(s) => {
-                return Err(err(
-                    "suspect_window_s",
-                    format!("{s} is out of range (0..={SUSPECT_WINDOW_S_MAX})"),
-                    true,
-                ));
-            }
-        };
+            .map_err(|e| at.err(&format!("reconcile.{}", e.field), e.reason, true))?;
+        let probe_paths = probe_paths(&file, &routes.routes, at)?;
+        let tls = TlsSection::validate(&file, overrides, &basics, &routes.regions, lookups, at)?;
+        let suspect_window = suspect_window(&file, &routes.routes, at)?;
         Ok(GatewayConfig {
-            base_dir,
-            lookups,
+            base_dir: basics.base_dir,
+            lookups: tls.lookups,
             reconcile,
-            listen,
-            upstream,
-            upstream_tls,
-            listen_tls,
+            listen: basics.listen,
+            upstream: basics.upstream,
+            upstream_tls: tls.upstream_tls,
+            listen_tls: tls.listen_tls,
             probe_paths,
-            admin_tls,
-            store,
-            owner,
-            connect_timeout,
-            response_timeout,
-            routes,
-            route_regions,
-            region: regions.region,
-            peers: regions.peers,
-            peer_tls: peer_trust.filter(|_| https_peers),
-            admin_listen,
-            admin_token_env,
-            purge_interval,
+            admin_tls: tls.admin_tls,
+            store: basics.store,
+            owner: basics.owner,
+            connect_timeout: limits.connect_timeout,
+            response_timeout: limits.response_timeout,
+            routes: routes.routes,
+            route_regions: routes.route_regions,
+            region: routes.regions.region,
+            peers: routes.regions.peers,
+            peer_tls: tls.peer_tls,
+            admin_listen: limits.admin_listen,
+            admin_token_env: limits.admin_token_env,
+            purge_interval: limits.purge_interval,
             suspect_window,
-            requests_in_flight_max,
-            connections,
-            admin_connections,
-            body_read_timeout,
-            body_buffer_bytes_max,
-            wait_limits,
+            requests_in_flight_max: limits.requests_in_flight_max,
+            connections: limits.connections,
+            admin_connections: limits.admin_connections,
+            body_read_timeout: limits.body_read_timeout,
+            body_buffer_bytes_max: routes.body_buffer_bytes_max,
+            wait_limits: limits.wait_limits,
             console_sessions,
         })
     }
@@ -1131,6 +851,450 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
     let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
     (line, column)
+}
+
+/// Where a refused value came from: the config file (when one was read),
+/// or the command line.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    path: Option<&'a Path>,
+}
+
+impl Place<'_> {
+    /// `field` refused for `reason`, in the file when `from_file`.
+    fn err(self, field: &str, reason: String, from_file: bool) -> ConfigError {
+        ConfigError {
+            file: if from_file {
+                self.path.map(Path::to_path_buf)
+            } else {
+                None
+            },
+            field: field.to_owned(),
+            reason,
+        }
+    }
+}
+
+/// What the gateway is and where it listens, forwards and stores.
+struct Basics {
+    listen: SocketAddr,
+    upstream: Uri,
+    base_dir: PathBuf,
+    store: StoreUrl,
+    owner: String,
+}
+
+impl Basics {
+    fn validate(
+        file: &FileConfig,
+        overrides: &Overrides,
+        at: Place,
+    ) -> Result<Basics, ConfigError> {
+        let (listen, from_file) = pick(&overrides.listen, &file.listen, LISTEN_DEFAULT);
+        let listen = listen.parse::<SocketAddr>().map_err(|e| {
+            at.err(
+                "listen",
+                format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"),
+                from_file,
+            )
+        })?;
+        let upstream = match (&overrides.upstream, &file.upstream) {
+            (Some(u), _) => parse_upstream(u).map_err(|r| at.err("upstream", r, false))?,
+            (None, Some(u)) => parse_upstream(u).map_err(|r| at.err("upstream", r, true))?,
+            (None, None) => {
+                return Err(at.err(
+                    "upstream",
+                    "is required: pass --upstream http://HOST:PORT or set upstream in the config file".into(),
+                    false,
+                ));
+            }
+        };
+        let base_dir = at
+            .path
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let (store, from_file) = pick(&overrides.store, &file.store, STORE_DEFAULT);
+        let field = if from_file { "store" } else { "--store" };
+        let store = StoreUrl::parse(store).map_err(|e| at.err(field, e.to_string(), from_file))?;
+        // A store named in the file is the file's, like its contract and
+        // TLS files; `--store` and the default are the working directory's.
+        let store = if from_file {
+            store.relative_to(&base_dir)
+        } else {
+            store
+        };
+        let owner = file
+            .owner
+            .clone()
+            .unwrap_or_else(|| format!("idem-{}", std::process::id()));
+        // The store refuses what check_owner refuses, on every claim: refuse
+        // it here, once, instead.
+        if owner.is_empty() || idem_core::check_owner(&owner).is_err() {
+            return Err(at.err(
+                "owner",
+                format!(
+                    "{owner:?} must be 1-{} bytes without control characters",
+                    idem_core::OWNER_BYTES_MAX
+                ),
+                true,
+            ));
+        }
+        // Refused here for the same reason as the owner: the store would
+        // refuse it on every claim.
+        if let Some(region) = &file.region {
+            idem_core::check_region(region).map_err(|e| at.err("region", e.to_string(), true))?;
+        }
+        Ok(Basics {
+            listen,
+            upstream,
+            base_dir,
+            store,
+            owner,
+        })
+    }
+}
+
+/// The timeouts and bounds of the listeners, the admin API's address and
+/// token, and how often the purge runs.
+struct Limits {
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    admin_listen: Option<SocketAddr>,
+    admin_token_env: String,
+    purge_interval: Duration,
+    requests_in_flight_max: usize,
+    connections: ConnectionLimits,
+    admin_connections: ConnectionLimits,
+    body_read_timeout: Duration,
+    wait_limits: WaitLimits,
+}
+
+impl Limits {
+    fn validate(file: &FileConfig, at: Place) -> Result<Limits, ConfigError> {
+        let timeout = |field: &str, value: Option<u64>, default: u64| match value.unwrap_or(default)
+        {
+            ms @ 1..=TIMEOUT_MS_MAX => Ok(Duration::from_millis(ms)),
+            ms => Err(at.err(
+                field,
+                format!("{ms} is out of range (1..={TIMEOUT_MS_MAX})"),
+                true,
+            )),
+        };
+        let connect_timeout = timeout(
+            "connect_timeout_ms",
+            file.connect_timeout_ms,
+            CONNECT_TIMEOUT_MS_DEFAULT,
+        )?;
+        let response_timeout = timeout(
+            "response_timeout_ms",
+            file.response_timeout_ms,
+            RESPONSE_TIMEOUT_MS_DEFAULT,
+        )?;
+        if file.routes.len() > ROUTES_MAX {
+            return Err(at.err(
+                "route",
+                format!("{} routes; at most {ROUTES_MAX}", file.routes.len()),
+                true,
+            ));
+        }
+        let (admin_listen, admin_token_env) = admin(file, at)?;
+        let purge_interval = match file.purge_interval_s.unwrap_or(PURGE_INTERVAL_S_DEFAULT) {
+            s @ 1..=PURGE_INTERVAL_S_MAX => Duration::from_secs(s),
+            s => {
+                return Err(at.err(
+                    "purge_interval_s",
+                    format!("{s} is out of range (1..={PURGE_INTERVAL_S_MAX})"),
+                    true,
+                ));
+            }
+        };
+        let requests_in_flight_max = requests_in_flight_max(file, at)?;
+        let (connections, admin_connections, body_read_timeout) =
+            connection_bounds(file).map_err(|(field, reason)| at.err(field, reason, true))?;
+        let wait_limits =
+            wait_limits(file).map_err(|(field, reason)| at.err(field, reason, true))?;
+        Ok(Limits {
+            connect_timeout,
+            response_timeout,
+            admin_listen,
+            admin_token_env,
+            purge_interval,
+            requests_in_flight_max,
+            connections,
+            admin_connections,
+            body_read_timeout,
+            wait_limits,
+        })
+    }
+}
+
+/// The admin API's address and the variable that holds its token.
+fn admin(file: &FileConfig, at: Place) -> Result<(Option<SocketAddr>, String), ConfigError> {
+    let admin_listen = match &file.admin_listen {
+        Some(raw) => Some(parse_admin_listen(raw).map_err(|r| at.err("admin_listen", r, true))?),
+        None => None,
+    };
+    let admin_token_env = match &file.admin_token_env {
+        Some(name) => {
+            check_env_name(name).map_err(|r| at.err("admin_token_env", r, true))?;
+            name.clone()
+        }
+        None => ADMIN_TOKEN_ENV_DEFAULT.to_owned(),
+    };
+    Ok((admin_listen, admin_token_env))
+}
+
+/// `requests_in_flight_max`, or its default.
+fn requests_in_flight_max(file: &FileConfig, at: Place) -> Result<usize, ConfigError> {
+    match file.requests_in_flight_max {
+        None => Ok(REQUESTS_IN_FLIGHT_MAX_DEFAULT),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=REQUESTS_IN_FLIGHT_MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                at.err(
+                    "requests_in_flight_max",
+                    format!("{n} is out of range (1..={REQUESTS_IN_FLIGHT_MAX_LIMIT})"),
+                    true,
+                )
+            }),
+    }
+}
+
+/// The routes, what they buffer, and where their keys are homed.
+struct RouteSection {
+    routes: Vec<Route>,
+    body_buffer_bytes_max: usize,
+    regions: Regions,
+    route_regions: Vec<RegionMode>,
+}
+
+impl RouteSection {
+    fn validate(
+        file: &FileConfig,
+        base_dir: &Path,
+        response_timeout: Duration,
+        at: Place,
+    ) -> Result<RouteSection, ConfigError> {
+        let routes = if file.routes.is_empty() {
+            let spec = with_wait_default(&RouteSpec::default(), response_timeout);
+            vec![Route::new(&spec).map_err(|e| at.err(e.field, e.reason, true))?]
+        } else {
+            file.routes
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    let spec = with_wait_default(&relative_to(spec, base_dir), response_timeout);
+                    Route::new(&spec).map_err(|e| {
+                        let name = spec
+                            .name
+                            .as_deref()
+                            .map(|n| format!(" ({n:?})"))
+                            .unwrap_or_default();
+                        at.err(
+                            &format!("route[{i}].{}", e.field),
+                            format!("{}{name}", e.reason),
+                            true,
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let body_buffer_bytes_max = body_buffer_bytes_max(file, &routes)
+            .map_err(|reason| at.err("body_buffer_bytes_max", reason, true))?;
+        check_lease_outlasts(&routes, &file.routes, response_timeout)
+            .map_err(|(field, reason)| at.err(&field, reason, true))?;
+        let regions = regions(file).map_err(|(field, reason)| at.err(&field, reason, true))?;
+        let route_regions = if file.routes.is_empty() {
+            vec![RegionMode::Single]
+        } else {
+            file.routes
+                .iter()
+                .zip(&routes)
+                .enumerate()
+                .map(|(i, (spec, route))| {
+                    RegionMode::new(spec.regions.as_ref(), route, &regions).map_err(
+                        |(field, reason)| at.err(&format!("route[{i}].{field}"), reason, true),
+                    )
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(RouteSection {
+            routes,
+            body_buffer_bytes_max,
+            regions,
+            route_regions,
+        })
+    }
+}
+
+/// Each `[[lookup]]`, bound to the one named route it serves.
+fn lookups(
+    file: &FileConfig,
+    routes: &[Route],
+    unsafe_lookup: UnsafeLookup,
+    at: Place,
+) -> Result<Vec<(String, Lookup)>, ConfigError> {
+    file.lookups
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| lookup(i, entry, routes, unsafe_lookup, at))
+        .collect()
+}
+
+/// `lookup[i]`, bound to its route.
+fn lookup(
+    i: usize,
+    entry: &LookupSpec,
+    routes: &[Route],
+    unsafe_lookup: UnsafeLookup,
+    at: Place,
+) -> Result<(String, Lookup), ConfigError> {
+    let served = entry
+        .target(LookupTarget::Route)
+        .map_err(|(field, why)| at.err(&format!("lookup[{i}].{field}"), why, true))?;
+    let mut named = routes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.operation_name() == Some(served));
+    let field = format!("lookup[{i}].route");
+    let (r, route) = match (named.next(), named.next()) {
+        (Some(only), None) => only,
+        (None, _) => {
+            let reason =
+                format!("no [[route]] has name = {served:?}; a lookup serves a named route");
+            return Err(at.err(&field, reason, true));
+        }
+        // One scope, two forward templates: a lookup renders one.
+        (Some((a, _)), Some((b, _))) => {
+            let reason = format!(
+                "route[{a}] and route[{b}] are both named {:?}; they share their \
+                 records, and a lookup asks by one forwarded reference per record, \
+                 so it serves a route whose name no other route has",
+                served
+            );
+            return Err(at.err(&field, reason, true));
+        }
+    };
+    let tenancy = crate::findings::lookup_tenancy(route);
+    if unsafe_lookup == UnsafeLookup::Refuse && !tenancy.verdict.passed() {
+        return Err(at.err(
+            &format!("route[{r}].forward_key.template"),
+            format!(
+                "lookup[{i}] serves route {served:?}, but {}; {}",
+                tenancy.why,
+                tenancy.change.unwrap_or_default()
+            ),
+            true,
+        ));
+    }
+    let route = route.clone();
+    let forwarded: ForwardedKey = Arc::new(move |id| route.forwarded_key(id));
+    Lookup::new(entry, forwarded)
+        .map(|lookup| (served.to_owned(), lookup))
+        .map_err(|e| at.err(&format!("lookup[{i}].{}", e.field), e.reason, true))
+}
+
+/// `probe_paths`, refused when a protected route would take the probes' GETs.
+fn probe_paths(file: &FileConfig, routes: &[Route], at: Place) -> Result<bool, ConfigError> {
+    let probe_paths = file.probe_paths.unwrap_or(false);
+    if probe_paths {
+        // A protected route on a probe path would never see its GETs.
+        let get = http::Method::GET;
+        for (i, route) in routes.iter().enumerate() {
+            if let Some(path) = PROBE_PATHS.iter().find(|p| route.matches(&get, p)) {
+                return Err(at.err(
+                    "probe_paths",
+                    format!(
+                        "route[{i}] protects GET {path}, which probe_paths answers on the \
+                         proxy listener; leave probe_paths off (the admin listener answers \
+                         the probes) or keep GET off that route"
+                    ),
+                    true,
+                ));
+            }
+        }
+    }
+    Ok(probe_paths)
+}
+
+/// What each TLS file makes: the listeners' certificates, what an https
+/// upstream, lookup or peer is trusted by, and the lookups given that trust.
+struct TlsSection {
+    upstream_tls: Option<UpstreamTls>,
+    peer_tls: Option<UpstreamTls>,
+    admin_tls: Option<ServerTls>,
+    listen_tls: Option<ServerTls>,
+    lookups: Vec<(String, Lookup)>,
+}
+
+impl TlsSection {
+    fn validate(
+        file: &FileConfig,
+        overrides: &Overrides,
+        basics: &Basics,
+        regions: &Regions,
+        lookups: Vec<(String, Lookup)>,
+        at: Place,
+    ) -> Result<TlsSection, ConfigError> {
+        let tls = TlsFiles::pick(file, overrides, &basics.base_dir);
+        let https_lookups = lookups.iter().any(|(_, l)| l.is_https());
+        let https_peers = regions
+            .peers
+            .values()
+            .any(|uri| uri.scheme_str() == Some("https"));
+        let refused = |(field, reason, from_file)| at.err(field, reason, from_file);
+        let upstream_tls = tls
+            .upstream(&basics.upstream, https_lookups || https_peers)
+            .map_err(refused)?;
+        // An https:// lookup or peer trusts what an https upstream would:
+        // the system's roots and upstream_ca_file's.
+        let peer_trust = match (https_lookups || https_peers, &upstream_tls) {
+            (false, _) => None,
+            (true, Some(trust)) => Some(trust.clone()),
+            (true, None) => {
+                let ca = tls.upstream_ca.as_ref();
+                let trust = UpstreamTls::load(ca.map(|(path, _)| path.as_path())).map_err(|e| {
+                    let from_file = ca.is_none_or(|(_, from_file)| *from_file);
+                    at.err("upstream_ca_file", e.to_string(), from_file)
+                })?;
+                Some(trust)
+            }
+        };
+        let lookups = match &peer_trust {
+            Some(trust) => with_trust(lookups, trust),
+            None => lookups,
+        };
+        let admin_tls = tls.admin().map_err(refused)?;
+        let listen_tls = tls.listen().map_err(refused)?;
+        Ok(TlsSection {
+            upstream_tls,
+            peer_tls: peer_trust.filter(|_| https_peers),
+            admin_tls,
+            listen_tls,
+            lookups,
+        })
+    }
+}
+
+/// `suspect_window_s`, by default the longest retention of the routes.
+fn suspect_window(file: &FileConfig, routes: &[Route], at: Place) -> Result<Duration, ConfigError> {
+    match file.suspect_window_s {
+        None => Ok(Duration::from_secs(
+            routes
+                .iter()
+                .map(|r| r.policy().retention_s())
+                .max()
+                .unwrap_or(idem_core::Policy::default().retention_s()),
+        )),
+        Some(s @ 0..=SUSPECT_WINDOW_S_MAX) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(at.err(
+            "suspect_window_s",
+            format!("{s} is out of range (0..={SUSPECT_WINDOW_S_MAX})"),
+            true,
+        )),
+    }
 }
 
 fn pick<'a>(
