@@ -23,7 +23,6 @@
 //! late_subject = "payouts.late"
 //! ```
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -213,25 +212,14 @@ pub struct ConsumeConfig {
     pub reconcile: ReconcileSettings,
 }
 
-/// A configuration error: where (file, field) and what.
-#[derive(Debug)]
-pub struct ConfigError {
-    /// The file.
-    pub file: PathBuf,
-    /// The field, e.g. `subscription[1].key`.
-    pub field: String,
-    /// What is wrong.
-    pub reason: String,
-}
+/// A configuration error: where (file, field) and what; the one field
+/// refusal every config and broker section shares.
+pub use idem_core::FieldError as ConfigError;
 
 impl ConsumeConfig {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<ConsumeConfig, ConfigError> {
-        let error = |field: &str, reason: String| ConfigError {
-            file: path.to_path_buf(),
-            field: field.to_owned(),
-            reason,
-        };
+        let error = |field: &str, reason: String| ConfigError::new(field, reason).in_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| error("(file)", format!("cannot read: {e}")))?;
         let file: FileConfig = toml::from_str(&text).map_err(|e| {
@@ -630,7 +618,7 @@ fn lookups(
         let forwarded: ForwardedKey =
             std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
         let mut lookup =
-            Lookup::new(entry, forwarded).map_err(|e| (at(e.field), e.reason.clone()))?;
+            Lookup::new(entry, forwarded).map_err(|e| (at(&e.field), e.reason.clone()))?;
         // An https:// provider is trusted through the system's roots.
         if lookup.is_https() {
             let trust =
@@ -694,20 +682,6 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
     (line, column)
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}",
-            self.file.display(),
-            self.field,
-            self.reason
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// A subscription's `wait_ms`: by default the response timeout, less
 /// where a NATS `ack_wait_ms` must still cover the wait and the delivery

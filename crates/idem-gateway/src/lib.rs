@@ -24,7 +24,7 @@ pub use admin::{
     ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, RefusalLog, random_hex, result_header,
 };
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LimitsError, Overrides,
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
     REQUESTS_IN_FLIGHT_MAX_LIMIT, SESSION_ABSOLUTE_S_DEFAULT, SESSION_IDLE_S_DEFAULT,
     SESSION_S_MAX, SessionLimits,

@@ -93,21 +93,14 @@ pub struct FileConfig {
 }
 
 pub(super) fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: Some(path.to_path_buf()),
-        field: "(file)".into(),
-        reason: format!("cannot read: {e}"),
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("(file)", format!("cannot read: {e}")).in_file(path))?;
     toml::from_str(&text).map_err(|e| {
         let (line, column) = e
             .span()
             .map(|span| line_column(&text, span.start))
             .unwrap_or((0, 0));
-        ConfigError {
-            file: Some(path.to_path_buf()),
-            field: format!("line {line}, column {column}"),
-            reason: e.message().to_owned(),
-        }
+        ConfigError::new(format!("line {line}, column {column}"), e.message()).in_file(path)
     })
 }
 
@@ -128,14 +121,10 @@ pub(super) struct Place<'a> {
 impl Place<'_> {
     /// `field` refused for `reason`, in the file when `from_file`.
     pub(super) fn err(self, field: &str, reason: String, from_file: bool) -> ConfigError {
-        ConfigError {
-            file: if from_file {
-                self.path.map(Path::to_path_buf)
-            } else {
-                None
-            },
-            field: field.to_owned(),
-            reason,
+        let refused = ConfigError::new(field, reason);
+        match self.path {
+            Some(path) if from_file => refused.in_file(path),
+            _ => refused,
         }
     }
 }

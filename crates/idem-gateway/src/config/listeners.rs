@@ -2,6 +2,8 @@
 //! admin listener and its token, the console's sessions, and the TLS
 //! files every listener and https:// client is built from.
 
+use idem_core::FieldError;
+
 use super::*;
 
 /// The TLS files named on the command line or in the file, resolved: a
@@ -22,15 +24,6 @@ pub struct SessionLimits {
     pub idle: Duration,
     /// A session ends this long after sign-in, however busy.
     pub absolute: Duration,
-}
-
-/// The refusal of a session limit: the config field and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LimitsError {
-    /// `console_session_idle_s` or `console_session_absolute_s`.
-    pub field: &'static str,
-    /// What is wrong.
-    pub reason: String,
 }
 
 impl TlsFiles {
@@ -149,15 +142,15 @@ impl SessionLimits {
     /// The limits of the config file's `console_session_idle_s` and
     /// `console_session_absolute_s` (defaults when absent): each
     /// 1..=[`SESSION_S_MAX`], the idle limit no longer than the absolute one.
-    pub fn new(idle_s: Option<u64>, absolute_s: Option<u64>) -> Result<SessionLimits, LimitsError> {
+    pub fn new(idle_s: Option<u64>, absolute_s: Option<u64>) -> Result<SessionLimits, FieldError> {
         let check = |field: &'static str, value: Option<u64>, default: u64| match value
             .unwrap_or(default)
         {
             s @ 1..=SESSION_S_MAX => Ok(Duration::from_secs(s)),
-            s => Err(LimitsError {
+            s => Err(FieldError::new(
                 field,
-                reason: format!("{s} is out of range (1..={SESSION_S_MAX})"),
-            }),
+                format!("{s} is out of range (1..={SESSION_S_MAX})"),
+            )),
         };
         let idle = check("console_session_idle_s", idle_s, SESSION_IDLE_S_DEFAULT)?;
         let absolute = check(
@@ -166,15 +159,15 @@ impl SessionLimits {
             SESSION_ABSOLUTE_S_DEFAULT,
         )?;
         if idle > absolute {
-            return Err(LimitsError {
-                field: "console_session_idle_s",
-                reason: format!(
+            return Err(FieldError::new(
+                "console_session_idle_s",
+                format!(
                     "{} s is longer than console_session_absolute_s ({} s); a session \
                      ends at the absolute limit whatever its use",
                     idle.as_secs(),
                     absolute.as_secs()
                 ),
-            });
+            ));
         }
         Ok(SessionLimits { idle, absolute })
     }

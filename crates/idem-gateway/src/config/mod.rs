@@ -11,13 +11,12 @@ mod routes;
 
 pub use file::FileConfig;
 use file::{Basics, Place, parse_upstream, read_file};
+pub use listeners::SessionLimits;
 use listeners::{Limits, TlsSection, parse_admin_listen};
-pub use listeners::{LimitsError, SessionLimits};
 use lookups::{lookups, with_trust};
 use routes::{RouteSection, probe_paths, suspect_window};
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -212,16 +211,9 @@ enum UnsafeLookup {
 /// The paths the probes answer on: liveness, readiness.
 pub const PROBE_PATHS: [&str; 2] = ["/healthz", "/readyz"];
 
-/// A configuration error: where (file, field) and what.
-#[derive(Debug)]
-pub struct ConfigError {
-    /// The file, or `None` for command-line values.
-    pub file: Option<PathBuf>,
-    /// The field, e.g. `route[1].lease_ms`.
-    pub field: String,
-    /// What is wrong.
-    pub reason: String,
-}
+/// A configuration error: where (file, field) and what; the one field
+/// refusal every config and broker section shares.
+pub use idem_core::FieldError as ConfigError;
 
 impl GatewayConfig {
     /// Reads and validates `path` (if any), then applies `overrides`.
@@ -284,7 +276,7 @@ impl GatewayConfig {
         let lookups = lookups(&file, &routes.routes, unsafe_lookup, at)?;
         let console_sessions =
             SessionLimits::new(file.console_session_idle_s, file.console_session_absolute_s)
-                .map_err(|e| at.err(e.field, e.reason, true))?;
+                .map_err(|e| at.err(&e.field, e.reason, true))?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| at.err(&format!("reconcile.{}", e.field), e.reason, true))?;
         let probe_paths = probe_paths(&file, &routes.routes, at)?;
@@ -340,11 +332,8 @@ impl GatewayConfig {
 
     /// `--admin-listen`: the command line wins over the file.
     pub fn set_admin_listen(&mut self, raw: &str) -> Result<(), ConfigError> {
-        let addr = parse_admin_listen(raw).map_err(|reason| ConfigError {
-            file: None,
-            field: "--admin-listen".into(),
-            reason,
-        })?;
+        let addr =
+            parse_admin_listen(raw).map_err(|reason| ConfigError::new("--admin-listen", reason))?;
         self.admin_listen = Some(addr);
         Ok(())
     }
@@ -358,11 +347,7 @@ impl GatewayConfig {
         lookup: impl FnOnce(&str) -> Option<String>,
     ) -> Result<AdminToken, ConfigError> {
         let name = &self.admin_token_env;
-        let err = |reason: String| ConfigError {
-            file: None,
-            field: "admin_token_env".into(),
-            reason,
-        };
+        let err = |reason: String| ConfigError::new("admin_token_env", reason);
         let Some(value) = lookup(name) else {
             return Err(err(format!(
                 "the admin API is enabled but the environment variable {name} is not set \
@@ -374,17 +359,6 @@ impl GatewayConfig {
         AdminToken::new(&value).map_err(|why| err(format!("environment variable {name}: {why}")))
     }
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.file {
-            Some(file) => write!(f, "{}: {}: {}", file.display(), self.field, self.reason),
-            None => write!(f, "{}: {}", self.field, self.reason),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 #[cfg(test)]
 mod tests;

@@ -531,7 +531,7 @@ fn session_limits_are_validated_naming_the_field() {
         let got = SessionLimits::new(idle, absolute)
             .map(|l| (l.idle.as_secs(), l.absolute.as_secs()))
             .map_err(|e| e.field);
-        assert_eq!(got, want, "{idle:?} {absolute:?}");
+        assert_eq!(got, want.map_err(str::to_owned), "{idle:?} {absolute:?}");
     }
 }
 
