@@ -11,8 +11,8 @@ use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX, error_chain};
+use idem_reconcile::client;
 
 /// The service's answer to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,16 +52,8 @@ impl Endpoint {
     /// An endpoint at `url` (`http://host:port/path`), with a connect
     /// timeout and a timeout for the whole answer.
     pub fn new(url: Uri, connect_timeout: Duration, timeout: Duration) -> Endpoint {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            // A request that failed on a reused connection may have reached
-            // the service: resending it is a retry, and a retry goes
-            // through a new claim.
-            .retry_canceled_requests(false)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        // A retry goes through a new claim, never through the client.
+        let client = client::never_retrying().build(client::tcp(connect_timeout));
         Endpoint {
             client,
             url,

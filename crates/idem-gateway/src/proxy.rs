@@ -3,7 +3,6 @@
 //! within the response timeout, and marks each failure with whether the
 //! request was ever sent.
 
-use idem_core::error_chain;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -17,9 +16,10 @@ use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper_rustls::{HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
+use idem_core::error_chain;
 use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route, normalize_path};
+use idem_reconcile::client;
 use tokio::net::TcpStream;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceExt};
@@ -46,7 +46,7 @@ impl Proxy {
     /// A proxy to the plain `http://` `upstream` with the given timeouts;
     /// it refuses to connect to an `https://` one.
     pub fn new(upstream: Uri, connect_timeout: Duration, response_timeout: Duration) -> Proxy {
-        let http = tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
+        let http = client::tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
         let connector = within(http, connect_timeout);
         Proxy::with_connector(upstream, connector, response_timeout)
     }
@@ -61,7 +61,7 @@ impl Proxy {
         response_timeout: Duration,
         tls: &UpstreamTls,
     ) -> Proxy {
-        let mut http = tcp(connect_timeout);
+        let mut http = client::tcp(connect_timeout);
         // The TLS connector above it decides the scheme.
         http.enforce_http(false);
         let https = HttpsConnectorBuilder::new()
@@ -76,13 +76,8 @@ impl Proxy {
     }
 
     fn with_connector(upstream: Uri, connector: Connector, response_timeout: Duration) -> Proxy {
-        let client = Client::builder(TokioExecutor::new())
-            // A request that failed on a reused connection may have reached
-            // the upstream: resending it is a retry, and retries are the
-            // caller's decision, made through a new claim.
-            .retry_canceled_requests(false)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        // Retries are the caller's decision, made through a new claim.
+        let client = client::never_retrying().build(connector);
         Proxy {
             client,
             upstream,
@@ -208,14 +203,6 @@ impl Proxy {
             (ProblemKind::UpstreamUnreachable, reason)
         })
     }
-}
-
-/// The TCP connector under both kinds of proxy.
-fn tcp(connect_timeout: Duration) -> HttpConnector {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    http
 }
 
 /// `connector` bounded, handshake included, by `connect_timeout`: a stalled

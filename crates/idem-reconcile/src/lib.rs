@@ -58,6 +58,7 @@
 //! ```
 
 mod backoff;
+pub mod client;
 mod lookup;
 mod probe;
 mod reconciler;
