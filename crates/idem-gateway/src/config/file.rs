@@ -2,7 +2,17 @@
 //! first section: where the gateway listens, forwards and stores, and who
 //! it is (owner, region).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use http::Uri;
+use idem_http::RouteSpec;
+use idem_process::{STORE_DEFAULT, StoreUrl};
+use idem_reconcile::{LookupSpec, ReconcileSpec};
+use serde::Deserialize;
+
+use super::{ConfigError, LISTEN_DEFAULT, Overrides};
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]

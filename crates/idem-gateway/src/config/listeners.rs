@@ -2,9 +2,25 @@
 //! admin listener and its token, the console's sessions, and the TLS
 //! files every listener and https:// client is built from.
 
-use idem_core::FieldError;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use super::*;
+use http::Uri;
+use idem_core::FieldError;
+use idem_http::WaitLimits;
+use idem_process::{ConnectionLimits, ServerTls, TlsError, UpstreamTls};
+use idem_reconcile::Lookup;
+
+use super::{
+    ADMIN_CONNECTIONS_MAX_DEFAULT, ADMIN_TOKEN_ENV_DEFAULT, BODY_READ_TIMEOUT_MS_DEFAULT, Basics,
+    CONNECT_TIMEOUT_MS_DEFAULT, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT, ConfigError,
+    FileConfig, HEADER_READ_TIMEOUT_MS_DEFAULT, Overrides, PURGE_INTERVAL_S_DEFAULT,
+    PURGE_INTERVAL_S_MAX, Place, REQUESTS_IN_FLIGHT_MAX_DEFAULT, REQUESTS_IN_FLIGHT_MAX_LIMIT,
+    RESPONSE_TIMEOUT_MS_DEFAULT, ROUTES_MAX, SESSION_ABSOLUTE_S_DEFAULT, SESSION_IDLE_S_DEFAULT,
+    SESSION_S_MAX, TIMEOUT_MS_MAX, TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT, WAITERS_LIMIT, with_trust,
+};
+use crate::regions::Regions;
 
 /// The TLS files named on the command line or in the file, resolved: a
 /// command-line path against the working directory, a file's against the

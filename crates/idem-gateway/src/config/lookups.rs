@@ -1,7 +1,13 @@
 //! The lookups' section: each `[[lookup]]` bound to the one named route
 //! it serves, and given the trust an https:// provider is checked with.
 
-use super::*;
+use std::sync::Arc;
+
+use idem_http::Route;
+use idem_process::UpstreamTls;
+use idem_reconcile::{ForwardedKey, Lookup, LookupSpec, LookupTarget};
+
+use super::{ConfigError, FileConfig, Place, UnsafeLookup};
 
 /// `lookups`, the https ones trusting `trust`.
 pub(super) fn with_trust(

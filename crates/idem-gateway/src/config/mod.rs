@@ -19,30 +19,23 @@ use routes::{RouteSection, probe_paths, suspect_window};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use idem_core::Policy;
-use idem_http::{Route, RouteSpec, WAIT_MS_LIMIT, WaitLimits};
-use idem_reconcile::{
-    ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
-};
-use serde::Deserialize;
+use idem_http::{Route, WaitLimits};
+use idem_process::{ConnectionLimits, ServerTls, StoreUrl, UpstreamTls};
+use idem_reconcile::{Lookup, ReconcileSettings};
 
 use crate::admin::AdminToken;
-use crate::regions::{RegionMode, Regions, check_region};
+use crate::regions::{RegionMode, Regions};
 use crate::tls::AdminTransport;
-use idem_process::ConnectionLimits;
-use idem_process::{STORE_DEFAULT, StoreUrl};
-use idem_process::{ServerTls, TlsError, UpstreamTls};
 
 /// The default listen address.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 /// Default connect timeout, in milliseconds.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 /// Default response timeout, in milliseconds: shorter than the default
-/// lease (30 s), which must outlast it (see [`check_lease_outlasts`]).
+/// lease (30 s), which must outlast it (see `routes::check_lease_outlasts`).
 pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 25_000;
 /// The longest timeout accepted, in milliseconds (one hour).
 pub const TIMEOUT_MS_MAX: u64 = 3_600_000;

@@ -1,6 +1,9 @@
 //! The regions' section: this gateway's `region` and its `[peers]`.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::{FileConfig, parse_upstream};
+use crate::regions::{Regions, check_region};
 
 /// The file's `region` and `[peers]`, validated: names by
 /// [`check_region`], URLs http:// with a host, no peer named after this

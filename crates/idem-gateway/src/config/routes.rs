@@ -2,7 +2,17 @@
 //! a lease that outlasts its response timeout, the probe paths it must
 //! leave free and the suspect window its retention sets.
 
-use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+use idem_core::Policy;
+use idem_http::{Route, RouteSpec, WAIT_MS_LIMIT};
+
+use super::{
+    BODY_BUFFER_BYTES_MAX_DEFAULT, BODY_BUFFER_BYTES_MAX_LIMIT, ConfigError, FileConfig,
+    PROBE_PATHS, Place, SUSPECT_WINDOW_S_MAX, regions,
+};
+use crate::regions::{RegionMode, Regions};
 
 /// `body_buffer_bytes_max`, in range and no smaller than any route's
 /// `body_bytes_max`: such a route's largest bodies could never be read.

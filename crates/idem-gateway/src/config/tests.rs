@@ -1,6 +1,8 @@
 //! The config's validation, table-driven: what each field refuses, and in
 //! which words.
 
+use idem_process::STORE_DEFAULT;
+
 use super::*;
 
 fn load(text: &str, overrides: &Overrides) -> Result<GatewayConfig, String> {
