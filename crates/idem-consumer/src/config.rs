@@ -526,27 +526,31 @@ impl Bounds {
         spec: &SubscriptionSpec,
         at: &dyn Fn(&str) -> String,
     ) -> Result<Bounds, (String, String)> {
-        let concurrency = ranged(
-            at("concurrency"),
-            spec.concurrency.map(|n| n as u64),
-            CONCURRENCY_DEFAULT as u64,
-            1,
-            CONCURRENCY_LIMIT as u64,
-        )?;
-        let message_bytes_max = ranged(
-            at("message_bytes_max"),
-            spec.message_bytes_max.map(|n| n as u64),
-            MESSAGE_BYTES_MAX_DEFAULT as u64,
-            1,
-            MESSAGE_BYTES_MAX_LIMIT as u64,
-        )?;
-        let retry_after_max_ms = ranged(
-            at("retry_after_max_ms"),
-            spec.retry_after_max_ms,
-            RETRY_AFTER_MAX_MS_DEFAULT,
-            1,
-            3_600_000,
-        )?;
+        // Each bound: its field, its value, its default and its ceiling
+        // (every floor is 1); refused in this order.
+        let [concurrency, message_bytes_max, retry_after_max_ms] = [
+            (
+                "concurrency",
+                spec.concurrency.map(|n| n as u64),
+                CONCURRENCY_DEFAULT as u64,
+                CONCURRENCY_LIMIT as u64,
+            ),
+            (
+                "message_bytes_max",
+                spec.message_bytes_max.map(|n| n as u64),
+                MESSAGE_BYTES_MAX_DEFAULT as u64,
+                MESSAGE_BYTES_MAX_LIMIT as u64,
+            ),
+            (
+                "retry_after_max_ms",
+                spec.retry_after_max_ms,
+                RETRY_AFTER_MAX_MS_DEFAULT,
+                3_600_000,
+            ),
+        ]
+        .map(|(field, value, default, hi)| ranged(at(field), value, default, 1, hi));
+        let (concurrency, message_bytes_max, retry_after_max_ms) =
+            (concurrency?, message_bytes_max?, retry_after_max_ms?);
         if spec.max_deliveries == Some(0) {
             return Err((at("max_deliveries"), "0: at least 1".into()));
         }
@@ -997,6 +1001,28 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                 GOOD.replace(
                     "[subscription.rabbitmq]",
                     "concurrency = 0\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].concurrency",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "message_bytes_max = 0\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].message_bytes_max",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "retry_after_max_ms = 3600001\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].retry_after_max_ms",
+            ),
+            (
+                // Two bounds out of range: the first in the file's order is named.
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "retry_after_max_ms = 0\nconcurrency = 0\n[subscription.rabbitmq]",
                 ),
                 "subscription[0].concurrency",
             ),
