@@ -15,7 +15,8 @@
 pub mod nats;
 pub mod rabbitmq;
 
-pub use nats::{NatsConfig, NatsConfigError, NatsSubscription};
+pub use idem_core::FieldError;
+pub use nats::{NatsConfig, NatsSubscription};
 pub use rabbitmq::{RabbitConfig, RabbitSubscription};
 
 use std::fmt;

@@ -140,6 +140,7 @@ use async_nats::jetstream::stream::{self, StorageType};
 use async_nats::jetstream::{self, Context, ErrorCode};
 use async_nats::{ConnectErrorKind, ServerAddr};
 use futures_util::StreamExt;
+use idem_core::FieldError;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
@@ -212,15 +213,6 @@ pub struct NatsConfig {
     /// A file whose first line is the server's token.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-}
-
-/// A configuration value that cannot work, and which field holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NatsConfigError {
-    /// The field, as written in the configuration, e.g. `prefetch`.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub reason: String,
 }
 
 /// A subscription to one durable JetStream pull consumer.
@@ -300,8 +292,8 @@ impl NatsConfig {
     }
 
     /// Checks every field, and names the first that cannot work.
-    pub fn validate(&self) -> Result<(), NatsConfigError> {
-        let bad = |field, reason: String| Err(NatsConfigError { field, reason });
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let bad = |field: &str, reason: String| Err(FieldError::new(field, reason));
         if let Err(reason) = server_addrs(&self.url) {
             return bad("url", reason);
         }
@@ -381,14 +373,6 @@ impl NatsConfig {
             .unwrap_or_else(|| format!("idem.late.{}", self.stream))
     }
 }
-
-impl fmt::Display for NatsConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for NatsConfigError {}
 
 impl NatsSubscription {
     /// Validates `config`, connects, and declares the streams and the
@@ -1169,19 +1153,19 @@ fn server_addrs(url: &str) -> Result<Vec<ServerAddr>, String> {
 }
 
 /// A stream or consumer name as the server accepts it.
-fn check_name(field: &'static str, name: &str) -> Result<(), NatsConfigError> {
+fn check_name(field: &'static str, name: &str) -> Result<(), FieldError> {
     let bad = name.is_empty()
         || name.len() > 200
         || name.chars().any(|c| {
             c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\')
         });
     if bad {
-        return Err(NatsConfigError {
+        return Err(FieldError::new(
             field,
-            reason: format!(
+            format!(
                 "`{name}` is not a valid name: 1 to 200 characters, none of `.`, `*`, `>`, `/`, `\\` or spaces"
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -1199,7 +1183,7 @@ fn check_subject(
     field: &'static str,
     subject: &str,
     wildcards: Wildcards,
-) -> Result<(), NatsConfigError> {
+) -> Result<(), FieldError> {
     let tokens: Vec<&str> = subject.split('.').collect();
     let last = tokens.len() - 1;
     let bad_token = tokens.iter().enumerate().find_map(|(i, token)| {
@@ -1220,10 +1204,7 @@ fn check_subject(
         }
     });
     match bad_token {
-        Some(why) => Err(NatsConfigError {
-            field,
-            reason: format!("`{subject}` {why}"),
-        }),
+        Some(why) => Err(FieldError::new(field, format!("`{subject}` {why}"))),
         None => Ok(()),
     }
 }
@@ -1275,7 +1256,7 @@ mod tests {
         }
     }
 
-    fn field_of(config: &NatsConfig) -> Option<&'static str> {
+    fn field_of(config: &NatsConfig) -> Option<String> {
         config.validate().err().map(|e| e.field)
     }
 
@@ -1345,7 +1326,7 @@ mod tests {
         for (name, change, expect) in cases {
             let mut config = NatsConfig::new("PAYOUTS", ["payouts.>"]);
             change(&mut config);
-            assert_eq!(field_of(&config), expect, "case {name}");
+            assert_eq!(field_of(&config).as_deref(), expect, "case {name}");
         }
     }
 

@@ -152,6 +152,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use idem_core::FieldError;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -277,16 +278,6 @@ pub enum RetryMechanism {
     TtlQueue,
 }
 
-/// A configuration value that cannot work.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConfigError {
-    /// The field, as named in the configuration file.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
 /// The names a validated configuration declares and publishes to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
@@ -355,13 +346,13 @@ impl RabbitConfig {
     }
 
     /// Checks every field and derives the names left out.
-    pub fn validate(&self) -> Result<Topology, ConfigError> {
+    pub fn validate(&self) -> Result<Topology, FieldError> {
         self.settings().map(|s| s.topology)
     }
 
     /// Reads the files it names: a missing or unusable one is an error
     /// naming its field and path.
-    fn settings(&self) -> Result<Settings, ConfigError> {
+    fn settings(&self) -> Result<Settings, FieldError> {
         let mut uri = parse_url(&self.url)?;
         let tls = self.tls(uri.scheme.clone())?;
         if let Some(path) = &self.password_file {
@@ -411,7 +402,7 @@ impl RabbitConfig {
 
     /// The TLS files, read; refused with an `amqp://` url, which would
     /// never use them.
-    fn tls(&self, scheme: AMQPScheme) -> Result<OwnedTLSConfig, ConfigError> {
+    fn tls(&self, scheme: AMQPScheme) -> Result<OwnedTLSConfig, FieldError> {
         let files = [
             ("ca_file", &self.ca_file),
             ("cert_file", &self.cert_file),
@@ -456,7 +447,7 @@ impl RabbitConfig {
         })
     }
 
-    fn topology(&self) -> Result<Topology, ConfigError> {
+    fn topology(&self) -> Result<Topology, FieldError> {
         let queue = name("queue", &self.queue)?;
         let derived = |field, given: &Option<String>, suffix: &str| match given {
             Some(n) => name(field, n),
@@ -640,14 +631,6 @@ impl Subscription for RabbitSubscription {
         )
     }
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 impl fmt::Debug for RabbitSubscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1091,14 +1074,11 @@ fn default_settle_timeout_ms() -> u64 {
     30_000
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field,
-        reason: reason.into(),
-    }
+fn invalid(field: &'static str, reason: impl Into<String>) -> FieldError {
+    FieldError::new(field, reason)
 }
 
-fn parse_url(url: &str) -> Result<AMQPUri, ConfigError> {
+fn parse_url(url: &str) -> Result<AMQPUri, FieldError> {
     // The client's parser takes the host from the url's domain name: an
     // IPv6 address has none, and it would connect to localhost instead.
     if url_authority(url).contains('[') {
@@ -1135,7 +1115,7 @@ fn url_userinfo(url: &str) -> Option<(&str, Option<&str>)> {
 /// A PEM file of certificates (`label` "CERTIFICATE", each one parsed) or
 /// of one private key (PKCS#8, RSA or EC; an encrypted key cannot be
 /// read), returned whole for the TLS client.
-fn pem(path: &Path, field: &'static str, label: &str) -> Result<Vec<u8>, ConfigError> {
+fn pem(path: &Path, field: &'static str, label: &str) -> Result<Vec<u8>, FieldError> {
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let bytes = crate::read_file(path).map_err(|reason| invalid(field, reason))?;
@@ -1214,12 +1194,12 @@ fn connect_error(settings: &Settings, e: &lapin::Error) -> BrokerError {
 }
 
 /// An AMQP short string (at most 255 bytes).
-fn short(field: &'static str, value: &str) -> Result<ShortString, ConfigError> {
+fn short(field: &'static str, value: &str) -> Result<ShortString, FieldError> {
     ShortString::try_new(value).map_err(|e| invalid(field, e.to_string()))
 }
 
 /// A queue or exchange name this configuration declares.
-fn name(field: &'static str, value: &str) -> Result<ShortString, ConfigError> {
+fn name(field: &'static str, value: &str) -> Result<ShortString, FieldError> {
     if value.is_empty() {
         return Err(invalid(field, "must not be empty"));
     }

@@ -23,16 +23,15 @@
 //! late_subject = "payouts.late"
 //! ```
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Uri;
 use http::header::HeaderName;
 use idem_core::{CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Scope};
-use idem_gateway::StoreUrl;
 use idem_http::CompletionSpec;
 use idem_message::{IntentSpec, KeyTemplate, PayloadFingerprint};
+use idem_process::StoreUrl;
 use idem_reconcile::{
     ForwardedKey, Lookup, LookupSpec, LookupTarget, ReconcileSettings, ReconcileSpec,
 };
@@ -44,7 +43,7 @@ use idem_broker::rabbitmq::RabbitConfig;
 use crate::broker::Broker;
 
 /// The default store, the gateway's.
-pub use idem_gateway::STORE_DEFAULT;
+pub use idem_process::STORE_DEFAULT;
 /// The default header the key is delivered in.
 pub const KEY_HEADER_DEFAULT: &str = "Idempotency-Key";
 /// The default connect timeout towards the endpoint, in milliseconds.
@@ -213,25 +212,14 @@ pub struct ConsumeConfig {
     pub reconcile: ReconcileSettings,
 }
 
-/// A configuration error: where (file, field) and what.
-#[derive(Debug)]
-pub struct ConfigError {
-    /// The file.
-    pub file: PathBuf,
-    /// The field, e.g. `subscription[1].key`.
-    pub field: String,
-    /// What is wrong.
-    pub reason: String,
-}
+/// A configuration error: where (file, field) and what; the one field
+/// refusal every config and broker section shares.
+pub use idem_core::FieldError as ConfigError;
 
 impl ConsumeConfig {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<ConsumeConfig, ConfigError> {
-        let error = |field: &str, reason: String| ConfigError {
-            file: path.to_path_buf(),
-            field: field.to_owned(),
-            reason,
-        };
+        let error = |field: &str, reason: String| ConfigError::new(field, reason).in_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| error("(file)", format!("cannot read: {e}")))?;
         let file: FileConfig = toml::from_str(&text).map_err(|e| {
@@ -269,62 +257,8 @@ impl ConsumeConfig {
                 "declare at least one [[subscription]]".into(),
             ));
         }
-        let mut subscriptions: Vec<Subscription> = Vec::with_capacity(file.subscriptions.len());
-        for (i, spec) in file.subscriptions.iter().enumerate() {
-            let at = |field: &str| format!("subscription[{i}].{field}");
-            let sub = subscription(spec, base_dir, &at)?;
-            if subscriptions.iter().any(|s| s.name == sub.name) {
-                return Err((
-                    at("name"),
-                    format!("{:?} names two subscriptions", sub.name),
-                ));
-            }
-            // Records are scoped by subscription: an intent that arrives on
-            // two queues delivered to one endpoint would be claimed in two
-            // scopes and run twice, and their lookups would ask the
-            // provider by the same keys for two scopes' records.
-            let endpoint = endpoint_of(&sub.deliver);
-            if let Some(other) = subscriptions
-                .iter()
-                .find(|s| endpoint_of(&s.deliver) == endpoint)
-            {
-                return Err((
-                    at("deliver"),
-                    format!(
-                        "{} is also the endpoint of subscription {:?}: records are kept per \
-                         subscription, so an intent arriving on both would run twice; give each \
-                         endpoint one subscription",
-                        sub.deliver, other.name
-                    ),
-                ));
-            }
-            subscriptions.push(sub);
-        }
-        let mut lookups = Vec::with_capacity(file.lookups.len());
-        for (i, entry) in file.lookups.iter().enumerate() {
-            let at = |field: &str| format!("lookup[{i}].{field}");
-            let served = entry
-                .target(LookupTarget::Subscription)
-                .map_err(|(field, why)| (at(field), why))?;
-            if !subscriptions.iter().any(|s| s.name == served) {
-                return Err((
-                    at("subscription"),
-                    format!("no [[subscription]] is named {served:?}"),
-                ));
-            }
-            // The reference delivered for a record is its key.
-            let forwarded: ForwardedKey =
-                std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
-            let mut lookup =
-                Lookup::new(entry, forwarded).map_err(|e| (at(e.field), e.reason.clone()))?;
-            // An https:// provider is trusted through the system's roots.
-            if lookup.is_https() {
-                let trust = idem_gateway::UpstreamTls::load(None)
-                    .map_err(|e| (at("url"), e.to_string()))?;
-                lookup = lookup.with_tls(trust.shared_config(), "the system's roots".into());
-            }
-            lookups.push((served.to_owned(), lookup));
-        }
+        let subscriptions = subscriptions(&file.subscriptions, base_dir)?;
+        let lookups = lookups(&file.lookups, &subscriptions)?;
         let reconcile = ReconcileSettings::new(&file.reconcile.clone().unwrap_or_default())
             .map_err(|e| (format!("reconcile.{}", e.field), e.reason.clone()))?;
         if let Some(region) = &file.region {
@@ -359,11 +293,67 @@ impl ConsumeConfig {
     }
 }
 
+/// One `[[subscription]]`, validated section by section.
 fn subscription(
     spec: &SubscriptionSpec,
     base_dir: &Path,
     at: &dyn Fn(&str) -> String,
 ) -> Result<Subscription, (String, String)> {
+    let intent = intent(spec, at)?;
+    let endpoint = Endpoint::validate(spec, at)?;
+    let response_timeout_ms = endpoint.response_timeout_ms;
+    let (policy, completion) = policy(spec, response_timeout_ms, at)?;
+    let bounds = Bounds::validate(spec, at)?;
+    let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
+    let rabbitmq = spec.rabbitmq.clone().map(|c| c.relative_to(base_dir));
+    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), at)?;
+    // A message still being delivered when the broker's wait for its
+    // settlement ends is delivered again to another worker meanwhile.
+    if let Some(ack_wait_ms) = broker.ack_wait_ms()
+        && ack_wait_ms <= response_timeout_ms
+    {
+        return Err((
+            at("nats.ack_wait_ms"),
+            format!(
+                "{ack_wait_ms} ms must be longer than response_timeout_ms \
+                 ({response_timeout_ms} ms)"
+            ),
+        ));
+    }
+    let wait_ms = wait_ms(spec, &policy, response_timeout_ms, broker.ack_wait_ms())
+        .map_err(|reason| (at("wait_ms"), reason))?;
+    // The broker would stop delivering a message after its own limit:
+    // the bridge dead-letters it at that delivery instead.
+    let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
+        (Some(ours), Some(theirs)) => Some(ours.min(theirs)),
+        (ours, theirs) => ours.or(theirs),
+    };
+    Ok(Subscription {
+        name: spec.name.clone(),
+        intent,
+        deliver: endpoint.deliver,
+        key_header: endpoint.key_header,
+        connect_timeout: Duration::from_millis(endpoint.connect_timeout_ms),
+        response_timeout: Duration::from_millis(response_timeout_ms),
+        policy,
+        completion,
+        concurrency: usize::try_from(bounds.concurrency).unwrap_or(CONCURRENCY_DEFAULT),
+        message_bytes_max: usize::try_from(bounds.message_bytes_max)
+            .unwrap_or(MESSAGE_BYTES_MAX_DEFAULT),
+        retry_after_max: Duration::from_millis(bounds.retry_after_max_ms),
+        max_deliveries,
+        wait: Duration::from_millis(wait_ms),
+        contract: spec.contract.as_ref().map(|c| base_dir.join(c)),
+        broker,
+    })
+}
+
+/// The intent a message carries: its scope (name, tenant), key template
+/// and fingerprint.
+fn intent(
+    spec: &SubscriptionSpec,
+    at: &dyn Fn(&str) -> String,
+) -> Result<IntentSpec, (String, String)> {
     if spec.name.is_empty() || spec.name.contains('|') {
         return Err((
             at("name"),
@@ -374,6 +364,15 @@ fn subscription(
     let scope =
         Scope::from_parts(&spec.name, tenant, None).map_err(|e| (at("tenant"), e.to_string()))?;
     let key = KeyTemplate::parse(&spec.key).map_err(|e| (at("key"), e.to_string()))?;
+    Ok(IntentSpec::new(scope, key, fingerprint(spec, at)?))
+}
+
+/// What a message's fingerprint covers: its JSON less the excluded
+/// pointers, or its bytes, and the headers named.
+fn fingerprint(
+    spec: &SubscriptionSpec,
+    at: &dyn Fn(&str) -> String,
+) -> Result<PayloadFingerprint, (String, String)> {
     let mut fingerprint = match spec.fingerprint.as_deref().unwrap_or("json") {
         "json" => {
             let mut exclude = Vec::new();
@@ -418,39 +417,71 @@ fn subscription(
         }
         fingerprint = fingerprint.with_headers(names.clone());
     }
-    let deliver: Uri = spec.deliver.parse().map_err(|e| {
-        (
-            at("deliver"),
-            format!("{:?} is not a URL: {e}", spec.deliver),
-        )
-    })?;
-    if deliver.scheme_str() != Some("http") || deliver.authority().is_none() {
-        return Err((
-            at("deliver"),
-            format!("{:?}: an http://host:port/path URL", spec.deliver),
-        ));
+    Ok(fingerprint)
+}
+
+/// Where and how a message is delivered.
+struct Endpoint {
+    deliver: Uri,
+    key_header: HeaderName,
+    connect_timeout_ms: u64,
+    response_timeout_ms: u64,
+}
+
+impl Endpoint {
+    fn validate(
+        spec: &SubscriptionSpec,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<Endpoint, (String, String)> {
+        let deliver: Uri = spec.deliver.parse().map_err(|e| {
+            (
+                at("deliver"),
+                format!("{:?} is not a URL: {e}", spec.deliver),
+            )
+        })?;
+        if deliver.scheme_str() != Some("http") || deliver.authority().is_none() {
+            return Err((
+                at("deliver"),
+                format!("{:?}: an http://host:port/path URL", spec.deliver),
+            ));
+        }
+        let key_header_text = spec.key_header.as_deref().unwrap_or(KEY_HEADER_DEFAULT);
+        let key_header = HeaderName::from_bytes(key_header_text.as_bytes()).map_err(|_| {
+            (
+                at("key_header"),
+                format!("{key_header_text:?} is not a header name"),
+            )
+        })?;
+        let connect_timeout_ms = ranged(
+            at("connect_timeout_ms"),
+            spec.connect_timeout_ms,
+            CONNECT_TIMEOUT_MS_DEFAULT,
+            1,
+            60_000,
+        )?;
+        let response_timeout_ms = ranged(
+            at("response_timeout_ms"),
+            spec.response_timeout_ms,
+            RESPONSE_TIMEOUT_MS_DEFAULT,
+            1,
+            600_000,
+        )?;
+        Ok(Endpoint {
+            deliver,
+            key_header,
+            connect_timeout_ms,
+            response_timeout_ms,
+        })
     }
-    let key_header_text = spec.key_header.as_deref().unwrap_or(KEY_HEADER_DEFAULT);
-    let key_header = HeaderName::from_bytes(key_header_text.as_bytes()).map_err(|_| {
-        (
-            at("key_header"),
-            format!("{key_header_text:?} is not a header name"),
-        )
-    })?;
-    let connect_timeout_ms = ranged(
-        at("connect_timeout_ms"),
-        spec.connect_timeout_ms,
-        CONNECT_TIMEOUT_MS_DEFAULT,
-        1,
-        60_000,
-    )?;
-    let response_timeout_ms = ranged(
-        at("response_timeout_ms"),
-        spec.response_timeout_ms,
-        RESPONSE_TIMEOUT_MS_DEFAULT,
-        1,
-        600_000,
-    )?;
+}
+
+/// The records' policy, whose lease must outlast the endpoint's answer,
+/// and what each answer means.
+fn policy(
+    spec: &SubscriptionSpec,
+    response_timeout_ms: u64,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(Policy, CompletionTable), (String, String)> {
     let d = Policy::DEFAULT;
     // As on a gateway route, the default tombstone covers a longer
     // retention rather than refusing it.
@@ -480,71 +511,127 @@ fn subscription(
         .unwrap_or_default()
         .table(Dedup::Idem)
         .map_err(|e| (at("completion"), e.to_string()))?;
-    let concurrency = ranged(
-        at("concurrency"),
-        spec.concurrency.map(|n| n as u64),
-        CONCURRENCY_DEFAULT as u64,
-        1,
-        CONCURRENCY_LIMIT as u64,
-    )?;
-    let message_bytes_max = ranged(
-        at("message_bytes_max"),
-        spec.message_bytes_max.map(|n| n as u64),
-        MESSAGE_BYTES_MAX_DEFAULT as u64,
-        1,
-        MESSAGE_BYTES_MAX_LIMIT as u64,
-    )?;
-    let retry_after_max_ms = ranged(
-        at("retry_after_max_ms"),
-        spec.retry_after_max_ms,
-        RETRY_AFTER_MAX_MS_DEFAULT,
-        1,
-        3_600_000,
-    )?;
-    if spec.max_deliveries == Some(0) {
-        return Err((at("max_deliveries"), "0: at least 1".into()));
-    }
-    let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
-    let rabbitmq = spec.rabbitmq.clone().map(|c| c.relative_to(base_dir));
-    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), at)?;
-    // A message still being delivered when the broker's wait for its
-    // settlement ends is delivered again to another worker meanwhile.
-    if let Some(ack_wait_ms) = broker.ack_wait_ms()
-        && ack_wait_ms <= response_timeout_ms
-    {
-        return Err((
-            at("nats.ack_wait_ms"),
-            format!(
-                "{ack_wait_ms} ms must be longer than response_timeout_ms \
-                 ({response_timeout_ms} ms)"
+    Ok((policy, completion))
+}
+
+/// How much a subscription takes on at once and waits at most.
+struct Bounds {
+    concurrency: u64,
+    message_bytes_max: u64,
+    retry_after_max_ms: u64,
+}
+
+impl Bounds {
+    fn validate(
+        spec: &SubscriptionSpec,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<Bounds, (String, String)> {
+        // Each bound: its field, its value, its default and its ceiling
+        // (every floor is 1); refused in this order.
+        let [concurrency, message_bytes_max, retry_after_max_ms] = [
+            (
+                "concurrency",
+                spec.concurrency.map(|n| n as u64),
+                CONCURRENCY_DEFAULT as u64,
+                CONCURRENCY_LIMIT as u64,
             ),
-        ));
+            (
+                "message_bytes_max",
+                spec.message_bytes_max.map(|n| n as u64),
+                MESSAGE_BYTES_MAX_DEFAULT as u64,
+                MESSAGE_BYTES_MAX_LIMIT as u64,
+            ),
+            (
+                "retry_after_max_ms",
+                spec.retry_after_max_ms,
+                RETRY_AFTER_MAX_MS_DEFAULT,
+                3_600_000,
+            ),
+        ]
+        .map(|(field, value, default, hi)| ranged(at(field), value, default, 1, hi));
+        let (concurrency, message_bytes_max, retry_after_max_ms) =
+            (concurrency?, message_bytes_max?, retry_after_max_ms?);
+        if spec.max_deliveries == Some(0) {
+            return Err((at("max_deliveries"), "0: at least 1".into()));
+        }
+        Ok(Bounds {
+            concurrency,
+            message_bytes_max,
+            retry_after_max_ms,
+        })
     }
-    let wait_ms = wait_ms(spec, &policy, response_timeout_ms, broker.ack_wait_ms())
-        .map_err(|reason| (at("wait_ms"), reason))?;
-    // The broker would stop delivering a message after its own limit:
-    // the bridge dead-letters it at that delivery instead.
-    let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
-        (Some(ours), Some(theirs)) => Some(ours.min(theirs)),
-        (ours, theirs) => ours.or(theirs),
-    };
-    Ok(Subscription {
-        name: spec.name.clone(),
-        intent: IntentSpec::new(scope, key, fingerprint),
-        deliver,
-        key_header,
-        connect_timeout: Duration::from_millis(connect_timeout_ms),
-        response_timeout: Duration::from_millis(response_timeout_ms),
-        policy,
-        completion,
-        concurrency: usize::try_from(concurrency).unwrap_or(CONCURRENCY_DEFAULT),
-        message_bytes_max: usize::try_from(message_bytes_max).unwrap_or(MESSAGE_BYTES_MAX_DEFAULT),
-        retry_after_max: Duration::from_millis(retry_after_max_ms),
-        max_deliveries,
-        wait: Duration::from_millis(wait_ms),
-        contract: spec.contract.as_ref().map(|c| base_dir.join(c)),
-        broker,
-    })
+}
+
+/// Each `[[subscription]]`, validated; no two share a name or an endpoint.
+fn subscriptions(
+    specs: &[SubscriptionSpec],
+    base_dir: &Path,
+) -> Result<Vec<Subscription>, (String, String)> {
+    let mut subscriptions: Vec<Subscription> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let at = |field: &str| format!("subscription[{i}].{field}");
+        let sub = subscription(spec, base_dir, &at)?;
+        if subscriptions.iter().any(|s| s.name == sub.name) {
+            return Err((
+                at("name"),
+                format!("{:?} names two subscriptions", sub.name),
+            ));
+        }
+        // Records are scoped by subscription: an intent that arrives on
+        // two queues delivered to one endpoint would be claimed in two
+        // scopes and run twice, and their lookups would ask the
+        // provider by the same keys for two scopes' records.
+        let endpoint = endpoint_of(&sub.deliver);
+        if let Some(other) = subscriptions
+            .iter()
+            .find(|s| endpoint_of(&s.deliver) == endpoint)
+        {
+            return Err((
+                at("deliver"),
+                format!(
+                    "{} is also the endpoint of subscription {:?}: records are kept per \
+                     subscription, so an intent arriving on both would run twice; give each \
+                     endpoint one subscription",
+                    sub.deliver, other.name
+                ),
+            ));
+        }
+        subscriptions.push(sub);
+    }
+    Ok(subscriptions)
+}
+
+/// Each `[[lookup]]`, bound to the subscription it serves.
+fn lookups(
+    entries: &[LookupSpec],
+    subscriptions: &[Subscription],
+) -> Result<Vec<(String, Lookup)>, (String, String)> {
+    let mut lookups = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        let at = |field: &str| format!("lookup[{i}].{field}");
+        let served = entry
+            .target(LookupTarget::Subscription)
+            .map_err(|(field, why)| (at(field), why))?;
+        if !subscriptions.iter().any(|s| s.name == served) {
+            return Err((
+                at("subscription"),
+                format!("no [[subscription]] is named {served:?}"),
+            ));
+        }
+        // The reference delivered for a record is its key.
+        let forwarded: ForwardedKey =
+            std::sync::Arc::new(|id: &idem_core::RecordId| id.key.as_str().to_owned());
+        let mut lookup =
+            Lookup::new(entry, forwarded).map_err(|e| (at(&e.field), e.reason.clone()))?;
+        // An https:// provider is trusted through the system's roots.
+        if lookup.is_https() {
+            let trust =
+                idem_process::UpstreamTls::load(None).map_err(|e| (at("url"), e.to_string()))?;
+            lookup = lookup.with_tls(trust.shared_config(), "the system's roots".into());
+        }
+        lookups.push((served.to_owned(), lookup));
+    }
+    Ok(lookups)
 }
 
 /// An endpoint as two subscriptions are compared by: the host and port in
@@ -599,20 +686,6 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
     (line, column)
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}",
-            self.file.display(),
-            self.field,
-            self.reason
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// A subscription's `wait_ms`: by default the response timeout, less
 /// where a NATS `ack_wait_ms` must still cover the wait and the delivery
@@ -928,6 +1001,28 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
                 GOOD.replace(
                     "[subscription.rabbitmq]",
                     "concurrency = 0\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].concurrency",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "message_bytes_max = 0\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].message_bytes_max",
+            ),
+            (
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "retry_after_max_ms = 3600001\n[subscription.rabbitmq]",
+                ),
+                "subscription[0].retry_after_max_ms",
+            ),
+            (
+                // Two bounds out of range: the first in the file's order is named.
+                GOOD.replace(
+                    "[subscription.rabbitmq]",
+                    "retry_after_max_ms = 0\nconcurrency = 0\n[subscription.rabbitmq]",
                 ),
                 "subscription[0].concurrency",
             ),

@@ -11,8 +11,8 @@ use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX};
+use idem_core::{AttemptOutcome, HeaderBytes, RESULT_BODY_BYTES_MAX, error_chain};
+use idem_reconcile::client;
 
 /// The service's answer to one delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,16 +52,8 @@ impl Endpoint {
     /// An endpoint at `url` (`http://host:port/path`), with a connect
     /// timeout and a timeout for the whole answer.
     pub fn new(url: Uri, connect_timeout: Duration, timeout: Duration) -> Endpoint {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            // A request that failed on a reused connection may have reached
-            // the service: resending it is a retry, and a retry goes
-            // through a new claim.
-            .retry_canceled_requests(false)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        // A retry goes through a new claim, never through the client.
+        let client = client::never_retrying().build(client::tcp(connect_timeout));
         Endpoint {
             client,
             url,
@@ -91,7 +83,7 @@ impl Endpoint {
         }
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
-                let reason = chain(&e);
+                let reason = error_chain(&e);
                 if e.is_connect() {
                     failure(AttemptOutcome::NotSent, format!("cannot connect: {reason}"))
                 } else {
@@ -122,7 +114,7 @@ impl Endpoint {
                 ),
                 Err(e) => (
                     Bytes::new(),
-                    Some(format!("its body failed: {}", chain(e.as_ref()))),
+                    Some(format!("its body failed: {}", error_chain(e.as_ref()))),
                 ),
             };
             Ok(Answer {
@@ -152,14 +144,6 @@ impl Endpoint {
 
 fn failure(outcome: AttemptOutcome, reason: String) -> Failure {
     Failure { outcome, reason }
-}
-
-/// An error with its causes, `a: b: c`.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 #[cfg(test)]

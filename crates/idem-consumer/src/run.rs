@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{SettleOnRetry, Store, SystemClock, VerifyFresh, WindowWatch};
-use idem_gateway::probe::{Checked, Probes, ReadyCheck, Status};
+use idem_process::probe::{Checked, Probes, ReadyCheck, Status};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::broker::Broker;
-use crate::config::ConsumeConfig;
+use crate::config::{ConsumeConfig, Subscription};
 use crate::handle::Subscriber;
 use crate::pump::{Counts, pump};
 
@@ -100,33 +100,84 @@ pub async fn run(
     probes: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Report, RunError> {
-    let reconciler = if config.lookups.is_empty() {
-        None
-    } else {
-        Some(Arc::new(
-            Reconciler::new(
-                Arc::clone(&store),
-                config.lookups.clone(),
-                config.reconcile.clone(),
-                Arc::new(SystemClock),
-            )
-            .map_err(|e| RunError::Reconciler(e.to_string()))?,
-        ))
-    };
+    let reconciler = reconciler(config, &store)?;
     // Fresh claims inside the store's suspect window are verified by the
     // reconciler's lookups before their effect runs.
     let window = idem_reconcile::window::watch(&*store).await;
-    let verifier = reconciler.clone().map(|r| r as Arc<dyn VerifyFresh>);
     // An ambiguous record a delivery meets is settled by the same lookups
     // before the delivery is retried, as the gateway's layer does.
-    let settler = reconciler.clone().map(|r| r as Arc<dyn SettleOnRetry>);
+    let pumps = open(config, &store, &window, reconciler.as_ref()).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(listener) = probes {
+        serve_probes(listener, &store, reconciler.clone(), &pumps, &stop_rx);
+    }
+    let mut tasks = JoinSet::new();
+    for (i, sub, broker, handler) in pumps {
+        let stop = stop_rx.clone();
+        let (name, concurrency, section) = (sub.name.clone(), sub.concurrency, sub.broker.clone());
+        tasks.spawn(async move {
+            let pumped = pump(broker, Arc::new(handler), concurrency, stop).await;
+            (i, name, section, pumped)
+        });
+    }
+    let background = background(&store, config, (reconciler, window), &stop_rx);
+    let (mut report, failure) = supervise(tasks, shutdown, &stop_tx).await;
+    let _ = stop_tx.send(true);
+    background.await;
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    report.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(report)
+}
+
+/// One subscription ready to pump: its index, its config, its open broker
+/// and its handler.
+type Pump<'a> = (
+    usize,
+    &'a Subscription,
+    Arc<dyn BrokerSubscription>,
+    Subscriber,
+);
+
+/// What a pump task returns: its index, name, broker section and counts.
+type Pumped = (usize, String, Broker, crate::pump::Pumped);
+
+/// The reconciler, when a `[[lookup]]` is declared.
+fn reconciler(
+    config: &ConsumeConfig,
+    store: &Arc<dyn Store>,
+) -> Result<Option<Arc<Reconciler>>, RunError> {
+    if config.lookups.is_empty() {
+        return Ok(None);
+    }
+    let reconciler = Reconciler::new(
+        Arc::clone(store),
+        config.lookups.clone(),
+        config.reconcile.clone(),
+        Arc::new(SystemClock),
+    )
+    .map_err(|e| RunError::Reconciler(e.to_string()))?;
+    Ok(Some(Arc::new(reconciler)))
+}
+
+/// Builds every subscription's handler and opens its broker; nothing is
+/// consumed until all are open.
+async fn open<'a>(
+    config: &'a ConsumeConfig,
+    store: &Arc<dyn Store>,
+    window: &Arc<WindowWatch>,
+    reconciler: Option<&Arc<Reconciler>>,
+) -> Result<Vec<Pump<'a>>, RunError> {
+    let verifier = reconciler.map(|r| Arc::clone(r) as Arc<dyn VerifyFresh>);
+    let settler = reconciler.map(|r| Arc::clone(r) as Arc<dyn SettleOnRetry>);
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
     for (i, sub) in config.subscriptions.iter().enumerate() {
         let handler = Subscriber::new(
             sub,
-            Arc::clone(&store),
+            Arc::clone(store),
             (&config.owner, config.region.as_deref()),
-            (Arc::clone(&window), verifier.clone()),
+            (Arc::clone(window), verifier.clone()),
             settler.clone(),
         )
         .map_err(|reason| RunError::Subscription {
@@ -143,34 +194,43 @@ pub async fn run(
             deliver = %sub.deliver, concurrency = sub.concurrency, "consuming");
         pumps.push((i, sub, broker, handler));
     }
-    let (stop_tx, stop_rx) = watch::channel(false);
-    if let Some(listener) = probes {
-        let mut probes = Probes::new(Arc::clone(&store), Arc::default(), reconciler.clone());
-        for (_, sub, broker, _) in &pumps {
-            // Named by the subscription, which the config fixes; the
-            // broker's URL, which may hold a password, goes to the log only.
-            let check = BrokerConnected {
-                broker: Arc::clone(broker),
-            };
-            probes = probes.with_check(format!("broker:{}", sub.name), Arc::new(check));
+    Ok(pumps)
+}
+
+/// Serves `/healthz` and `/readyz` on `listener`, with one `broker` check
+/// per subscription, until the stop.
+fn serve_probes(
+    listener: tokio::net::TcpListener,
+    store: &Arc<dyn Store>,
+    reconciler: Option<Arc<Reconciler>>,
+    pumps: &[Pump<'_>],
+    stop: &watch::Receiver<bool>,
+) {
+    let mut probes = Probes::new(Arc::clone(store), Arc::default(), reconciler);
+    for (_, sub, broker, _) in pumps {
+        // Named by the subscription, which the config fixes; the
+        // broker's URL, which may hold a password, goes to the log only.
+        let check = BrokerConnected {
+            broker: Arc::clone(broker),
+        };
+        probes = probes.with_check(format!("broker:{}", sub.name), Arc::new(check));
+    }
+    let stop = stopped(stop.clone());
+    tokio::spawn(async move {
+        if let Err(e) = idem_process::probe::serve(listener, Arc::new(probes), stop).await {
+            tracing::error!(error = %e, "the probe listener failed");
         }
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            if let Err(e) = idem_gateway::probe::serve(listener, Arc::new(probes), stop).await {
-                tracing::error!(error = %e, "the probe listener failed");
-            }
-        });
-    }
-    let mut tasks = JoinSet::new();
-    for (i, sub, broker, handler) in pumps {
-        let stop = stop_rx.clone();
-        let (name, concurrency, section) = (sub.name.clone(), sub.concurrency, sub.broker.clone());
-        tasks.spawn(async move {
-            let pumped = pump(broker, Arc::new(handler), concurrency, stop).await;
-            (i, name, section, pumped)
-        });
-    }
-    let background = background(&store, config, (reconciler, window), &stop_rx);
+    });
+}
+
+/// Waits for every pump to end: on `shutdown`, or on the first broker
+/// that fails for good, every pump is told to stop. Returns what each did
+/// and that failure.
+async fn supervise(
+    mut tasks: JoinSet<Pumped>,
+    shutdown: impl Future<Output = ()> + Send,
+    stop_tx: &watch::Sender<bool>,
+) -> (Report, Option<RunError>) {
     let mut report = Report::new();
     let mut failure = None;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -212,13 +272,7 @@ pub async fn run(
             Err(e) => tracing::error!(error = %e, "a subscription task failed"),
         }
     }
-    let _ = stop_tx.send(true);
-    background.await;
-    if let Some(failure) = failure {
-        return Err(failure);
-    }
-    report.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(report)
+    (report, failure)
 }
 
 /// `/readyz`'s check of one subscription's broker connection.
@@ -256,7 +310,7 @@ fn background(
         stopped(stop_rx.clone()),
     ));
     // The gateway's purge: bounded batches per run, damaged rows named.
-    let purge = tokio::spawn(idem_gateway::run_purge(
+    let purge = tokio::spawn(idem_process::run_purge(
         Arc::clone(store),
         Arc::default(),
         config.purge_interval,

@@ -60,8 +60,10 @@
 //! ```
 
 pub mod attempt;
+mod chain;
 pub mod completion;
 pub mod decision;
+mod field_error;
 pub mod fingerprint;
 mod header_bytes;
 pub mod jcs;
@@ -70,6 +72,7 @@ pub mod lease;
 mod memory;
 mod policy;
 mod record;
+mod redact;
 mod replay_cache;
 mod scope;
 mod store;
@@ -82,8 +85,10 @@ mod wrap;
 pub use attempt::{
     AfterClaim, AfterVerification, EffectEnd, Freshness, Refusal, Unverified, Unwritten,
 };
+pub use chain::{error_causes, error_chain};
 pub use completion::{AttemptOutcome, Completion, CompletionError, CompletionTable, Dedup};
 pub use decision::{Claim, ClaimRequest, Decision, Plan};
+pub use field_error::FieldError;
 pub use fingerprint::{Fingerprint, FingerprintError, RequestParts, to_hex};
 pub use header_bytes::HeaderBytes;
 pub use jcs::{JcsError, JsonPointer};
@@ -97,6 +102,7 @@ pub use record::{
     RESULT_NOT_STORED_TITLE, RESULT_NOT_STORED_TYPE, Record, RecordId, Resolution, Resolved, State,
     StoredResult, Token, check_owner, check_region,
 };
+pub use redact::redact_url;
 pub use replay_cache::ReplayCache;
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{

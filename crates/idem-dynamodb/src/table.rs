@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure,
 };
-use idem_core::{RecordId, StoreError};
+use idem_core::{RecordId, StoreError, error_causes};
 
 use crate::item::{self, Item, PK, Payload, n, s};
 use crate::usage::{Request, Usage};
@@ -260,33 +260,16 @@ where
             } else {
                 "the request could not be sent"
             };
-            format!("{why}: {}", causes(e))
+            format!("{why}: {}", error_causes(e))
         }
         SdkError::ResponseError(_) => {
             format!(
                 "the answer could not be read (the request may have been applied): {}",
-                causes(e)
+                error_causes(e)
             )
         }
-        other => causes(other),
+        other => error_causes(other),
     }
-}
-
-/// An error's causes, innermost last, each said once.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut said: Vec<String> = Vec::new();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !said.iter().any(|s| s.contains(&text)) {
-            said.push(text);
-        }
-        next = cause.source();
-    }
-    if said.is_empty() {
-        return e.to_string();
-    }
-    said.join(": ")
 }
 
 fn service_said<E: ProvideErrorMetadata>(e: &E) -> String {

@@ -14,35 +14,33 @@ mod config;
 pub mod contracts;
 mod findings;
 mod in_flight;
-mod listen;
-mod log_budget;
-pub mod probe;
 mod proxy;
-mod purge;
 pub mod regions;
 mod server;
-mod store_url;
 mod tls;
 mod view;
-mod watched;
 
 pub use admin::{
     ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, RefusalLog, random_hex, result_header,
 };
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, LimitsError, Overrides,
+    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
     PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
     REQUESTS_IN_FLIGHT_MAX_LIMIT, SESSION_ABSOLUTE_S_DEFAULT, SESSION_IDLE_S_DEFAULT,
-    SESSION_S_MAX, STORE_DEFAULT, SessionLimits,
+    SESSION_S_MAX, SessionLimits,
 };
-pub use listen::{ACCEPT_ERROR_PAUSE_MS, ConnectionLimits, READ_BUFFER_BYTES_MAX};
-pub use log_budget::Logged;
 pub use proxy::{HopByHop, Proxy};
-pub use purge::{PURGE_BATCH, PURGE_BATCHES_MAX, run as run_purge};
 pub use server::{
     AdminListener, AdminMount, AdminParts, ServeOptions, reconciler, serve, serve_with,
     shutdown_signal,
 };
-pub use store_url::{StoreUrl, StoreUrlError};
-pub use tls::{AdminTransport, PEM_FILE_BYTES_MAX, ServerTls, TlsError, UpstreamTls};
+pub use tls::AdminTransport;
 pub use view::{RecordView, ResolutionView, ResultView, WindowView, outcome_name, rfc3339};
+
+// The process plumbing `idem serve` shares with `idem consume`, named
+// here too so that the gateway's users need not know where it lives.
+pub use idem_process::{
+    ACCEPT_ERROR_PAUSE_MS, ConnectionLimits, Logged, PEM_FILE_BYTES_MAX, PURGE_BATCH,
+    PURGE_BATCHES_MAX, READ_BUFFER_BYTES_MAX, STORE_DEFAULT, ServerTls, StoreUrl, StoreUrlError,
+    TlsError, UpstreamTls, probe, run_purge,
+};

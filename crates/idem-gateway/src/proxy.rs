@@ -16,14 +16,15 @@ use http::{Request, Response, Uri, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper_rustls::{HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
+use idem_core::error_chain;
 use idem_http::{AttemptOutcome, Problem, ProblemKind, RESPONSE_BYTES_MAX, Route, normalize_path};
+use idem_reconcile::client;
 use tokio::net::TcpStream;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceExt};
 
-use crate::tls::UpstreamTls;
+use idem_process::UpstreamTls;
 
 /// Forwards requests to one upstream base URL.
 #[derive(Clone)]
@@ -45,7 +46,7 @@ impl Proxy {
     /// A proxy to the plain `http://` `upstream` with the given timeouts;
     /// it refuses to connect to an `https://` one.
     pub fn new(upstream: Uri, connect_timeout: Duration, response_timeout: Duration) -> Proxy {
-        let http = tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
+        let http = client::tcp(connect_timeout).map_response(MaybeHttpsStream::Http);
         let connector = within(http, connect_timeout);
         Proxy::with_connector(upstream, connector, response_timeout)
     }
@@ -60,7 +61,7 @@ impl Proxy {
         response_timeout: Duration,
         tls: &UpstreamTls,
     ) -> Proxy {
-        let mut http = tcp(connect_timeout);
+        let mut http = client::tcp(connect_timeout);
         // The TLS connector above it decides the scheme.
         http.enforce_http(false);
         let https = HttpsConnectorBuilder::new()
@@ -75,13 +76,8 @@ impl Proxy {
     }
 
     fn with_connector(upstream: Uri, connector: Connector, response_timeout: Duration) -> Proxy {
-        let client = Client::builder(TokioExecutor::new())
-            // A request that failed on a reused connection may have reached
-            // the upstream: resending it is a retry, and retries are the
-            // caller's decision, made through a new claim.
-            .retry_canceled_requests(false)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        // Retries are the caller's decision, made through a new claim.
+        let client = client::never_retrying().build(connector);
         Proxy {
             client,
             upstream,
@@ -118,7 +114,7 @@ impl Proxy {
                 // connector returns before the request is written, so it
                 // proves the request never left, like a refused connection.
                 if e.is_connect() {
-                    let reason = format!("cannot connect to the upstream: {}", chain(&e));
+                    let reason = format!("cannot connect to the upstream: {}", error_chain(&e));
                     let reason = match &self.trust {
                         Some(trust) => idem_reconcile::with_trust(reason, trust),
                         None => reason,
@@ -133,7 +129,7 @@ impl Proxy {
                         ProblemKind::UpstreamFailed,
                         format!(
                             "the upstream connection failed after the request was sent: {}",
-                            chain(&e)
+                            error_chain(&e)
                         ),
                         AttemptOutcome::Lost,
                     )
@@ -209,14 +205,6 @@ impl Proxy {
     }
 }
 
-/// The TCP connector under both kinds of proxy.
-fn tcp(connect_timeout: Duration) -> HttpConnector {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    http
-}
-
 /// `connector` bounded, handshake included, by `connect_timeout`: a stalled
 /// handshake is a connect error (the request never left), not a response
 /// timeout (an unknown outcome).
@@ -241,18 +229,6 @@ where
         },
     );
     BoxCloneSyncService::new(bounded)
-}
-
-/// An error with its causes, `a: b: c`, so the detail says why, not only what.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn failure(kind: ProblemKind, reason: String, outcome: AttemptOutcome) -> Response<Body> {

@@ -207,117 +207,124 @@ impl RegionMode {
     }
 }
 
+/// Where a `home-region` route reads a key's home from, and only the
+/// fields that source takes.
 fn home_source(home: &HomeSpec, route: &Route) -> Result<HomeSource, (String, String)> {
-    let err = |field: &str, reason: String| Err((field.to_owned(), reason));
     let from = home.from.as_deref().unwrap_or("");
-    let extra = |allowed: &[&str]| {
-        [
-            ("separator", home.separator.is_some()),
-            ("header", home.header.is_some()),
-            ("table", home.table.is_some()),
-            ("default", home.default.is_some()),
-        ]
-        .into_iter()
-        .find(|(name, set)| *set && !allowed.contains(name))
-        .map(|(name, _)| name)
-    };
-    let source = match from {
-        "key_prefix" => {
-            let separator = home.separator.clone().unwrap_or_else(|| ":".to_owned());
-            let visible = separator.bytes().all(|b| b.is_ascii_graphic());
-            if separator.is_empty() || separator.len() > SEPARATOR_BYTES_MAX || !visible {
-                return err(
-                    "separator",
-                    format!("{separator:?} must be 1-{SEPARATOR_BYTES_MAX} visible ASCII bytes"),
-                );
-            }
-            HomeSource::KeyPrefix { separator }
-        }
-        "header" => {
-            let Some(raw) = &home.header else {
-                return err("header", "from = \"header\" needs header = \"...\"".into());
-            };
-            let name = HeaderName::from_bytes(raw.as_bytes())
-                .map_err(|_| ("header".to_owned(), format!("{raw:?} is not a header name")))?;
-            let taken = route
-                .contract_headers()
-                .any(|h| *h == name)
-                .then_some("a header the route already reads for its key or principal")
-                .or(["authorization", "cookie", FORWARDED_FROM_HEADER]
-                    .contains(&name.as_str())
-                    .then_some("a header with another meaning"));
-            if let Some(why) = taken {
-                return err("header", format!("{raw:?} is {why}"));
-            }
-            HomeSource::Header(name)
-        }
-        "principal" => {
-            if !matches!(
-                route.principal_kind(),
-                PrincipalKind::TrustedHeader | PrincipalKind::VerifiedClaim
-            ) {
-                return err(
-                    "from",
-                    "\"principal\" needs the route's principal to be a trusted header or a \
-                     verified JWT claim: a credential digest names no tenant"
-                        .into(),
-                );
-            }
-            let table = home.table.clone().unwrap_or_default();
-            if table.is_empty() && home.default.is_none() {
-                return err(
-                    "table",
-                    "names no principal and there is no default: every key would be refused".into(),
-                );
-            }
-            if table.len() > HOME_TABLE_ENTRIES_MAX {
-                return err(
-                    "table",
-                    format!("{} entries; at most {HOME_TABLE_ENTRIES_MAX}", table.len()),
-                );
-            }
-            for (principal, region) in &table {
-                if principal.is_empty() || principal.len() > idem_http::PRINCIPAL_BYTES_MAX {
-                    return err(
-                        "table",
-                        format!(
-                            "principal {principal:?} must be 1-{} bytes",
-                            idem_http::PRINCIPAL_BYTES_MAX
-                        ),
-                    );
-                }
-                check_region(region).map_err(|r| ("table".to_owned(), r))?;
-            }
-            if let Some(default) = &home.default {
-                check_region(default).map_err(|r| ("default".to_owned(), r))?;
-            }
-            HomeSource::Principal {
-                table,
-                default: home.default.clone(),
-            }
-        }
+    let (source, allowed): (HomeSource, &[&str]) = match from {
+        "key_prefix" => (key_prefix(home)?, &["separator"]),
+        "header" => (header(home, route)?, &["header"]),
+        "principal" => (principal(home, route)?, &["table", "default"]),
         "" => {
-            return err(
+            return refuse(
                 "from",
                 "is required: key_prefix, header or principal".into(),
             );
         }
         other => {
-            return err(
+            return refuse(
                 "from",
                 format!("{other:?} is not a source; use key_prefix, header or principal"),
             );
         }
     };
-    let allowed: &[&str] = match from {
-        "key_prefix" => &["separator"],
-        "header" => &["header"],
-        _ => &["table", "default"],
-    };
-    if let Some(field) = extra(allowed) {
-        return err(field, format!("does not apply to from = {from:?}"));
+    let extra = [
+        ("separator", home.separator.is_some()),
+        ("header", home.header.is_some()),
+        ("table", home.table.is_some()),
+        ("default", home.default.is_some()),
+    ]
+    .into_iter()
+    .find(|(name, set)| *set && !allowed.contains(name));
+    if let Some((field, _)) = extra {
+        return refuse(field, format!("does not apply to from = {from:?}"));
     }
     Ok(source)
+}
+
+/// `field` refused for `reason`.
+fn refuse<T>(field: &str, reason: String) -> Result<T, (String, String)> {
+    Err((field.to_owned(), reason))
+}
+
+/// `from = "key_prefix"`: the key's text before `separator`.
+fn key_prefix(home: &HomeSpec) -> Result<HomeSource, (String, String)> {
+    let separator = home.separator.clone().unwrap_or_else(|| ":".to_owned());
+    let visible = separator.bytes().all(|b| b.is_ascii_graphic());
+    if separator.is_empty() || separator.len() > SEPARATOR_BYTES_MAX || !visible {
+        return refuse(
+            "separator",
+            format!("{separator:?} must be 1-{SEPARATOR_BYTES_MAX} visible ASCII bytes"),
+        );
+    }
+    Ok(HomeSource::KeyPrefix { separator })
+}
+
+/// `from = "header"`: a header of its own, not one with another meaning.
+fn header(home: &HomeSpec, route: &Route) -> Result<HomeSource, (String, String)> {
+    let Some(raw) = &home.header else {
+        return refuse("header", "from = \"header\" needs header = \"...\"".into());
+    };
+    let name = HeaderName::from_bytes(raw.as_bytes())
+        .map_err(|_| ("header".to_owned(), format!("{raw:?} is not a header name")))?;
+    let taken = route
+        .contract_headers()
+        .any(|h| *h == name)
+        .then_some("a header the route already reads for its key or principal")
+        .or(["authorization", "cookie", FORWARDED_FROM_HEADER]
+            .contains(&name.as_str())
+            .then_some("a header with another meaning"));
+    if let Some(why) = taken {
+        return refuse("header", format!("{raw:?} is {why}"));
+    }
+    Ok(HomeSource::Header(name))
+}
+
+/// `from = "principal"`: a table of principals' regions, and a default.
+fn principal(home: &HomeSpec, route: &Route) -> Result<HomeSource, (String, String)> {
+    if !matches!(
+        route.principal_kind(),
+        PrincipalKind::TrustedHeader | PrincipalKind::VerifiedClaim
+    ) {
+        return refuse(
+            "from",
+            "\"principal\" needs the route's principal to be a trusted header or a \
+             verified JWT claim: a credential digest names no tenant"
+                .into(),
+        );
+    }
+    let table = home.table.clone().unwrap_or_default();
+    if table.is_empty() && home.default.is_none() {
+        return refuse(
+            "table",
+            "names no principal and there is no default: every key would be refused".into(),
+        );
+    }
+    if table.len() > HOME_TABLE_ENTRIES_MAX {
+        return refuse(
+            "table",
+            format!("{} entries; at most {HOME_TABLE_ENTRIES_MAX}", table.len()),
+        );
+    }
+    for (principal, region) in &table {
+        if principal.is_empty() || principal.len() > idem_http::PRINCIPAL_BYTES_MAX {
+            return refuse(
+                "table",
+                format!(
+                    "principal {principal:?} must be 1-{} bytes",
+                    idem_http::PRINCIPAL_BYTES_MAX
+                ),
+            );
+        }
+        check_region(region).map_err(|r| ("table".to_owned(), r))?;
+    }
+    if let Some(default) = &home.default {
+        check_region(default).map_err(|r| ("default".to_owned(), r))?;
+    }
+    Ok(HomeSource::Principal {
+        table,
+        default: home.default.clone(),
+    })
 }
 
 impl HomeRouting {

@@ -17,23 +17,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
-use idem_core::{Store, SystemClock};
+use idem_core::{Store, SystemClock, WindowWatch};
 use idem_http::{IdempotencyLayer, Metrics, Resolver, Route, VerifyFresh};
 use idem_reconcile::Reconciler;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tower::{Layer, ServiceBuilder};
 
 use crate::admin::{self, AdminToken, RefusalLog};
 use crate::admission::Admission;
 use crate::config::PROBE_PATHS;
 use crate::in_flight::InFlight;
-use crate::listen::{self, Transport};
-use crate::probe::{self, Probes};
 use crate::regions::{self, HomeSource, RegionGate, RegionMode};
-use crate::tls::{AdminTransport, ServerTls};
-use crate::watched::{self, Watched};
-use crate::{GatewayConfig, HopByHop, Proxy, purge};
+use crate::tls::AdminTransport;
+use crate::{GatewayConfig, HopByHop, Proxy};
+use idem_process::ServerTls;
+use idem_process::listen::{self, Transport};
+use idem_process::probe::{self, Probes};
+use idem_process::{Watched, run_purge};
 
 /// What runs next to the proxy: shared metrics and the admin API.
 #[derive(Debug, Default)]
@@ -129,8 +131,45 @@ pub async fn serve_with(
     let metrics = options.metrics.unwrap_or_default();
     let (store, store_seen) = Watched::new(store);
     let store: Arc<dyn Store> = Arc::new(store);
-    // Built before anything starts, so that a region the config check
-    // missed (a hand-built config) stops nothing half-started.
+    let (layer, reconciler, window) = protect(config, &store, &metrics).await?;
+    // Dropping the sender stops everything as surely as sending `true`:
+    // the proxy's shutdown future owns it.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let probes = Arc::new(Probes::new(
+        store.clone(),
+        metrics.clone(),
+        reconciler.clone(),
+    ));
+    let background = Background::start(config, &store, &metrics, reconciler, window, &stop_rx);
+    // A request in flight has its whole exchange, and then the grace.
+    let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
+    let admin = options.admin.map(|admin| {
+        let shared = (store.clone(), metrics.clone(), probes.clone());
+        serve_admin(config, admin, shared, drain, stopped(stop_rx.clone()))
+    });
+    let admitted = proxy_service(config, layer, &store, metrics);
+    let shutdown = stop_on(shutdown, idem_process::stopped(store_seen.clone()), stop_tx);
+    let served = serve_proxy(config, listener, admitted, probes, drain, shutdown).await;
+    background.finish().await;
+    let admin_served = match admin {
+        Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        None => Ok(()),
+    };
+    if let Some(e) = store_seen.borrow().clone() {
+        return Err(std::io::Error::other(e));
+    }
+    served.and(admin_served)
+}
+
+/// The layer every proxied request goes through, with its region, gate,
+/// reconciler and suspect window; built before anything starts, so that
+/// a region the config check missed (a hand-built config) stops nothing
+/// half-started.
+async fn protect(
+    config: &GatewayConfig,
+    store: &Arc<dyn Store>,
+    metrics: &Arc<Metrics>,
+) -> std::io::Result<(IdempotencyLayer, Option<Arc<Reconciler>>, Arc<WindowWatch>)> {
     let mut layer = IdempotencyLayer::new(store.clone(), config.routes.clone())
         .with_owner(config.owner.clone())
         .with_metrics(metrics.clone())
@@ -156,69 +195,115 @@ pub async fn serve_with(
     }
     // The suspect window, as the store keeps it: read now, refreshed every
     // second, and at once when the store opens one itself.
-    let window = idem_reconcile::window::watch(&*store).await;
+    let window = idem_reconcile::window::watch(&**store).await;
     let verifier = reconciler.clone().map(|r| r as Arc<dyn VerifyFresh>);
     layer = layer.with_suspect_window(window.clone(), verifier);
-    // Dropping the sender stops everything as surely as sending `true`:
-    // the proxy's shutdown future owns it.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let purge = tokio::spawn(purge::run(
-        store.clone(),
-        metrics.clone(),
-        config.purge_interval,
-        stop_rx.clone(),
-    ));
-    let probes = Arc::new(Probes::new(
-        store.clone(),
-        metrics.clone(),
-        reconciler.clone(),
-    ));
-    let reconciler = reconciler.map(|reconciler| {
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move { reconciler.run(stop).await })
-    });
-    let window_refresh = tokio::spawn(idem_reconcile::window::keep_current(
-        store.clone(),
-        window.clone(),
-        stopped(stop_rx.clone()),
-    ));
-    // A request in flight has its whole exchange, and then the grace.
-    let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
-    let admin = options.admin.map(|admin| {
-        let parts = AdminParts {
-            store: store.clone(),
-            metrics: metrics.clone(),
-            token: admin.token.clone(),
-            routes: config.routes.clone(),
-            transport: admin.transport(),
-            refusals: RefusalLog::default(),
-        };
-        let api = admin::router(
+    Ok((layer, reconciler, window))
+}
+
+/// The tasks beside the listeners: the purge, the reconciler's scans and
+/// the suspect window's refresh, each stopped with the proxy.
+struct Background {
+    purge: JoinHandle<()>,
+    reconciler: Option<JoinHandle<()>>,
+    window_refresh: JoinHandle<()>,
+}
+
+impl Background {
+    fn start(
+        config: &GatewayConfig,
+        store: &Arc<dyn Store>,
+        metrics: &Arc<Metrics>,
+        reconciler: Option<Arc<Reconciler>>,
+        window: Arc<WindowWatch>,
+        stop: &watch::Receiver<bool>,
+    ) -> Background {
+        let purge = tokio::spawn(run_purge(
             store.clone(),
             metrics.clone(),
-            admin.token,
-            parts.refusals.clone(),
-        );
-        // Mounted routes authenticate by themselves; the admin API's
-        // fallback answers every path they do not serve.
-        let api = api.merge(probe::router(probes.clone()));
-        let app = match admin.mount {
-            Some(mount) => mount(parts).merge(api),
-            None => api,
-        };
-        let transport = match &admin.tls {
-            Some(tls) => Transport::Tls(tls.acceptor()),
-            None => Transport::Plain,
-        };
-        tokio::spawn(listen::serve(
-            "admin",
-            admin.listener,
-            transport,
-            app,
-            (config.admin_connections, drain),
-            stopped(stop_rx.clone()),
-        ))
-    });
+            config.purge_interval,
+            stop.clone(),
+        ));
+        let reconciler = reconciler.map(|reconciler| {
+            let stop = stopped(stop.clone());
+            tokio::spawn(async move { reconciler.run(stop).await })
+        });
+        let window_refresh = tokio::spawn(idem_reconcile::window::keep_current(
+            store.clone(),
+            window,
+            stopped(stop.clone()),
+        ));
+        Background {
+            purge,
+            reconciler,
+            window_refresh,
+        }
+    }
+
+    /// Waits for each task to end, logging one that failed.
+    async fn finish(self) {
+        if let Err(e) = self.purge.await {
+            tracing::error!(error = %e, "the retention purge task failed");
+        }
+        if let Err(e) = self.window_refresh.await {
+            tracing::error!(error = %e, "the suspect window's refresh task failed");
+        }
+        if let Some(Err(e)) = match self.reconciler {
+            Some(task) => Some(task.await),
+            None => None,
+        } {
+            tracing::error!(error = %e, "the reconciler task failed");
+        }
+    }
+}
+
+/// Serves the admin API, the probes and what the caller mounts on the
+/// admin listener, until `stop`.
+fn serve_admin(
+    config: &GatewayConfig,
+    admin: AdminListener,
+    (store, metrics, probes): (Arc<dyn Store>, Arc<Metrics>, Arc<Probes>),
+    drain: Duration,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<std::io::Result<()>> {
+    let parts = AdminParts {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        token: admin.token.clone(),
+        routes: config.routes.clone(),
+        transport: admin.transport(),
+        refusals: RefusalLog::default(),
+    };
+    let api = admin::router(store, metrics, admin.token, parts.refusals.clone());
+    // Mounted routes authenticate by themselves; the admin API's
+    // fallback answers every path they do not serve.
+    let api = api.merge(probe::router(probes));
+    let app = match admin.mount {
+        Some(mount) => mount(parts).merge(api),
+        None => api,
+    };
+    let transport = match &admin.tls {
+        Some(tls) => Transport::Tls(tls.acceptor()),
+        None => Transport::Plain,
+    };
+    tokio::spawn(listen::serve(
+        "admin",
+        admin.listener,
+        transport,
+        app,
+        (config.admin_connections, drain),
+        stop,
+    ))
+}
+
+/// The proxy behind its edges: hop-by-hop headers stripped, the layer,
+/// the in-flight limit and admission.
+fn proxy_service(
+    config: &GatewayConfig,
+    layer: IdempotencyLayer,
+    store: &Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+) -> impl listen::App + Sync {
     let proxy = match &config.upstream_tls {
         Some(tls) => Proxy::with_tls(
             config.upstream.clone(),
@@ -251,68 +336,64 @@ pub async fn serve_with(
     // A request over the limit is answered at once, not queued behind it;
     // one that waits for another attempt gives its slot back meanwhile.
     let limited = InFlight::new(layered, config.requests_in_flight_max, metrics);
-    let admitted = Admission::new(
+    Admission::new(
         limited,
         &config.routes,
         (config.body_read_timeout, config.body_buffer_bytes_max),
         admission_metrics,
-    );
-    let store_stopped = watched::stopped(store_seen.clone());
-    let shutdown = async move {
-        tokio::select! {
-            () = shutdown => {}
-            e = store_stopped => tracing::error!(
-                error = %e,
-                "the store stopped for good: finishing in-flight requests, then exiting \
-                 so that a supervisor restarts the gateway"
-            ),
-        }
-        let _ = stop_tx.send(true);
-    };
+    )
+}
+
+/// `shutdown`, or the store stopping for good, whichever comes first;
+/// then every part is told to stop.
+async fn stop_on(
+    shutdown: impl Future<Output = ()>,
+    store_stopped: impl Future<Output = idem_core::StoreError>,
+    stop_tx: watch::Sender<bool>,
+) {
+    tokio::select! {
+        () = shutdown => {}
+        e = store_stopped => tracing::error!(
+            error = %e,
+            "the store stopped for good: finishing in-flight requests, then exiting \
+             so that a supervisor restarts the gateway"
+        ),
+    }
+    let _ = stop_tx.send(true);
+}
+
+/// Serves the proxy until `shutdown`, with the probes' GETs answered on
+/// the proxy listener when `probe_paths` asks for it.
+async fn serve_proxy(
+    config: &GatewayConfig,
+    listener: TcpListener,
+    admitted: impl listen::App + Sync,
+    probes: Arc<Probes>,
+    drain: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let transport = match &config.listen_tls {
         Some(tls) => Transport::Tls(tls.acceptor()),
         None => Transport::Plain,
     };
-    let served = if config.probe_paths {
-        // GET on the probe paths is answered here; every other request on
-        // them (and every other path) goes to the upstream as before.
-        let app = axum::Router::new()
-            .route(
-                PROBE_PATHS[0],
-                axum::routing::get(probe::healthz).fallback_service(admitted.clone()),
-            )
-            .route(
-                PROBE_PATHS[1],
-                axum::routing::get(probe::readyz).fallback_service(admitted.clone()),
-            )
-            .with_state(probes)
-            .fallback_service(admitted);
-        let limits = (config.connections, drain);
-        listen::serve("proxy", listener, transport, app, limits, shutdown).await
-    } else {
-        let limits = (config.connections, drain);
-        listen::serve("proxy", listener, transport, admitted, limits, shutdown).await
-    };
-    if let Err(e) = purge.await {
-        tracing::error!(error = %e, "the retention purge task failed");
+    let limits = (config.connections, drain);
+    if !config.probe_paths {
+        return listen::serve("proxy", listener, transport, admitted, limits, shutdown).await;
     }
-    if let Err(e) = window_refresh.await {
-        tracing::error!(error = %e, "the suspect window's refresh task failed");
-    }
-    if let Some(Err(e)) = match reconciler {
-        Some(task) => Some(task.await),
-        None => None,
-    } {
-        tracing::error!(error = %e, "the reconciler task failed");
-    }
-    let admin_served = match admin {
-        Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
-        None => Ok(()),
-    };
-    if let Some(e) = store_seen.borrow().clone() {
-        return Err(std::io::Error::other(e));
-    }
-    served.and(admin_served)
+    // GET on the probe paths is answered here; every other request on
+    // them (and every other path) goes to the upstream as before.
+    let app = axum::Router::new()
+        .route(
+            PROBE_PATHS[0],
+            axum::routing::get(probe::healthz).fallback_service(admitted.clone()),
+        )
+        .route(
+            PROBE_PATHS[1],
+            axum::routing::get(probe::readyz).fallback_service(admitted.clone()),
+        )
+        .with_state(probes)
+        .fallback_service(admitted);
+    listen::serve("proxy", listener, transport, app, limits, shutdown).await
 }
 
 /// The headers `home-region` routes read a key's home from: end-to-end,

@@ -4,7 +4,6 @@
 //! 503 and fails closed), `Incompatible` when a person must change
 //! something (credentials, permissions, a schema this version cannot use).
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use deadpool_postgres::{PoolError, TimeoutType};
@@ -143,17 +142,12 @@ pub(crate) fn damaged(store: &str, at: &str, why: &str) -> StoreError {
     }
 }
 
-/// An error and its causes on one line: the driver's own text is only the
-/// kind ("db error", "error connecting to server").
+/// An error and its causes on one line ([`idem_core::error_chain`]): the
+/// driver's own text is only the kind ("db error", "error connecting to
+/// server"), and a server's message may span lines (its detail, its hint),
+/// joined here with `; ` so that a log line stays one line.
 pub(crate) fn chain(e: &tokio_postgres::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string().replace('\n', "; "));
-        source = cause.source();
-    }
-    text
+    idem_core::error_chain(e).replace('\n', "; ")
 }
 
 /// Errors that are not the server's answer: the connection, the driver.

@@ -63,6 +63,7 @@
 //! ```
 
 mod backoff;
+pub mod client;
 mod lookup;
 mod probe;
 mod reconciler;

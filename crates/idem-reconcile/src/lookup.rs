@@ -178,7 +178,7 @@ impl Lookup {
             Some(url) => {
                 UrlTemplate::parse(url).map_err(|reason| ConfigError::new("url", reason))?
             }
-            None => return Err(ConfigError::new("url", "is required".into())),
+            None => return Err(ConfigError::new("url", "is required")),
         };
         let found = statuses("found", spec.found.as_deref().unwrap_or(&[200]))?;
         let not_found = statuses("not_found", spec.not_found.as_deref().unwrap_or(&[404]))?;
@@ -467,7 +467,7 @@ fn parse_method(name: &str) -> Result<Method, ConfigError> {
     match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
         Ok(Method::CONNECT) => Err(ConfigError::new(
             "method",
-            "CONNECT opens a tunnel; a lookup is a plain request".into(),
+            "CONNECT opens a tunnel; a lookup is a plain request",
         )),
         Ok(method) => Ok(method),
         Err(_) => Err(ConfigError::new(
@@ -479,10 +479,7 @@ fn parse_method(name: &str) -> Result<Method, ConfigError> {
 
 fn statuses(field: &'static str, declared: &[u16]) -> Result<Vec<u16>, ConfigError> {
     if declared.is_empty() {
-        return Err(ConfigError::new(
-            field,
-            "must list at least one status".into(),
-        ));
+        return Err(ConfigError::new(field, "must list at least one status"));
     }
     if let Some(bad) = declared.iter().find(|s| !(100..=599).contains(*s)) {
         return Err(ConfigError::new(

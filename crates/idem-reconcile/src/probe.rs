@@ -13,8 +13,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use idem_core::{RESULT_BODY_BYTES_MAX, RecordId, StoredResult};
+use idem_core::{RESULT_BODY_BYTES_MAX, RecordId, StoredResult, error_chain};
 
 use crate::lookup::{Lookup, Verdict};
 
@@ -105,21 +104,17 @@ pub enum Finding {
 impl Prober {
     /// A prober keeping at most `idle_max` idle connections to the provider.
     pub(crate) fn new(lookup: Lookup, idle_max: usize) -> Prober {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(lookup.connect_timeout()));
-        http.set_nodelay(true);
+        let mut http = crate::client::tcp(lookup.connect_timeout());
         http.enforce_http(false);
         let connector = HttpsConnectorBuilder::new()
             .with_tls_config((**lookup.tls()).clone())
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            // A lookup is a read, but a resend is still a second request the
-            // rate limit did not count: the next scan decides when to ask again.
-            .retry_canceled_requests(false)
+        // A lookup is a read, but a resend is still a second request the
+        // rate limit did not count: the next scan decides when to ask again.
+        let client = crate::client::never_retrying()
             .pool_max_idle_per_host(idle_max)
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
             .build(connector);
         Prober { lookup, client }
     }
@@ -157,7 +152,7 @@ impl Prober {
         let response = match self.client.request(request).await {
             Ok(response) => response,
             Err(e) => {
-                let reason = format!("{shown} failed: {}", chain(&e));
+                let reason = format!("{shown} failed: {}", error_chain(&e));
                 return failed(crate::with_trust(reason, self.lookup.trust()));
             }
         };
@@ -216,14 +211,6 @@ fn without_query(uri: &Uri) -> String {
         shown.push('…');
     }
     shown
-}
-
-/// An error with its causes, `a: b: c`, so a log line says why, not only what.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 #[cfg(test)]

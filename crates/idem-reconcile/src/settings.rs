@@ -2,7 +2,6 @@
 //! ([`ReconcileSpec`], a `[reconcile]` table) and validated once into
 //! [`ReconcileSettings`], with a limit on everything.
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -67,14 +66,9 @@ pub struct ReconcileSettings {
     seed: Option<u64>,
 }
 
-/// A setting that is invalid: which field, as named in the config file, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The field, e.g. `url` or `max_tries`.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub reason: String,
-}
+/// A setting that is invalid: which field, as named in the config file, and
+/// why; the one field refusal every config and broker section shares.
+pub use idem_core::FieldError as ConfigError;
 
 impl ReconcileSettings {
     /// The defaults: 5 tries; backoff ceilings from 1 s doubling up to 60 s;
@@ -191,12 +185,6 @@ impl Default for ReconcileSettings {
     }
 }
 
-impl ConfigError {
-    pub(crate) fn new(field: &'static str, reason: String) -> ConfigError {
-        ConfigError { field, reason }
-    }
-}
-
 /// `value` if it lies in `min..=max`, else an error naming `field`.
 pub(crate) fn check_range(
     field: &'static str,
@@ -223,22 +211,14 @@ fn narrow<T: TryFrom<u64> + Default>(n: u64) -> T {
     T::try_from(n).unwrap_or_default()
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 /// Table-driven checks of config validation, shared by the config types.
 #[cfg(test)]
 pub(crate) fn check_field_errors<S, T>(
     cases: &[(&str, &str)],
     validate: impl Fn(&S) -> Result<T, ConfigError>,
 ) where
-    S: serde::de::DeserializeOwned + fmt::Debug,
-    T: fmt::Debug,
+    S: serde::de::DeserializeOwned + std::fmt::Debug,
+    T: std::fmt::Debug,
 {
     for (declared, field) in cases {
         let spec: S = toml::from_str(declared).unwrap_or_else(|e| panic!("{declared}: {e}"));

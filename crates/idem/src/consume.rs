@@ -66,7 +66,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     let store = config.store.open_serving(&[], suspect_window_ms)?;
-    store_url::log_opened(&config.store);
+    config.store.log_opened();
     tracing::info!(store = %config.store, subscriptions = config.subscriptions.len(), "idem consume starting");
     let probes = match config.probe_listen {
         None => None,

@@ -14,7 +14,7 @@ use idem_http::Metrics;
 use idem_reconcile::{ReconcileReport, Reconciler};
 
 use crate::records::Format;
-use crate::store_url::{self, OpenStore};
+use crate::store_url::OpenStore;
 
 /// `idem reconcile`.
 #[derive(Debug, Args)]
@@ -89,9 +89,9 @@ fn prepare(args: &ReconcileArgs) -> anyhow::Result<Reconciler> {
     // A mistyped store must not look like a store with nothing to do.
     let Some(store) = url.open_existing()? else {
         let (flag, file) = (args.store.as_deref(), Some(args.config.as_path()));
-        return Err(store_url::no_store(url, flag, file));
+        return Err(url.no_store(flag, file).into());
     };
-    store_url::log_opened(url);
+    url.log_opened();
     let Some(reconciler) = idem_gateway::reconciler(&config, store, Arc::new(Metrics::default()))
     else {
         bail!(

@@ -107,7 +107,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let suspect_window_ms = u64::try_from(config.suspect_window.as_millis()).unwrap_or(u64::MAX);
     let store = url.open_serving(&synchronous, suspect_window_ms)?;
-    store_url::log_opened(url);
+    url.log_opened();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -24,7 +24,7 @@ use problem::{AdminProblem, Refusal};
 pub use extract::strict_escapes;
 pub use resolve::{ADMIN_API_ACTOR, parse_resolution, result_header};
 
-use crate::log_budget::{LogBudget, Logged};
+use idem_process::{LogBudget, Logged};
 
 /// The most lines a minute that say a request without the admin token was
 /// refused, by the admin API or by a router mounted beside it.

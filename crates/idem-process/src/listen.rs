@@ -1,4 +1,4 @@
-//! The accept loop both of the gateway's listeners serve with, because
+//! The accept loop the gateway's listeners and the probes serve with, because
 //! `axum::serve` bounds nothing: here every phase of a connection has a
 //! deadline (TLS handshake; the request head and the keep-alive wait
 //! before it, through hyper's header-read timer), each listener caps its
@@ -62,7 +62,7 @@ pub struct ConnectionLimits {
 
 /// What a listener speaks over TCP.
 #[derive(Clone)]
-pub(crate) enum Transport {
+pub enum Transport {
     /// HTTP/1.1 in the clear.
     Plain,
     /// HTTP/1.1 over TLS, the handshake run by the connection's own task.
@@ -71,7 +71,7 @@ pub(crate) enum Transport {
 
 /// What a listener serves: an axum `Router` (the admin API), or the
 /// proxy's service stack itself, which needs no router in front of it.
-pub(crate) trait App:
+pub trait App:
     tower::Service<http::Request<Body>, Response = Response, Error = Infallible, Future: Send>
     + Clone
     + Send
@@ -92,7 +92,7 @@ impl<S> App for S where
 /// connections and returns once every connection has ended, or at `drain`
 /// after the stop, closing those still open. `name` names the listener in
 /// logs.
-pub(crate) async fn serve<A: App>(
+pub async fn serve<A: App>(
     name: &'static str,
     listener: TcpListener,
     transport: Transport,

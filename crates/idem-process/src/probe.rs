@@ -193,7 +193,7 @@ pub async fn serve(
     probes: Arc<Probes>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let limits = crate::ConnectionLimits {
+    let limits = crate::listen::ConnectionLimits {
         connections_max: PROBE_CONNECTIONS_MAX,
         header_read_timeout: Duration::from_secs(10),
         tls_handshake_timeout: Duration::from_secs(10),
@@ -239,11 +239,13 @@ fn by_name<S: serde::Serializer>(
     serializer.collect_map(checks.iter().map(|(name, status)| (name, status)))
 }
 
-pub(crate) async fn healthz() -> Response {
+/// `GET /healthz`: the process serves.
+pub async fn healthz() -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-pub(crate) async fn readyz(State(p): State<Arc<Probes>>) -> Response {
+/// `GET /readyz`: each check named with its [`Status`]; 503 unless all pass.
+pub async fn readyz(State(p): State<Arc<Probes>>) -> Response {
     let mut last = p.last.lock().await;
     let (ready, body) = match &*last {
         Some((at, ready, body)) if at.elapsed() < PROBE_ANSWER_REUSE => (*ready, body.clone()),

@@ -1,12 +1,20 @@
-//! Store URLs (`sqlite://PATH`, `postgres://…`, `dynamodb://TABLE…`) parsed and checked once,
-//! with the rest of a configuration, so that a wrong `store` is refused
-//! before anything starts, naming the file and field (or the flag) it came
-//! from. Opening the store is the caller's.
+//! Store URLs (`sqlite://PATH`, `postgres://…`, `dynamodb://TABLE…`)
+//! parsed and checked once, with the rest of a configuration, so that a
+//! wrong `store` is refused before anything starts, naming the file and
+//! field (or the flag) it came from; and opened (`open`), in the same
+//! room, so that what a URL may name and how it is opened change together.
+
+mod open;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use idem_postgres::redact_url;
+use idem_core::redact_url;
+
+pub use open::{Checked, OpenError, OpenStore};
+
+/// The store a process uses when nothing names one.
+pub const STORE_DEFAULT: &str = "sqlite://idem.db";
 
 /// A checked store URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -22,6 +30,7 @@ pub enum StoreUrl {
     Postgres(String),
     /// `dynamodb://TABLE[?region=…][&endpoint=…][&clock_skew_ms=…]`
     /// ([`idem_dynamodb::DynamoUrl`]).
+    #[cfg(feature = "dynamodb")]
     Dynamodb(idem_dynamodb::DynamoUrl),
 }
 
@@ -61,6 +70,11 @@ pub enum StoreUrlError {
         /// Why, and what to write.
         reason: String,
     },
+    /// A store this build was made without (its cargo feature off).
+    NotBuilt {
+        /// The URL's scheme.
+        scheme: String,
+    },
 }
 
 impl StoreUrl {
@@ -72,23 +86,14 @@ impl StoreUrl {
             if path.is_empty() {
                 return Err(StoreUrlError::NoFile);
             }
-            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+            return built("sqlite", cfg!(feature = "sqlite"))
+                .map(|()| StoreUrl::Sqlite(PathBuf::from(path)));
         }
         if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
-            return match idem_postgres::check_url(raw) {
-                Ok(()) => Ok(StoreUrl::Postgres(raw.to_owned())),
-                Err(idem_core::StoreError::Incompatible { reason, .. }) => {
-                    Err(StoreUrlError::Postgres { reason })
-                }
-                Err(e) => Err(StoreUrlError::Postgres {
-                    reason: e.to_string(),
-                }),
-            };
+            return parse_postgres(raw);
         }
         if raw.starts_with("dynamodb://") {
-            return idem_dynamodb::DynamoUrl::parse(raw)
-                .map(StoreUrl::Dynamodb)
-                .map_err(|reason| StoreUrlError::Dynamodb { reason });
+            return parse_dynamodb(raw);
         }
         if let Some((scheme, rest)) = raw.split_once(':')
             && ["sqlite", "postgres", "postgresql", "dynamodb"].contains(&scheme)
@@ -115,6 +120,52 @@ impl StoreUrl {
     }
 }
 
+/// Refuses a store whose feature this build lacks.
+fn built(scheme: &str, feature: bool) -> Result<(), StoreUrlError> {
+    match feature {
+        true => Ok(()),
+        false => Err(StoreUrlError::NotBuilt {
+            scheme: scheme.to_owned(),
+        }),
+    }
+}
+
+/// A PostgreSQL URL, checked as the store checks it when it connects.
+#[cfg(feature = "postgres")]
+fn parse_postgres(raw: &str) -> Result<StoreUrl, StoreUrlError> {
+    match idem_postgres::check_url(raw) {
+        Ok(()) => Ok(StoreUrl::Postgres(raw.to_owned())),
+        Err(idem_core::StoreError::Incompatible { reason, .. }) => {
+            Err(StoreUrlError::Postgres { reason })
+        }
+        Err(e) => Err(StoreUrlError::Postgres {
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn parse_postgres(_raw: &str) -> Result<StoreUrl, StoreUrlError> {
+    Err(StoreUrlError::NotBuilt {
+        scheme: "postgres".to_owned(),
+    })
+}
+
+/// A `dynamodb://` URL, checked as the store reads it.
+#[cfg(feature = "dynamodb")]
+fn parse_dynamodb(raw: &str) -> Result<StoreUrl, StoreUrlError> {
+    idem_dynamodb::DynamoUrl::parse(raw)
+        .map(StoreUrl::Dynamodb)
+        .map_err(|reason| StoreUrlError::Dynamodb { reason })
+}
+
+#[cfg(not(feature = "dynamodb"))]
+fn parse_dynamodb(_raw: &str) -> Result<StoreUrl, StoreUrlError> {
+    Err(StoreUrlError::NotBuilt {
+        scheme: "dynamodb".to_owned(),
+    })
+}
+
 impl StoreUrl {
     /// The URL as written in a file in `dir`: a relative SQLite path names
     /// the file's neighbour, whatever directory the process starts in, as
@@ -133,6 +184,7 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
             StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+            #[cfg(feature = "dynamodb")]
             StoreUrl::Dynamodb(url) => url.fmt(f),
         }
     }
@@ -143,6 +195,7 @@ impl fmt::Debug for StoreUrl {
         match self {
             StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
             StoreUrl::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
+            #[cfg(feature = "dynamodb")]
             StoreUrl::Dynamodb(url) => f.debug_tuple("Dynamodb").field(url).finish(),
         }
     }
@@ -171,13 +224,18 @@ impl fmt::Display for StoreUrlError {
             StoreUrlError::Postgres { reason } | StoreUrlError::Dynamodb { reason } => {
                 f.write_str(reason)
             }
+            StoreUrlError::NotBuilt { scheme } => write!(
+                f,
+                "this build of idem has no {scheme}:// store (built without the \"{scheme}\" \
+                 feature)"
+            ),
         }
     }
 }
 
 impl std::error::Error for StoreUrlError {}
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
 mod tests {
     use super::*;
 

@@ -9,14 +9,14 @@ use idem_core::{Store, StoreError, StoreFuture, StoreWrapper};
 use tokio::sync::watch;
 
 /// A store whose `Stopped` errors are reported on a channel.
-pub(crate) struct Watched {
+pub struct Watched {
     inner: Arc<dyn Store>,
     stopped: watch::Sender<Option<StoreError>>,
 }
 
 impl Watched {
     /// `inner`, watched; the receiver sees the first `Stopped` error.
-    pub(crate) fn new(inner: Arc<dyn Store>) -> (Watched, watch::Receiver<Option<StoreError>>) {
+    pub fn new(inner: Arc<dyn Store>) -> (Watched, watch::Receiver<Option<StoreError>>) {
         let (stopped, seen) = watch::channel(None);
         (Watched { inner, stopped }, seen)
     }
@@ -40,7 +40,7 @@ impl Watched {
 
 /// Resolves with the first `Stopped` error seen through a [`Watched`]
 /// store; never while the store works.
-pub(crate) async fn stopped(mut seen: watch::Receiver<Option<StoreError>>) -> StoreError {
+pub async fn stopped(mut seen: watch::Receiver<Option<StoreError>>) -> StoreError {
     if let Ok(first) = seen.wait_for(Option::is_some).await
         && let Some(e) = first.clone()
     {

@@ -22,7 +22,7 @@ pub enum Logged {
 
 /// A budget of `lines_max` lines per `window`.
 #[derive(Debug)]
-pub(crate) struct LogBudget {
+pub struct LogBudget {
     lines_max: u32,
     window: Duration,
     state: Mutex<Window>,
@@ -37,7 +37,7 @@ struct Window {
 
 impl LogBudget {
     /// At most `lines_max` lines per `window`.
-    pub(crate) fn new(lines_max: u32, window: Duration) -> LogBudget {
+    pub fn new(lines_max: u32, window: Duration) -> LogBudget {
         LogBudget {
             lines_max,
             window,
@@ -46,7 +46,7 @@ impl LogBudget {
     }
 
     /// Decides about one event seen at `now`.
-    pub(crate) fn admit(&self, now: Instant) -> Logged {
+    pub fn admit(&self, now: Instant) -> Logged {
         // A poisoned lock only means another caller panicked mid-count;
         // the counts are still numbers.
         let mut window = self.state.lock().unwrap_or_else(|e| e.into_inner());
