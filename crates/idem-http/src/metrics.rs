@@ -309,9 +309,19 @@ impl Metrics {
     /// (serve it with [`METRICS_CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(8 * 1024);
+        self.render_decisions(&mut out);
+        self.render_singles(&mut out);
+        self.render_waits(&mut out);
+        self.render_resolutions(&mut out);
+        self.render_purge_and_times(&mut out);
+        out
+    }
+
+    /// Claims, problems and completions, each by its label.
+    fn render_decisions(&self, out: &mut String) {
         let claims = ClaimDecision::ALL.map(|d| (d.as_str(), self.claims(d)));
         labelled(
-            &mut out,
+            out,
             "idem_claims_total",
             "Claim decisions, by decision.",
             "decision",
@@ -323,7 +333,7 @@ impl Metrics {
             .map(|(k, n)| (k.slug(), load(n)))
             .collect();
         labelled(
-            &mut out,
+            out,
             "idem_problems_total",
             "Problem responses (RFC 9457) answered, by type (the slug after urn:idem:problem:).",
             "type",
@@ -335,12 +345,16 @@ impl Metrics {
             .map(|((_, name), n)| (*name, load(n)))
             .collect();
         labelled(
-            &mut out,
+            out,
             "idem_completions_total",
             "Attempts whose record was settled after the upstream answered, by outcome.",
             "outcome",
             &completions,
         );
+    }
+
+    /// The counters without a label.
+    fn render_singles(&self, out: &mut String) {
         let singles = [
             (
                 "idem_marked_ambiguous_total",
@@ -364,12 +378,16 @@ impl Metrics {
             ),
         ];
         for (name, help, value) in singles {
-            family(&mut out, name, help, "counter");
+            family(out, name, help, "counter");
             let _ = writeln!(out, "{name} {}", load(value));
         }
+    }
+
+    /// Waits for another attempt, and fresh claims inside a suspect window.
+    fn render_waits(&self, out: &mut String) {
         let waits = WaitOutcome::ALL.map(|o| (o.as_str(), self.waits(o)));
         labelled(
-            &mut out,
+            out,
             "idem_waits_total",
             "Requests that waited for the original attempt of their key, by how the wait ended.",
             "outcome",
@@ -377,44 +395,46 @@ impl Metrics {
         );
         let window = WindowOutcome::ALL.map(|o| (o.as_str(), self.window_claims(o)));
         labelled(
-            &mut out,
+            out,
             "idem_window_claims_total",
             "Fresh claims inside a suspect window (the store may have lost records), by what \
              the provider's lookup said; unverified: the route has no lookup.",
             "outcome",
             &window,
         );
-        self.render_resolutions(&mut out);
+    }
+
+    /// The purge's changes, and the store's and the upstream's time histograms.
+    fn render_purge_and_times(&self, out: &mut String) {
         let purged = [
             ("tombstoned", load(&self.purged[0])),
             ("deleted", load(&self.purged[1])),
         ];
         labelled(
-            &mut out,
+            out,
             "idem_purged_total",
             "Records the purge changed: results dropped (tombstoned) or tombstones deleted.",
             "what",
             &purged,
         );
         family(
-            &mut out,
+            out,
             "idem_store_seconds",
             "Time spent in store operations, by operation.",
             "histogram",
         );
         for op in StoreOp::ALL {
             let label = format!("op=\"{}\"", op.as_str());
-            self.store_seconds[op as usize].render(&mut out, "idem_store_seconds", &label);
+            self.store_seconds[op as usize].render(out, "idem_store_seconds", &label);
         }
         family(
-            &mut out,
+            out,
             "idem_upstream_seconds",
             "Time the upstream took to answer an acquired request.",
             "histogram",
         );
         self.upstream_seconds
-            .render(&mut out, "idem_upstream_seconds", "");
-        out
+            .render(out, "idem_upstream_seconds", "");
     }
 
     fn render_resolutions(&self, out: &mut String) {
