@@ -14,10 +14,12 @@
 
 pub mod nats;
 pub mod rabbitmq;
+mod tls_files;
 
 pub use idem_core::FieldError;
 pub use nats::{NatsConfig, NatsSubscription};
 pub use rabbitmq::{RabbitConfig, RabbitSubscription};
+pub use tls_files::TlsFiles;
 
 use std::fmt;
 use std::future::Future;

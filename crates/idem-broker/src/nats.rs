@@ -286,6 +286,11 @@ impl NatsConfig {
         self
     }
 
+    /// The TLS files this section names.
+    pub fn tls_files(&self) -> crate::TlsFiles<'_> {
+        crate::TlsFiles::new(&self.ca_file, &self.cert_file, &self.key_file)
+    }
+
     /// Whether the connection must speak TLS: a `tls://` url or a CA file.
     fn requires_tls(&self) -> bool {
         self.ca_file.is_some() || self.url.trim_start().starts_with("tls://")
@@ -331,25 +336,18 @@ impl NatsConfig {
         if self.request_timeout_ms == 0 {
             return bad("request_timeout_ms", "must be at least 1".into());
         }
-        match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => return bad("key_file", "is required with cert_file".into()),
-            (None, Some(_)) => return bad("cert_file", "is required with key_file".into()),
-            _ => {}
-        }
+        self.tls_files().identity()?;
         if self.creds_file.is_some() && self.token_file.is_some() {
             return bad(
                 "token_file",
                 "a server takes one credential: keep creds_file or token_file".into(),
             );
         }
-        let files = [
-            ("ca_file", &self.ca_file),
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-            ("creds_file", &self.creds_file),
-            ("token_file", &self.token_file),
+        let credentials = [
+            ("creds_file", self.creds_file.as_deref()),
+            ("token_file", self.token_file.as_deref()),
         ];
-        for (field, file) in files {
+        for (field, file) in self.tls_files().fields().into_iter().chain(credentials) {
             if let Some(path) = file
                 && let Err(e) = std::fs::metadata(path)
             {

@@ -403,13 +403,9 @@ impl RabbitConfig {
     /// The TLS files, read; refused with an `amqp://` url, which would
     /// never use them.
     fn tls(&self, scheme: AMQPScheme) -> Result<OwnedTLSConfig, FieldError> {
-        let files = [
-            ("ca_file", &self.ca_file),
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-        ];
+        let files = crate::TlsFiles::new(&self.ca_file, &self.cert_file, &self.key_file);
         if scheme == AMQPScheme::AMQP
-            && let Some((field, _)) = files.iter().find(|(_, f)| f.is_some())
+            && let Some(field) = files.first_named()
         {
             return Err(invalid(
                 field,
@@ -426,16 +422,14 @@ impl RabbitConfig {
                  none: install ca-certificates, or point SSL_CERT_FILE at a bundle",
             ));
         }
-        let identity = match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => return Err(invalid("key_file", "is required with cert_file")),
-            (None, Some(_)) => return Err(invalid("cert_file", "is required with key_file")),
-            (None, None) => None,
-            (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+        let identity = match files.identity()? {
+            None => None,
+            Some((cert, key)) => Some(OwnedIdentity::PKCS8 {
                 pem: pem(cert, "cert_file", "CERTIFICATE")?,
                 key: pem(key, "key_file", "PRIVATE KEY")?,
             }),
         };
-        let cert_chain = match &self.ca_file {
+        let cert_chain = match files.ca_file {
             Some(ca) => {
                 Some(String::from_utf8_lossy(&pem(ca, "ca_file", "CERTIFICATE")?).into_owned())
             }

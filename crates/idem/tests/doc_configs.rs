@@ -1,5 +1,6 @@
 //! Every config a reader may copy loads: each ```` ```toml ```` block of
-//! `README.md` and `docs/*.md`, and each `*.toml` under `examples/`, goes
+//! `README.md` and `docs/*.md`, and each `*.toml` under `examples/` but the Rust examples'
+//! `Cargo.toml`, goes
 //! through the loader that would read it (the gateway's, the consumer's, the
 //! contract's, the simulator's), with every file it names made beside it, so
 //! a doc config that no longer loads fails here, naming the doc and line.
@@ -157,7 +158,11 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "toml") {
+        } else if path.extension().is_some_and(|e| e == "toml")
+            && path.file_name().is_none_or(|n| n != "Cargo.toml")
+        {
+            // A Rust example's package manifest is cargo's, built and
+            // tested as a workspace member; every other file is idem's.
             out.push(path);
         }
     }
