@@ -238,7 +238,7 @@ async fn waiters_over_the_limit_are_answered_at_once_and_a_hung_up_waiter_leaves
 /// A retry storm: 1,000 requests asking to wait for ten keys in flight.
 /// `waiters_max` of them wait and get the replay; the rest are answered
 /// 409 at once, and the gateway's memory grows by less than
-/// [`STORM_RSS_KIB_PER_REQUEST`] per request.
+/// [`storm_rss_kib_per_request`] per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_storm_waits_within_the_limits_and_answers_the_excess_at_once() {
     const STORM: usize = 1_000;
@@ -310,7 +310,7 @@ async fn a_retry_storm_waits_within_the_limits_and_answers_the_excess_at_once() 
     assert_eq!(replayed, WAITERS, "waiters_max waited");
     assert_eq!(refused, STORM - WAITERS, "the excess was refused");
     assert!(
-        grown < STORM_RSS_KIB_PER_REQUEST * STORM as u64,
+        grown < storm_rss_kib_per_request() * STORM as u64,
         "RSS grew {grown} KiB for {STORM} requests"
     );
     assert_eq!(up.effects().len(), 10, "one effect per key");
@@ -323,6 +323,21 @@ async fn a_retry_storm_waits_within_the_limits_and_answers_the_excess_at_once() 
 /// is refused (its connection, its buffered body, its task), in KiB:
 /// docs/http.md states the bound.
 const STORM_RSS_KIB_PER_REQUEST: u64 = 64;
+
+/// On a DynamoDB table the store's own client adds what each waiter's
+/// claim poll holds (a consistent read in the AWS SDK, its request and its
+/// retry state): measured on dynalite, 51, 72, 61 and 65 KiB per request
+/// before the attempt driver, 61, 68, 61, 69 and 69 after, where SQLite
+/// costs about 31. The SQLite bound is kept for the gateway's own parts.
+const STORM_RSS_KIB_PER_REQUEST_DYNAMODB: u64 = 128;
+
+/// The bound for the store this run's gateway uses.
+fn storm_rss_kib_per_request() -> u64 {
+    match support::dynamo::gateway_emulator() {
+        Some(_) => STORM_RSS_KIB_PER_REQUEST_DYNAMODB,
+        None => STORM_RSS_KIB_PER_REQUEST,
+    }
+}
 
 /// A waiter on gateway B is woken by gateway A's completion over one
 /// PostgreSQL store: B noted the key it waits on, A's completion notifies
