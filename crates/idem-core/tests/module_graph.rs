@@ -8,6 +8,15 @@
 //! submodules count as part of it). A name the crate root re-exports
 //! (`pub use module::{Name, ...}`) counts as its module. Comments and
 //! `#[cfg(test)]` items are left out: tests may import what they test.
+//!
+//! The same reading also holds the adapters to the one attempt lifecycle:
+//! a store step of an attempt (`claim`, `complete`, `release`,
+//! `mark_ambiguous`, `resolve`) called from `idem-http`'s or
+//! `idem-message`'s non-test code is a second copy of
+//! `idem_attempt::Driver` in the making. The layer and the consumer once
+//! each had their own, and they drifted (a retry delay in seconds against
+//! milliseconds, a bare release against a settle step, a settle on retry
+//! on one side only).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -350,4 +359,93 @@ fn a_circle_is_found_through_paths_lists_and_reexports() {
     write("c/inner.rs", "// use crate::a;\n");
     assert!(circles(&src).is_empty(), "{:?}", circles(&src));
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// The adapters that must run an attempt through `idem_attempt::Driver`.
+const ADAPTERS: [&str; 2] = ["idem-http", "idem-message"];
+
+/// The store calls that are steps of an attempt.
+const STEPS: [&str; 5] = ["claim", "complete", "release", "mark_ambiguous", "resolve"];
+
+/// The `(line of the non-test code, text)` of each store step called in
+/// `code`: `store.claim(`, `self.store.complete(`, `shared.store().release(`.
+fn store_steps(code: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        let called = STEPS.iter().any(|step| {
+            [".", "()."]
+                .iter()
+                .any(|between| compact.contains(&format!("store{between}{step}(")))
+        });
+        if called {
+            found.push((n + 1, line.trim().to_owned()));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_adapters_call_no_store_step_of_an_attempt() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut offences = Vec::new();
+    let mut read = 0;
+    for adapter in ADAPTERS {
+        let mut files = Vec::new();
+        rust_files(&crates.join(adapter).join("src"), &mut files);
+        let tests = test_module_files(&files);
+        for file in files
+            .iter()
+            .filter(|f| !tests.iter().any(|t| f.starts_with(t)))
+        {
+            read += 1;
+            let code = non_test_code(&fs::read_to_string(file).unwrap());
+            for (line, text) in store_steps(&code) {
+                offences.push(format!("{} (code line {line}): {text}", file.display()));
+            }
+        }
+    }
+    assert!(
+        read >= 10,
+        "read only {read} adapter files: the walk is broken"
+    );
+    assert!(
+        offences.is_empty(),
+        "an adapter runs a step of the attempt itself instead of through \
+         idem_attempt::Driver:\n{}",
+        offences.join("\n")
+    );
+}
+
+#[test]
+fn the_step_reader_finds_what_the_old_copies_did() {
+    // Lines the layer and the consumer had before they shared the driver;
+    // what is not a store step; and one after a test item, which the
+    // reader must still see.
+    let cases = [
+        ("        shared.store.claim(req),", 1),
+        ("let released = shared.store.release(id, token);", 1),
+        (
+            "match self.store.complete(id, token, result.clone()).await {",
+            1,
+        ),
+        ("self.store().mark_ambiguous(id, token)", 1),
+        ("self.shared.metrics.claim(claim);", 0),
+        ("// store.claim(request) is the driver's", 0),
+        (
+            "#[cfg(test)]\nmod tests {\n    fn t() { store.claim(req); }\n}",
+            0,
+        ),
+        (
+            "#[cfg(test)]\nfn t() {}\nfn f() { store.release(id, token); }",
+            1,
+        ),
+    ];
+    for (source, expected) in cases {
+        assert_eq!(
+            store_steps(&non_test_code(source)).len(),
+            expected,
+            "{source}"
+        );
+    }
 }
