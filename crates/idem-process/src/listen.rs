@@ -42,6 +42,17 @@ pub const CAP_WARNING_INTERVAL_MS: u64 = 10_000;
 /// client that does not read its answer, which must not hold the
 /// process forever.
 pub const DRAIN_GRACE_MS: u64 = 5_000;
+/// How long a request body the answer left unread is still read (and
+/// thrown away) after it, in milliseconds, so that a client still sending
+/// it reads the answer. See [`LINGER_BYTES_MAX`].
+pub const LINGER_MS: u64 = 5_000;
+/// How much of a request body the answer left unread is still read, in
+/// bytes: a client sending more than this after its refusal is closed.
+pub const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// How long a body the answer left unread may go without a byte before the
+/// connection is closed anyway, in milliseconds: a body that stalled (its
+/// answer was the body-read timeout) is not waited for a second time.
+pub const LINGER_GAP_MS: u64 = 500;
 /// How long the accept loop pauses after an error that is not one
 /// client's (too many open files): retrying at once would spin.
 pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -210,7 +221,9 @@ impl<A: App> Connection<A> {
     {
         let app = self.app.clone();
         let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-            let answered = app.clone().oneshot(req.map(Body::new));
+            let answered = app
+                .clone()
+                .oneshot(req.map(|body| Body::new(Lingering(Some(body)))));
             async move {
                 let mut response = answered.await?;
                 // The version is this connection's, whatever made the
@@ -246,6 +259,74 @@ impl<A: App> Connection<A> {
             tracing::debug!(listener = self.name, error = %e, "connection ended");
         }
     }
+}
+
+/// A request body that, dropped before its end (the answer did not need
+/// it: a refusal, a body over its limit), is read to its end and thrown
+/// away on a task of its own, within [`LINGER_MS`] and [`LINGER_BYTES_MAX`].
+/// The connection goes on reading while the refusal is written, so a client
+/// still sending reads the refusal: closing under it would answer its
+/// writes with a reset that loses the refusal (nginx's lingering close).
+struct Lingering(Option<Incoming>);
+
+impl hyper::body::Body for Lingering {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(hyper::body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.0.as_ref().map_or_else(
+            || hyper::body::SizeHint::with_exact(0),
+            hyper::body::Body::size_hint,
+        )
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        let Some(body) = self.0.take() else { return };
+        if hyper::body::Body::is_end_stream(&body) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(linger(body));
+        }
+    }
+}
+
+/// Reads `body` to its end, or until [`LINGER_MS`] or [`LINGER_BYTES_MAX`]
+/// is spent or nothing came for [`LINGER_GAP_MS`], and drops what it read;
+/// a client that sends more, or stalls, is closed.
+async fn linger(mut body: Incoming) {
+    let mut read = 0usize;
+    let gap = Duration::from_millis(LINGER_GAP_MS);
+    let drain = async {
+        loop {
+            let next =
+                std::future::poll_fn(|cx| hyper::body::Body::poll_frame(Pin::new(&mut body), cx));
+            let Ok(Some(Ok(frame))) = tokio::time::timeout(gap, next).await else {
+                return;
+            };
+            read += frame.data_ref().map_or(0, bytes::Bytes::len);
+            if read > LINGER_BYTES_MAX {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), drain).await;
 }
 
 /// The warning that a listener closes connections at its cap: at most one

@@ -253,6 +253,43 @@ async fn a_request_head_holds_at_most_the_read_buffer() {
     );
 }
 
+/// A body the gateway refuses without reading it (over the route's limit,
+/// or with no key where one is required) is still taken off the wire
+/// while the client sends it, so that the client reads the refusal: a
+/// connection closed under a client still writing answers it with a reset
+/// instead, and the refusal is lost (hyper's client reports a broken pipe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_reaches_a_client_still_sending_the_body_it_refused() {
+    let site = Site::new();
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), &site.store(), None);
+    let body = vec![b' '; 4 * 1024 * 1024];
+    // (the key header, the refusal)
+    for (key_header, status) in [("Idempotency-Key: big\r\n", 413), ("", 400)] {
+        let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!(
+            "POST /payouts HTTP/1.1\r\nHost: idem\r\n{key_header}\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // Long enough for the refusal to be written and, were the body
+        // dropped unread, the connection closed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = stream.write_all(&body).await;
+        assert!(
+            sent.is_ok(),
+            "{status}: the body could not be sent: {sent:?}"
+        );
+        let answer = read_head(&mut stream).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+    }
+    assert_eq!(up.hits(), 0, "nothing was forwarded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_over_the_cap_is_closed_at_once_and_said_so() {
     let site = Site::new();
