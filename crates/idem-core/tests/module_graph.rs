@@ -11,8 +11,8 @@
 //!
 //! The same reading also holds the adapters to the one attempt lifecycle:
 //! a store step of an attempt (`claim`, `complete`, `release`,
-//! `mark_ambiguous`, `resolve`) called from `idem-http`'s or
-//! `idem-message`'s non-test code is a second copy of
+//! `mark_ambiguous`, `resolve`) called from `idem-http`'s,
+//! `idem-message`'s or `idem-lambda`'s non-test code is a second copy of
 //! `idem_attempt::Driver` in the making. The layer and the consumer once
 //! each had their own, and they drifted (a retry delay in seconds against
 //! milliseconds, a bare release against a settle step, a settle on retry
@@ -362,7 +362,7 @@ fn a_circle_is_found_through_paths_lists_and_reexports() {
 }
 
 /// The adapters that must run an attempt through `idem_attempt::Driver`.
-const ADAPTERS: [&str; 2] = ["idem-http", "idem-message"];
+const ADAPTERS: [&str; 3] = ["idem-http", "idem-message", "idem-lambda"];
 
 /// The store calls that are steps of an attempt.
 const STEPS: [&str; 5] = ["claim", "complete", "release", "mark_ambiguous", "resolve"];
@@ -393,6 +393,8 @@ fn the_adapters_call_no_store_step_of_an_attempt() {
     for adapter in ADAPTERS {
         let mut files = Vec::new();
         rust_files(&crates.join(adapter).join("src"), &mut files);
+        // A renamed or moved adapter must not drop out of the check unseen.
+        assert!(!files.is_empty(), "no source of {adapter} was read");
         let tests = test_module_files(&files);
         for file in files
             .iter()

@@ -68,9 +68,9 @@ use std::time::{Duration, Instant};
 use idem_attempt::{Answer, AttemptEnd, Driver, Granted, Polling, Ran, Unknowns};
 use idem_core::{
     AttemptOutcome, ClaimRequest, Completion, CompletionTable, EffectEnd, Fingerprint,
-    FingerprintError, HeaderBytes, IdempotencyKey, LimitError, Policy, RecordId, Refusal, Scope,
-    SettleOnRetry, Store, StoreError, StoredResult, Timestamp, Token, Unverified, VerifyFresh,
-    WindowWatch, attempt, check_owner, check_region,
+    FingerprintError, HeaderBytes, IdempotencyKey, LEASE_MS_MAX, LEASE_MS_MIN, LimitError, Policy,
+    RecordId, Refusal, Scope, SettleOnRetry, Store, StoreError, StoredResult, Timestamp, Token,
+    Unverified, VerifyFresh, WindowWatch, attempt, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
@@ -374,13 +374,27 @@ impl RunOnce {
         E: FnOnce(Attempt) -> F,
         F: Future<Output = Result<Reply, AttemptOutcome>>,
     {
+        self.run_within(intent, LEASE_MS_MAX, effect).await
+    }
+
+    /// [`RunOnce::run`] with a lease of at most `lease_ms_max` (never less
+    /// than [`idem_core::LEASE_MS_MIN`]): for a caller that will be stopped
+    /// sooner than the policy's lease, such as a function invocation that
+    /// ends at its deadline. The record it leaves when stopped then blocks
+    /// a retry no longer than the caller could have run; the effect's
+    /// [`Attempt::deadline`] follows the shorter lease.
+    pub async fn run_within<E, F>(&self, intent: &Intent, lease_ms_max: u64, effect: E) -> Outcome
+    where
+        E: FnOnce(Attempt) -> F,
+        F: Future<Output = Result<Reply, AttemptOutcome>>,
+    {
         let mut request = ClaimRequest {
             id: intent.id.clone(),
             fingerprint: intent.fingerprint,
             legacy_fingerprint: None,
             owner: self.owner.clone(),
             region: self.region.clone(),
-            policy: self.policy,
+            policy: capped(self.policy, lease_ms_max),
         };
         let waits = Polling(self.wait);
         // An unknown outcome awaits reconciliation: the log says so, as it
@@ -680,6 +694,19 @@ impl fmt::Display for Sink {
             Sink::Late => "late",
         })
     }
+}
+
+/// `policy` with its lease cut to `lease_ms_max`, within the leases a
+/// policy accepts.
+fn capped(policy: Policy, lease_ms_max: u64) -> Policy {
+    let lease_ms = policy.lease_ms().min(lease_ms_max.max(LEASE_MS_MIN));
+    Policy::new(
+        lease_ms,
+        policy.retention_s(),
+        policy.tombstone_s(),
+        policy.on_lease_expiry(),
+    )
+    .unwrap_or(policy)
 }
 
 fn retry(after: Duration, reason: RetryReason) -> Outcome {

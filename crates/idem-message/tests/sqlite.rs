@@ -5,13 +5,13 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_core::{Clock, Completion, ManualClock, State, StoreError, Timestamp};
+use idem_core::{Clock, Completion, State, StoreError};
 use idem_message::{Outcome, RetryReason};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use idem_testkit::stores::{Backend, TestStore};
+use idem_testkit::trap_clock::TrapClock;
 use support::{Answer, Effects, Harness, LEASE_MS, Seen, manual_clock};
 use tempfile::TempDir;
 
@@ -23,27 +23,9 @@ async fn make() -> (Harness, TestStore) {
 run_once_suite!(make);
 store_properties!(make, 24);
 
-/// A manual clock that, once armed, panics when read: reading it kills the
-/// SQLite store's writer thread, and the store stops for good, as a store
-/// whose worker died does.
-#[derive(Clone)]
-struct TrapClock {
-    armed: Arc<AtomicBool>,
-    time: ManualClock,
-}
-
-impl Clock for TrapClock {
-    fn now(&self) -> Timestamp {
-        assert!(!self.armed.load(Ordering::SeqCst), "the clock trap fired");
-        self.time.now()
-    }
-}
-
+/// A store reading a [`TrapClock`]: armed, it stops for good.
 fn trapped(dir: &TempDir) -> (Arc<SqliteStore>, TrapClock) {
-    let clock = TrapClock {
-        armed: Arc::default(),
-        time: manual_clock(),
-    };
+    let clock = TrapClock::new(manual_clock().now());
     let path = dir.path().join("idem.db");
     let store =
         SqliteStore::open_with_clock(path, SqliteOptions::default(), Arc::new(clock.clone()));
@@ -61,7 +43,7 @@ async fn a_stopped_store_runs_nothing() {
         clock: clock.time.clone(),
     };
     let (runner, effects) = (harness.runner(), Effects::default());
-    clock.armed.store(true, Ordering::SeqCst);
+    clock.arm();
     let outcome = support::deliver(&runner, &effects, "stopped", 1, Answer::Status(201)).await;
     let Outcome::Retry {
         reason: RetryReason::StoreUnavailable(error),
@@ -90,7 +72,7 @@ async fn a_store_stopping_after_the_effect_leaves_it_for_reconciliation() {
     let outcome = runner
         .run(&intent, |_| async {
             let answer = effects.run(Answer::Status(201), Duration::ZERO).await;
-            clock.armed.store(true, Ordering::SeqCst);
+            clock.arm();
             answer
         })
         .await;

@@ -16,6 +16,8 @@
 //!   certificate, and a TLS terminator that makes a test upstream `https://`.
 //! - [`services`]: the one line a test fails with when a service it
 //!   needs does not answer, and the tests' PostgreSQL URL.
+//! - [`trap_clock::TrapClock`]: a clock that panics once armed, which
+//!   stops the SQLite store that reads it for good.
 //! - [`brokers`]: a NATS server of a test's own, a plain RabbitMQ client,
 //!   and unique stream and queue names, for the broker adapters' tests and
 //!   the consumer's.
@@ -28,6 +30,7 @@ pub mod relay;
 pub mod services;
 pub mod stores;
 pub mod tls;
+pub mod trap_clock;
 
 /// A loopback port nobody listens on right now, for a process a test
 /// starts with its port named in advance.
