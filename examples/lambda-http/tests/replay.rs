@@ -12,41 +12,15 @@ use lambda_http::{Body, Request, Service};
 use lambda_http_payouts::{Ledger, function, open_store};
 use serde_json::json;
 
-/// An HTTP API event as API Gateway sends it to the function.
+/// The HTTP API event of `events/payout.json` (as API Gateway sends it,
+/// and as `cargo lambda invoke --data-file` sends it) with `key` and
+/// `body`, turned into lambda_http's request as the runtime turns it.
 fn event(key: &str, body: &str) -> Request {
-    let event: ApiGatewayV2httpRequest = serde_json::from_value(json!({
-        "version": "2.0",
-        "routeKey": "POST /payouts",
-        "rawPath": "/payouts",
-        "rawQueryString": "",
-        "headers": {
-            "content-type": "application/json",
-            "idempotency-key": key,
-            "host": "abc123.execute-api.us-east-1.amazonaws.com",
-            "x-forwarded-proto": "https"
-        },
-        "requestContext": {
-            "accountId": "123456789012",
-            "apiId": "abc123",
-            "domainName": "abc123.execute-api.us-east-1.amazonaws.com",
-            "domainPrefix": "abc123",
-            "http": {
-                "method": "POST",
-                "path": "/payouts",
-                "protocol": "HTTP/1.1",
-                "sourceIp": "203.0.113.7",
-                "userAgent": "curl/8.5.0"
-            },
-            "requestId": "JKJaXmPLvHcESHA=",
-            "routeKey": "POST /payouts",
-            "stage": "$default",
-            "time": "05/Dec/2026:12:00:00 +0000",
-            "timeEpoch": 1_796_472_000_000_u64
-        },
-        "body": body,
-        "isBase64Encoded": false
-    }))
-    .unwrap();
+    let mut event: serde_json::Value =
+        serde_json::from_str(include_str!("../events/payout.json")).unwrap();
+    event["headers"]["idempotency-key"] = json!(key);
+    event["body"] = json!(body);
+    let event: ApiGatewayV2httpRequest = serde_json::from_value(event).unwrap();
     LambdaRequest::ApiGatewayV2(event).into()
 }
 
