@@ -487,3 +487,39 @@ impl RejectQueue for Queue {
         })
     }
 }
+
+/// Records of a standard queue run concurrently, never more at once than
+/// the bound: with a bound of 2, each effect waits for a second one to
+/// start (so two do run together), and no third ever starts beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_run_concurrently_within_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_millis(START_MS));
+    let function = handler(sqlite(&dir, "idem.db", Arc::new(clock))).with_concurrency(2);
+    let running = std::sync::atomic::AtomicUsize::new(0);
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let pairs = tokio::sync::Barrier::new(2);
+    let records = (0..6)
+        .map(|i| record(&format!("m-{i}"), &pay(&format!("c{i}"), "1.00", 1), None))
+        .collect();
+    let response = function
+        .handle(event(records, Duration::from_secs(60)), |_, _| {
+            let (running, most, pairs) = (&running, &most, &pairs);
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                most.fetch_max(running.fetch_add(1, SeqCst) + 1, SeqCst);
+                let met = tokio::time::timeout(Duration::from_secs(10), pairs.wait()).await;
+                running.fetch_sub(1, SeqCst);
+                match met {
+                    Ok(_) => Ok(Reply::status(201)),
+                    Err(_) => Err(AttemptOutcome::NotSent),
+                }
+            }
+        })
+        .await;
+    assert!(
+        failed(&response).is_empty(),
+        "an effect ran alone: {response:?}"
+    );
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequest;
 use lambda_http::request::LambdaRequest;
+use lambda_http::tower::ServiceExt;
 use lambda_http::{Body, Request, Service};
 use lambda_http_payouts::{Ledger, function, open_store};
 use serde_json::json;
@@ -24,14 +25,12 @@ fn event(key: &str, body: &str) -> Request {
     LambdaRequest::ApiGatewayV2(event).into()
 }
 
+/// One invocation, as the runtime makes it: ready, then called.
 async fn invoke<S: Service<Request>>(service: &mut S, request: Request) -> S::Response
 where
     S::Error: std::fmt::Debug,
 {
-    std::future::poll_fn(|cx| service.poll_ready(cx))
-        .await
-        .unwrap();
-    service.call(request).await.unwrap()
+    service.ready().await.unwrap().call(request).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,105 @@
+//! The layer over lambda_http with an API Gateway REST API (payload 1.0)
+//! event, read as the runtime reads it: a binary body (base64 on the
+//! wire) reaches the function as the bytes sent, the function's binary
+//! answer is replayed byte for byte, and a request without a key is
+//! refused before the function runs.
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_http::Route;
+use idem_lambda::IdempotencyLayer;
+use idem_sqlite::{SqliteOptions, SqliteStore};
+use lambda_http::tower::Layer;
+use lambda_http::tower::ServiceExt;
+use lambda_http::{Body, Request, Response, Service, service_fn};
+use serde_json::json;
+
+/// Bytes that are not UTF-8: they travel base64-encoded.
+const IMAGE: [u8; 6] = [0x89, b'P', b'N', b'G', 0xff, 0x00];
+
+fn rest_event(key: Option<&str>) -> Request {
+    let mut headers = json!({ "content-type": "image/png", "host": "api.example.com" });
+    if let Some(key) = key {
+        headers["Idempotency-Key"] = json!(key);
+    }
+    let event = json!({
+        "resource": "/thumbnails",
+        "path": "/thumbnails",
+        "httpMethod": "POST",
+        "headers": headers,
+        "multiValueHeaders": {},
+        "queryStringParameters": null,
+        "multiValueQueryStringParameters": null,
+        "pathParameters": null,
+        "stageVariables": null,
+        "requestContext": {
+            "accountId": "123456789012",
+            "resourceId": "abc123",
+            "stage": "prod",
+            "requestId": "c6af9ac6-7b61-11e6-9a41-93e8deadbeef",
+            "identity": { "sourceIp": "203.0.113.7" },
+            "resourcePath": "/thumbnails",
+            "httpMethod": "POST",
+            "apiId": "1234567890",
+            "protocol": "HTTP/1.1"
+        },
+        "body": "iVBOR/8A",
+        "isBase64Encoded": true
+    });
+    lambda_http::request::from_str(&event.to_string()).unwrap()
+}
+
+/// One invocation, as the runtime makes it: ready, then called.
+async fn invoke<S: Service<Request>>(service: &mut S, request: Request) -> S::Response
+where
+    S::Error: std::fmt::Debug,
+{
+    service.ready().await.unwrap().call(request).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap();
+    let layer = Route::builder()
+        .name("thumbnails")
+        .methods([http::Method::POST])
+        .layer(Arc::new(store))
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let function = {
+        let calls = calls.clone();
+        service_fn(move |request: Request| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // The function sees the bytes sent, not their base64.
+                assert_eq!(request.body().as_ref(), IMAGE);
+                let mut thumbnail = request.body().to_vec();
+                thumbnail.reverse();
+                Ok::<_, lambda_http::Error>(Response::new(Body::Binary(thumbnail)))
+            }
+        })
+    };
+    let mut service = IdempotencyLayer::from(layer).layer(function);
+
+    let first = invoke(&mut service, rest_event(Some("thumb-1"))).await;
+    let again = invoke(&mut service, rest_event(Some("thumb-1"))).await;
+    let mut reversed = IMAGE.to_vec();
+    reversed.reverse();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.body(), &Body::Binary(reversed.clone()));
+    assert_eq!(again.body(), &Body::Binary(reversed));
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let keyless = invoke(&mut service, rest_event(None)).await;
+    assert_eq!(keyless.status(), 400);
+    let Body::Text(problem) = keyless.body() else {
+        panic!("a problem document is text: {:?}", keyless.body());
+    };
+    assert!(problem.contains("missing-key"), "{problem}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
