@@ -13,7 +13,9 @@
 //! - [`RunOnce::run`]: claims the intent, runs the effect only when
 //!   acquired, records its answer through the core's completion table,
 //!   and returns the [`Outcome`]: [`Outcome::Ack`], [`Outcome::Retry`]
-//!   (never ack) or [`Outcome::Reject`] (to the [`Sink`] it names).
+//!   (never ack) or [`Outcome::Reject`] (to the [`Sink`] it names);
+//!   [`RunOnce::run_within`] does the same with a lease no longer than the
+//!   caller has left (a function invocation before its deadline).
 //!
 //! Nothing here talks to a broker: a consumer (or the `idem consume`
 //! bridge) settles the message from the outcome.
