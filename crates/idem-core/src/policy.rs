@@ -111,6 +111,17 @@ impl Policy {
     pub fn on_lease_expiry(&self) -> LeaseExpiry {
         self.on_lease_expiry
     }
+
+    /// This policy with its lease cut to `lease_ms_max` when that is
+    /// shorter, never below [`LEASE_MS_MIN`]: an attempt that must end by a
+    /// deadline (a serverless invocation's) leases no longer than it can
+    /// run, so its record never blocks a retry past it.
+    pub fn with_lease_at_most(self, lease_ms_max: u64) -> Policy {
+        Policy {
+            lease_ms: self.lease_ms.min(lease_ms_max.max(LEASE_MS_MIN)),
+            ..self
+        }
+    }
 }
 
 impl Default for Policy {
@@ -198,5 +209,25 @@ mod tests {
         }
         assert_eq!(Policy::default().lease_ms(), 30_000);
         assert_eq!(Policy::default().retention_s(), 86_400);
+    }
+
+    #[test]
+    fn a_lease_cap_only_shortens_and_never_below_the_minimum() {
+        let policy = Policy::DEFAULT;
+        // (cap, lease)
+        for (cap, lease) in [
+            (u64::MAX, 30_000),
+            (30_001, 30_000),
+            (2_500, 2_500),
+            (LEASE_MS_MIN, LEASE_MS_MIN),
+            (0, LEASE_MS_MIN),
+        ] {
+            let capped = policy.with_lease_at_most(cap);
+            assert_eq!(capped.lease_ms(), lease, "{cap}");
+            assert_eq!(
+                (capped.retention_s(), capped.tombstone_s()),
+                (policy.retention_s(), policy.tombstone_s())
+            );
+        }
     }
 }

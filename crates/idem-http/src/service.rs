@@ -30,7 +30,7 @@ use tower::{Layer, Service};
 use tracing::Instrument;
 
 pub use forward::LeaseDeadline;
-pub use protect::read_body;
+pub use protect::{LeaseCap, read_body};
 pub use replay::{EXPIRES_HEADER, OWNED_HEADERS};
 
 use crate::gate::ClaimGate;

@@ -27,12 +27,16 @@ use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use lambda_http::Body;
+use idem_http::LeaseCap;
+use lambda_http::{Body, RequestExt};
 use tower::{Layer, Service};
+
+use crate::sqs::{DEADLINE_MARGIN_MS_DEFAULT, lease_ms_max};
 
 /// Wraps lambda_http services in [`Idempotency`]; built from the layer
 /// idem-http builds (`Route::builder()…layer(store)`, or
@@ -94,7 +98,19 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        // The invocation's remaining time bounds the lease, as it does an
+        // SQS record's: a timed-out invocation's record blocks no retry
+        // longer than the invocation could have run.
+        if let Some(context) = req.lambda_context_ref() {
+            let left_ms = lease_ms_max(
+                context.deadline(),
+                SystemTime::now(),
+                DEADLINE_MARGIN_MS_DEFAULT,
+            );
+            req.extensions_mut()
+                .insert(LeaseCap(Duration::from_millis(left_ms)));
+        }
         let answer = self.inner.call(req.map(Buffered::from_lambda));
         Box::pin(async move { answer.await.map(|res| res.map(Buffered::into_lambda)) })
     }

@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_http::Route;
+use idem_http::{LeaseDeadline, Route};
 use idem_lambda::IdempotencyLayer;
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use lambda_http::tower::Layer;
 use lambda_http::tower::ServiceExt;
-use lambda_http::{Body, Request, Response, Service, service_fn};
+use lambda_http::{Body, Request, RequestExt, Response, Service, service_fn};
 use serde_json::json;
 
 /// Bytes that are not UTF-8: they travel base64-encoded.
@@ -102,4 +103,51 @@ async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
     };
     assert!(problem.contains("missing-key"), "{problem}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The invocation's remaining time bounds the lease, as it does an SQS
+/// record's: with 3 s left (less the 500 ms margin) the function is given
+/// at most 2.5 s by the layer ([`LeaseDeadline`], the lease's end), where
+/// an invocation with minutes left, or none known, gets the route's 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_ends_before_the_invocation_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap();
+    let layer = Route::builder()
+        .name("thumbnails")
+        .methods([http::Method::POST])
+        .layer(Arc::new(store))
+        .unwrap();
+    let given = Arc::new(std::sync::Mutex::new(None));
+    let function = {
+        let given = given.clone();
+        service_fn(move |request: Request| {
+            let left = request
+                .extensions()
+                .get::<LeaseDeadline>()
+                .map(|d| d.0.saturating_duration_since(Instant::now()));
+            *given.lock().unwrap() = left;
+            async { Ok::<_, lambda_http::Error>(Response::new(Body::from("done"))) }
+        })
+    };
+    let mut service = IdempotencyLayer::from(layer).layer(function);
+    // (key, time left in the invocation, what the function may be given)
+    let cases = [
+        ("near", Some(Duration::from_secs(3)), 1_500..=2_500),
+        ("far", Some(Duration::from_secs(600)), 25_000..=30_000),
+        ("unknown", None, 25_000..=30_000),
+    ];
+    for (key, left, bound_ms) in cases {
+        let mut request = rest_event(Some(key));
+        if let Some(left) = left {
+            let mut context = lambda_runtime::Context::default();
+            let deadline = SystemTime::now() + left;
+            context.deadline = deadline.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+            request = request.with_lambda_context(context);
+        }
+        let answer = invoke(&mut service, request).await;
+        assert_eq!(answer.status(), 200, "{key}");
+        let given_ms = given.lock().unwrap().take().unwrap().as_millis() as u64;
+        assert!(bound_ms.contains(&given_ms), "{key}: given {given_ms} ms");
+    }
 }

@@ -68,9 +68,9 @@ use std::time::{Duration, Instant};
 use idem_attempt::{Answer, AttemptEnd, Driver, Granted, Polling, Ran, Unknowns};
 use idem_core::{
     AttemptOutcome, ClaimRequest, Completion, CompletionTable, EffectEnd, Fingerprint,
-    FingerprintError, HeaderBytes, IdempotencyKey, LEASE_MS_MAX, LEASE_MS_MIN, LimitError, Policy,
-    RecordId, Refusal, Scope, SettleOnRetry, Store, StoreError, StoredResult, Timestamp, Token,
-    Unverified, VerifyFresh, WindowWatch, attempt, check_owner, check_region,
+    FingerprintError, HeaderBytes, IdempotencyKey, LEASE_MS_MAX, LimitError, Policy, RecordId,
+    Refusal, Scope, SettleOnRetry, Store, StoreError, StoredResult, Timestamp, Token, Unverified,
+    VerifyFresh, WindowWatch, attempt, check_owner, check_region,
 };
 
 use crate::template::KeyRefusal;
@@ -394,7 +394,7 @@ impl RunOnce {
             legacy_fingerprint: None,
             owner: self.owner.clone(),
             region: self.region.clone(),
-            policy: capped(self.policy, lease_ms_max),
+            policy: self.policy.with_lease_at_most(lease_ms_max),
         };
         let waits = Polling(self.wait);
         // An unknown outcome awaits reconciliation: the log says so, as it
@@ -694,19 +694,6 @@ impl fmt::Display for Sink {
             Sink::Late => "late",
         })
     }
-}
-
-/// `policy` with its lease cut to `lease_ms_max`, within the leases a
-/// policy accepts.
-fn capped(policy: Policy, lease_ms_max: u64) -> Policy {
-    let lease_ms = policy.lease_ms().min(lease_ms_max.max(LEASE_MS_MIN));
-    Policy::new(
-        lease_ms,
-        policy.retention_s(),
-        policy.tombstone_s(),
-        policy.on_lease_expiry(),
-    )
-    .unwrap_or(policy)
 }
 
 fn retry(after: Duration, reason: RetryReason) -> Outcome {

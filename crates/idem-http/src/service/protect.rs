@@ -27,6 +27,14 @@ use crate::problem::{Problem, ProblemKind};
 use crate::request;
 use crate::route::Route;
 
+/// A bound on a request's lease that whoever runs the layer inserts in the
+/// request's extensions before it: the attempt leases at most this (never
+/// less than [`idem_core::LEASE_MS_MIN`]), so a caller that will be stopped
+/// at a deadline of its own (a serverless invocation) leaves no record
+/// leased past it. Without it, the route's lease holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseCap(pub std::time::Duration);
+
 /// [`protect`] on a task of its own, so that a client that hangs up (its
 /// connection dropped, and with it the future that awaits this) cancels
 /// nothing: an attempt that holds a claim runs to its end and records its
@@ -163,7 +171,12 @@ where
         legacy_fingerprint: None,
         owner: shared.owner.clone(),
         region: shared.region.clone(),
-        policy: *route.policy(),
+        policy: match parts.extensions.get::<LeaseCap>() {
+            Some(LeaseCap(cap)) => route
+                .policy()
+                .with_lease_at_most(u64::try_from(cap.as_millis()).unwrap_or(u64::MAX)),
+            None => *route.policy(),
+        },
     };
     Ok((claim_request, (parts, body)))
 }
