@@ -60,15 +60,20 @@ where
     service.ready().await.unwrap().call(request).await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
-    let dir = tempfile::tempdir().unwrap();
+/// The layer of a route `thumbnails` (POST) over a SQLite file in `dir`.
+fn thumbnails(dir: &tempfile::TempDir) -> idem_http::IdempotencyLayer {
     let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap();
-    let layer = Route::builder()
+    Route::builder()
         .name("thumbnails")
         .methods([http::Method::POST])
         .layer(Arc::new(store))
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let layer = thumbnails(&dir);
     let calls = Arc::new(AtomicUsize::new(0));
     let function = {
         let calls = calls.clone();
@@ -112,12 +117,7 @@ async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_ends_before_the_invocation_does() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions::default()).unwrap();
-    let layer = Route::builder()
-        .name("thumbnails")
-        .methods([http::Method::POST])
-        .layer(Arc::new(store))
-        .unwrap();
+    let layer = thumbnails(&dir);
     let given = Arc::new(std::sync::Mutex::new(None));
     let function = {
         let given = given.clone();
