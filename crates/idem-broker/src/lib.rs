@@ -9,16 +9,19 @@
 //! broker went away) may not have taken effect, so the broker may deliver
 //! the message again: the record decides what the redelivery does.
 //!
-//! Adapters: [`nats`] (NATS JetStream, a durable pull consumer) and
-//! [`rabbitmq`] (RabbitMQ, manual acks and publisher confirms).
+//! Adapters: [`nats`] (NATS JetStream, a durable pull consumer),
+//! [`rabbitmq`] (RabbitMQ, manual acks and publisher confirms) and [`sqs`]
+//! (Amazon SQS, long polling with visibility kept while a message runs).
 
 pub mod nats;
 pub mod rabbitmq;
+pub mod sqs;
 mod tls_files;
 
 pub use idem_core::FieldError;
 pub use nats::{NatsConfig, NatsSubscription};
 pub use rabbitmq::{RabbitConfig, RabbitSubscription};
+pub use sqs::{SqsConfig, SqsSubscription};
 pub use tls_files::TlsFiles;
 
 use std::fmt;
@@ -126,6 +129,14 @@ pub trait Subscription: Send + Sync {
     /// Whether the subscription holds a live connection to the broker now,
     /// for a readiness probe; without blocking.
     fn connected(&self) -> bool;
+
+    /// Once no more deliveries will be taken: hands back to the broker
+    /// what the subscription received and did not hand out (SQS holds
+    /// such messages invisible). Nothing to do where the broker takes back
+    /// what a closed connection held.
+    fn release(&self) -> BrokerFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A broker operation that failed.

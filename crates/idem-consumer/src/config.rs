@@ -39,6 +39,7 @@ use serde::Deserialize;
 
 use idem_broker::nats::NatsConfig;
 use idem_broker::rabbitmq::RabbitConfig;
+use idem_broker::sqs::SqsConfig;
 
 use crate::broker::Broker;
 
@@ -153,6 +154,8 @@ pub struct SubscriptionSpec {
     pub nats: Option<NatsConfig>,
     /// A RabbitMQ queue (`[subscription.rabbitmq]`).
     pub rabbitmq: Option<RabbitConfig>,
+    /// An Amazon SQS queue (`[subscription.sqs]`).
+    pub sqs: Option<SqsConfig>,
 }
 
 /// A validated subscription.
@@ -306,10 +309,10 @@ fn subscription(
     let bounds = Bounds::validate(spec, at)?;
     let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
     let rabbitmq = spec.rabbitmq.clone().map(|c| c.relative_to(base_dir));
-    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), at)?;
+    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), spec.sqs.as_ref(), at)?;
     // A message still being delivered when the broker's wait for its
     // settlement ends is delivered again to another worker meanwhile.
-    if let Some(ack_wait_ms) = broker.ack_wait_ms()
+    if let Some(ack_wait_ms) = broker.fixed_ack_wait_ms()
         && ack_wait_ms <= response_timeout_ms
     {
         return Err((
@@ -320,8 +323,13 @@ fn subscription(
             ),
         ));
     }
-    let wait_ms = wait_ms(spec, &policy, response_timeout_ms, broker.ack_wait_ms())
-        .map_err(|reason| (at("wait_ms"), reason))?;
+    let wait_ms = wait_ms(
+        spec,
+        &policy,
+        response_timeout_ms,
+        broker.fixed_ack_wait_ms(),
+    )
+    .map_err(|reason| (at("wait_ms"), reason))?;
     // The broker would stop delivering a message after its own limit:
     // the bridge dead-letters it at that delivery instead.
     let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
