@@ -470,7 +470,10 @@ fn sdk_error<E: ProvideErrorMetadata + std::error::Error + 'static>(
     let said = idem_core::error_chain(error);
     let missing = code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist");
     let denied = code.contains("AccessDenied") || code.contains("InvalidClientTokenId");
-    let operation = format!("{operation} {url}");
+    let operation = match &config.endpoint_url {
+        Some(endpoint) => format!("{operation} {url} via {}", idem_core::redact_url(endpoint)),
+        None => format!("{operation} {url}"),
+    };
     if missing {
         return BrokerError::permanent(operation, format!("the queue does not exist: {said}"))
             .at_field(field);

@@ -9,6 +9,7 @@ pub mod dynamo;
 pub mod nats;
 pub mod nodes;
 pub mod rabbit;
+pub mod sqs;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
