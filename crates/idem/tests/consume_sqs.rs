@@ -9,6 +9,7 @@
 
 mod support;
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use support::sqs::Sqs;
 
 consume_suite!(Sqs);
@@ -179,5 +180,153 @@ async fn a_queue_deleted_under_the_consumer_stops_it_with_a_clear_error_and_no_e
         .await;
     assert_eq!(bed.up.hits(), 1, "the effect ran again");
     assert_eq!(settled(&stopped, "payouts").acked, 1);
+    bed.delete(&[&q]).await;
+}
+
+/// Gives queue `q` a redrive policy: after `count` receives SQS moves a
+/// message to `<q>-redrive` on its own.
+async fn redrive_policy(sqs: &Sqs, q: &str, count: u32) {
+    let target = format!("{q}-redrive");
+    support::sqs::create(&sqs.client, &target).await;
+    let policy = format!(
+        r#"{{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:{target}","maxReceiveCount":"{count}"}}"#
+    );
+    sqs.client
+        .set_queue_attributes()
+        .queue_url(support::sqs::url(q))
+        .attributes(QueueAttributeName::RedrivePolicy, policy)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The queue's redrive policy (`maxReceiveCount` 2) is read at start and
+/// becomes the bridge's delivery limit: an outcome the provider cannot
+/// settle is dead-lettered by the consumer at the second delivery, with
+/// its reason, before SQS would move it on its own. Once the provider
+/// answers again, an operator redrives it. moto honours a redrive
+/// policy's `maxReceiveCount` but not `StartMessageMoveTask`, so the
+/// redrive here receives from the dead-letter queue and sends back to the
+/// queue, as a redrive tool does: the key is the payload's, so the
+/// redriven message replays the recorded outcome and runs nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_policy_bounds_the_deliveries_and_a_redriven_message_replays() {
+    let bed = Bed::<Sqs>::new().await;
+    let q = Sqs::unique("redrive");
+    let sub = Sub {
+        deliver: "/fail".into(),
+        ..Sub::new(&q)
+    };
+    let config = bed.config(&[sub]);
+    redrive_policy(&bed.broker, &q, 2).await;
+    bed.up.set_lookup_down(true);
+    let consumer = Consumer::start(&config, 1);
+    assert!(
+        consumer.logs().contains("max_receive_count=Some(2)"),
+        "{}",
+        consumer.logs()
+    );
+    let intent = payout(847, "2026-W36", 1200);
+    bed.publish(&q, &intent, "m-1").await;
+    let dead = || async { bed.broker.counts(&q).await.dead == 1 };
+    assert!(
+        support::broker::until(WAIT, dead).await,
+        "{}",
+        consumer.logs()
+    );
+    let copies = bed
+        .broker
+        .copies(&q, support::broker::Sink::DeadLetter)
+        .await;
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].header("Idem-Reason"), Some("undecided"));
+    assert_eq!(bed.up.hits(), 1);
+
+    // The provider answers again; the operator sends the message back.
+    bed.up.set_lookup_down(false);
+    let body = copies[0].payload.clone();
+    bed.publish(&q, &body, "m-1-redriven").await;
+    let stopped = bed
+        .stop_settled(&bed.store_url(), 1, &drained(&q), vec![consumer])
+        .await;
+    assert_eq!(bed.up.hits(), 1, "the redriven message ran again");
+    bed.assert_effects(&[(&payout_key(847, "2026-W36"), 1)]);
+    assert_eq!(settled(&stopped, "payouts").acked, 1);
+    assert_eq!(
+        bed.broker
+            .attribute(
+                &format!("{q}-redrive"),
+                QueueAttributeName::ApproximateNumberOfMessages
+            )
+            .await,
+        0,
+        "SQS moved a message on its own"
+    );
+    let _ = bed
+        .broker
+        .client
+        .delete_queue()
+        .queue_url(support::sqs::url(&format!("{q}-redrive")))
+        .send()
+        .await;
+    bed.delete(&[&q]).await;
+}
+
+/// `idem check --consumer` reads an SQS queue's redrive policy: one
+/// receive of 2 s against a lease of 2 s plus a 1.5 s response timeout is
+/// a warning that does not fail the check; a queue that cannot be reached
+/// is said so, and the other checks still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_check_warns_of_a_redrive_shorter_than_a_record_in_flight() {
+    let bed = Bed::<Sqs>::new().await;
+    let q = Sqs::unique("checked");
+    let config = bed.config(&[Sub::new(&q)]);
+    redrive_policy(&bed.broker, &q, 1).await;
+    let path = config.to_str().unwrap().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        support::consume_suite::idem_bounded(&["check", "--consumer", &path])
+    })
+    .await
+    .unwrap();
+    let report = support::text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    for part in [
+        "WARN sqs.redrive",
+        "maxReceiveCount 1",
+        "INFO sqs.receive_count",
+    ] {
+        assert!(report.contains(part), "{part}:\n{report}");
+    }
+
+    let port = idem_testkit::free_port().unwrap();
+    let moved = std::fs::read_to_string(&config).unwrap().replace(
+        &support::sqs::url(""),
+        &format!("http://127.0.0.1:{port}/123456789012/"),
+    );
+    let text = moved.replace(
+        &format!(
+            "endpoint_url = \"{}\"",
+            idem_testkit::services::Service::Moto.endpoint()
+        ),
+        &format!("endpoint_url = \"http://127.0.0.1:{port}\""),
+    );
+    let path = bed.site.config(&text);
+    let path = path.to_str().unwrap().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        support::consume_suite::idem_bounded(&["check", "--consumer", &path])
+    })
+    .await
+    .unwrap();
+    let report = support::text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("WARN sqs.unreachable"), "{report}");
+    assert!(report.contains("consumer.key_source"), "{report}");
+    let _ = bed
+        .broker
+        .client
+        .delete_queue()
+        .queue_url(support::sqs::url(&format!("{q}-redrive")))
+        .send()
+        .await;
     bed.delete(&[&q]).await;
 }

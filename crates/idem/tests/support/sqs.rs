@@ -105,7 +105,7 @@ fn create_all_blocking(dest: &str) {
 
 impl Sqs {
     /// One attribute of queue `name`, as a number (0 when absent).
-    async fn attribute(&self, name: &str, attribute: QueueAttributeName) -> u64 {
+    pub async fn attribute(&self, name: &str, attribute: QueueAttributeName) -> u64 {
         let answer = self
             .client
             .get_queue_attributes()
