@@ -43,8 +43,13 @@
 //! A queue whose URL ends in `.fifo` is read one message per message group
 //! at a time inside this subscription: a later message of a group whose
 //! earlier message is unsettled is held back until that one is settled. If
-//! the earlier one is retried, the held-back ones received with it are
-//! handed back with the same delay, so the group's order is kept.
+//! the earlier one is retried (or its settlement fails), the held-back ones
+//! received with it are handed back to SQS at once (visibility 0): SQS
+//! hands out no message of a group while one of it is invisible, so they
+//! come again after the retried one, in order. (Handed back with the same
+//! delay instead, they would become visible together with it, and an
+//! emulator that frees a group by its messages' expiries, as moto 5 does,
+//! hands out the last first.)
 //!
 //! # Messages
 //!
@@ -576,8 +581,9 @@ impl Shared {
         taken
     }
 
-    /// Sets the visibility of each of `receipts` to `seconds`; failures
-    /// are logged (the message then comes back when its visibility ends).
+    /// Sets the visibility of each of `receipts` to `seconds`; the last
+    /// failure is returned (that message comes back when its visibility
+    /// ends).
     async fn set_visibility(&self, receipts: &[String], seconds: u32) -> Result<(), BrokerError> {
         let mut result = Ok(());
         for receipt in receipts {
@@ -878,14 +884,11 @@ impl SqsSettle {
     }
 
     /// Forgets the message; on a failed settlement, hands back the waiting
-    /// messages of its group with the visibility it will come back after.
+    /// messages of its group, to come again after it.
     async fn finish(&mut self, failed: bool) {
         self.settled = true;
         let held_back = self.shared.forget(&self.received, failed);
-        if !held_back.is_empty() {
-            let visibility = self.shared.config.visibility_timeout_s;
-            let _ = self.shared.set_visibility(&held_back, visibility).await;
-        }
+        let _ = self.shared.set_visibility(&held_back, 0).await;
     }
 }
 
@@ -902,11 +905,14 @@ impl Settle for SqsSettle {
         Box::pin(async move {
             let seconds = retry_seconds(after);
             self.settled = true;
-            // The group's later messages received with it come back after
-            // it, with the same delay; then the group is free.
-            let mut receipts = vec![self.received.receipt.clone()];
-            receipts.extend(self.shared.forget(&self.received, true));
-            self.shared.set_visibility(&receipts, seconds).await
+            let receipt = [self.received.receipt.clone()];
+            let done = self.shared.set_visibility(&receipt, seconds).await;
+            // The group's later messages received with it go back to SQS,
+            // which hands out none of a group while one of it is
+            // invisible: they come again after it, in order.
+            let held_back = self.shared.forget(&self.received, true);
+            let _ = self.shared.set_visibility(&held_back, 0).await;
+            done
         })
     }
 
@@ -927,10 +933,9 @@ impl Drop for SqsSettle {
             let held_back = self.shared.forget(&self.received, true);
             if !held_back.is_empty() {
                 let shared = Arc::clone(&self.shared);
-                let visibility = shared.config.visibility_timeout_s;
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        let _ = shared.set_visibility(&held_back, visibility).await;
+                        let _ = shared.set_visibility(&held_back, 0).await;
                     });
                 }
             }

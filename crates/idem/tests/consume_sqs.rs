@@ -134,6 +134,45 @@ async fn a_fifo_queue_keeps_each_group_in_order_and_runs_the_groups_side_by_side
     bed.delete(&[&q]).await;
 }
 
+/// A FIFO group's first message is refused once (503, released) while
+/// the two after it, received in the same batch, would be paid at once:
+/// the retry hands those two back with the same delay, so they are paid
+/// after the first, in the order they were sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_fifo_message_takes_the_rest_of_its_group_back_with_it() {
+    let bed = Bed::<Sqs>::new().await;
+    let q = format!("{}.fifo", Sqs::unique("fiforetry"));
+    let sub = Sub {
+        deliver: "/busy-once".into(),
+        concurrency: 4,
+        ..Sub::new(&q)
+    };
+    let config = bed.config(&[sub]);
+    let keys: Vec<String> = (1..=3).map(|n| payout_key(847, &format!("s{n}"))).collect();
+    for key in &keys[1..] {
+        bed.up.busy_answered(key);
+    }
+    for n in 1..=3 {
+        let id = format!("m-{n}");
+        let message = Publish {
+            id: &id,
+            content_type: Some("application/json"),
+            headers: &[("group", "seller-847")],
+        };
+        let body = payout(847, &format!("s{n}"), 100);
+        bed.broker.publish(&q, body.as_bytes(), message).await;
+    }
+    let consumer = Consumer::start(&config, 1);
+    let stopped = bed
+        .stop_settled(&bed.store_url(), 3, &drained(&q), vec![consumer])
+        .await;
+    let paid: Vec<String> = bed.up.effects().into_iter().filter_map(|e| e.key).collect();
+    assert_eq!(paid, keys, "paid out of order\n{}", stopped[0].log);
+    let c = settled(&stopped, "payouts");
+    assert_eq!((c.acked, c.retried), (3, 1), "{c:?}");
+    bed.delete(&[&q]).await;
+}
+
 /// The queue deleted under a running consumer: SQS answers that it does
 /// not exist, which waiting will not mend, so `idem consume` stops with an
 /// error naming the field and the queue (a supervisor restarts it, and it

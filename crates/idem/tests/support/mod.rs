@@ -136,6 +136,16 @@ impl Upstream {
     pub fn set_lookup_down(&self, down: bool) {
         self.ledger.lock().unwrap().lookup_down = down;
     }
+
+    /// As if `/busy-once` had already refused `key` once: its next call
+    /// there pays.
+    pub fn busy_answered(&self, key: &str) {
+        self.ledger
+            .lock()
+            .unwrap()
+            .busy_seen
+            .insert(key.to_owned(), true);
+    }
 }
 
 impl Drop for Upstream {
