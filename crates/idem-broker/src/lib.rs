@@ -42,20 +42,25 @@ pub struct Message {
     /// The message's headers. Names keep the case the publisher used; a
     /// name may repeat where the broker allows it (NATS: sorted by name,
     /// each name's values in published order; AMQP: a table, sorted by
-    /// name, no repeats).
+    /// name, no repeats; SQS: the String and Number message attributes,
+    /// sorted by name).
     pub headers: Vec<(String, String)>,
     /// The broker's message id, if the publisher set one (NATS
-    /// `Nats-Msg-Id`, AMQP `message_id`). A republish or a redrive may mint
-    /// a new one, so it is not a key by default.
+    /// `Nats-Msg-Id`, AMQP `message_id`; SQS mints one, `MessageId`). A
+    /// republish or a redrive may mint a new one, so it is not a key by
+    /// default.
     pub message_id: Option<String>,
     /// The payload's media type, as the publisher declared it: AMQP's
     /// `content_type` property, else a `Content-Type` header (NATS has only
-    /// the header). The bridge delivers the payload with it.
+    /// the header; SQS a `content-type` message attribute). The bridge
+    /// delivers the payload with it.
     pub content_type: Option<String>,
-    /// Where it was published (NATS subject, AMQP routing key).
+    /// Where it was published (NATS subject, AMQP routing key, SQS queue
+    /// name).
     pub subject: String,
     /// How many times this message was delivered, this one included
-    /// (1 for the first delivery), as far as the broker counts.
+    /// (1 for the first delivery), as far as the broker counts (SQS:
+    /// `ApproximateReceiveCount`).
     pub delivery: u64,
 }
 
