@@ -369,3 +369,128 @@ async fn idem_check_warns_of_a_redrive_shorter_than_a_record_in_flight() {
         .await;
     bed.delete(&[&q]).await;
 }
+
+/// A TCP proxy in front of moto that can be cut: while cut it drops every
+/// connection, those open included, so the SDK's requests fail at once
+/// (connection refused or reset), as when the SQS endpoint is unreachable.
+struct Cut {
+    addr: std::net::SocketAddr,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Cut {
+    async fn start(target: String) -> Cut {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = down.clone();
+        let task = tokio::spawn(async move {
+            let mut open = tokio::task::JoinSet::new();
+            let mut was_down = false;
+            loop {
+                let accepted =
+                    tokio::time::timeout(Duration::from_millis(50), listener.accept()).await;
+                let is_down = flag.load(Ordering::SeqCst);
+                if is_down && !was_down {
+                    open.abort_all();
+                }
+                was_down = is_down;
+                let Ok(Ok((mut client, _))) = accepted else {
+                    continue;
+                };
+                if is_down {
+                    continue; // dropped: the client sees a reset
+                }
+                let target = target.clone();
+                open.spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Cut { addr, down, task }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The SQS endpoint unreachable under a running consumer: receives fail,
+/// `/readyz` says the subscription's broker is not connected (without
+/// its address), nothing is delivered meanwhile; once the endpoint
+/// answers again it is ready and the message sent during the outage runs
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_is_not_ready_until_a_receive_succeeds_again() {
+    let bed = Bed::<Sqs>::new().await;
+    let q = Sqs::unique("outage");
+    let moto = idem_testkit::services::Service::Moto.endpoint();
+    let cut = Cut::start(moto.trim_start_matches("http://").to_owned()).await;
+    let port = idem_testkit::free_port().unwrap();
+    let text = support::broker::consume_toml::<Sqs>(&bed.store_url(), &bed.up, &[Sub::new(&q)])
+        .replace(
+            &format!("endpoint_url = {moto:?}"),
+            &format!("endpoint_url = \"http://{}\"", cut.addr),
+        )
+        .replace(
+            "purge_interval_s = 1\n",
+            &format!("purge_interval_s = 1\nprobe_listen = \"127.0.0.1:{port}\"\n"),
+        );
+    let readyz = || async move {
+        support::send("GET", &format!("http://127.0.0.1:{port}/readyz"), &[], "").await
+    };
+    let consumer = Consumer::start(&bed.site.config(&text), 1);
+    bed.publish(&q, &payout(1, "2026-W36", 100), "before").await;
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+
+    cut.set_down(true);
+    let mut said = None;
+    for _ in 0..75 {
+        let reply = readyz().await;
+        if reply.status == 503 {
+            said = Some(reply.body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let said =
+        said.unwrap_or_else(|| panic!("still ready 15 s into the outage:\n{}", consumer.logs()));
+    let doc: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(doc["checks"]["broker:payouts"], "disconnected", "{said}");
+    assert!(!said.contains("4568"), "{said}");
+    bed.publish(&q, &payout(2, "2026-W36", 200), "during").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(bed.up.hits(), 1, "delivered while the endpoint was cut");
+
+    cut.set_down(false);
+    let mut ready = false;
+    for _ in 0..150 {
+        if readyz().await.status == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        ready,
+        "not ready after the endpoint came back:\n{}",
+        consumer.logs()
+    );
+    bed.stop_settled(&bed.store_url(), 2, &drained(&q), vec![consumer])
+        .await;
+    bed.assert_effects(&[
+        (&payout_key(1, "2026-W36"), 1),
+        (&payout_key(2, "2026-W36"), 1),
+    ]);
+    bed.delete(&[&q]).await;
+}

@@ -121,16 +121,36 @@ impl Sqs {
             .unwrap_or(0)
     }
 
+    /// Queue `name`'s visible and invisible messages, read in one call so
+    /// that a message changing visibility is counted once.
+    pub async fn visible_and_not(&self, name: &str) -> (u64, u64) {
+        let (visible, invisible) = (
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        );
+        let answer = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url(name))
+            .attribute_names(visible.clone())
+            .attribute_names(invisible.clone())
+            .send()
+            .await
+            .unwrap();
+        let read = |a: &QueueAttributeName| {
+            answer
+                .attributes()
+                .and_then(|m| m.get(a))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        (read(&visible), read(&invisible))
+    }
+
     /// Messages in queue `name` whatever their visibility.
     async fn all(&self, name: &str) -> u64 {
-        self.attribute(name, QueueAttributeName::ApproximateNumberOfMessages)
-            .await
-            + self
-                .attribute(
-                    name,
-                    QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-                )
-                .await
+        let (visible, invisible) = self.visible_and_not(name).await;
+        visible + invisible
     }
 
     /// Receives everything visible in queue `name` and deletes it.
@@ -252,16 +272,10 @@ visibility_timeout_s = {visibility}
     /// Visible messages wait; invisible ones (in hand, or handed back with
     /// a delay) are held; the sinks count whatever their visibility.
     async fn counts(&self, queue: &str) -> Counts {
+        let (waiting, held) = self.visible_and_not(queue).await;
         Counts {
-            waiting: self
-                .attribute(queue, QueueAttributeName::ApproximateNumberOfMessages)
-                .await,
-            held: self
-                .attribute(
-                    queue,
-                    QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-                )
-                .await,
+            waiting,
+            held,
             dead: self.all(&sink_name(queue, Sink::DeadLetter)).await,
             late: self.all(&sink_name(queue, Sink::Late)).await,
         }
