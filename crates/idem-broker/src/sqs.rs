@@ -33,10 +33,14 @@
 //!
 //! A received message is invisible for `visibility_timeout_s`. Until it is
 //! settled (or its [`Delivery`] dropped), a keeper task extends it by the
-//! same amount every half of it, for at most `hold_max` from its receipt
+//! same amount every half of it (one `ChangeMessageVisibilityBatch` per
+//! ten messages): a message received and still waiting for a worker as
+//! long as it waits, and one handed out for at most `hold_max` from then
 //! (the consumer passes its lease plus its response timeout): past that the
 //! record's lease is over anyway, and the record's fencing token protects
-//! the store from the attempt still running.
+//! the store from the attempt still running. (Counted from the receipt,
+//! a batch waiting behind slow workers would lose its visibility and be
+//! delivered to another consumer while still held here.)
 //!
 //! # FIFO queues
 //!
@@ -76,7 +80,10 @@ use std::time::{Duration, Instant};
 use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
 use aws_smithy_http_client::tls;
 use bytes::Bytes;
 use idem_core::FieldError;
@@ -348,9 +355,10 @@ struct State {
     waiting: VecDeque<Received>,
     /// FIFO groups with a message handed out and unsettled.
     busy_groups: HashSet<String>,
-    /// Every unsettled message's receipt handle and when it was received,
-    /// for the keeper.
-    held: HashMap<String, Instant>,
+    /// Every unsettled message's receipt handle and, once it was handed
+    /// out, when: the keeper extends a waiting message as long as it
+    /// waits, and a handed-out one for at most `hold_max`.
+    held: HashMap<String, Option<Instant>>,
 }
 
 /// One message as SQS returned it.
@@ -506,6 +514,9 @@ impl Shared {
             _ => true,
         })?;
         let received = state.waiting.remove(at)?;
+        state
+            .held
+            .insert(received.receipt.clone(), Some(Instant::now()));
         if let (Some(group), true) = (&received.group, fifo) {
             state.busy_groups.insert(group.clone());
         }
@@ -534,14 +545,13 @@ impl Shared {
             }
         };
         self.connected.store(true, Ordering::Relaxed);
-        let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         for m in answer.messages.unwrap_or_default() {
             let system = m.attributes.unwrap_or_default();
             let (Some(receipt), Some(message_id)) = (m.receipt_handle, m.message_id) else {
                 continue;
             };
-            state.held.insert(receipt.clone(), now);
+            state.held.insert(receipt.clone(), None);
             state.waiting.push_back(Received {
                 receipt,
                 message_id,
@@ -585,25 +595,37 @@ impl Shared {
     /// failure is returned (that message comes back when its visibility
     /// ends).
     async fn set_visibility(&self, receipts: &[String], seconds: u32) -> Result<(), BrokerError> {
+        let c = &self.config;
         let mut result = Ok(());
-        for receipt in receipts {
+        // One call per ten messages, SQS's batch limit.
+        for chunk in receipts.chunks(10) {
+            let entries = chunk.iter().enumerate().filter_map(|(i, receipt)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(receipt)
+                    .visibility_timeout(to_i32(seconds))
+                    .build()
+                    .ok()
+            });
             let sent = self
                 .client
-                .change_message_visibility()
-                .queue_url(&self.config.queue_url)
-                .receipt_handle(receipt)
-                .visibility_timeout(to_i32(seconds))
+                .change_message_visibility_batch()
+                .queue_url(&c.queue_url)
+                .set_entries(Some(entries.collect()))
                 .send()
                 .await;
-            if let Err(e) = sent {
-                let c = &self.config;
-                result = Err(sdk_error(
-                    "sqs change-visibility",
-                    &c.queue_url,
-                    c,
-                    "queue_url",
-                    &e,
-                ));
+            match sent {
+                Err(e) => {
+                    let op = "sqs change-visibility";
+                    result = Err(sdk_error(op, &c.queue_url, c, "queue_url", &e));
+                }
+                Ok(answer) => {
+                    if let Some(failed) = answer.failed.first() {
+                        let reason = format!("{}: {}", failed.code, failed.message().unwrap_or(""));
+                        let op = format!("sqs change-visibility {}", c.queue_url);
+                        result = Err(BrokerError::transient(op, reason));
+                    }
+                }
             }
         }
         result
@@ -731,8 +753,9 @@ fn to_i32(n: u32) -> i32 {
 }
 
 /// Extends the visibility of every unsettled message every half of the
-/// visibility timeout, each for at most `hold_max` from its receipt; ends
-/// when the subscription is gone.
+/// visibility timeout: a waiting one as long as it waits, a handed-out one
+/// for at most `hold_max` from when it was handed out; ends when the
+/// subscription is gone.
 async fn keep(shared: Weak<Shared>) {
     let period = match shared.upgrade() {
         Some(s) => Duration::from_millis(u64::from(s.config.visibility_timeout_s) * 500),
@@ -748,7 +771,7 @@ async fn keep(shared: Weak<Shared>) {
             let hold_max = shared.hold_max;
             state
                 .held
-                .retain(|_, received| received.elapsed() < hold_max);
+                .retain(|_, handed| handed.is_none_or(|at| at.elapsed() < hold_max));
             state.held.keys().cloned().collect()
         };
         let visibility = shared.config.visibility_timeout_s;

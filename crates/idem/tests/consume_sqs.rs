@@ -494,3 +494,54 @@ async fn an_unreachable_endpoint_is_not_ready_until_a_receive_succeeds_again() {
     ]);
     bed.delete(&[&q]).await;
 }
+
+/// Six messages received in one batch by one worker whose effect takes
+/// 1.5 s: the last waits about 7.5 s for the worker, longer than the lease
+/// plus the response timeout (4.5 s). Its visibility is kept as long as it
+/// waits (the bound counts from when a worker takes it), so no message
+/// ever shows visible again while the consumer holds it, and each is
+/// delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_received_batch_keeps_its_visibility_while_it_waits_for_a_worker() {
+    const SENT: u64 = 6;
+    let bed = Bed::<Sqs>::new().await;
+    let q = Sqs::unique("batch");
+    let sub = Sub {
+        deliver: "/slow?ms=1500".into(),
+        response_timeout_ms: 2_000,
+        lease_ms: 2_500,
+        ack_wait_ms: 2_000,
+        concurrency: 1,
+        ..Sub::new(&q)
+    };
+    let config = bed.config(&[sub]);
+    for seller in 0..SENT {
+        let intent = payout(seller, "2026-W36", 100);
+        bed.publish(&q, &intent, &format!("m-{seller}")).await;
+    }
+    let consumer = Consumer::start(&config, 1);
+    assert!(eventually(WAIT, || bed.up.hits() == 1).await);
+    // From the first effect to the last, nothing of the queue is visible.
+    while bed.up.hits() < SENT as usize {
+        let (visible, _) = bed.broker.visible_and_not(&q).await;
+        assert_eq!(
+            visible,
+            0,
+            "a message held by the consumer became visible after {} effects\n{}",
+            bed.up.hits(),
+            consumer.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stopped = bed
+        .stop_settled(
+            &bed.store_url(),
+            SENT as usize,
+            &drained(&q),
+            vec![consumer],
+        )
+        .await;
+    let c = settled(&stopped, "payouts");
+    assert_eq!((c.acked, c.retried, c.settle_failed), (SENT, 0, 0), "{c:?}");
+    bed.delete(&[&q]).await;
+}
