@@ -750,6 +750,48 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         ConsumeConfig::load(&path)
     }
 
+    /// `GOOD` reading an SQS queue instead, with `extra` in its section.
+    fn on_sqs(extra: &str) -> String {
+        let base = "https://sqs.eu-west-1.amazonaws.com/123456789012";
+        GOOD.replace(
+            "[subscription.rabbitmq]\nqueue = \"payouts\"",
+            &format!(
+                "[subscription.sqs]\nqueue_url = \"{base}/payouts\"\n\
+                 dead_letter_queue_url = \"{base}/payouts-dead\"\n\
+                 late_queue_url = \"{base}/payouts-late\"\n{extra}"
+            ),
+        )
+    }
+
+    #[test]
+    fn an_sqs_subscription_loads_and_its_mistakes_name_their_field() {
+        // The visibility is extended while a message runs: unlike a NATS
+        // ack_wait_ms, it may be shorter than the response timeout.
+        let config = load(&on_sqs("visibility_timeout_s = 2")).unwrap();
+        let broker = &config.subscriptions[0].broker;
+        assert_eq!(broker.ack_wait_ms(), Some(2_000));
+        assert_eq!(broker.fixed_ack_wait_ms(), None);
+        assert_eq!(
+            broker.describe(),
+            "sqs queue payouts at https://sqs.eu-west-1.amazonaws.com/123456789012/payouts"
+        );
+        let cases = [
+            (on_sqs("batch_size = 0"), "subscription[0].sqs.batch_size"),
+            (
+                on_sqs("").replace(
+                    "[subscription.sqs]",
+                    "[subscription.rabbitmq]\nqueue = \"q\"\n[subscription.sqs]",
+                ),
+                "subscription[0].sqs",
+            ),
+            (on_sqs("queue = \"x\""), "queue"),
+        ];
+        for (text, field) in cases {
+            let e = load(&text).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+
     #[test]
     fn a_bad_store_is_refused_naming_the_field() {
         let cases = [
