@@ -451,6 +451,8 @@ async fn client(config: &SqsConfig) -> Client {
     Client::new(&loader.load().await)
 }
 
+/// The attributes of the queue at `url` (the one of `field`): a queue
+/// that does not exist or may not be read is a permanent error about it.
 async fn read_attributes(
     client: &Client,
     config: &SqsConfig,
