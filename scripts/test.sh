@@ -3,7 +3,8 @@
 # checks the Rust toolchain (scripts/check-toolchain.sh), installs (Debian
 # packages) and starts whatever does not answer — PostgreSQL with its
 # server binaries, NATS with JetStream, RabbitMQ, Chromium and
-# chromedriver, and the DynamoDB emulators dynalite (npm) and moto (PyPI) —, lets the tests into PostgreSQL (see
+# chromedriver, and the DynamoDB emulators dynalite (npm) and moto (PyPI; it serves SQS too, for
+# crates/idem/tests/consume_sqs.rs) —, lets the tests into PostgreSQL (see
 # ensure_postgres_access), then runs `cargo test --workspace` with any
 # arguments given (with `-p PACKAGE`, `cargo test` of those packages only),
 # and, for the whole workspace with no arguments, the gateway's black-box

@@ -9,16 +9,19 @@
 //! broker went away) may not have taken effect, so the broker may deliver
 //! the message again: the record decides what the redelivery does.
 //!
-//! Adapters: [`nats`] (NATS JetStream, a durable pull consumer) and
-//! [`rabbitmq`] (RabbitMQ, manual acks and publisher confirms).
+//! Adapters: [`nats`] (NATS JetStream, a durable pull consumer),
+//! [`rabbitmq`] (RabbitMQ, manual acks and publisher confirms) and [`sqs`]
+//! (Amazon SQS, long polling with visibility kept while a message runs).
 
 pub mod nats;
 pub mod rabbitmq;
+pub mod sqs;
 mod tls_files;
 
 pub use idem_core::FieldError;
 pub use nats::{NatsConfig, NatsSubscription};
 pub use rabbitmq::{RabbitConfig, RabbitSubscription};
+pub use sqs::{SqsConfig, SqsSubscription};
 pub use tls_files::TlsFiles;
 
 use std::fmt;
@@ -39,20 +42,25 @@ pub struct Message {
     /// The message's headers. Names keep the case the publisher used; a
     /// name may repeat where the broker allows it (NATS: sorted by name,
     /// each name's values in published order; AMQP: a table, sorted by
-    /// name, no repeats).
+    /// name, no repeats; SQS: the String and Number message attributes,
+    /// sorted by name).
     pub headers: Vec<(String, String)>,
     /// The broker's message id, if the publisher set one (NATS
-    /// `Nats-Msg-Id`, AMQP `message_id`). A republish or a redrive may mint
-    /// a new one, so it is not a key by default.
+    /// `Nats-Msg-Id`, AMQP `message_id`; SQS mints one, `MessageId`). A
+    /// republish or a redrive may mint a new one, so it is not a key by
+    /// default.
     pub message_id: Option<String>,
     /// The payload's media type, as the publisher declared it: AMQP's
     /// `content_type` property, else a `Content-Type` header (NATS has only
-    /// the header). The bridge delivers the payload with it.
+    /// the header; SQS a `content-type` message attribute). The bridge
+    /// delivers the payload with it.
     pub content_type: Option<String>,
-    /// Where it was published (NATS subject, AMQP routing key).
+    /// Where it was published (NATS subject, AMQP routing key, SQS queue
+    /// name).
     pub subject: String,
     /// How many times this message was delivered, this one included
-    /// (1 for the first delivery), as far as the broker counts.
+    /// (1 for the first delivery), as far as the broker counts (SQS:
+    /// `ApproximateReceiveCount`).
     pub delivery: u64,
 }
 
@@ -126,6 +134,14 @@ pub trait Subscription: Send + Sync {
     /// Whether the subscription holds a live connection to the broker now,
     /// for a readiness probe; without blocking.
     fn connected(&self) -> bool;
+
+    /// Once no more deliveries will be taken: hands back to the broker
+    /// what the subscription received and did not hand out (SQS holds
+    /// such messages invisible). Nothing to do where the broker takes back
+    /// what a closed connection held.
+    fn release(&self) -> BrokerFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A broker operation that failed.

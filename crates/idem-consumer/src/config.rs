@@ -39,6 +39,7 @@ use serde::Deserialize;
 
 use idem_broker::nats::NatsConfig;
 use idem_broker::rabbitmq::RabbitConfig;
+use idem_broker::sqs::SqsConfig;
 
 use crate::broker::Broker;
 
@@ -153,6 +154,8 @@ pub struct SubscriptionSpec {
     pub nats: Option<NatsConfig>,
     /// A RabbitMQ queue (`[subscription.rabbitmq]`).
     pub rabbitmq: Option<RabbitConfig>,
+    /// An Amazon SQS queue (`[subscription.sqs]`).
+    pub sqs: Option<SqsConfig>,
 }
 
 /// A validated subscription.
@@ -306,10 +309,10 @@ fn subscription(
     let bounds = Bounds::validate(spec, at)?;
     let nats = spec.nats.clone().map(|c| c.relative_to(base_dir));
     let rabbitmq = spec.rabbitmq.clone().map(|c| c.relative_to(base_dir));
-    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), at)?;
+    let broker = Broker::from_sections(nats.as_ref(), rabbitmq.as_ref(), spec.sqs.as_ref(), at)?;
     // A message still being delivered when the broker's wait for its
     // settlement ends is delivered again to another worker meanwhile.
-    if let Some(ack_wait_ms) = broker.ack_wait_ms()
+    if let Some(ack_wait_ms) = broker.fixed_ack_wait_ms()
         && ack_wait_ms <= response_timeout_ms
     {
         return Err((
@@ -320,8 +323,13 @@ fn subscription(
             ),
         ));
     }
-    let wait_ms = wait_ms(spec, &policy, response_timeout_ms, broker.ack_wait_ms())
-        .map_err(|reason| (at("wait_ms"), reason))?;
+    let wait_ms = wait_ms(
+        spec,
+        &policy,
+        response_timeout_ms,
+        broker.fixed_ack_wait_ms(),
+    )
+    .map_err(|reason| (at("wait_ms"), reason))?;
     // The broker would stop delivering a message after its own limit:
     // the bridge dead-letters it at that delivery instead.
     let max_deliveries = match (spec.max_deliveries, broker.max_deliver()) {
@@ -740,6 +748,48 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         let path = dir.path().join("consume.toml");
         std::fs::write(&path, text).unwrap();
         ConsumeConfig::load(&path)
+    }
+
+    /// `GOOD` reading an SQS queue instead, with `extra` in its section.
+    fn on_sqs(extra: &str) -> String {
+        let base = "https://sqs.eu-west-1.amazonaws.com/123456789012";
+        GOOD.replace(
+            "[subscription.rabbitmq]\nqueue = \"payouts\"",
+            &format!(
+                "[subscription.sqs]\nqueue_url = \"{base}/payouts\"\n\
+                 dead_letter_queue_url = \"{base}/payouts-dead\"\n\
+                 late_queue_url = \"{base}/payouts-late\"\n{extra}"
+            ),
+        )
+    }
+
+    #[test]
+    fn an_sqs_subscription_loads_and_its_mistakes_name_their_field() {
+        // The visibility is extended while a message runs: unlike a NATS
+        // ack_wait_ms, it may be shorter than the response timeout.
+        let config = load(&on_sqs("visibility_timeout_s = 2")).unwrap();
+        let broker = &config.subscriptions[0].broker;
+        assert_eq!(broker.ack_wait_ms(), Some(2_000));
+        assert_eq!(broker.fixed_ack_wait_ms(), None);
+        assert_eq!(
+            broker.describe(),
+            "sqs queue payouts at https://sqs.eu-west-1.amazonaws.com/123456789012/payouts"
+        );
+        let cases = [
+            (on_sqs("batch_size = 0"), "subscription[0].sqs.batch_size"),
+            (
+                on_sqs("").replace(
+                    "[subscription.sqs]",
+                    "[subscription.rabbitmq]\nqueue = \"q\"\n[subscription.sqs]",
+                ),
+                "subscription[0].sqs",
+            ),
+            (on_sqs("queue = \"x\""), "queue"),
+        ];
+        for (text, field) in cases {
+            let e = load(&text).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
     }
 
     #[test]

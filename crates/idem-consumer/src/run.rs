@@ -8,6 +8,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{SettleOnRetry, Store, SystemClock, VerifyFresh, WindowWatch};
@@ -116,7 +117,11 @@ pub async fn run(
         let stop = stop_rx.clone();
         let (name, concurrency, section) = (sub.name.clone(), sub.concurrency, sub.broker.clone());
         tasks.spawn(async move {
-            let pumped = pump(broker, Arc::new(handler), concurrency, stop).await;
+            let pumped = pump(Arc::clone(&broker), Arc::new(handler), concurrency, stop).await;
+            if let Err(e) = broker.release().await {
+                tracing::warn!(subscription = %name, error = %e,
+                    "cannot hand back the messages received and not handled");
+            }
             (i, name, section, pumped)
         });
     }
@@ -173,8 +178,26 @@ async fn open<'a>(
     let settler = reconciler.map(|r| Arc::clone(r) as Arc<dyn SettleOnRetry>);
     let mut pumps = Vec::with_capacity(config.subscriptions.len());
     for (i, sub) in config.subscriptions.iter().enumerate() {
+        let hold_max = Duration::from_millis(sub.policy.lease_ms()) + sub.response_timeout;
+        let opened = sub
+            .broker
+            .open(hold_max)
+            .await
+            .map_err(|error| RunError::Open {
+                name: sub.name.clone(),
+                field: field_of(i, &sub.broker, &error),
+                error,
+            })?;
+        let broker = opened.subscription;
+        // A limit read from the broker (an SQS redrive policy): the bridge
+        // dead-letters at that delivery, with its reason, before the broker
+        // moves the message on its own.
+        let mut limited = sub.clone();
+        if let Some(theirs) = opened.max_deliver {
+            limited.max_deliveries = Some(sub.max_deliveries.map_or(theirs, |o| o.min(theirs)));
+        }
         let handler = Subscriber::new(
-            sub,
+            &limited,
             Arc::clone(store),
             (&config.owner, config.region.as_deref()),
             (Arc::clone(window), verifier.clone()),
@@ -184,12 +207,6 @@ async fn open<'a>(
             name: sub.name.clone(),
             reason,
         })?;
-        let broker: Arc<dyn BrokerSubscription> =
-            sub.broker.open().await.map_err(|error| RunError::Open {
-                name: sub.name.clone(),
-                field: field_of(i, &sub.broker, &error),
-                error,
-            })?;
         tracing::info!(subscription = %sub.name, broker = %broker.describe(),
             deliver = %sub.deliver, concurrency = sub.concurrency, "consuming");
         pumps.push((i, sub, broker, handler));

@@ -36,7 +36,7 @@ pub enum Service {
     /// dynalite, a DynamoDB implementation from npm
     /// (`IDEM_TEST_DYNALITE_URL`, default [`DYNALITE_URL_DEFAULT`]).
     Dynalite,
-    /// moto in server mode, a DynamoDB implementation from PyPI
+    /// moto in server mode, from PyPI: DynamoDB and SQS on one port
     /// (`IDEM_TEST_MOTO_URL`, default [`MOTO_URL_DEFAULT`]).
     Moto,
 }

@@ -186,6 +186,7 @@ fn consumer(
             None => (None, Vec::new(), None),
         };
         cross.push(idem_consumer::contracts::key_source(sub));
+        let notes = broker_notes(sub);
         let ok =
             report.as_ref().is_none_or(|r| r.passed()) && cross.iter().all(|f| f.verdict.passed());
         passed &= ok;
@@ -202,15 +203,39 @@ fn consumer(
                     print!("{}", report.render_text(colour));
                 }
                 print!("{}", idem_contract::render_findings(&cross, colour));
+                for note in &notes {
+                    println!("  {} {}: {}", note.level, note.topic, note.text);
+                }
             }
             Format::Json => json.push(serde_json::json!({
                 "subscription": sub.name,
                 "file": file.map(|p| p.display().to_string()),
                 "report": report.map(|r| r.to_json()),
                 "consumer": cross.iter().map(|f| f.to_json()).collect::<Vec<_>>(),
+                "broker": notes.iter().map(|n| serde_json::json!({
+                    "level": n.level, "topic": n.topic, "text": n.text,
+                })).collect::<Vec<_>>(),
                 "passed": ok,
             })),
         }
     }
     Ok(passed)
+}
+
+/// What the subscription's broker says of itself (an SQS queue's redrive
+/// policy), read on a runtime of its own: notes, never a failure.
+fn broker_notes(
+    sub: &idem_consumer::config::Subscription,
+) -> Vec<idem_consumer::contracts::BrokerNote> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(idem_consumer::contracts::broker_notes(sub)),
+        Err(e) => vec![idem_consumer::contracts::BrokerNote {
+            level: "WARN",
+            topic: "broker",
+            text: format!("cannot read the broker: {e}"),
+        }],
+    }
 }

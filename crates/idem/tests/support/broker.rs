@@ -1,9 +1,9 @@
 //! The test bed the black-box `idem consume` suite runs on, whatever the
 //! broker: what the suite asks of a broker ([`Broker`]: publish, count,
 //! read the copies the consumer stored), the consumer's config file, and
-//! the end-of-test check that nothing was left unsettled. `nats.rs` and
-//! `rabbit.rs` hold each broker's side of it; `consume_suite.rs` the
-//! scenarios.
+//! the end-of-test check that nothing was left unsettled. `nats.rs`,
+//! `rabbit.rs` and `sqs.rs` hold each broker's side of it;
+//! `consume_suite.rs` the scenarios.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -139,6 +139,9 @@ pub trait Broker: Sized {
     /// A URL of the broker's scheme on `port` of 127.0.0.1 with user
     /// `payer` and password `s3cret`, and how errors must show it.
     fn url_with_password(port: u16) -> (String, String);
+
+    /// The field of the broker's section that says where the broker is.
+    const ADDRESS_FIELD: &'static str = "url";
 
     /// The broker section of the config the config-error cases edit.
     const VALID_SECTION: &'static str;

@@ -647,6 +647,7 @@ url = "http://127.0.0.1:9/payouts/by-key/{{forwarded_key}}"
 pub fn idem_bounded(args: &[&str]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
+        .envs(super::dynamo::AWS_ENV.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -742,14 +743,17 @@ pub fn an_unreachable_broker_is_named_with_its_address_field_and_file_and_no_pas
     let (url, masked) = B::url_with_password(port);
     let site = Site::new();
     let header = format!("[subscription.{}]\n", B::SECTION);
-    let config = valid::<B>(&site).replace(&header, &format!("{header}url = {url:?}\n"));
+    let config = valid::<B>(&site).replace(
+        &header,
+        &format!("{header}{} = {url:?}\n", B::ADDRESS_FIELD),
+    );
     let path = site.config(&config);
     let out = idem_bounded(&["consume", "--config", path.to_str().unwrap()]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     for part in [
         path.display().to_string(),
-        format!("subscription[0].{}.url", B::SECTION),
+        format!("subscription[0].{}.{}", B::SECTION, B::ADDRESS_FIELD),
         masked,
     ] {
         assert!(stderr.contains(&part), "{part} is not named:\n{stderr}");

@@ -9,6 +9,7 @@ pub mod dynamo;
 pub mod nats;
 pub mod nodes;
 pub mod rabbit;
+pub mod sqs;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -134,6 +135,16 @@ impl Upstream {
 
     pub fn set_lookup_down(&self, down: bool) {
         self.ledger.lock().unwrap().lookup_down = down;
+    }
+
+    /// As if `/busy-once` had already refused `key` once: its next call
+    /// there pays.
+    pub fn busy_answered(&self, key: &str) {
+        self.ledger
+            .lock()
+            .unwrap()
+            .busy_seen
+            .insert(key.to_owned(), true);
     }
 }
 

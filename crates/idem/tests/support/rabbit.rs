@@ -174,7 +174,7 @@ queue = "idem-consume-config-never-declared"
             "",
             // The error is the subscription's; its message names the
             // section.
-            "[subscription.rabbitmq] section",
+            "[subscription.rabbitmq]",
         )]
     }
 
