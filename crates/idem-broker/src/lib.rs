@@ -31,6 +31,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+/// The header (SQS: the message attribute) that carries a dead-lettered or
+/// late copy's reason code, on every broker.
+pub const REASON_HEADER: &str = "Idem-Reason";
+/// The header (SQS: the message attribute) that carries a dead-lettered or
+/// late copy's reason, in words, on every broker.
+pub const REASON_DETAIL_HEADER: &str = "Idem-Reason-Detail";
+
 /// What a broker operation returns.
 pub type BrokerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BrokerError>> + Send + 'a>>;
 

@@ -145,7 +145,8 @@ use serde::Deserialize;
 use tokio::sync::Mutex;
 
 use crate::{
-    BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription, TlsRefusal,
+    BrokerError, BrokerFuture, Delivery, Message, REASON_DETAIL_HEADER, REASON_HEADER, Reason,
+    Settle, Subscription, TlsRefusal,
 };
 
 /// Where to read from and where copies go; read from the bridge's
@@ -673,8 +674,6 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
 /// The headers a copy carries to say where it came from and why.
-const REASON: &str = "Idem-Reason";
-const REASON_DETAIL: &str = "Idem-Reason-Detail";
 const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
 const ORIGINAL_MESSAGE_ID: &str = "Idem-Original-Message-Id";
 
@@ -875,7 +874,12 @@ fn copy_headers(
     sequence: u64,
     sink: Sink,
 ) -> Result<HeaderMap, String> {
-    let ours = [REASON, REASON_DETAIL, ORIGINAL_SUBJECT, ORIGINAL_MESSAGE_ID];
+    let ours = [
+        REASON_HEADER,
+        REASON_DETAIL_HEADER,
+        ORIGINAL_SUBJECT,
+        ORIGINAL_MESSAGE_ID,
+    ];
     let mut headers = HeaderMap::new();
     for (name, values) in original.headers.iter().flat_map(|map| map.iter()) {
         let text: &str = name.as_ref();
@@ -892,8 +896,8 @@ fn copy_headers(
         headers.insert(HeaderName::from_static(name), value);
         Ok(())
     };
-    set(REASON, &reason.code)?;
-    set(REASON_DETAIL, &reason.detail)?;
+    set(REASON_HEADER, &reason.code)?;
+    set(REASON_DETAIL_HEADER, &reason.detail)?;
     set(ORIGINAL_SUBJECT, original.subject.as_str())?;
     if let Some(id) = original
         .headers

@@ -176,10 +176,7 @@ use crate::{
 pub const DELIVERY_HEADER: &str = "x-idem-delivery";
 /// The header that carries the original routing key across retries.
 pub const ROUTING_KEY_HEADER: &str = "x-idem-routing-key";
-/// The header that carries a dead-lettered or late message's reason code.
-pub const REASON_HEADER: &str = "Idem-Reason";
-/// The header that carries a dead-lettered or late message's reason, in words.
-pub const REASON_DETAIL_HEADER: &str = "Idem-Reason-Detail";
+pub use crate::{REASON_DETAIL_HEADER, REASON_HEADER};
 
 /// Where and how to consume, as read from a configuration file. Every name
 /// left out is derived from `queue`.

@@ -20,7 +20,7 @@
 //!   counts the next receive (`ApproximateReceiveCount`).
 //! - `dead_letter(reason)` / `late(reason)` → `SendMessage` to the sink
 //!   (the payload, the original's message attributes, and
-//!   [`REASON_ATTRIBUTE`] / [`REASON_DETAIL_ATTRIBUTE`]), then
+//!   [`REASON_HEADER`] / [`REASON_DETAIL_HEADER`]), then
 //!   `DeleteMessage`. A FIFO sink is given the original's message group
 //!   (the queue's name when it has none) and a deduplication id derived
 //!   from the original's message id and the sink, so that a send retried
@@ -90,13 +90,11 @@ use idem_core::FieldError;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use crate::{BrokerError, BrokerFuture, Delivery, Message, Reason, Settle, Subscription};
+use crate::{
+    BrokerError, BrokerFuture, Delivery, Message, REASON_DETAIL_HEADER, REASON_HEADER, Reason,
+    Settle, Subscription,
+};
 
-/// The message attribute that carries a dead-lettered or late message's
-/// reason code.
-pub const REASON_ATTRIBUTE: &str = "idem-reason";
-/// The message attribute that carries the reason, in words.
-pub const REASON_DETAIL_ATTRIBUTE: &str = "idem-detail";
 /// The header a FIFO message's `MessageGroupId` is shown as.
 pub const GROUP_HEADER: &str = "sqs-message-group-id";
 
@@ -717,8 +715,8 @@ fn copy_attributes(
     };
     let mut copy = HashMap::new();
     for (name, value) in [
-        (REASON_ATTRIBUTE, reason.code.as_str()),
-        (REASON_DETAIL_ATTRIBUTE, reason.detail.as_str()),
+        (REASON_HEADER, reason.code.as_str()),
+        (REASON_DETAIL_HEADER, reason.detail.as_str()),
     ] {
         // SQS refuses an empty String attribute.
         let value = if value.is_empty() { "-" } else { value };
@@ -729,8 +727,7 @@ fn copy_attributes(
     let mut names: Vec<&String> = original
         .keys()
         .filter(|n| {
-            !n.eq_ignore_ascii_case(REASON_ATTRIBUTE)
-                && !n.eq_ignore_ascii_case(REASON_DETAIL_ATTRIBUTE)
+            !n.eq_ignore_ascii_case(REASON_HEADER) && !n.eq_ignore_ascii_case(REASON_DETAIL_HEADER)
         })
         .collect();
     names.sort();
@@ -1107,15 +1104,15 @@ mod tests {
     fn a_copy_carries_the_reason_and_the_original_attributes_within_sqs_limit() {
         let mut original: HashMap<String, MessageAttributeValue> =
             (0..12).map(|i| (format!("h{i:02}"), text("v"))).collect();
-        original.insert(REASON_ATTRIBUTE.into(), text("stale"));
+        original.insert(REASON_HEADER.into(), text("stale"));
         let reason = Reason {
             code: "key-reused".into(),
             detail: String::new(),
         };
         let copy = copy_attributes(&original, &reason);
         assert_eq!(copy.len(), ATTRIBUTES_MAX);
-        assert_eq!(copy[REASON_ATTRIBUTE].string_value(), Some("key-reused"));
-        assert_eq!(copy[REASON_DETAIL_ATTRIBUTE].string_value(), Some("-"));
+        assert_eq!(copy[REASON_HEADER].string_value(), Some("key-reused"));
+        assert_eq!(copy[REASON_DETAIL_HEADER].string_value(), Some("-"));
         assert!(copy.contains_key("h00"));
     }
 

@@ -20,13 +20,6 @@ use super::broker::{Broker, Copy, Counts, Publish, Sink, Sub};
 /// with another one, so the producer's id travels as an attribute.
 pub const ID_ATTRIBUTE: &str = "publish-id";
 
-/// The suite's names for the reason headers, and the attributes that
-/// carry them on SQS.
-const REASONS: [(&str, &str); 2] = [
-    ("idem-reason", "Idem-Reason"),
-    ("idem-detail", "Idem-Reason-Detail"),
-];
-
 /// A plain SQS client beside the consumer under test.
 pub struct Sqs {
     pub client: Client,
@@ -307,12 +300,7 @@ visibility_timeout_s = {visibility}
     async fn copies(&self, queue: &str, sink: Sink) -> Vec<Copy> {
         let mut copies = Vec::new();
         for m in self.drain(&sink_name(queue, sink)).await {
-            let mut headers: BTreeMap<String, String> = attributes(&m).into_iter().collect();
-            for (attribute, header) in REASONS {
-                if let Some(v) = headers.remove(attribute) {
-                    headers.insert(header.to_owned(), v);
-                }
-            }
+            let headers: BTreeMap<String, String> = attributes(&m).into_iter().collect();
             copies.push(Copy {
                 payload: m.body().unwrap_or_default().to_owned(),
                 message_id: headers.get(ID_ATTRIBUTE).cloned(),
