@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use crate::args::Flags;
 use crate::queue::Broker;
 
-const USAGE: &str = "usage: idem-bench bare-consume --broker rabbitmq|nats --queue Q \
+const USAGE: &str = "usage: idem-bench bare-consume --broker rabbitmq|nats|sqs --queue Q \
      --deliver URL [--concurrency N] [--prefetch N]";
 /// The longest one POST may take; past it the message is handed back.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);

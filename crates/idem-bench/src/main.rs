@@ -35,6 +35,7 @@ mod queue;
 mod rabbit;
 mod server;
 mod sqlite;
+mod sqs;
 mod sync_commit;
 mod upstream;
 

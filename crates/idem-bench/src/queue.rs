@@ -3,7 +3,7 @@
 //! reads it, the bare consumer's subscription through the same adapter,
 //! how many messages are left, and deletion. A broker is one variant and
 //! one module of functions (RabbitMQ: [`crate::rabbit`], NATS JetStream:
-//! [`crate::nats`]).
+//! [`crate::nats`], SQS on moto: [`crate::sqs`]).
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use idem_broker::Subscription;
 
 use crate::nats::{self, Nats};
 use crate::rabbit::{self, Rabbit};
+use crate::sqs::{self, Sqs};
 
 /// A broker the benchmark knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub enum Broker {
     /// RabbitMQ at 127.0.0.1:5672 (guest/guest), through
     /// `idem_broker::rabbitmq`.
     RabbitMq,
+    /// Amazon SQS on the moto emulator at 127.0.0.1:4568, through
+    /// `idem_broker::sqs`.
+    Sqs,
 }
 
 /// The benchmark's own connection to a broker.
@@ -29,6 +33,8 @@ pub enum Admin {
     Nats(Nats),
     /// See [`Rabbit`].
     RabbitMq(Rabbit),
+    /// See [`Sqs`].
+    Sqs(Sqs),
 }
 
 impl Broker {
@@ -37,7 +43,8 @@ impl Broker {
         match name {
             "rabbitmq" => Ok(Broker::RabbitMq),
             "nats" => Ok(Broker::Nats),
-            other => bail!("--broker {other:?}: use rabbitmq or nats"),
+            "sqs" => Ok(Broker::Sqs),
+            other => bail!("--broker {other:?}: use rabbitmq, nats or sqs"),
         }
     }
 
@@ -46,6 +53,7 @@ impl Broker {
         match self {
             Broker::RabbitMq => "rabbitmq",
             Broker::Nats => "nats",
+            Broker::Sqs => "sqs",
         }
     }
 
@@ -54,6 +62,7 @@ impl Broker {
         match self {
             Broker::RabbitMq => rabbit::URL_SHOWN,
             Broker::Nats => nats::URL,
+            Broker::Sqs => sqs::ENDPOINT,
         }
     }
 
@@ -62,6 +71,7 @@ impl Broker {
         match self {
             Broker::RabbitMq => Ok(Admin::RabbitMq(Rabbit::connect().await?)),
             Broker::Nats => Ok(Admin::Nats(Nats::connect().await?)),
+            Broker::Sqs => Ok(Admin::Sqs(Sqs::connect().await?)),
         }
     }
 
@@ -70,6 +80,7 @@ impl Broker {
         match self {
             Broker::RabbitMq => rabbit::config_section(queue, prefetch),
             Broker::Nats => nats::config_section(queue, prefetch),
+            Broker::Sqs => sqs::config_section(queue, prefetch),
         }
     }
 
@@ -83,6 +94,16 @@ impl Broker {
         match self {
             Broker::RabbitMq => rabbit::subscribe(queue, prefetch).await,
             Broker::Nats => nats::subscribe(queue, prefetch).await,
+            Broker::Sqs => sqs::subscribe(queue, prefetch).await,
+        }
+    }
+
+    /// What the consumers' processes need in their environment: the
+    /// emulator's placeholder credentials for SQS, nothing otherwise.
+    pub fn env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Broker::Sqs => &sqs::ENV,
+            Broker::RabbitMq | Broker::Nats => &[],
         }
     }
 }
@@ -99,6 +120,7 @@ impl Admin {
         match self {
             Admin::RabbitMq(r) => r.fill(queue, prefetch, payloads).await,
             Admin::Nats(n) => n.fill(queue, prefetch, payloads).await,
+            Admin::Sqs(s) => s.fill(queue, payloads).await,
         }
     }
 
@@ -107,6 +129,7 @@ impl Admin {
         match self {
             Admin::RabbitMq(r) => r.ready(queue).await,
             Admin::Nats(n) => n.ready(queue).await,
+            Admin::Sqs(s) => s.ready(queue).await,
         }
     }
 
@@ -116,6 +139,7 @@ impl Admin {
         match self {
             Admin::RabbitMq(r) => r.left(queue).await,
             Admin::Nats(n) => n.left(queue).await,
+            Admin::Sqs(s) => s.left(queue).await,
         }
     }
 
@@ -124,6 +148,7 @@ impl Admin {
         match self {
             Admin::RabbitMq(r) => r.delete(queue).await,
             Admin::Nats(n) => n.delete(queue).await,
+            Admin::Sqs(s) => s.delete(queue).await,
         }
     }
 
@@ -131,7 +156,7 @@ impl Admin {
     pub async fn close(self) -> anyhow::Result<()> {
         match self {
             Admin::RabbitMq(r) => r.close().await,
-            Admin::Nats(_) => Ok(()),
+            Admin::Nats(_) | Admin::Sqs(_) => Ok(()),
         }
     }
 }
