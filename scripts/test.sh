@@ -8,12 +8,14 @@
 # ensure_postgres_access), then runs `cargo test --workspace` with any
 # arguments given (with `-p PACKAGE`, `cargo test` of those packages only),
 # and, for the whole workspace with no arguments, the gateway's black-box
-# tests again on each DynamoDB emulator.
+# tests again on each DynamoDB emulator and the Lambda example once end to
+# end under cargo lambda's local runtime emulator (cargo-lambda, PyPI).
 # Installing needs root; on a machine whose services already answer and
 # let the tests in, `cargo test --workspace` alone does the same.
 #
 # IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium, redis,
-# dynalite and moto (default: all of them), limits what is checked and started, e.g.
+# dynalite, moto and cargo-lambda (default: all of them), limits what is
+# checked, installed and started, e.g.
 # `IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres`.
 #
 # Checking the PostgreSQL part against a fresh Debian server while
@@ -38,7 +40,7 @@ log() { printf '==> %s\n' "$*"; }
 die() { echo "$*" >&2; exit 1; }
 
 wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is unset
-  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis dynalite moto} "
+  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis dynalite moto cargo-lambda} "
   [[ ${list//,/ } == *" $1 "* ]]
 }
 
@@ -267,8 +269,66 @@ ensure_moto() {
   wait_for moto 127.0.0.1 4568 60
 }
 
+# The Lambda example (examples/lambda-http) runs once end to end under
+# cargo lambda's local runtime emulator (`cargo lambda watch`), installed
+# from PyPI like moto: two invocations of its API Gateway event with one
+# key must be one payout and one replay.
+ensure_cargo_lambda() {
+  local dir
+  dir=$(emulators_dir)/cargo-lambda-$CARGO_LAMBDA_VERSION
+  if [ ! -x "$dir/bin/cargo-lambda" ]; then
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+      log "installing Python's venv"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    log "installing cargo-lambda $CARGO_LAMBDA_VERSION (PyPI)"
+    rm -rf "$dir" && python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "cargo-lambda==$CARGO_LAMBDA_VERSION"
+  fi
+  log "cargo-lambda $CARGO_LAMBDA_VERSION is installed"
+}
+
+lambda_end_to_end() {
+  local bin work port=9309 watch first again i
+  bin=$(emulators_dir)/cargo-lambda-$CARGO_LAMBDA_VERSION/bin
+  work=$(mktemp -d)
+  PATH="$bin:$PATH" cargo lambda watch -p lambda-http-payouts --wait --ignore-changes \
+    -A 127.0.0.1 -P "$port" --env-var "IDEM_STORE=$work/idem.db" >"$work/watch.log" 2>&1 &
+  watch=$!
+  for ((i = 0; i < 120; i++)); do answers 127.0.0.1 "$port" && break; sleep 1; done
+  invoke() {
+    PATH="$bin:$PATH" cargo lambda invoke lambda-http-payouts -A 127.0.0.1 -P "$port" \
+      --data-file examples/lambda-http/events/payout.json -o json
+  }
+  first=$(invoke) && again=$(invoke) || {
+    kill "$watch" 2>/dev/null; cat "$work/watch.log" >&2
+    die "the Lambda example did not answer under cargo lambda watch (log above)"
+  }
+  kill "$watch" 2>/dev/null; wait "$watch" 2>/dev/null || true
+  python3 - "$first" "$again" <<'PY' || { cat "$work/watch.log" >&2; exit 1; }
+import json, sys
+first, again = (json.loads(a) for a in sys.argv[1:3])
+def header(answer, name):
+    return {k.lower(): v for k, v in (answer.get("headers") or {}).items()}.get(name)
+problems = []
+if first.get("statusCode") != 201:
+    problems.append(f"the first invocation answered {first.get('statusCode')}, not 201")
+if header(first, "idempotent-replayed") is not None:
+    problems.append("the first invocation was marked replayed")
+if (again.get("statusCode"), again.get("body")) != (first.get("statusCode"), first.get("body")):
+    problems.append("the second invocation did not answer what the first did")
+if header(again, "idempotent-replayed") != "true":
+    problems.append("the second invocation was not marked replayed")
+if problems:
+    sys.exit("the Lambda example end to end: " + "; ".join(problems) + f"\nfirst: {first}\nagain: {again}")
+print("==> the Lambda example end to end: one payout, then its replay")
+PY
+  rm -rf "$work"
+}
+
 DYNALITE_VERSION=4.0.0
 MOTO_VERSION=5.2.6
+CARGO_LAMBDA_VERSION=1.9.2
 
 bash scripts/check-toolchain.sh
 if wanted postgres; then
@@ -285,6 +345,7 @@ if wanted rabbitmq; then ensure_service RabbitMQ 5672 rabbitmq-server rabbitmq-s
 if wanted redis; then ensure_redis; fi
 if wanted dynalite; then ensure_dynalite; fi
 if wanted moto; then ensure_moto; fi
+if wanted cargo-lambda; then ensure_cargo_lambda; fi
 
 # `-p PACKAGE` (or --package) tests those packages instead of the workspace.
 scope=(--workspace)
@@ -323,4 +384,9 @@ if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
       --test attempts --test slow_clients --test reconcile --test consume_nats \
       --test consume_rabbitmq -- "${skip[@]}"
   done
+fi
+
+if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ] && wanted cargo-lambda; then
+  log "the Lambda example end to end under cargo lambda watch"
+  lambda_end_to_end
 fi
