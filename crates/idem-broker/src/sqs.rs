@@ -751,17 +751,22 @@ fn to_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// Extends the visibility of every unsettled message every half of the
-/// visibility timeout: a waiting one as long as it waits, a handed-out one
-/// for at most `hold_max` from when it was handed out; ends when the
-/// subscription is gone.
+/// Extends the visibility of every unsettled message every third of the
+/// visibility timeout, on a fixed cadence (a slow answer from SQS does not
+/// push the next extension back): a waiting one as long as it waits, a
+/// handed-out one for at most `hold_max` from when it was handed out; ends
+/// when the subscription is gone. A message received just after a tick is
+/// extended at the next, so an extension may arrive up to two thirds of
+/// the timeout late before SQS hands the message to another worker.
 async fn keep(shared: Weak<Shared>) {
     let period = match shared.upgrade() {
-        Some(s) => Duration::from_millis(u64::from(s.config.visibility_timeout_s) * 500),
+        Some(s) => Duration::from_millis(u64::from(s.config.visibility_timeout_s) * 1000 / 3),
         None => return,
     };
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(period).await;
+        ticks.tick().await;
         let Some(shared) = shared.upgrade() else {
             return;
         };

@@ -22,7 +22,8 @@ use support::{Consumer, eventually};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-/// A visibility timeout of 2 s and an effect that takes 5 s: the keeper
+/// A visibility timeout of 4 s (the suite's shortest) and an effect that
+/// takes 5 s: the keeper
 /// extends the message's visibility while it runs, so no other worker
 /// receives it meanwhile: one effect, one delivery, acked, never retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,14 +313,18 @@ async fn a_redrive_policy_bounds_the_deliveries_and_a_redriven_message_replays()
 }
 
 /// `idem check --consumer` reads an SQS queue's redrive policy: one
-/// receive of 2 s against a lease of 2 s plus a 1.5 s response timeout is
-/// a warning that does not fail the check; a queue that cannot be reached
+/// receive of 4 s (the suite's shortest visibility) against a lease of 5 s
+/// plus a 1.5 s response timeout is a warning that does not fail the check; a queue that cannot be reached
 /// is said so, and the other checks still pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idem_check_warns_of_a_redrive_shorter_than_a_record_in_flight() {
     let bed = Bed::<Sqs>::new().await;
     let q = Sqs::unique("checked");
-    let config = bed.config(&[Sub::new(&q)]);
+    let sub = Sub {
+        lease_ms: 5_000,
+        ..Sub::new(&q)
+    };
+    let config = bed.config(&[sub]);
     redrive_policy(&bed.broker, &q, 1).await;
     let path = config.to_str().unwrap().to_owned();
     let out = tokio::task::spawn_blocking(move || {

@@ -123,16 +123,17 @@ pub async fn a_consumer_killed_between_the_effect_and_the_ack_never_repeats_the_
     // The service pays at once and answers a second later: the kill lands
     // after the effect and before any record of it or any ack. RabbitMQ
     // redelivers when the connection closes; JetStream after ack_wait
-    // (2 s). The lease runs 3 s past that, so the redelivery finds the
-    // record in progress and is held back unless it comes more than 3 s
-    // late.
+    // (2 s); SQS once the visibility (4 s) the killed consumer last set
+    // has passed, up to about 5.3 s after the receive. The lease of 8 s
+    // outlasts each, so the redelivery finds the record in progress and
+    // is held back unless it comes more than 2.5 s late.
     // With the lease equal to ack_wait the second consumer's reconciler
     // could settle the record before a late redelivery arrived, which was
     // then rightly acked at once, with no retry (a lease of 1.6 s against
     // an ack wait of 4 s fails this way every time).
     let sub = Sub {
         deliver: "/slow?ms=1000".into(),
-        lease_ms: 5_000,
+        lease_ms: 8_000,
         ..Sub::new(&q)
     };
     let config = bed.config(&[sub]);
