@@ -35,10 +35,11 @@ struct Cli {
 enum Command {
     /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
     Serve(serve::ServeArgs),
-    /// Consume a queue: deliver each message once to an HTTP endpoint
-    /// through the contract, and settle it on the broker from the record.
-    /// Exits 0 after SIGTERM or SIGINT, 1 when it cannot start or a broker
-    /// fails for good (what it declared is gone and cannot be made again).
+    /// Consume a queue (NATS JetStream, RabbitMQ or Amazon SQS): deliver
+    /// each message once to an HTTP endpoint through the contract, and
+    /// settle it on the broker from the record. Exits 0 after SIGTERM or
+    /// SIGINT, 1 when it cannot start or a broker fails for good (what it
+    /// declared is gone and cannot be made again, an SQS queue deleted).
     Consume(consume::ConsumeArgs),
     /// Judge idempotency contract files by the twelve design-review questions.
     Check(check::CheckArgs),
