@@ -193,15 +193,8 @@ impl Handler for Subscriber {
 
 /// The settlement of a message that is never run.
 fn rejected(reason: &RejectReason) -> Settlement {
-    let code = match reason {
-        RejectReason::NoKey(_) => "no-key",
-        RejectReason::BadPayload(_) => "bad-payload",
-        RejectReason::KeyReused { .. } => "key-reused",
-        RejectReason::Late { .. } => "expired",
-        _ => "rejected",
-    };
     let reason_out = Reason {
-        code: code.into(),
+        code: reason.code().into(),
         detail: reason.to_string(),
     };
     match reason.sink() {

@@ -523,3 +523,98 @@ async fn records_run_concurrently_within_the_bound() {
     );
     assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// The ready-made dead-letter queue over aws-sdk-sqs, against a real SQS
+/// queue on moto (a FIFO one, so the group and deduplication id are sent
+/// too): a reused key is sent there with its body, its own attributes and
+/// the reason as `Idem-Reason` / `Idem-Reason-Detail`, and reported
+/// success; with the queue gone the send fails and the record is reported
+/// failed, so it is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_record_is_sent_to_a_real_sqs_queue_with_its_reason() {
+    use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(
+        &dir,
+        "idem.db",
+        Arc::new(ManualClock::new(Timestamp::from_millis(START_MS))),
+    );
+    let client = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+            .endpoint_url(Service::Moto.endpoint())
+            .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                "emulator", "emulator", None, None, "tests",
+            ))
+            .http_client(aws_smithy_http_client::Builder::new().build_http())
+            .build(),
+    );
+    let name = format!("idem-lambda-dead-{}.fifo", std::process::id());
+    let url = client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let queue = Arc::new(idem_lambda::SqsQueue::new(client.clone(), url.clone()));
+    let ledger = Ledger::default();
+    let deadline = Duration::from_secs(60);
+    let function = handler(store).with_dead_letter_queue(queue);
+    let first = event(
+        vec![record("m-1", &pay("x", "1.00", 1), Some("g"))],
+        deadline,
+    );
+    assert!(failed(&function.handle(first, effect(&ledger)).await).is_empty());
+    let mut reused = record("m-2", &pay("x", "2.00", 1), Some("g"));
+    reused["messageAttributes"] = json!({
+        "tenant": { "stringValue": "acme", "dataType": "String" }
+    });
+    let response = function
+        .handle(event(vec![reused.clone()], deadline), effect(&ledger))
+        .await;
+    assert!(failed(&response).is_empty(), "sent, so not failed");
+    assert_eq!(ledger.ran("pay:x"), 1);
+
+    let got = client
+        .receive_message()
+        .queue_url(&url)
+        .message_attribute_names("All")
+        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    let messages = got.messages.unwrap_or_default();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let copy = &messages[0];
+    assert_eq!(copy.body(), reused["body"].as_str());
+    let attribute = |name: &str| {
+        copy.message_attributes()
+            .and_then(|a| a.get(name))
+            .and_then(|v| v.string_value())
+            .map(str::to_owned)
+    };
+    assert_eq!(attribute("Idem-Reason").as_deref(), Some("key-reused"));
+    assert!(
+        attribute("Idem-Reason-Detail")
+            .unwrap()
+            .contains("different payload")
+    );
+    assert_eq!(attribute("tenant").as_deref(), Some("acme"));
+    let group = copy
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+        .cloned();
+    assert_eq!(group.as_deref(), Some("g"));
+
+    client.delete_queue().queue_url(&url).send().await.unwrap();
+    let response = function
+        .handle(event(vec![reused], deadline), effect(&ledger))
+        .await;
+    assert_eq!(failed(&response), ids(&["m-2"]), "a failed send is retried");
+    assert_eq!(ledger.ran("pay:x"), 1);
+}

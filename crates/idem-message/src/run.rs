@@ -587,6 +587,18 @@ impl RejectReason {
             _ => Sink::DeadLetter,
         }
     }
+
+    /// A short code for the reason, as every sink copy carries it (the
+    /// `Idem-Reason` header or attribute): `no-key`, `bad-payload`,
+    /// `key-reused` or `expired`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RejectReason::NoKey(_) => "no-key",
+            RejectReason::BadPayload(_) => "bad-payload",
+            RejectReason::KeyReused { .. } => "key-reused",
+            RejectReason::Late { .. } => "expired",
+        }
+    }
 }
 
 impl fmt::Display for Outcome {
