@@ -248,6 +248,18 @@ ensure_dynalite() {
   wait_for dynalite 127.0.0.1 4567 60
 }
 
+# A fresh virtual environment in dir with one pinned PyPI package
+# (installing Python's venv first where Debian left it out).
+pip_install() { # dir requirement
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    log "installing Python's venv"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  log "installing $2 (PyPI)"
+  rm -rf "$1" && python3 -m venv "$1"
+  "$1/bin/pip" install --quiet --disable-pip-version-check "$2"
+}
+
 ensure_moto() {
   local dir
   if answers 127.0.0.1 4568; then
@@ -255,15 +267,7 @@ ensure_moto() {
     return 0
   fi
   dir=$(emulators_dir)/moto-$MOTO_VERSION
-  if [ ! -x "$dir/bin/moto_server" ]; then
-    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
-      log "installing Python's venv"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    fi
-    log "installing moto $MOTO_VERSION (PyPI)"
-    rm -rf "$dir" && python3 -m venv "$dir"
-    "$dir/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
-  fi
+  [ -x "$dir/bin/moto_server" ] || pip_install "$dir" "moto[server]==$MOTO_VERSION"
   log "starting moto"
   nohup "$dir/bin/moto_server" -H 127.0.0.1 -p 4568 >"$dir/moto.log" 2>&1 &
   wait_for moto 127.0.0.1 4568 60
@@ -276,15 +280,7 @@ ensure_moto() {
 ensure_cargo_lambda() {
   local dir
   dir=$(emulators_dir)/cargo-lambda-$CARGO_LAMBDA_VERSION
-  if [ ! -x "$dir/bin/cargo-lambda" ]; then
-    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
-      log "installing Python's venv"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    fi
-    log "installing cargo-lambda $CARGO_LAMBDA_VERSION (PyPI)"
-    rm -rf "$dir" && python3 -m venv "$dir"
-    "$dir/bin/pip" install --quiet --disable-pip-version-check "cargo-lambda==$CARGO_LAMBDA_VERSION"
-  fi
+  [ -x "$dir/bin/cargo-lambda" ] || pip_install "$dir" "cargo-lambda==$CARGO_LAMBDA_VERSION"
   log "cargo-lambda $CARGO_LAMBDA_VERSION is installed"
 }
 

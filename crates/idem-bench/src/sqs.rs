@@ -91,20 +91,7 @@ impl Sqs {
     /// A client of the emulator with its placeholder credentials; fails
     /// when it does not answer.
     pub async fn connect() -> anyhow::Result<Sqs> {
-        let config = aws_sdk_sqs::Config::builder()
-            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-            .endpoint_url(ENDPOINT)
-            .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-                "emulator",
-                "emulator",
-                None,
-                None,
-                "idem-bench",
-            ))
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
-            .build();
-        let client = Client::from_conf(config);
+        let client = idem_testkit::sqs::client_at(ENDPOINT);
         client.list_queues().send().await.with_context(|| {
             format!("SQS does not answer at {ENDPOINT} (bash scripts/test.sh starts moto)")
         })?;

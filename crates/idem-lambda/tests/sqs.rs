@@ -539,17 +539,7 @@ async fn a_rejected_record_is_sent_to_a_real_sqs_queue_with_its_reason() {
         "idem.db",
         Arc::new(ManualClock::new(Timestamp::from_millis(START_MS))),
     );
-    let client = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::Config::builder()
-            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-            .endpoint_url(Service::Moto.endpoint())
-            .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-                "emulator", "emulator", None, None, "tests",
-            ))
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
-            .build(),
-    );
+    let client = idem_testkit::sqs::client();
     let name = format!("idem-lambda-dead-{}.fifo", std::process::id());
     let url = client
         .create_queue()

@@ -28,6 +28,7 @@ pub mod late_ack;
 pub mod pg_cluster;
 pub mod relay;
 pub mod services;
+pub mod sqs;
 pub mod stores;
 pub mod tls;
 pub mod trap_clock;

@@ -31,19 +31,7 @@ pub struct Sqs {
     pub client: Client,
 }
 
-/// A client of moto with the placeholder credentials it accepts.
-pub fn client() -> Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .endpoint_url(Service::Moto.endpoint())
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "emulator", "emulator", None, None, "tests",
-        ))
-        .http_client(aws_smithy_http_client::Builder::new().build_http())
-        .build();
-    Client::from_conf(config)
-}
+pub use idem_testkit::sqs::client;
 
 /// The URL moto gives queue `name` (its account is always the same).
 pub fn url(name: &str) -> String {
