@@ -4,7 +4,7 @@
 
 use crate::record::{
     JournalEntry, LimitError, LookupTries, Outcome, Record, RecordId, Resolution, Resolved, State,
-    StoredResult, Token, check_owner, check_region,
+    StoredResult, Token, Verb, VerbRequest, check_owner, check_region,
 };
 use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 
@@ -370,6 +370,7 @@ pub fn resolve(
         by: resolution.by.clone(),
         reason: resolution.reason.clone(),
         at: now,
+        verb: None,
     };
     resolution.at = Some(now);
     let write = match &resolution.outcome {
@@ -380,6 +381,89 @@ pub fn resolve(
             done.resolution = Some(resolution);
             Write::Put(done)
         }
+    };
+    Ok((write, entry))
+}
+
+/// An operator's verb on the record of the attempt holding `token`: the
+/// write to apply and the journal entry to append with it, in the same
+/// atomic step, or why it is refused (nothing written).
+///
+/// Both verbs are fenced like a verdict: the record must exist
+/// ([`StoreError::NotFound`]) and hold `token` ([`StoreError::Fenced`]).
+/// - [`Verb::Expire`]: only a record completed at `now`
+///   ([`StoreError::WrongState`] otherwise, a tombstone included). It
+///   becomes a tombstone now, its result dropped, its tombstone horizon
+///   kept, so a late retry is a late replay. The entry's outcome is
+///   `completed`, with the dropped result's status.
+/// - [`Verb::Evict`]: any record, except one whose attempt may still
+///   commit: `in_progress` or `ambiguous` before its lease ends is
+///   [`StoreError::MayStillCommit`], the rule of a "not executed" verdict.
+///   The record is deleted, so the next claim acquires. The entry's
+///   outcome says what the key was: `completed` (with the status, when
+///   the result was still kept) for a completed record or a tombstone,
+///   `not_executed` for an attempt evicted without an outcome, which is
+///   what evicting it asserts.
+pub fn apply_verb(
+    existing: Option<&Record>,
+    id: &RecordId,
+    token: Token,
+    request: &VerbRequest,
+    now: Timestamp,
+) -> Result<(Write, JournalEntry), StoreError> {
+    request.check_limits()?;
+    let Some(record) = existing else {
+        return Err(StoreError::NotFound { id: id.clone() });
+    };
+    let state = record.state_at(now);
+    if record.token != token {
+        return Err(StoreError::Fenced {
+            id: id.clone(),
+            presented: token,
+            current: Some((record.token, state)),
+        });
+    }
+    let status = record.result.as_ref().map(StoredResult::status);
+    let (write, outcome) = match (request.verb, state) {
+        (Verb::Expire, State::Completed) => {
+            let mut tombstone = record.clone();
+            tombstone.state = State::Tombstone;
+            tombstone.result = None;
+            tombstone.expires_at = Some(now);
+            (Write::Put(tombstone), Resolved::Completed)
+        }
+        (Verb::Expire, state) => {
+            return Err(StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "expire",
+            });
+        }
+        (Verb::Evict, State::InProgress | State::Ambiguous) if now < record.lease_until => {
+            return Err(StoreError::MayStillCommit {
+                id: id.clone(),
+                token,
+                until: record.lease_until,
+            });
+        }
+        (Verb::Evict, State::InProgress | State::Ambiguous) => {
+            (Write::Delete, Resolved::NotExecuted)
+        }
+        (Verb::Evict, State::Completed | State::Tombstone) => (Write::Delete, Resolved::Completed),
+    };
+    let entry = JournalEntry {
+        id: id.clone(),
+        token: record.token,
+        outcome,
+        status: if outcome == Resolved::Completed {
+            status
+        } else {
+            None
+        },
+        by: request.by.clone(),
+        reason: request.reason.clone(),
+        at: now,
+        verb: Some(request.verb),
     };
     Ok((write, entry))
 }
@@ -910,6 +994,7 @@ mod tests {
                 by: "operator".into(),
                 reason: "bank says paid".into(),
                 at: NOW,
+                verb: None,
             }
         );
         assert_eq!(resolved.resolution.as_ref().and_then(|r| r.at), Some(NOW));
@@ -950,6 +1035,7 @@ mod tests {
                     by: "reconciler".into(),
                     reason: "lookup: 404".into(),
                     at: lease_end,
+                    verb: None,
                 }
             ))
         );
@@ -1175,5 +1261,211 @@ mod tests {
             ("node-b", Some("us-east")),
             "a takeover records the taker's owner and region, not the previous holder's"
         );
+    }
+
+    /// Every row of the verbs' rule: what each does to a record in each
+    /// state, and when it is refused.
+    #[test]
+    fn verbs_are_fenced_and_evict_waits_for_the_lease() {
+        let result = StoredResult::new(201, vec![], b"paid".to_vec()).unwrap();
+        let done = with(State::Completed, |r| {
+            r.result = Some(result.clone());
+            r.expires_at = Some(NOW.plus_millis(100));
+        })
+        .unwrap();
+        let id = done.id.clone();
+        let expire = VerbRequest::new(Verb::Expire, "alice", "customer asked").unwrap();
+        let evict = VerbRequest::new(Verb::Evict, "bob", "rerun settlement").unwrap();
+        let past = with(State::Completed, |r| r.expires_at = Some(NOW)).unwrap();
+        let running = record(State::InProgress);
+        let unsure = record(State::Ambiguous);
+        let after_lease = running.lease_until;
+        let entry = |verb: &VerbRequest, outcome, status, at| JournalEntry {
+            id: id.clone(),
+            token: Token(7),
+            outcome,
+            status,
+            by: verb.by.clone(),
+            reason: verb.reason.clone(),
+            at,
+            verb: Some(verb.verb),
+        };
+        let Ok((Write::Put(tomb), got)) = apply_verb(Some(&done), &id, Token(7), &expire, NOW)
+        else {
+            panic!("expire of a completed record must put a tombstone")
+        };
+        assert_eq!(
+            (tomb.state, tomb.result.as_ref(), tomb.expires_at),
+            (State::Tombstone, None, Some(NOW))
+        );
+        assert_eq!(tomb.tombstone_until, done.tombstone_until);
+        assert_eq!(got, entry(&expire, Resolved::Completed, Some(201), NOW));
+        assert_eq!(
+            decide(Some(&tomb), &request_for(&tomb), NOW),
+            Decision::LateReplay
+        );
+
+        type Row<'r> = (
+            &'static str,
+            &'r Record,
+            &'r VerbRequest,
+            u64,
+            Timestamp,
+            Result<(Write, JournalEntry), StoreError>,
+        );
+        let wrong = |state| {
+            Err(StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "expire",
+            })
+        };
+        let rows: Vec<Row<'_>> = vec![
+            (
+                "expire in progress",
+                &running,
+                &expire,
+                7,
+                NOW,
+                wrong(State::InProgress),
+            ),
+            (
+                "expire ambiguous",
+                &unsure,
+                &expire,
+                7,
+                NOW,
+                wrong(State::Ambiguous),
+            ),
+            (
+                "expire a tombstone",
+                &past,
+                &expire,
+                7,
+                NOW,
+                wrong(State::Tombstone),
+            ),
+            (
+                "expire with another token",
+                &done,
+                &expire,
+                6,
+                NOW,
+                Err(StoreError::Fenced {
+                    id: id.clone(),
+                    presented: Token(6),
+                    current: Some((Token(7), State::Completed)),
+                }),
+            ),
+            (
+                "evict while the lease runs",
+                &running,
+                &evict,
+                7,
+                NOW,
+                Err(StoreError::MayStillCommit {
+                    id: id.clone(),
+                    token: Token(7),
+                    until: after_lease,
+                }),
+            ),
+            (
+                "evict ambiguous while the lease runs",
+                &unsure,
+                &evict,
+                7,
+                NOW,
+                Err(StoreError::MayStillCommit {
+                    id: id.clone(),
+                    token: Token(7),
+                    until: after_lease,
+                }),
+            ),
+            (
+                "evict in progress after the lease",
+                &running,
+                &evict,
+                7,
+                after_lease,
+                Ok((
+                    Write::Delete,
+                    entry(&evict, Resolved::NotExecuted, None, after_lease),
+                )),
+            ),
+            (
+                "evict ambiguous after the lease",
+                &unsure,
+                &evict,
+                7,
+                after_lease,
+                Ok((
+                    Write::Delete,
+                    entry(&evict, Resolved::NotExecuted, None, after_lease),
+                )),
+            ),
+            (
+                "evict completed",
+                &done,
+                &evict,
+                7,
+                NOW,
+                Ok((
+                    Write::Delete,
+                    entry(&evict, Resolved::Completed, Some(201), NOW),
+                )),
+            ),
+            (
+                "evict a tombstone",
+                &tomb,
+                &evict,
+                7,
+                NOW,
+                Ok((Write::Delete, entry(&evict, Resolved::Completed, None, NOW))),
+            ),
+            (
+                "evict with another token",
+                &tomb,
+                &evict,
+                8,
+                NOW,
+                Err(StoreError::Fenced {
+                    id: id.clone(),
+                    presented: Token(8),
+                    current: Some((Token(7), State::Tombstone)),
+                }),
+            ),
+        ];
+        for (name, existing, verb, token, at, expect) in rows {
+            assert_eq!(
+                apply_verb(Some(existing), &id, Token(token), verb, at),
+                expect,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            apply_verb(None, &id, Token(7), &evict, NOW),
+            Err(StoreError::NotFound { id: id.clone() })
+        );
+        assert_eq!(
+            VerbRequest::new(Verb::Evict, "bob", "  "),
+            Err(LimitError::Empty { field: "reason" })
+        );
+        let mut blank = evict.clone();
+        blank.reason.clear();
+        assert_eq!(
+            apply_verb(Some(&done), &id, Token(7), &blank, NOW),
+            Err(StoreError::Limit(LimitError::Empty { field: "reason" }))
+        );
+    }
+
+    fn request_for(record: &Record) -> ClaimRequest {
+        ClaimRequest {
+            id: record.id.clone(),
+            fingerprint: record.fingerprint,
+            legacy_fingerprint: None,
+            owner: "node-b".into(),
+            region: None,
+            policy: Policy::DEFAULT,
+        }
     }
 }

@@ -100,7 +100,7 @@ pub use record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LimitError, LookupTries, OWNER_BYTES_MAX, Outcome,
     REGION_BYTES_MAX, RESOLUTION_TEXT_BYTES_MAX, RESULT_BODY_BYTES_MAX, RESULT_NOT_STORED_STATUS,
     RESULT_NOT_STORED_TITLE, RESULT_NOT_STORED_TYPE, Record, RecordId, Resolution, Resolved, State,
-    StoredResult, Token, check_owner, check_region,
+    StoredResult, Token, Verb, VerbRequest, check_owner, check_region,
 };
 pub use redact::redact_url;
 pub use replay_cache::ReplayCache;

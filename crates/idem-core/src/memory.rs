@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::decision::{self, Claim, ClaimRequest, Write};
 use crate::record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult,
-    Token,
+    Token, VerbRequest,
 };
 use crate::store::{ListCursor, ListQuery, Listing, PurgeReport, Store, StoreFuture};
 use crate::store_error::StoreError;
@@ -71,6 +71,20 @@ fn apply(records: &mut BTreeMap<RecordId, Record>, id: &RecordId, write: Write) 
         Write::Delete => {
             records.remove(id);
         }
+    }
+}
+
+/// Appends `entry` to the journal of `id`, keeping the newest
+/// [`JOURNAL_PER_RECORD_MAX`].
+fn append(
+    journal: &mut BTreeMap<RecordId, VecDeque<JournalEntry>>,
+    id: &RecordId,
+    entry: JournalEntry,
+) {
+    let entries = journal.entry(id.clone()).or_default();
+    entries.push_back(entry);
+    while entries.len() > JOURNAL_PER_RECORD_MAX {
+        entries.pop_front();
     }
 }
 
@@ -149,11 +163,36 @@ impl Store for MemoryStore {
         };
         apply(records, id, write);
         tries.remove(id);
-        let entries = journal.entry(id.clone()).or_default();
-        entries.push_back(entry);
-        while entries.len() > JOURNAL_PER_RECORD_MAX {
-            entries.pop_front();
-        }
+        append(journal, id, entry);
+        ready(Ok(out))
+    }
+
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
+    ) -> StoreFuture<'a, Option<Record>> {
+        // One lock for the record's write and the journal's append.
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let Inner {
+            records,
+            journal,
+            tries,
+            ..
+        } = &mut *inner;
+        let (write, entry) = match decision::apply_verb(records.get(id), id, token, &request, now) {
+            Ok(decided) => decided,
+            Err(e) => return ready(Err(e)),
+        };
+        let out = match &write {
+            Write::Put(r) => Some(r.clone()),
+            _ => None,
+        };
+        apply(records, id, write);
+        tries.remove(id);
+        append(journal, id, entry);
         ready(Ok(out))
     }
 

@@ -146,6 +146,34 @@ pub struct JournalEntry {
     pub reason: String,
     /// When, by the store's clock.
     pub at: Timestamp,
+    /// The operator's verb, when the entry is an `expire` or an `evict`
+    /// rather than a resolution; `outcome` then says what the key is
+    /// treated as afterwards (see [`crate::decision::apply_verb`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verb: Option<Verb>,
+}
+
+/// An operator's deliberate act on a key, apart from resolving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verb {
+    /// A completed record becomes a tombstone now: its answer is dropped,
+    /// a late retry is caught (`key-expired`), never executed.
+    Expire,
+    /// The record, tombstone or not, is removed so that the intent may run
+    /// again; refused while an attempt may still commit.
+    Evict,
+}
+
+/// A [`Verb`] with who applies it and why, its texts checked.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VerbRequest {
+    /// The verb.
+    pub verb: Verb,
+    /// Who applies it (an operator's name).
+    pub by: String,
+    /// Why: required, never empty.
+    pub reason: String,
 }
 
 /// The failed provider lookups of one ambiguous attempt, kept by the store
@@ -232,6 +260,11 @@ pub enum LimitError {
     BadRegion {
         /// The offered name.
         region: String,
+    },
+    /// A required text field that is empty (or only white space).
+    Empty {
+        /// Which field.
+        field: &'static str,
     },
     /// A text field over its limit.
     TextTooLong {
@@ -345,6 +378,60 @@ impl Resolution {
             reason: reason.to_owned(),
             at: None,
         })
+    }
+}
+
+impl VerbRequest {
+    /// A verb, its texts checked: `reason` must not be empty, and both stay
+    /// within [`RESOLUTION_TEXT_BYTES_MAX`].
+    pub fn new(verb: Verb, by: &str, reason: &str) -> Result<VerbRequest, LimitError> {
+        let request = VerbRequest {
+            verb,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        request.check_limits()?;
+        Ok(request)
+    }
+
+    /// Checks `by` and `reason` again (the fields are public, so the
+    /// decision checks before any store writes).
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        check_text("resolved_by", &self.by, RESOLUTION_TEXT_BYTES_MAX)?;
+        check_text("reason", &self.reason, RESOLUTION_TEXT_BYTES_MAX)?;
+        if self.reason.trim().is_empty() {
+            return Err(LimitError::Empty { field: "reason" });
+        }
+        Ok(())
+    }
+}
+
+impl Verb {
+    /// The name as stored and shown: `expire` or `evict`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Expire => "expire",
+            Verb::Evict => "evict",
+        }
+    }
+
+    /// The past tense a journal line reads: `expired` or `evicted`.
+    pub fn past(self) -> &'static str {
+        match self {
+            Verb::Expire => "expired",
+            Verb::Evict => "evicted",
+        }
+    }
+}
+
+impl std::str::FromStr for Verb {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "expire" => Ok(Verb::Expire),
+            "evict" => Ok(Verb::Evict),
+            other => Err(format!("unknown verb {other:?}; expected expire or evict")),
+        }
     }
 }
 
@@ -490,6 +577,7 @@ impl fmt::Display for LimitError {
                 "region {region:?} is not a region name: use 1 to {REGION_BYTES_MAX} ASCII \
                  letters, digits, '-', '_' or '.'"
             ),
+            LimitError::Empty { field } => write!(f, "{field} must not be empty"),
             LimitError::TextTooLong { field, bytes, max } => {
                 write!(f, "{field} is {bytes} bytes; at most {max} are allowed")
             }

@@ -8,6 +8,7 @@ use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
     JournalEntry, LookupTries, Record, RecordId, Resolution, State, StoredResult, Token,
+    VerbRequest,
 };
 use crate::store_error::StoreError;
 use crate::window::{SuspectWindow, WindowOpening};
@@ -57,6 +58,23 @@ pub trait Store: Send + Sync {
         id: &'a RecordId,
         token: Token,
         resolution: Resolution,
+    ) -> StoreFuture<'a, Option<Record>>;
+
+    /// Applies an operator's verb ([`crate::decision::apply_verb`]) to the
+    /// record of the attempt holding `token`: `expire` returns the
+    /// tombstone it left, `evict` returns `None` (the record is gone). A
+    /// verb that succeeds appends exactly one [`JournalEntry`] and deletes
+    /// the record's [`LookupTries`] in the same atomic step as the record's
+    /// write; one that is refused ([`StoreError::NotFound`],
+    /// [`StoreError::Fenced`], [`StoreError::WrongState`],
+    /// [`StoreError::MayStillCommit`], [`StoreError::Limit`]) changes
+    /// nothing. The journal keeps the entry after the record is evicted,
+    /// as it does after a purge.
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>>;
 
     /// Counts one failed provider lookup of the ambiguous attempt holding

@@ -5,7 +5,9 @@
 
 use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
-use crate::record::{JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult, Token};
+use crate::record::{
+    JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult, Token, VerbRequest,
+};
 use crate::store::{
     ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, Watch, Watching, WindowFn,
 };
@@ -27,6 +29,8 @@ pub enum Accepted<'a> {
     Resolve(&'a RecordId, Token, &'a Resolution),
     /// [`Store::note_failed_lookup`].
     NoteFailedLookup(&'a RecordId, Token),
+    /// [`Store::apply_verb`].
+    Verb(&'a RecordId, Token, &'a VerbRequest),
 }
 
 /// Spells [`StoreWrapper`] and the [`Store`] it makes from two lists of the
@@ -175,6 +179,9 @@ wrapper! {
         /// [`Store::resolve`].
         fn resolve(id: &'a RecordId, token: Token, resolution: Resolution) -> Option<Record>;
         |_| Accepted::Resolve(id, token, &resolution);
+        /// [`Store::apply_verb`].
+        fn apply_verb(id: &'a RecordId, token: Token, request: VerbRequest) -> Option<Record>;
+        |_| Accepted::Verb(id, token, &request);
         /// [`Store::note_failed_lookup`].
         fn note_failed_lookup(id: &'a RecordId, token: Token, next_at: Timestamp) -> LookupTries;
         |_| Accepted::NoteFailedLookup(id, token);
