@@ -7,7 +7,7 @@
 
 use idem_core::{
     Claim, ClaimRequest, ListCursor, ListQuery, Outcome, Record, RecordId, Resolution, Resolved,
-    State, Store, StoredResult, Timestamp,
+    State, Store, StoredResult, Timestamp, Verb, VerbRequest,
 };
 
 /// Claims `req`, which must acquire, and marks the record ambiguous.
@@ -73,6 +73,53 @@ pub async fn failed_append_undoes_resolve<S: Store>(store: &S, id: &RecordId) {
     assert!(got.as_ref().is_err_and(|e| e.is_transient()), "{got:?}");
     assert_eq!(store.get(id).await.unwrap(), before, "{id} changed");
     assert_eq!(store.resolutions(id).await.unwrap(), [], "{id} journaled");
+}
+
+/// The completed record of `id` takes `verb` (by an operator, with a
+/// reason): the journal gains exactly one entry naming it and the record's
+/// token, and the record becomes a tombstone (`expire`) or is gone
+/// (`evict`).
+pub async fn verb_is_journaled<S: Store>(store: &S, id: &RecordId, verb: Verb) {
+    let record = store.get(id).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Completed, "{id} is completed");
+    let before = store.resolutions(id).await.unwrap();
+    let request = VerbRequest::new(verb, "operator", "checked").unwrap();
+    let got = store.apply_verb(id, record.token, request).await.unwrap();
+    let after = store.get(id).await.unwrap();
+    assert_eq!(got, after, "{id}: the verb returns what it stored");
+    let state = after.map(|r| r.state);
+    match verb {
+        Verb::Expire => assert_eq!(state, Some(State::Tombstone), "{id}"),
+        Verb::Evict => assert_eq!(state, None, "{id}"),
+    }
+    let journal = store.resolutions(id).await.unwrap();
+    assert_eq!(
+        journal[..before.len()],
+        before[..],
+        "{id}: earlier entries kept"
+    );
+    let added: Vec<_> = journal[before.len()..]
+        .iter()
+        .map(|e| (e.verb, e.token, e.by.as_str()))
+        .collect();
+    assert_eq!(added, [(Some(verb), record.token, "operator")], "{id}");
+}
+
+/// Evicting `id` fails (the store's journal refuses appends) and changes
+/// neither the record nor the journal: the two are written together.
+pub async fn failed_append_undoes_verb<S: Store>(store: &S, id: &RecordId) {
+    let before = store.get(id).await.unwrap();
+    let journal = store.resolutions(id).await.unwrap();
+    let token = before.as_ref().map_or(idem_core::Token(1), |r| r.token);
+    let request = VerbRequest::new(Verb::Evict, "operator", "checked").unwrap();
+    let got = store.apply_verb(id, token, request).await;
+    assert!(got.as_ref().is_err_and(|e| e.is_transient()), "{got:?}");
+    assert_eq!(store.get(id).await.unwrap(), before, "{id} changed");
+    assert_eq!(
+        store.resolutions(id).await.unwrap(),
+        journal,
+        "{id} journaled"
+    );
 }
 
 /// The store holds the `good` records and rows it cannot read at `damaged`

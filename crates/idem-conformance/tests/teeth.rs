@@ -13,7 +13,7 @@ use idem_core::{
     Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing,
     LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, Outcome, PurgeReport, Record, RecordId,
     Resolution, Resolved, State, Store, StoreError, StoreFuture, StoreWrapper, StoredResult,
-    Timestamp, Token, check_region,
+    Timestamp, Token, VerbRequest, check_region,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -187,6 +187,22 @@ async fn every_fault_is_caught() {
             Fault::FencedNamesStoredState,
             vec![case!(every_answer_is_the_reference_stores)],
         ),
+        (
+            Fault::VerbIgnoresToken,
+            vec![case!(verbs_are_fenced_by_token)],
+        ),
+        (
+            Fault::EvictsWhileLeased,
+            vec![case!(evict_waits_for_the_lease)],
+        ),
+        (
+            Fault::JournalForgetsVerbs,
+            vec![
+                case!(expire_turns_a_completed_record_into_a_tombstone),
+                case!(evict_waits_for_the_lease),
+                case!(evict_lets_the_intent_run_again),
+            ],
+        ),
     ];
     let quiet = QuietPanics::new();
     let mut escaped = Vec::new();
@@ -282,6 +298,13 @@ enum Fault {
     /// state at the store's clock: a completed record past retention is
     /// reported `completed` instead of `tombstone`.
     FencedNamesStoredState,
+    /// An operator's verb applies to whichever attempt holds the record
+    /// now, whatever token the operator saw.
+    VerbIgnoresToken,
+    /// `evict` removes an attempt whose lease still runs.
+    EvictsWhileLeased,
+    /// The journal loses the entries of operators' verbs.
+    JournalForgetsVerbs,
 }
 
 /// `MemoryStore`, wrapped, with at most one fault.
@@ -554,6 +577,32 @@ impl StoreWrapper for Broken {
         })
     }
 
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            let current = self.inner.get(id).await?;
+            let token = match (self.fault, &current) {
+                (Fault::VerbIgnoresToken, Some(record)) => record.token,
+                _ => token,
+            };
+            if self.fault == Fault::EvictsWhileLeased {
+                let lease_ms = current.as_ref().map_or(0, |r| {
+                    r.lease_until
+                        .as_millis()
+                        .saturating_sub(self.clock.now().as_millis())
+                });
+                self.clock.skew_ms.store(lease_ms as i64, Ordering::SeqCst);
+            }
+            let applied = self.inner.apply_verb(id, token, request).await;
+            self.clock.skew_ms.store(0, Ordering::SeqCst);
+            applied
+        })
+    }
+
     fn note_failed_lookup<'a>(
         &'a self,
         id: &'a RecordId,
@@ -607,6 +656,7 @@ impl StoreWrapper for Broken {
                     entries.retain(|e| e.outcome != Resolved::NotExecuted)
                 }
                 Fault::JournalNewestFirst => entries.reverse(),
+                Fault::JournalForgetsVerbs => entries.retain(|e| e.verb.is_none()),
                 _ => {}
             }
             Ok(entries)

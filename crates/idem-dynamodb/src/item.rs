@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use idem_core::{
     DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry,
     LookupTries, Outcome, Record, RecordId, Resolution, Resolved, Scope, State, StoredResult,
-    Timestamp, Token,
+    Timestamp, Token, Verb,
 };
 
 /// The table's partition key attribute.
@@ -499,6 +499,10 @@ struct KeptEntry {
     by: String,
     reason: String,
     at: u64,
+    /// The operator's verb; absent for a resolution and in every entry
+    /// kept before verbs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verb: Option<Verb>,
 }
 
 impl From<&JournalEntry> for KeptEntry {
@@ -510,6 +514,7 @@ impl From<&JournalEntry> for KeptEntry {
             by: e.by.clone(),
             reason: e.reason.clone(),
             at: e.at.as_millis(),
+            verb: e.verb,
         }
     }
 }
@@ -524,6 +529,7 @@ impl KeptEntry {
             by: self.by,
             reason: self.reason,
             at: Timestamp::from_millis(self.at),
+            verb: self.verb,
         }
     }
 }
@@ -593,6 +599,7 @@ mod tests {
             by: text.to_owned(),
             reason: text.to_owned(),
             at: Timestamp::from_millis(n),
+            verb: None,
         }
     }
 

@@ -5,7 +5,7 @@ use idem_core::decision::{self, Claim, ClaimRequest, Plan, Write};
 use idem_core::{
     JournalEntry, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record, RecordId,
     Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
-    Token, Watch, Watching, WindowOpening,
+    Token, Verb, VerbRequest, Watch, Watching, WindowOpening,
 };
 
 use crate::item::{self, Item};
@@ -216,6 +216,43 @@ impl DynamoStore {
         .await
     }
 
+    /// An operator's verb ([`decision::apply_verb`]) in one conditional
+    /// write of the item: the record's change, the journal's entry and the
+    /// end of the tries together. "May still commit" is judged, like a
+    /// "not executed" verdict, against the store's clock less the
+    /// tolerated skew.
+    async fn verb_item(
+        &self,
+        id: &RecordId,
+        token: Token,
+        request: &VerbRequest,
+    ) -> Result<Option<Record>, StoreError> {
+        self.modify(id, None, |current, now, judged| {
+            if let Some(r) = record_of(current)
+                && request.verb == Verb::Evict
+                && r.token == token
+                && matches!(r.state, State::InProgress | State::Ambiguous)
+                && judged < r.lease_until
+            {
+                return Err(StoreError::MayStillCommit {
+                    id: id.clone(),
+                    token,
+                    until: r.lease_until.plus_millis(self.skew_ms),
+                });
+            }
+            let (write, entry) = decision::apply_verb(record_of(current), id, token, request, now)?;
+            let mut next = current.clone();
+            next.tries = None;
+            next.record = match write {
+                Write::Put(record) => Some(record),
+                Write::Delete | Write::None => None,
+            };
+            next.append_journal(entry);
+            Ok((next.record.clone(), Change::Put(next)))
+        })
+        .await
+    }
+
     async fn purge_items(&self, limit: usize) -> Result<PurgeReport, StoreError> {
         let mut report = PurgeReport::default();
         let limit = limit.min(idem_core::LIST_LIMIT_MAX);
@@ -335,6 +372,15 @@ impl Store for DynamoStore {
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move { self.resolve_item(id, token, &resolution).await })
+    }
+
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move { self.verb_item(id, token, &request).await })
     }
 
     fn note_failed_lookup<'a>(

@@ -131,7 +131,7 @@ use idem_core::decision;
 use idem_core::{
     Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
-    Token, Watch, Watching, WindowFn, WindowOpening,
+    Token, VerbRequest, Watch, Watching, WindowFn, WindowOpening,
 };
 use tokio_postgres::NoTls;
 
@@ -781,6 +781,23 @@ impl Store for PgStore {
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(self.modify(id, ops::resolve(id, token, resolution)))
+    }
+
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
+    ) -> StoreFuture<'a, Option<Record>> {
+        // A replay kept in memory would outlive the record the verb
+        // changes: forget it before and after. Other processes keep their
+        // own (docs/operations.md, "Expire and evict").
+        self.shared.ctx.replays.forget(id);
+        Box::pin(async move {
+            let out = self.modify(id, ops::apply_verb(id, token, request)).await;
+            self.shared.ctx.replays.forget(id);
+            out
+        })
     }
 
     fn note_failed_lookup<'a>(

@@ -14,7 +14,7 @@ use idem_core::decision::{self, Plan, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
     Listing, LookupTries, PurgeReport, Record, RecordId, ReplayCache, Resolution, State,
-    StoreError, StoredResult, Timestamp, Token,
+    StoreError, StoredResult, Timestamp, Token, Verb, VerbRequest,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -315,7 +315,8 @@ pub(crate) fn vanishing(ctx: &Ctx, id: &RecordId) -> StoreError {
 }
 
 /// What a transition for [`modify`] decided: the answer, the write to
-/// apply, and the journal entry to append with it (resolutions only).
+/// apply, and the journal entry to append with it (resolutions and verbs
+/// only).
 pub(crate) type Decided<T> = (T, Write, Option<JournalEntry>);
 
 /// Locked read-decide-write on one record: `transition` gets the record
@@ -333,7 +334,8 @@ pub(crate) async fn modify<T>(
     apply(exec, ctx, id, write).await?;
     if let Some(entry) = entry {
         append_journal(exec, ctx, &entry).await?;
-        // A resolution ends the ambiguity, and its failed lookups with it.
+        // A resolution or a verb ends the ambiguity, and its failed lookups
+        // with it.
         let params: [Param<'_>; 2] = [
             (&id.scope.as_str(), Type::TEXT),
             (&id.key.as_str(), Type::TEXT),
@@ -519,6 +521,24 @@ pub(crate) fn resolve(
     }
 }
 
+/// `decision::apply_verb` as a transition for [`modify`]: the tombstone an
+/// `expire` left, or `None` after an `evict`, and its journal entry.
+pub(crate) fn apply_verb(
+    id: &RecordId,
+    token: Token,
+    request: VerbRequest,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<Option<Record>>, StoreError> + Send + '_
+{
+    move |existing, now| {
+        let (write, entry) = decision::apply_verb(existing, id, token, &request, now)?;
+        let out = match &write {
+            Write::Put(record) => Some(record.clone()),
+            _ => None,
+        };
+        Ok((out, write, Some(entry)))
+    }
+}
+
 /// The newest [`JOURNAL_PER_RECORD_MAX`] journal entries of `id`, oldest
 /// first.
 pub(crate) async fn resolutions(
@@ -551,7 +571,8 @@ async fn append_journal(
     let (by, reason) = (entry.by.as_bytes(), entry.reason.as_bytes());
     let at = int(entry.at.as_millis());
     let keep = int(JOURNAL_PER_RECORD_MAX as u64);
-    let params: [Param<'_>; 9] = [
+    let verb = entry.verb.map(Verb::as_str);
+    let params: [Param<'_>; 10] = [
         (&entry.id.scope.as_str(), Type::TEXT),
         (&entry.id.key.as_str(), Type::TEXT),
         (&token, Type::INT8),
@@ -561,6 +582,7 @@ async fn append_journal(
         (&reason, Type::BYTEA),
         (&at, Type::INT8),
         (&keep, Type::INT8),
+        (&verb, Type::TEXT),
     ];
     ctx.query(exec, &ctx.schema.journal_append, &params).await?;
     Ok(())

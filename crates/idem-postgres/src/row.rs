@@ -203,7 +203,7 @@ pub(crate) fn decode_listed(row: &Row, first: usize) -> (ListCursor, Result<Reco
 }
 
 /// Decodes one row of the journal read (`token, outcome, status,
-/// resolved_by, reason, at_ms`) for `id`.
+/// resolved_by, reason, at_ms, verb`) for `id`.
 pub(crate) fn decode_entry(
     row: &Row,
     id: &RecordId,
@@ -226,6 +226,10 @@ pub(crate) fn decode_entry(
             by: utf8(3, "resolved_by")?,
             reason: utf8(4, "reason")?,
             at: fields.time(5, "at_ms")?,
+            verb: match fields.get::<Option<&str>>(6, "verb")? {
+                None => None,
+                Some(verb) => Some(verb.parse()?),
+            },
         })
     };
     entry().map_err(|why| error::damaged(store, &format!("a resolution of {id}"), &why))

@@ -118,6 +118,12 @@ const MIGRATIONS: &[&str] = &[
         timeline BIGINT NOT NULL,
         system_identifier TEXT NOT NULL
     );",
+    // 8: the operator's verb of a journal entry (`expire`, `evict`), NULL
+    // for a resolution and for every entry written before this step. The
+    // journal is small (bounded per record), so checking the new column's
+    // constraint over it is quick.
+    "ALTER TABLE {s}.resolutions ADD COLUMN verb TEXT
+        CHECK (verb IS NULL OR verb = 'expire' OR verb = 'evict');",
 ];
 
 /// The schema version this build writes and reads.
@@ -494,8 +500,8 @@ fn journal_append(s: &str) -> String {
     format!(
         "WITH appended AS (\
          INSERT INTO {s}.resolutions (scope, key, seq, token, outcome, status, \
-         resolved_by, reason, at_ms) \
-         SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4, $5, $6, $7, $8 \
+         resolved_by, reason, at_ms, verb) \
+         SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4, $5, $6, $7, $8, $10 \
          FROM {s}.resolutions WHERE scope = $1 AND key = $2 RETURNING seq) \
          DELETE FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
          AND seq <= (SELECT seq FROM appended) - $9"
@@ -505,7 +511,7 @@ fn journal_append(s: &str) -> String {
 /// `Schema::journal_get`, on `resolutions`.
 fn journal_get(s: &str) -> String {
     format!(
-        "SELECT token, outcome, status, resolved_by, reason, at_ms FROM (\
+        "SELECT token, outcome, status, resolved_by, reason, at_ms, verb FROM (\
          SELECT * FROM {s}.resolutions WHERE scope = $1 AND key = $2 \
          ORDER BY seq DESC LIMIT $3) AS newest ORDER BY seq"
     )

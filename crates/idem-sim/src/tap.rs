@@ -57,7 +57,10 @@ impl StoreWrapper for Tapped {
                 Write::Resolved(id.clone(), token, resolution.clone())
             }
             Accepted::NoteFailedLookup(id, token) => Write::LookupFailed(id.clone(), token),
-            Accepted::Claim(..) | Accepted::Complete(..) | Accepted::Release(..) => return,
+            Accepted::Claim(..)
+            | Accepted::Complete(..)
+            | Accepted::Release(..)
+            | Accepted::Verb(..) => return,
         };
         lock(&self.writes).push(noted);
     }

@@ -124,6 +124,14 @@ macro_rules! delegate_rest {
         ) -> StoreFuture<'a, Option<Record>> {
             Box::pin(async move { $inner(self, id).resolve(id, token, resolution).await })
         }
+        fn apply_verb<'a>(
+            &'a self,
+            id: &'a RecordId,
+            token: Token,
+            request: idem_core::VerbRequest,
+        ) -> StoreFuture<'a, Option<Record>> {
+            Box::pin(async move { $inner(self, id).apply_verb(id, token, request).await })
+        }
         fn note_failed_lookup<'a>(
             &'a self,
             id: &'a RecordId,

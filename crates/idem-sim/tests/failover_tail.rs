@@ -236,7 +236,8 @@ impl StoreWrapper for Noting {
             Accepted::Complete(id, _)
             | Accepted::Release(id, _)
             | Accepted::MarkAmbiguous(id, _)
-            | Accepted::Resolve(id, _, _) => self.note(id),
+            | Accepted::Resolve(id, _, _)
+            | Accepted::Verb(id, _, _) => self.note(id),
             Accepted::NoteFailedLookup(..) => {}
         }
     }

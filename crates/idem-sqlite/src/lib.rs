@@ -94,7 +94,7 @@ use std::thread::JoinHandle;
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
     RecordId, ReplayCache, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
-    SystemClock, Timestamp, Token, WindowOpening,
+    SystemClock, Timestamp, Token, VerbRequest, WindowOpening,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -410,6 +410,31 @@ impl Store for SqliteStore {
             token,
             resolution,
             reply,
+        })
+    }
+
+    fn apply_verb<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        request: VerbRequest,
+    ) -> StoreFuture<'a, Option<Record>> {
+        // A replay kept in memory would outlive the record the verb
+        // changes: forget it before and after, so no replay answered
+        // meanwhile keeps it. Another process sharing the file keeps its
+        // own (docs/operations.md, "Expire and evict").
+        self.replays.forget(id);
+        let owned = id.clone();
+        let applied = self.write(|reply| Op::Verb {
+            id: owned,
+            token,
+            request,
+            reply,
+        });
+        Box::pin(async move {
+            let out = applied.await;
+            self.replays.forget(id);
+            out
         })
     }
 

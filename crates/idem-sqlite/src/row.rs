@@ -5,7 +5,7 @@
 use idem_core::{
     DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry,
     ListCursor, LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult,
-    Timestamp, Token, check_region,
+    Timestamp, Token, Verb, check_region,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
@@ -41,8 +41,8 @@ pub(crate) const DELETE: &str = "DELETE FROM records WHERE scope = ?1 AND key = 
 
 /// Appends one resolution to the journal, numbered after the record's last.
 pub(crate) const JOURNAL_APPEND: &str = "INSERT INTO resolutions (scope, key, seq, token, \
-     outcome, status, resolved_by, reason, at_ms) \
-     SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8 \
+     outcome, status, resolved_by, reason, at_ms, verb) \
+     SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8, ?9 \
      FROM resolutions WHERE scope = ?1 AND key = ?2";
 
 /// Drops a record's journal entries older than its newest `?3`.
@@ -50,7 +50,7 @@ pub(crate) const JOURNAL_TRIM: &str = "DELETE FROM resolutions WHERE scope = ?1 
      AND seq <= (SELECT MAX(seq) FROM resolutions WHERE scope = ?1 AND key = ?2) - ?3";
 
 /// A record's newest `?3` journal entries, oldest first.
-pub(crate) const JOURNAL_GET: &str = "SELECT token, outcome, status, resolved_by, reason, at_ms \
+pub(crate) const JOURNAL_GET: &str = "SELECT token, outcome, status, resolved_by, reason, at_ms, verb \
      FROM (SELECT * FROM resolutions WHERE scope = ?1 AND key = ?2 ORDER BY seq DESC LIMIT ?3) \
      ORDER BY seq";
 
@@ -175,6 +175,7 @@ pub(crate) fn append_journal(conn: &Connection, entry: &JournalEntry) -> rusqlit
         entry.by.as_str(),
         entry.reason.as_str(),
         int(entry.at.as_millis()),
+        entry.verb.map(Verb::as_str),
     ])?;
     conn.prepare_cached(JOURNAL_TRIM)?.execute(params![
         scope,
@@ -203,6 +204,10 @@ pub(crate) fn decode_entry(
             by: text(row, 3)?,
             reason: text(row, 4)?,
             at: time(row, 5, "at_ms")?,
+            verb: match row.get::<_, Option<String>>(6).map_err(|e| e.to_string())? {
+                None => None,
+                Some(verb) => Some(verb.parse()?),
+            },
         })
     };
     entry().map_err(|why| StoreError::Incompatible {

@@ -98,6 +98,12 @@ const MIGRATIONS: &[&str] = &[
         cause TEXT NOT NULL,
         version INTEGER NOT NULL
     ) STRICT;",
+    // 7: the operator's verb of a journal entry (`expire`, `evict`), NULL
+    // for a resolution and for every entry written before this step. The
+    // outcome's CHECK needs no widening: a verb's entry says `completed`
+    // or `not_executed` as a resolution does, and the verb beside it.
+    "ALTER TABLE resolutions ADD COLUMN verb TEXT
+        CHECK (verb IS NULL OR verb = 'expire' OR verb = 'evict');",
 ];
 
 /// The schema version this build writes and reads.

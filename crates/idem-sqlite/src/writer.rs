@@ -12,8 +12,9 @@ use std::sync::{Arc, OnceLock};
 
 use idem_core::decision::{self, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, LIST_LIMIT_MAX, LookupTries, PurgeReport, Record, RecordId,
-    Resolution, StoreError, StoredResult, SuspectWindow, Timestamp, Token, WindowOpening,
+    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, LookupTries, PurgeReport, Record,
+    RecordId, Resolution, StoreError, StoredResult, SuspectWindow, Timestamp, Token, VerbRequest,
+    WindowOpening,
 };
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +53,12 @@ pub(crate) enum Op {
         id: RecordId,
         token: Token,
         resolution: Resolution,
+        reply: Reply<Option<Record>>,
+    },
+    Verb {
+        id: RecordId,
+        token: Token,
+        request: VerbRequest,
         reply: Reply<Option<Record>>,
     },
     NoteFailedLookup {
@@ -290,18 +297,23 @@ impl Writer {
             } => {
                 let out = self.read(&id).and_then(|existing| {
                     let now = self.clock.now();
-                    let (write, entry) =
+                    let decided =
                         decision::resolve(existing.as_ref(), &id, token, resolution, now)?;
-                    // In the operation's savepoint: the record's write and
-                    // the journal's append commit together or not at all.
-                    row::append_journal(&self.conn, &entry)
-                        .and_then(|()| self.conn.prepare_cached(row::TRIES_DELETE))
-                        .and_then(|mut stmt| stmt.execute((id.scope.as_str(), id.key.as_str())))
-                        .map_err(|e| schema::error(&self.store, &e))?;
-                    match write {
-                        Write::Put(done) => self.put(&done).map(|()| Some(done)),
-                        write => self.write(&id, &write).map(|()| None),
-                    }
+                    self.journaled(&id, decided)
+                });
+                Done::MaybeRecord(reply, out)
+            }
+            Op::Verb {
+                id,
+                token,
+                request,
+                reply,
+            } => {
+                let out = self.read(&id).and_then(|existing| {
+                    let now = self.clock.now();
+                    let decided =
+                        decision::apply_verb(existing.as_ref(), &id, token, &request, now)?;
+                    self.journaled(&id, decided)
                 });
                 Done::MaybeRecord(reply, out)
             }
@@ -336,6 +348,24 @@ impl Writer {
                 });
                 Done::Window(reply, out)
             }
+        }
+    }
+
+    /// Applies a journaled write (a resolution, a verb): in the operation's
+    /// savepoint, the record's write, the journal's append and the removal
+    /// of the lookup tries commit together or not at all.
+    fn journaled(
+        &self,
+        id: &RecordId,
+        (write, entry): (Write, JournalEntry),
+    ) -> Result<Option<Record>, StoreError> {
+        row::append_journal(&self.conn, &entry)
+            .and_then(|()| self.conn.prepare_cached(row::TRIES_DELETE))
+            .and_then(|mut stmt| stmt.execute((id.scope.as_str(), id.key.as_str())))
+            .map_err(|e| schema::error(&self.store, &e))?;
+        match write {
+            Write::Put(done) => self.put(&done).map(|()| Some(done)),
+            write => self.write(id, &write).map(|()| None),
         }
     }
 
@@ -486,7 +516,7 @@ impl Done {
                 Done::Record(reply, Err(e))
             }
             Op::Release { reply, .. } => Done::Unit(reply, Err(e)),
-            Op::Resolve { reply, .. } => Done::MaybeRecord(reply, Err(e)),
+            Op::Resolve { reply, .. } | Op::Verb { reply, .. } => Done::MaybeRecord(reply, Err(e)),
             Op::NoteFailedLookup { reply, .. } => Done::Tries(reply, Err(e)),
             Op::Purge { reply, .. } => Done::Purge(reply, Err(e)),
             Op::OpenWindow { reply, .. } => Done::Window(reply, Err(e)),

@@ -46,6 +46,7 @@ async fn resolve<S: Store>(
         by: by.to_owned(),
         reason: reason.to_owned(),
         at: clock.now(),
+        verb: None,
     }
 }
 

@@ -25,6 +25,7 @@ mod resolve;
 mod roundtrip;
 mod support;
 mod tries;
+mod verbs;
 mod window;
 
 pub use claim::*;
@@ -38,4 +39,5 @@ pub use region::*;
 pub use resolve::*;
 pub use roundtrip::*;
 pub use tries::*;
+pub use verbs::*;
 pub use window::*;
