@@ -16,8 +16,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::records::{ListArgs, ResolveArgs, ShowArgs};
+use crate::records::{ListArgs, ResolveArgs, ShowArgs, VerbArgs};
 use crate::telemetry::{LogFormat, Telemetry, Traces};
+use idem_core::Verb;
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -89,6 +90,16 @@ enum RecordsCommand {
     /// Resolve an ambiguous record by hand: completed (store its result) or
     /// not executed (remove it so a retry runs).
     Resolve(ResolveArgs),
+    /// Expire a completed record now: its answer is dropped and it becomes
+    /// a tombstone, so a late retry with the key is refused (422
+    /// key-expired), never run. Journaled with --by and --reason. Cannot be
+    /// undone; `evict` removes the tombstone if the intent must run again.
+    Expire(VerbArgs),
+    /// Evict a record, tombstone or not, so that the intent may run again:
+    /// the next request with the key runs the effect. Refused while an
+    /// attempt may still commit (in progress or ambiguous within its lease).
+    /// Journaled with --by and --reason. Cannot be undone.
+    Evict(VerbArgs),
 }
 
 fn main() -> ExitCode {
@@ -136,6 +147,12 @@ fn main() -> ExitCode {
         Command::Records(RecordsCommand::List(args)) => block_on(records::list(args)),
         Command::Records(RecordsCommand::Show(args)) => block_on(records::show(args)),
         Command::Records(RecordsCommand::Resolve(args)) => block_on(records::resolve(args)),
+        Command::Records(RecordsCommand::Expire(args)) => {
+            block_on(records::apply_verb(Verb::Expire, args))
+        }
+        Command::Records(RecordsCommand::Evict(args)) => {
+            block_on(records::apply_verb(Verb::Evict, args))
+        }
         Command::Demo(args) => block_on(demo::run(args)),
         Command::Store(StoreCommand::Init(args)) => block_on(store_cmd::init(args)),
         Command::Store(StoreCommand::Backup(args)) => finish(store_cmd::backup(args)),

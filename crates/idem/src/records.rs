@@ -1,6 +1,6 @@
 //! `idem records …`: what an operator sees of the records in a store, as a
-//! table for people or JSON for machines, and the resolution of an
-//! ambiguous record by hand.
+//! table for people or JSON for machines, the resolution of an ambiguous
+//! record by hand, and the deliberate verbs `expire` and `evict`.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args, ValueEnum};
 use idem_core::{
-    Clock, IdempotencyKey, ListQuery, Outcome, RecordId, Resolution, Scope, State, StoreError,
-    StoredResult, SystemClock, Token,
+    Clock, IdempotencyKey, JournalEntry, ListQuery, Outcome, RecordId, Resolution, Scope, State,
+    StoreError, StoredResult, SystemClock, Token, Verb, VerbRequest,
 };
 use idem_gateway::{RecordView, outcome_name, rfc3339};
 
@@ -96,6 +96,27 @@ pub struct ResolveArgs {
     store: StoreArgs,
 }
 
+/// `idem records expire|evict SCOPE KEY --token N --reason TEXT [--by NAME]`.
+#[derive(Debug, Args)]
+pub struct VerbArgs {
+    /// The scope, exactly as `records list` prints it.
+    scope: String,
+    /// The idempotency key.
+    key: String,
+    /// The record's token, as `records show` prints it. Refused if the record
+    /// has moved on to another attempt since.
+    #[arg(long)]
+    token: u64,
+    /// Why (required, kept in the record's journal).
+    #[arg(long)]
+    reason: String,
+    /// Who does it [default: operator:$USER].
+    #[arg(long)]
+    by: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
 /// Lists records.
 pub async fn list(args: ListArgs) -> anyhow::Result<()> {
     let (url, store) = args.store.open_existing()?;
@@ -170,20 +191,10 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
         Format::Table => {
             match &record {
                 Some(r) => write_details(&mut out, &RecordView::new(r, now))?,
-                None => writeln!(out, "no record now (released); its resolution history:")?,
+                None => writeln!(out, "no record now (released or evicted); its journal:")?,
             }
             for entry in &history {
-                let status = entry.status.map(|s| format!(" {s}")).unwrap_or_default();
-                writeln!(
-                    out,
-                    "{:<16} {} {}{status} by {} (token {}): {}",
-                    "resolved",
-                    rfc3339(entry.at),
-                    entry.outcome.as_str(),
-                    entry.by,
-                    entry.token,
-                    entry.reason
-                )?;
+                writeln!(out, "{}", journal_line(entry))?;
             }
         }
     }
@@ -251,6 +262,63 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
         Err(e) => return Err(e).with_context(|| format!("cannot resolve in {url}")),
     }
     Ok(())
+}
+
+/// Applies `verb` to a record by hand, and says what it did.
+pub async fn apply_verb(verb: Verb, args: VerbArgs) -> anyhow::Result<()> {
+    let id = record_id(&args.scope, &args.key)?;
+    let (scope, key) = (&args.scope, &args.key);
+    if args.reason.trim().is_empty() {
+        bail!(
+            "--reason must not be empty: say why you {} it",
+            verb.as_str()
+        );
+    }
+    let by = args.by.clone().unwrap_or_else(default_actor);
+    if by.trim().is_empty() {
+        bail!("--by must not be empty");
+    }
+    let request = VerbRequest::new(verb, &by, &args.reason)
+        .with_context(|| format!("the {} is refused", verb.as_str()))?;
+    let (url, store) = args.store.open_existing()?;
+    let done = verb.past();
+    match store.apply_verb(&id, Token(args.token), request).await {
+        Ok(_) if verb == Verb::Expire => println!(
+            "expired scope {scope:?} key {key:?} by {by}: its answer is dropped; \
+             a retry with this key is refused as key-expired, never run"
+        ),
+        Ok(_) => println!(
+            "evicted scope {scope:?} key {key:?} by {by}: the record is removed; \
+             the next request with this key runs"
+        ),
+        Err(StoreError::NotFound { .. }) => {
+            bail!("no record for scope {scope:?} key {key:?} in {url}; nothing was {done}")
+        }
+        Err(e @ (StoreError::Fenced { .. } | StoreError::MayStillCommit { .. })) => {
+            bail!("{e}; nothing was {done}")
+        }
+        Err(StoreError::WrongState { state, .. }) => bail!(
+            "the record for scope {scope:?} key {key:?} is {state}, not completed; \
+             only a completed record can be expired, nothing was changed"
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot {} in {url}", verb.as_str())),
+    }
+    Ok(())
+}
+
+/// One journal entry as `records show` prints it: `resolved`, `expired` or
+/// `evicted`, when, what, by whom and why.
+fn journal_line(entry: &JournalEntry) -> String {
+    let status = entry.status.map(|s| format!(" {s}")).unwrap_or_default();
+    let label = entry.verb.map_or("resolved", Verb::past);
+    format!(
+        "{label:<16} {} {}{status} by {} (token {}): {}",
+        rfc3339(entry.at),
+        entry.outcome.as_str(),
+        entry.by,
+        entry.token,
+        entry.reason
+    )
 }
 
 fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {

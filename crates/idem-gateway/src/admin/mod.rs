@@ -1,11 +1,13 @@
 //! The admin API: what an operator needs from a running gateway, on a
 //! listener of its own and behind a bearer token. List and inspect records,
-//! resolve an ambiguous one, scrape the metrics. Every error is an RFC 9457
+//! resolve an ambiguous one, expire or evict one deliberately, scrape the
+//! metrics. Every error is an RFC 9457
 //! problem document that says what to fix.
 
 mod extract;
 mod problem;
 pub(crate) mod resolve;
+mod verb;
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
-use idem_core::{Clock, Store, StoreError, SystemClock};
+use idem_core::{Clock, RecordId, Store, StoreError, SystemClock, Verb};
 use idem_http::{METRICS_CONTENT_TYPE, Metrics, Resolver};
 
 use crate::view::{RecordView, WindowView, outcome_name};
@@ -23,6 +25,7 @@ use problem::{AdminProblem, Refusal};
 
 pub use extract::strict_escapes;
 pub use resolve::{ADMIN_API_ACTOR, parse_resolution, result_header};
+pub use verb::parse_verb;
 
 use idem_process::{LogBudget, Logged};
 
@@ -144,13 +147,16 @@ pub fn router(
         token,
         refusals,
     });
-    let resolve_route =
-        only(Allowed::Post, post(resolve)).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX));
+    let posted = |endpoint: MethodRouter<Arc<Admin>>| {
+        only(Allowed::Post, endpoint).layer(DefaultBodyLimit::max(ADMIN_BODY_BYTES_MAX))
+    };
     let routed = axum::Router::new()
         .route("/metrics", only(Allowed::Get, get(scrape)))
         .route("/records", only(Allowed::Get, get(list)))
         .route("/records/{scope}/{key}", only(Allowed::Get, get(show)))
-        .route("/records/{scope}/{key}/resolve", resolve_route)
+        .route("/records/{scope}/{key}/resolve", posted(post(resolve)))
+        .route("/records/{scope}/{key}/expire", posted(post(expire)))
+        .route("/records/{scope}/{key}/evict", posted(post(evict)))
         .route("/window", only(Allowed::Get, get(window)))
         .fallback(not_found)
         .with_state(admin.clone());
@@ -219,7 +225,8 @@ async fn not_found(uri: Uri) -> Refusal {
         AdminProblem::NotFound,
         format!(
             "no admin endpoint at {}; there are GET /metrics, GET /records, \
-             GET /records/{{scope}}/{{key}} and POST /records/{{scope}}/{{key}}/resolve",
+             GET /records/{{scope}}/{{key}}, and POST /records/{{scope}}/{{key}}/resolve, \
+             /expire and /evict",
             uri.path()
         ),
     )
@@ -309,6 +316,56 @@ async fn resolve(
     let now = SystemClock.now();
     let answer = serde_json::json!({
         "outcome": outcome,
+        "by": by,
+        "reason": reason,
+        "record": record.as_ref().map(|r| RecordView::new(r, now)),
+    });
+    Ok(json(&answer))
+}
+
+/// `POST /records/{scope}/{key}/expire`: `{"token":N,"reason":"…"}`.
+#[tracing::instrument(name = "idem.expire", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key))]
+async fn expire(
+    State(admin): State<Arc<Admin>>,
+    RecordPath(id): RecordPath,
+    ResolveBody(body): ResolveBody,
+) -> Result<Response, Refusal> {
+    apply_verb(&admin, id, Verb::Expire, &body).await
+}
+
+/// `POST /records/{scope}/{key}/evict`: `{"token":N,"reason":"…"}`.
+#[tracing::instrument(name = "idem.evict", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key))]
+async fn evict(
+    State(admin): State<Arc<Admin>>,
+    RecordPath(id): RecordPath,
+    ResolveBody(body): ResolveBody,
+) -> Result<Response, Refusal> {
+    apply_verb(&admin, id, Verb::Evict, &body).await
+}
+
+/// One verb applied: the verb, who, why, and the record left (the
+/// tombstone of an `expire`, `null` after an `evict`).
+async fn apply_verb(
+    admin: &Admin,
+    id: RecordId,
+    verb: Verb,
+    body: &[u8],
+) -> Result<Response, Refusal> {
+    let (token, request) = verb::parse_verb(verb, body).map_err(Refusal::invalid)?;
+    let (by, reason) = (request.by.clone(), request.reason.clone());
+    let record = match admin.store.apply_verb(&id, token, request).await {
+        Ok(record) => record,
+        Err(e @ StoreError::WrongState { .. }) => {
+            let detail = format!("{e}; only a completed record can be expired");
+            return Err(Refusal::new(AdminProblem::NotCompleted, detail));
+        }
+        Err(e) => return Err(admin.store_problem(e)),
+    };
+    let verb = verb.as_str();
+    tracing::info!(scope = %id.scope, key = %id.key, verb, by, reason, "operator's verb applied through the admin API");
+    let now = SystemClock.now();
+    let answer = serde_json::json!({
+        "verb": verb,
         "by": by,
         "reason": reason,
         "record": record.as_ref().map(|r| RecordView::new(r, now)),

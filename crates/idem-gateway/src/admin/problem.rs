@@ -21,6 +21,7 @@ pub(super) enum AdminProblem {
     BodyTooLarge,
     RecordNotFound,
     NotAmbiguous,
+    NotCompleted,
     OtherAttempt,
     MayStillCommit,
     StoreUnavailable,
@@ -112,6 +113,11 @@ impl AdminProblem {
                 StatusCode::CONFLICT,
                 "not-ambiguous",
                 "The record is not ambiguous",
+            ),
+            NotCompleted => (
+                StatusCode::CONFLICT,
+                "not-completed",
+                "The record is not completed",
             ),
             OtherAttempt => (
                 StatusCode::CONFLICT,
