@@ -49,8 +49,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// Resolve ambiguous records by asking the provider (one pass).
     Reconcile(reconcile::ReconcileArgs),
-    /// Inspect idempotency records in a store, and resolve ambiguous ones
-    /// (a store that is not there is an error, never created).
+    /// Inspect idempotency records in a store, resolve ambiguous ones, and
+    /// expire or evict a key deliberately (a store that is not there is an
+    /// error, never created).
     #[command(subcommand)]
     Records(RecordsCommand),
     /// Back up and restore a store (`idem store backup`, `restore`,
