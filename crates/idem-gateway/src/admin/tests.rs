@@ -656,3 +656,70 @@ async fn the_suspect_window_is_shown_open_and_then_closed() {
     let (status, _, _) = send(&f.app, "GET", "/window", None, "").await;
     assert_eq!(status, 401, "the window needs the token");
 }
+
+/// Each verb's refusals, table-driven, then each applied once: a refusal
+/// changes nothing and journals nothing; an applied verb journals exactly
+/// one entry under the admin API's name.
+#[tokio::test]
+async fn verbs_are_refused_or_applied_and_journaled_once() {
+    let f = fixture();
+    let auth = bearer();
+    let auth = Some(auth.as_str());
+    let unsure = id("s", "unsure");
+    let unsure_token = ambiguous(&f.store, &unsure).await;
+    let done = id("s", "done");
+    let req = ClaimRequest {
+        id: done.clone(),
+        fingerprint: Fingerprint::from_bytes([4; 32]),
+        legacy_fingerprint: None,
+        owner: "gw-1".into(),
+        region: None,
+        policy: Policy::DEFAULT,
+    };
+    let Claim::Acquired { token, .. } = f.store.claim(&req).await.unwrap() else {
+        panic!("fresh key");
+    };
+    let result = idem_core::StoredResult::new(201, vec![], b"{\"payout\":1}".to_vec()).unwrap();
+    f.store.complete(&done, token, result).await.unwrap();
+    let body = |token: Token| format!(r#"{{"token":{},"reason":"ticket 7"}}"#, token.0);
+    // (verb, key, token, status, problem type)
+    let refusals = [
+        ("expire", "unsure", unsure_token, 409, "not-completed"),
+        ("evict", "unsure", unsure_token, 409, "may-still-commit"),
+        ("expire", "done", Token(token.0 + 1), 409, "other-attempt"),
+        ("evict", "done", Token(token.0 + 1), 409, "other-attempt"),
+        ("evict", "missing", token, 404, "record-not-found"),
+    ];
+    for (verb, key, presented, status, kind) in refusals {
+        let path = format!("/records/s/{key}/{verb}");
+        let (got, _, answer) = send(&f.app, "POST", &path, auth, &body(presented)).await;
+        assert_eq!(got, status, "{verb} {key}: {answer}");
+        assert_eq!(problem_type(&answer), format!("urn:idem:problem:{kind}"));
+    }
+    for id in [&unsure, &done] {
+        assert_eq!(f.store.resolutions(id).await.unwrap(), [], "{id} journaled");
+    }
+    let (got, _, answer) = send(&f.app, "GET", "/records/s/done/expire", auth, "").await;
+    assert_eq!(got, 405, "{answer}");
+
+    let (got, _, answer) = send(&f.app, "POST", "/records/s/done/expire", auth, &body(token)).await;
+    assert_eq!(got, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["verb"], "expire");
+    assert_eq!(answer["record"]["state"], "tombstone");
+    f.clock.advance_millis(Policy::DEFAULT.lease_ms());
+    for (key, state) in [("done", "tombstone"), ("unsure", "ambiguous")] {
+        let held = if key == "done" { token } else { unsure_token };
+        let path = format!("/records/s/{key}/evict");
+        let (got, _, answer) = send(&f.app, "POST", &path, auth, &body(held)).await;
+        assert_eq!(got, 200, "evict of a record {state}: {answer}");
+        assert!(answer.contains("\"record\":null"), "{answer}");
+    }
+    let journal = f.store.resolutions(&done).await.unwrap();
+    let seen: Vec<_> = journal.iter().map(|e| (e.verb, e.by.as_str())).collect();
+    let by = ADMIN_API_ACTOR;
+    assert_eq!(seen, [(Some(Verb::Expire), by), (Some(Verb::Evict), by)]);
+    let journal = f.store.resolutions(&unsure).await.unwrap();
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!(journal[0].outcome, idem_core::Resolved::NotExecuted);
+}
