@@ -189,11 +189,17 @@ async fn every_fault_is_caught() {
         ),
         (
             Fault::VerbIgnoresToken,
-            vec![case!(verbs_are_fenced_by_token)],
+            vec![
+                case!(verbs_are_fenced_by_token),
+                case!(every_answer_is_the_reference_stores),
+            ],
         ),
         (
             Fault::EvictsWhileLeased,
-            vec![case!(evict_waits_for_the_lease)],
+            vec![
+                case!(evict_waits_for_the_lease),
+                case!(every_answer_is_the_reference_stores),
+            ],
         ),
         (
             Fault::JournalForgetsVerbs,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use idem_core::{
     Claim, ClaimRequest, Clock, JournalEntry, LEASE_MS_MIN, LIST_LIMIT_MAX, LeaseExpiry, ListQuery,
     LookupTries, ManualClock, MemoryStore, Outcome, Policy, PurgeReport, Record, RecordId,
-    Resolution, State, Store, StoreError, Timestamp, Token,
+    Resolution, State, Store, StoreError, Timestamp, Token, Verb, VerbRequest,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -56,8 +56,8 @@ const ADVANCES_MS: [u64; 6] = [
 const UNISSUED: Token = Token(0);
 
 /// Generated sequences of claims (two fingerprints, two leases, both lease
-/// expiries), completions, releases, marks, resolutions and failed lookups
-/// with current or stale tokens, reads, purges and clock steps that land
+/// expiries), completions, releases, marks, resolutions, operators' verbs
+/// and failed lookups with current or stale tokens, reads, purges and clock steps that land
 /// before, at and after lease ends, retention and tombstone horizons, over
 /// three records in two scopes: the store answers every step as the
 /// reference store does. Tokens are compared through the pairing of the
@@ -164,6 +164,8 @@ enum AttemptOp {
     },
     /// Reads the failed lookups kept for the attempt.
     LookupTries,
+    /// Applies an operator's verb (`expire`, `evict`).
+    Verb(Verb),
 }
 
 /// A generated claim.
@@ -437,6 +439,11 @@ impl<'a, S: Store> Run<'a, S> {
             AttemptOp::LookupTries => {
                 let expect = reference.lookup_tries(id, mine).await;
                 self.same(expect, store.lookup_tries(id, theirs).await)
+            }
+            AttemptOp::Verb(verb) => {
+                let request = || VerbRequest::new(verb, OWNER, "differential").unwrap();
+                let expect = reference.apply_verb(id, mine, request()).await;
+                self.same(expect, store.apply_verb(id, theirs, request()).await)
             }
         }
     }
@@ -767,6 +774,7 @@ fn attempt_op() -> impl Strategy<Value = AttemptOp> {
         1 => select(vec![0, LEASE_MS, RETENTION_MS])
             .prop_map(|next_in_ms| AttemptOp::NoteFailedLookup { next_in_ms }),
         1 => Just(AttemptOp::LookupTries),
+        1 => select(vec![Verb::Expire, Verb::Evict]).prop_map(AttemptOp::Verb),
     ]
 }
 
