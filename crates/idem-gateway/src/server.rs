@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::{Layer, ServiceBuilder};
 
-use crate::admin::{self, AdminToken, RefusalLog};
+use crate::admin::{self, Operators, RefusalLog};
 use crate::admission::Admission;
 use crate::config::PROBE_PATHS;
 use crate::in_flight::InFlight;
@@ -42,16 +42,17 @@ use idem_process::{Watched, run_purge};
 pub struct ServeOptions {
     /// The metrics every part counts into; fresh ones if `None`.
     pub metrics: Option<Arc<Metrics>>,
-    /// The admin API's listener and token; no admin API if `None`.
+    /// The admin API's listener and operators; no admin API if `None`.
     pub admin: Option<AdminListener>,
 }
 
-/// The admin API's own listener and the token it requires.
+/// The admin API's own listener and the operators it lets in.
 pub struct AdminListener {
     /// Bound by the caller, so that it can report the address.
     pub listener: TcpListener,
-    /// The bearer token.
-    pub token: AdminToken,
+    /// Who may use it: named bearer tokens, a trusted proxy's header
+    /// (`Operators::from(token)` for the single token of old configs).
+    pub operators: Operators,
     /// The certificate it serves TLS with; `None`: plain HTTP.
     pub tls: Option<ServerTls>,
     /// Routes served beside the admin API (the binary's console). They
@@ -65,7 +66,7 @@ pub struct AdminListener {
 pub type AdminMount = Box<dyn FnOnce(AdminParts) -> axum::Router + Send>;
 
 /// What routes mounted beside the admin API work with: the same store,
-/// metrics and token as the admin API, the config's routes, how the
+/// metrics and operators as the admin API, the config's routes, how the
 /// listener speaks, and the admin API's refusal log.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -74,8 +75,8 @@ pub struct AdminParts {
     pub store: Arc<dyn Store>,
     /// The metrics every part counts into.
     pub metrics: Arc<Metrics>,
-    /// The admin API's bearer token.
-    pub token: AdminToken,
+    /// The admin API's operators.
+    pub operators: Operators,
     /// The config's routes.
     pub routes: Vec<Route>,
     /// Whether the listener speaks TLS.
@@ -89,7 +90,7 @@ impl std::fmt::Debug for AdminListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminListener")
             .field("listener", &self.listener)
-            .field("token", &self.token)
+            .field("operators", &self.operators)
             .field("tls", &self.tls)
             .field("mount", &self.mount.is_some())
             .finish()
@@ -269,12 +270,12 @@ fn serve_admin(
     let parts = AdminParts {
         store: store.clone(),
         metrics: metrics.clone(),
-        token: admin.token.clone(),
+        operators: admin.operators.clone(),
         routes: config.routes.clone(),
         transport: admin.transport(),
         refusals: RefusalLog::default(),
     };
-    let api = admin::router(store, metrics, admin.token, parts.refusals.clone());
+    let api = admin::router(store, metrics, admin.operators, parts.refusals.clone());
     // Mounted routes authenticate by themselves; the admin API's
     // fallback answers every path they do not serve.
     let api = api.merge(probe::router(probes));
