@@ -35,6 +35,7 @@ use idem_gateway::{
     SessionLimits, WindowView, outcome_name,
 };
 use idem_http::{Metrics, Resolver, Route};
+use idem_reconcile::{Reconciler, Settled};
 use maud::Markup;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -71,6 +72,7 @@ pub struct ConsoleState {
     transport: AdminTransport,
     limits: SessionLimits,
     refusals: RefusalLog,
+    reconciler: Option<Arc<Reconciler>>,
 }
 
 impl ConsoleState {
@@ -92,7 +94,15 @@ impl ConsoleState {
             transport: AdminTransport::Plain,
             limits: SessionLimits::default(),
             refusals: RefusalLog::default(),
+            reconciler: None,
         }
+    }
+
+    /// "Ask the provider now" runs `reconciler`'s lookup for a record
+    /// whose route has one; without a reconciler the button is not shown.
+    pub fn with_reconciler(mut self, reconciler: Option<Arc<Reconciler>>) -> ConsoleState {
+        self.reconciler = reconciler;
+        self
     }
 
     /// Over `transport`, which decides the cookie's `Secure` attribute.
@@ -134,7 +144,8 @@ pub fn mount(limits: SessionLimits) -> AdminMount {
         let state = ConsoleState::new(parts.store, parts.metrics, parts.operators, parts.routes)
             .with_transport(parts.transport)
             .with_session_limits(limits)
-            .with_refusals(parts.refusals);
+            .with_refusals(parts.refusals)
+            .with_reconciler(parts.reconciler);
         router(state)
     })
 }
@@ -169,6 +180,7 @@ pub fn router(state: ConsoleState) -> axum::Router {
         .route("/ui/records", get(list))
         .route("/ui/record", get(show))
         .route("/ui/resolve", get(resolve_page).post(resolve))
+        .route("/ui/ask", post(ask))
         .route("/ui/style.css", get(style))
         .route("/ui/favicon.svg", get(favicon))
         .route("/ui/{*rest}", any(not_found))
@@ -270,6 +282,12 @@ impl CarriesCsrf for CsrfForm {
     }
 }
 
+impl CarriesCsrf for AskForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 impl CarriesCsrf for ResolveForm {
     fn csrf(&self) -> &str {
         &self.csrf
@@ -286,6 +304,16 @@ struct SignInForm {
 #[serde(default)]
 struct CsrfForm {
     csrf: String,
+}
+
+/// "Ask the provider now" about the attempt `token` of a record.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct AskForm {
+    csrf: String,
+    scope: String,
+    key: String,
+    token: String,
 }
 
 #[derive(Default, Deserialize)]
@@ -407,7 +435,7 @@ async fn show(
         Ok(id) => id,
         Err(why) => return no_such_record(chrome, &why),
     };
-    let detail = match records::detail(&*c.state.store, &c.state.routes, &id).await {
+    let detail = match c.detail(&id).await {
         Ok(detail) => detail,
         Err(e) => return store_failed(chrome, &e),
     };
@@ -494,6 +522,69 @@ async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -
     }
 }
 
+/// Runs the record's lookup once, now, through the gateway's reconciler
+/// (its verdict, token fencing, try count and backoff), and shows the
+/// record with what came of it.
+async fn ask(State(c): Shared, Change { live, form }: Change<AskForm>) -> Response {
+    let chrome = Chrome::of(&live);
+    let id = match records::record_id(&form.scope, &form.key) {
+        Ok(id) => id,
+        Err(why) => return no_such_record(chrome, &why),
+    };
+    let Some(reconciler) = c.state.reconciler.as_ref().filter(|r| r.has_lookup(&id)) else {
+        let why = "This record's route has no [[lookup]]: ask the provider yourself, then resolve by hand.";
+        return html(StatusCode::CONFLICT, pages::conflict(chrome, &id, why));
+    };
+    if let Err(response) = c.still_the_attempt(chrome, &id, &form.token).await {
+        return response;
+    }
+    let settled = reconciler.settle_now(&id).await;
+    let operator = live.operator.as_str();
+    tracing::info!(scope = %id.scope, key = %id.key, operator, ?settled, "console: asked the provider now");
+    let detail = match c.detail(&id).await {
+        Ok(detail) => detail,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let notice = asked(&settled, &detail);
+    let page = pages::record(
+        chrome,
+        (&id, None),
+        &detail,
+        SystemClock.now(),
+        Some(&notice),
+    );
+    html(StatusCode::OK, page)
+}
+
+/// What the operator is told once the provider was asked.
+fn asked(settled: &Settled, detail: &records::Detail) -> String {
+    match settled {
+        Settled::Resolved { completed: true } => "The provider was asked: it found the effect. \
+            The record is completed with the provider's answer (journaled by the reconciler)."
+            .into(),
+        Settled::Resolved { completed: false } => {
+            "The provider was asked: the effect is not there \
+            and the attempt can no longer commit. The key is released; a retry runs."
+                .into()
+        }
+        Settled::Changed => "The record changed while the provider was asked (a scan, a retry or \
+            an operator settled it, or a new attempt took it); look at it as it is now."
+            .into(),
+        _ => match &detail.tries {
+            Some(t) => format!(
+                "The provider was asked and gave no verdict: {} lookup(s) of this attempt failed; \
+                 the next may run at {}. Resolve by hand if you know the outcome.",
+                t.failures,
+                idem_gateway::rfc3339(t.next_at)
+            ),
+            None => "No verdict now: the provider has no trace yet while the attempt may still \
+                commit, a backoff runs, or every lookup slot is busy. Try again later, or \
+                resolve by hand."
+                .into(),
+        },
+    }
+}
+
 async fn style() -> Response {
     asset(include_str!("style.css"), "text/css; charset=utf-8")
 }
@@ -519,6 +610,52 @@ async fn not_found() -> Response {
 }
 
 impl Console {
+    /// Everything the record page shows about `id`, and whether it can
+    /// ask the provider.
+    async fn detail(&self, id: &RecordId) -> Result<records::Detail, StoreError> {
+        let mut detail = records::detail(&*self.state.store, &self.state.routes, id).await?;
+        detail.lookup = self
+            .state
+            .reconciler
+            .as_ref()
+            .is_some_and(|r| r.has_lookup(id));
+        Ok(detail)
+    }
+
+    /// `Ok` when `id` is still the ambiguous attempt `token` names; else
+    /// the page that says what it is now.
+    async fn still_the_attempt(
+        &self,
+        chrome: Chrome<'_>,
+        id: &RecordId,
+        token: &str,
+    ) -> Result<(), Response> {
+        let record = match self.state.store.get(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                let e = StoreError::NotFound { id: id.clone() };
+                return Err(self.refused_verdict(chrome, id, &e));
+            }
+            Err(e) => return Err(store_failed(chrome, &e)),
+        };
+        if token.trim() != record.token.0.to_string() {
+            return Err(html(
+                StatusCode::CONFLICT,
+                pages::conflict(chrome, id, MOVED_ON),
+            ));
+        }
+        let state = record.state_at(SystemClock.now());
+        if state != RecordState::Ambiguous {
+            let e = StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "ask the provider about",
+            };
+            return Err(self.refused_verdict(chrome, id, &e));
+        }
+        Ok(())
+    }
+
     /// The resolve form for the record as it is now, or the conflict page
     /// when it is not ambiguous any more.
     async fn form_again(

@@ -242,6 +242,7 @@ pub(crate) fn record(
                 p { "State: " strong #state { (state_name(view.state)) } " · token " (r.token.0) }
                 @if view.state == State::Ambiguous {
                     p { a.button href=(link("/ui/resolve", id)) { "Resolve this record" } }
+                    @if detail.lookup { (ask_form(chrome, r)) }
                 }
                 (timeline(r, detail, now))
                 (why_ambiguous(r))
@@ -305,6 +306,22 @@ pub(crate) fn resolve(
         p { a href=(link("/ui/record", &r.id)) { "Back to the record" } }
     };
     layout("Resolve", Some(chrome), body)
+}
+
+/// "Ask the provider now": one lookup of `r`'s attempt, by the route's
+/// `[[lookup]]`, with the same verdict, fencing and try count as the
+/// reconciler's.
+fn ask_form(chrome: Chrome, r: &Record) -> Markup {
+    html! {
+        form #ask method="post" action="/ui/ask" {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            input type="hidden" name="scope" value=(r.id.scope.as_str());
+            input type="hidden" name="key" value=(r.id.key.as_str());
+            input type="hidden" name="token" value=(r.token.0);
+            button type="submit" { "Ask the provider now" }
+            span.hint { " Runs this route's lookup once for token " (r.token.0) "; the verdict lands only on this attempt." }
+        }
+    }
 }
 
 /// The record moved on (another attempt, resolved meanwhile) or the store
@@ -611,6 +628,7 @@ mod tests {
             tries: None,
             journal: Vec::new(),
             route: None,
+            lookup: false,
         };
         let cases = [
             (Timestamp::from_millis(9_999), "holds its lease"),

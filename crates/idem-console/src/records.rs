@@ -76,6 +76,8 @@ pub(crate) struct Detail {
     pub journal: Vec<JournalEntry>,
     /// The route whose forward-key template made the forwarded key.
     pub route: Option<Route>,
+    /// Whether the record's route has a lookup the console can run now.
+    pub lookup: bool,
 }
 
 /// The parts of a scope: `operation|principal[|region]`.
@@ -253,6 +255,7 @@ pub(crate) async fn detail(
         tries,
         journal,
         route,
+        lookup: false,
     })
 }
 

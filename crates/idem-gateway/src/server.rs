@@ -84,6 +84,9 @@ pub struct AdminParts {
     /// Shared with the admin API: refusals logged through it spend one
     /// budget.
     pub refusals: RefusalLog,
+    /// The gateway's reconciler, when a route has a lookup: an operator
+    /// may ask it to settle one record now.
+    pub reconciler: Option<Arc<Reconciler>>,
 }
 
 impl std::fmt::Debug for AdminListener {
@@ -141,12 +144,26 @@ pub async fn serve_with(
         metrics.clone(),
         reconciler.clone(),
     ));
-    let background = Background::start(config, &store, &metrics, reconciler, window, &stop_rx);
+    let background = Background::start(
+        config,
+        &store,
+        &metrics,
+        reconciler.clone(),
+        window,
+        &stop_rx,
+    );
     // A request in flight has its whole exchange, and then the grace.
     let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
         let shared = (store.clone(), metrics.clone(), probes.clone());
-        serve_admin(config, admin, shared, drain, stopped(stop_rx.clone()))
+        let ask = reconciler.clone();
+        serve_admin(
+            config,
+            (admin, ask),
+            shared,
+            drain,
+            stopped(stop_rx.clone()),
+        )
     });
     let admitted = proxy_service(config, layer, &store, metrics);
     let shutdown = stop_on(shutdown, idem_process::stopped(store_seen.clone()), stop_tx);
@@ -262,7 +279,7 @@ impl Background {
 /// admin listener, until `stop`.
 fn serve_admin(
     config: &GatewayConfig,
-    admin: AdminListener,
+    (admin, reconciler): (AdminListener, Option<Arc<Reconciler>>),
     (store, metrics, probes): (Arc<dyn Store>, Arc<Metrics>, Arc<Probes>),
     drain: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -274,6 +291,7 @@ fn serve_admin(
         routes: config.routes.clone(),
         transport: admin.transport(),
         refusals: RefusalLog::default(),
+        reconciler,
     };
     let api = admin::router(store, metrics, admin.operators, parts.refusals.clone());
     // Mounted routes authenticate by themselves; the admin API's

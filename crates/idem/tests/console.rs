@@ -67,6 +67,8 @@ struct Scene {
 async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     let driver = Driver::start();
     let upstream = Unsure::start().await;
+    // The refunds provider: its lookup finds every refund.
+    let provider = found_everything().await;
     let site = Site::new();
     let config = site.config(&format!(
         "console_session_idle_s = {IDLE_S}\n\
@@ -75,7 +77,10 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
          [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\n\
          principal = {{ header = \"x-tenant\" }}\n\
          [[route]]\nname = \"refunds\"\nmethods = [\"POST\"]\npath = \"/refunds\"\n\
-         principal = {{ header = \"x-tenant\" }}\n"
+         principal = {{ header = \"x-tenant\" }}\n\
+         forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [reconcile]\ninterval_s = 3600\n\
+         [[lookup]]\nroute = \"refunds\"\nurl = \"{provider}/by-key/{{forwarded_key}}\"\ntimeout_ms = 2000\n"
     ));
     let upstream_url = format!("http://{}", upstream.addr);
     let env = [("IDEM_ADMIN_TOKEN_ANA", TOKEN_ANA)];
@@ -105,6 +110,7 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     let pay_1 = format!("/records/payouts%7C{}/{}", scene.acme, PAY_1);
     let record = admin_get(admin, &pay_1).await;
     assert_eq!(record["resolution"]["by"], "operator:ana", "{record}");
+    scene.ask_the_provider_about_ref_1().await;
     // The client's retry, through the gateway, replays the resolution.
     let retry = pay(&gw, "/payouts", "acme", PAY_1).await;
     let replayed = (retry.status, retry.body.as_str());
@@ -226,6 +232,34 @@ impl Scene {
         ] {
             assert!(resolved.contains(said), "{said}: {resolved}");
         }
+    }
+
+    /// pay-1's route has no lookup, so its page offers none; ref-1's has:
+    /// one press asks the provider, which finds the refund, and the
+    /// record is completed with its answer.
+    async fn ask_the_provider_about_ref_1(&self) {
+        let browser = &self.browser;
+        let pay_3 = format!("/ui/record?scope=payouts%7C{}&key=pay-3", self.acme);
+        browser.goto(&self.url(&pay_3)).await.unwrap();
+        let no_lookup = browser.find(Locator::Css("#ask")).await;
+        assert!(
+            no_lookup.is_err(),
+            "a route without a lookup offers no lookup"
+        );
+        browser
+            .goto(&self.url("/ui/records?route=refunds&tenant=acme"))
+            .await
+            .unwrap();
+        follow(browser, Locator::Css("a[href*='key=ref-1']")).await;
+        assert_eq!(text_of(browser, "#state").await, "ambiguous");
+        follow(browser, Locator::Css("#ask button")).await;
+        let said = text_of(browser, "p.notice").await;
+        assert!(said.contains("it found the effect"), "{said}");
+        assert_eq!(text_of(browser, "#state").await, "completed");
+        assert_eq!(
+            text_of(browser, "#stored-body").await,
+            r#"{"refund":"r-1"}"#
+        );
     }
 
     /// Every page fits a phone and a desktop.
@@ -422,6 +456,20 @@ impl Unsure {
     fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
+}
+
+/// A provider whose lookup answers 200 with the refund for any key.
+async fn found_everything() -> String {
+    let app = axum::Router::new().fallback(|| async {
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            r#"{"refund":"r-1"}"#,
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
 }
 
 async fn pay(gw: &Gateway, path: &str, tenant: &str, key: &str) -> support::Reply {
