@@ -232,9 +232,22 @@ fn print_plan(config: &GatewayConfig, checked: Checked) {
             } else {
                 "http"
             };
+            let ops = &config.admin_operators;
+            let mut who: Vec<String> = Vec::new();
+            if ops.single {
+                who.push(format!("admin from ${}", config.admin_token_env));
+            }
+            who.extend(
+                ops.named
+                    .iter()
+                    .map(|(name, env)| format!("{name} from ${env}")),
+            );
+            if let Some(header) = &ops.header {
+                who.push(format!("named by the proxy in {header}"));
+            }
             println!(
-                "  admin      {scheme}://{addr} (token from ${}; console at /ui)",
-                config.admin_token_env
+                "  admin      {scheme}://{addr} (operators: {}; console at /ui)",
+                who.join(", ")
             );
         }
         None => println!("  admin      off"),

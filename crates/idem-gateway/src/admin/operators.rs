@@ -2,7 +2,7 @@
 //! token, and optionally a header a trusted proxy in front sets to the
 //! name of the person it authenticated. Every resolution is journaled
 //! under the name found here, so two people on call are never one
-//! `operator:console`.
+//! shared actor.
 
 use http::{HeaderMap, HeaderName};
 
