@@ -712,3 +712,98 @@ async fn each_operator_resolves_under_their_own_name() {
     assert_eq!(journal.len(), 1);
     assert_eq!(journal[0].by, "operator:ana");
 }
+
+/// Where a trusted proxy names the operator, the sign-in page offers to
+/// continue as that operator, and the session resolves in their name; a
+/// sign-in without a token and without the header opens nothing.
+#[tokio::test]
+async fn a_trusted_proxys_header_names_the_operator() {
+    use idem_gateway::Operators;
+    let clock = ManualClock::new(SystemClock.now());
+    let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+    let header = http::HeaderName::from_static("x-forwarded-user");
+    let state = ConsoleState::new(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        Operators::new(Vec::new(), Some(header)).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    let f = Fixture {
+        store,
+        app: router(state),
+    };
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "h-1").await;
+    let proxied = [("x-forwarded-user", "carla@example.com")];
+    let page = f.send("GET", "/ui/sign-in", &proxied, "").await;
+    assert!(
+        page.body.contains("Continue as carla@example.com"),
+        "{}",
+        page.body
+    );
+    let alone = f.send("POST", "/ui/sign-in", &[], "token=").await;
+    assert_eq!(alone.status, 401, "no token, no header: {}", alone.body);
+    assert!(alone.headers.get("set-cookie").is_none());
+    let signed = f.send("POST", "/ui/sign-in", &proxied, "token=").await;
+    assert_eq!(signed.status, 303, "{}", signed.body);
+    let set = signed.headers["set-cookie"].to_str().unwrap();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let done = f
+        .send("POST", "/ui/resolve", &same, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let journal = f.store.resolutions(&id).await.unwrap();
+    assert_eq!(journal[0].by, "operator:carla@example.com");
+}
+
+/// A route scoped by raw credentials cannot be searched by tenant, and
+/// the page says why; without a lookup, asking the provider is refused
+/// and nothing changes.
+#[tokio::test]
+async fn what_cannot_be_searched_or_asked_says_why() {
+    let (f, id, cookie, csrf) = signed_in_with("s-1").await;
+    let signed = [("cookie", cookie.as_str())];
+    let search = f.send("GET", "/ui/records?tenant=acme", &signed, "").await;
+    assert_eq!(search.status, 400, "{}", search.body);
+    assert!(search.body.contains("raw credentials"), "{}", search.body);
+    let by_key = f.send("GET", "/ui/records?key=s-*", &signed, "").await;
+    assert_eq!(by_key.status, 200, "{}", by_key.body);
+    assert!(by_key.body.contains("<code>s-1</code>"), "{}", by_key.body);
+    let record = f
+        .send("GET", &pages::link("/ui/record", &id), &signed, "")
+        .await;
+    assert!(
+        !record.body.contains("Ask the provider now"),
+        "{}",
+        record.body
+    );
+    for section in ["Why it is ambiguous", "Request summary", "Not recorded"] {
+        assert!(record.body.contains(section), "{section}: {}", record.body);
+    }
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let form = form_urlencoded::Serializer::new(String::new())
+        .append_pair("csrf", &csrf)
+        .append_pair("scope", id.scope.as_str())
+        .append_pair("key", id.key.as_str())
+        .append_pair("token", "1")
+        .finish();
+    let asked = f.send("POST", "/ui/ask", &same, &form).await;
+    assert_eq!(asked.status, 409, "{}", asked.body);
+    assert!(asked.body.contains("no [[lookup]]"), "{}", asked.body);
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Ambiguous);
+}
