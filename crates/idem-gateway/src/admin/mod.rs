@@ -1,5 +1,6 @@
 //! The admin API: what an operator needs from a running gateway, on a
-//! listener of its own and behind a bearer token. List and inspect records,
+//! listener of its own and behind each operator's bearer token (or a
+//! trusted proxy's header naming the operator, where configured). List and inspect records,
 //! resolve an ambiguous one, scrape the metrics. Every error is an RFC 9457
 //! problem document that says what to fix.
 

@@ -1,7 +1,8 @@
 //! The gateway's configuration: a TOML file and command-line overrides,
 //! parsed once into a validated [`GatewayConfig`], section by section
-//! (`file`: where it listens, forwards and stores; `listeners`; `routes`;
-//! `lookups`; `regions`). Every error names the file and the field.
+//! (`file`: where it listens, forwards and stores; `listeners`; `admin`:
+//! the named operators; `routes`; `lookups`; `regions`). Every error
+//! names the file and the field.
 
 mod admin;
 mod file;
