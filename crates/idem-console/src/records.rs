@@ -417,4 +417,143 @@ mod tests {
         .await;
         assert!(other_state.records.is_empty());
     }
+
+    /// Every record of `store`, in listing order.
+    async fn everything(store: &dyn Store) -> Vec<Record> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let query = ListQuery {
+                state: None,
+                after,
+                limit: 0,
+            };
+            let listing = store.list(&query).await.unwrap();
+            all.extend(listing.records);
+            after = listing.next;
+            if after.is_none() {
+                return all;
+            }
+        }
+    }
+
+    /// Every page of a search, chained.
+    async fn searched(store: &dyn Store, filter: &Filter, now: Timestamp) -> Vec<RecordId> {
+        let mut found = Vec::new();
+        let mut after = None;
+        loop {
+            let page = search_page(store, filter, after, now).await.unwrap();
+            found.extend(page.records.into_iter().map(|r| r.id));
+            after = page.next;
+            if after.is_none() {
+                return found;
+            }
+        }
+    }
+
+    const OPERATIONS: [&str; 4] = ["pay", "pay-eu", "payouts", "refunds"];
+    const PRINCIPALS: [&str; 4] = ["aa11", "aa12", "ab", "anonymous"];
+
+    fn filter_strategy() -> impl proptest::strategy::Strategy<Value = Filter> {
+        use proptest::prelude::*;
+        let route = prop_oneof![
+            Just(String::new()),
+            prop::sample::select(&OPERATIONS[..]).prop_map(String::from)
+        ];
+        let digests = prop::sample::subsequence(&PRINCIPALS[..], 0..=2)
+            .prop_map(|d| d.into_iter().map(String::from).collect::<Vec<_>>());
+        let principal = prop::sample::select(vec!["", "a", "aa1", "ab"]).prop_map(String::from);
+        let key =
+            prop::sample::select(vec!["", "k", "k*", "ka*", "kab", "*"]).prop_map(String::from);
+        let state =
+            prop::sample::select(vec![None, Some(State::Ambiguous), Some(State::InProgress)]);
+        (route, digests, principal, key, state).prop_map(
+            |(route, tenant_digests, principal, key, state)| Filter {
+                key,
+                route,
+                principal,
+                tenant: "t".into(),
+                tenant_digests,
+                state,
+                older_than_min: None,
+            },
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// Chained pages of a search hold exactly the records a plain
+        /// filter over the whole store keeps, in order, through the memory
+        /// store and a real SQLite file: the range a route and a tenant
+        /// start and stop at never skips one (operations that prefix one
+        /// another, regional scopes, keys that hold `*`).
+        #[test]
+        fn a_search_finds_what_a_plain_filter_finds(
+            records in proptest::collection::vec(
+                (0..OPERATIONS.len(), 0..PRINCIPALS.len(), proptest::bool::ANY, "k[a-b*]{0,3}", proptest::bool::ANY),
+                1..40,
+            ),
+            filters in proptest::collection::vec(filter_strategy(), 1..6),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let clock = ManualClock::new(Timestamp::from_millis(T0));
+                let sqlite = idem_sqlite::SqliteStore::open_with_clock(
+                    dir.path().join("idem.db"),
+                    idem_sqlite::SqliteOptions::default(),
+                    Arc::new(clock.clone()),
+                )
+                .unwrap();
+                let stores: [Arc<dyn Store>; 2] = [
+                    Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+                    Arc::new(sqlite),
+                ];
+                for store in &stores {
+                    for (op, principal, regional, key, ambiguous) in &records {
+                        let region = if *regional { "|eu" } else { "" };
+                        let scope = format!("{}|{}{region}", OPERATIONS[*op], PRINCIPALS[*principal]);
+                        put(&**store, &scope, key, *ambiguous).await;
+                    }
+                }
+                let now = clock.now();
+                for store in &stores {
+                    let all = everything(&**store).await;
+                    for filter in &filters {
+                        let want: Vec<RecordId> = all
+                            .iter()
+                            .filter(|r| filter.matches(r, now))
+                            .map(|r| r.id.clone())
+                            .collect();
+                        let got = searched(&**store, filter, now).await;
+                        assert_eq!(got, want, "{filter:?}");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Claims `key` in `scope` (once: a repeated one is left as it is) and,
+    /// when `ambiguous`, marks it so.
+    async fn put(store: &dyn Store, scope: &str, key: &str, ambiguous: bool) {
+        use idem_core::{Claim, ClaimRequest, Fingerprint, Policy};
+        let id = RecordId {
+            scope: Scope::new(scope).unwrap(),
+            key: IdempotencyKey::new(key).unwrap(),
+        };
+        let req = ClaimRequest {
+            id: id.clone(),
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            legacy_fingerprint: None,
+            owner: "gw-1".into(),
+            region: None,
+            policy: Policy::DEFAULT,
+        };
+        if let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap()
+            && ambiguous
+        {
+            store.mark_ambiguous(&id, token).await.unwrap();
+        }
+    }
 }
