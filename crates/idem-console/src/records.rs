@@ -286,6 +286,7 @@ mod tests {
     use std::sync::Arc;
 
     use idem_core::{Clock, ManualClock, MemoryStore};
+    use idem_testkit::stores::{Backend, open_with_clock};
 
     use super::*;
 
@@ -485,7 +486,7 @@ mod tests {
 
         /// Chained pages of a search hold exactly the records a plain
         /// filter over the whole store keeps, in order, through the memory
-        /// store and a real SQLite file: the range a route and a tenant
+        /// store, a real SQLite file and PostgreSQL: the range a route and a tenant
         /// start and stop at never skips one (operations that prefix one
         /// another, regional scopes, keys that hold `*`).
         #[test]
@@ -498,17 +499,14 @@ mod tests {
         ) {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
-                let dir = tempfile::tempdir().unwrap();
                 let clock = ManualClock::new(Timestamp::from_millis(T0));
-                let sqlite = idem_sqlite::SqliteStore::open_with_clock(
-                    dir.path().join("idem.db"),
-                    idem_sqlite::SqliteOptions::default(),
-                    Arc::new(clock.clone()),
-                )
-                .unwrap();
-                let stores: [Arc<dyn Store>; 2] = [
+                let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+                let sqlite = open_with_clock(Backend::Sqlite, "console", Some(shared.clone())).await;
+                let postgres = open_with_clock(Backend::Postgres, "console", Some(shared)).await;
+                let stores: [Arc<dyn Store>; 3] = [
                     Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-                    Arc::new(sqlite),
+                    sqlite.store.clone(),
+                    postgres.store.clone(),
                 ];
                 for store in &stores {
                     for (op, principal, regional, key, ambiguous) in &records {
