@@ -1,18 +1,21 @@
 //! The operator's console: server-rendered pages under `/ui` on the admin
 //! listener, for the person who resolves an ambiguous payout at night.
-//! Sign in with the admin token (a form, never a URL) to get a session
-//! cookie; see the backlog and the last hour's counters, page through the
-//! ambiguous records, read one record's timeline and resolve it with the
-//! same fencing as the admin API. Every state change carries the session's
-//! CSRF token and is refused when the browser says it came from another
-//! origin. The console keeps its own cookie authentication, apart from
-//! the admin API's bearer token, so the two routers combine by a merge:
+//! Sign in with your operator token (a form, never a URL), or through the
+//! trusted proxy's operator header, to get a session cookie; see the
+//! backlog and the last hour's counters, search the records by key,
+//! tenant, state and age, read one record's timeline, ask the provider
+//! now where its route has a lookup, and resolve it with the same fencing
+//! as the admin API, journaled under your name. Every state change carries
+//! the session's CSRF token and is refused when the browser says it came
+//! from another origin. The console keeps its own cookie authentication,
+//! apart from the admin API's bearer tokens, so the two routers combine by a merge:
 //! the `idem` binary hands [`mount`] to the gateway's admin listener, and
 //! nothing else depends on this crate.
 
 mod pages;
 mod records;
 mod samples;
+mod search;
 mod session;
 
 use std::sync::Arc;
@@ -29,28 +32,30 @@ use idem_core::{
     StoreError, SystemClock, Token,
 };
 use idem_gateway::{
-    AdminMount, AdminParts, AdminToken, AdminTransport, Logged, RefusalLog, SessionLimits,
-    WindowView, outcome_name,
+    AdminMount, AdminParts, AdminTransport, Logged, OperatorName, Operators, RefusalLog,
+    SessionLimits, WindowView, outcome_name,
 };
 use idem_http::{Metrics, Resolver, Route};
+use idem_reconcile::{Reconciler, Settled};
 use maud::Markup;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use pages::{Chrome, ResolveForm};
-use records::Filter;
 use samples::{Samples, Totals};
+use search::{Search, SearchParams};
 use session::{Live, Sessions};
 
 pub use records::{PAGE_ROWS, SCAN_ROWS_MAX};
 pub use session::{SESSION_COOKIE, SESSIONS_MAX};
 
+/// What a resolve form sent without a verdict is told.
+const NO_VERDICT: &str = "Choose what happened at the provider: Completed or Not executed. \
+                          Nothing was changed.";
 /// What a verdict about an earlier attempt is told.
 const MOVED_ON: &str =
     "The record belongs to another attempt than the one this form was about (its token changed).";
 
-/// The `by` of every resolution made in the console.
-pub const CONSOLE_ACTOR: &str = "operator:console";
 /// The largest form the console reads, in bytes: a stored body of 1 MiB,
 /// percent-encoded, fits.
 pub const CONSOLE_FORM_BYTES_MAX: usize = 4 * 1024 * 1024;
@@ -63,33 +68,42 @@ pub const SIGN_IN_FORM_BYTES_MAX: usize = 16 * 1024;
 pub struct ConsoleState {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    token: AdminToken,
+    operators: Operators,
     routes: Vec<Route>,
     transport: AdminTransport,
     limits: SessionLimits,
     refusals: RefusalLog,
+    reconciler: Option<Arc<Reconciler>>,
 }
 
 impl ConsoleState {
     /// A console over `store`, counting into and charting `metrics`,
-    /// signed into with `token`; `routes` render the key each record
-    /// was forwarded with. Plain HTTP, the default session limits and a
-    /// refusal log of its own.
+    /// signed into by `operators` (an `AdminToken` is operator `admin`);
+    /// `routes` render the key each record was forwarded with. Plain
+    /// HTTP, the default session limits and a refusal log of its own.
     pub fn new(
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
-        token: AdminToken,
+        operators: impl Into<Operators>,
         routes: Vec<Route>,
     ) -> ConsoleState {
         ConsoleState {
             store,
             metrics,
-            token,
+            operators: operators.into(),
             routes,
             transport: AdminTransport::Plain,
             limits: SessionLimits::default(),
             refusals: RefusalLog::default(),
+            reconciler: None,
         }
+    }
+
+    /// "Ask the provider now" runs `reconciler`'s lookup for a record
+    /// whose route has one; without a reconciler the button is not shown.
+    pub fn with_reconciler(mut self, reconciler: Option<Arc<Reconciler>>) -> ConsoleState {
+        self.reconciler = reconciler;
+        self
     }
 
     /// Over `transport`, which decides the cookie's `Secure` attribute.
@@ -114,7 +128,7 @@ impl ConsoleState {
 impl std::fmt::Debug for ConsoleState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsoleState")
-            .field("token", &self.token)
+            .field("operators", &self.operators)
             .field("routes", &self.routes.len())
             .field("transport", &self.transport)
             .field("limits", &self.limits)
@@ -123,15 +137,16 @@ impl std::fmt::Debug for ConsoleState {
 }
 
 /// The console as the gateway mounts it beside the admin API: over the
-/// admin listener's store, metrics, token, routes and transport, its wrong
+/// admin listener's store, metrics, operators, routes and transport, its wrong
 /// sign-ins logged within the admin API's refusal log, its sessions ending
 /// after `limits`.
 pub fn mount(limits: SessionLimits) -> AdminMount {
     Box::new(move |parts: AdminParts| {
-        let state = ConsoleState::new(parts.store, parts.metrics, parts.token, parts.routes)
+        let state = ConsoleState::new(parts.store, parts.metrics, parts.operators, parts.routes)
             .with_transport(parts.transport)
             .with_session_limits(limits)
-            .with_refusals(parts.refusals);
+            .with_refusals(parts.refusals)
+            .with_reconciler(parts.reconciler);
         router(state)
     })
 }
@@ -166,6 +181,7 @@ pub fn router(state: ConsoleState) -> axum::Router {
         .route("/ui/records", get(list))
         .route("/ui/record", get(show))
         .route("/ui/resolve", get(resolve_page).post(resolve))
+        .route("/ui/ask", post(ask))
         .route("/ui/style.css", get(style))
         .route("/ui/favicon.svg", get(favicon))
         .route("/ui/{*rest}", any(not_found))
@@ -267,6 +283,12 @@ impl CarriesCsrf for CsrfForm {
     }
 }
 
+impl CarriesCsrf for AskForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 impl CarriesCsrf for ResolveForm {
     fn csrf(&self) -> &str {
         &self.csrf
@@ -285,14 +307,14 @@ struct CsrfForm {
     csrf: String,
 }
 
+/// "Ask the provider now" about the attempt `token` of a record.
 #[derive(Default, Deserialize)]
 #[serde(default)]
-struct ListParams {
-    route: String,
-    principal: String,
-    older_than_min: String,
-    after_scope: Option<String>,
-    after_key: Option<String>,
+struct AskForm {
+    csrf: String,
+    scope: String,
+    key: String,
+    token: String,
 }
 
 #[derive(Default, Deserialize)]
@@ -301,35 +323,47 @@ struct RecordParams {
     scope: String,
     key: String,
     done: String,
+    /// The tenant the search found the record by: shown next to the
+    /// digest once the route confirms it digests to the record's.
+    tenant: String,
 }
 
-async fn sign_in_page() -> Response {
-    html(StatusCode::OK, pages::sign_in(None))
+async fn sign_in_page(State(c): Shared, headers: HeaderMap) -> Response {
+    let proxied = c.state.operators.by_header(&headers);
+    html(StatusCode::OK, pages::sign_in(None, proxied.as_ref()))
 }
 
 async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInForm>) -> Response {
     if let Some(why) = session::cross_site(&headers) {
         return Refusal::CrossSite(why).into_response();
     }
-    let right = c.state.token.matches(form.token.as_bytes());
+    let proxied = c.state.operators.by_header(&headers);
+    let operator = match form.token.as_str() {
+        "" => proxied.clone(),
+        token => c.state.operators.by_token(token.as_bytes()).cloned(),
+    };
     // A wrong token is answered at once, as the admin API answers a wrong
     // bearer token: a wait would not bound guessing (the token's randomness
     // does), and a throttle that did would let a guesser lock the operator
     // out.
-    if !right {
+    let Some(operator) = operator else {
         if let Logged::Write { suppressed } = c.state.refusals.admit(Instant::now()) {
             tracing::warn!(suppressed, "console: refused a sign-in with a wrong token");
         }
-        let page = pages::sign_in(Some(
-            "That is not the admin token. Check the gateway's admin_token_env variable and try again.",
-        ));
+        let page = pages::sign_in(
+            Some(
+                "That is no operator's token. Use your own token (admin_token_env, or the \
+                 token_env of your [[admin.operator]]) and try again.",
+            ),
+            proxied.as_ref(),
+        );
         return html(StatusCode::UNAUTHORIZED, page);
-    }
+    };
     // A session the browser already had ends: one sign-in, one live id.
     if let Some(old) = c.sessions.find(&headers, Instant::now()) {
         c.sessions.close(&old.id);
     }
-    let Some(live) = c.sessions.open(Instant::now()) else {
+    let Some(live) = c.sessions.open(Instant::now(), operator) else {
         tracing::error!("console: no randomness for a session id");
         let page = pages::refused(
             None,
@@ -338,7 +372,7 @@ async fn sign_in(State(c): Shared, headers: HeaderMap, Form(form): Form<SignInFo
         );
         return html(StatusCode::SERVICE_UNAVAILABLE, page);
     };
-    tracing::info!("console: signed in");
+    tracing::info!(operator = %live.operator, "console: signed in");
     let cookie = session::set_cookie(&live.id, c.state.transport, &c.state.limits);
     with_cookie(Redirect::to("/ui").into_response(), &cookie)
 }
@@ -350,7 +384,7 @@ async fn sign_out(State(c): Shared, Change { live, .. }: Change<CsrfForm>) -> Re
 }
 
 async fn overview(State(c): Shared, SignedIn(live): SignedIn) -> Response {
-    let chrome = Chrome { csrf: &live.csrf };
+    let chrome = Chrome::of(&live);
     let backlog = match records::backlog(&*c.state.store).await {
         Ok(backlog) => backlog,
         Err(e) => return store_failed(chrome, &e),
@@ -369,39 +403,27 @@ async fn overview(State(c): Shared, SignedIn(live): SignedIn) -> Response {
 async fn list(
     State(c): Shared,
     SignedIn(live): SignedIn,
-    Query(params): Query<ListParams>,
+    Query(params): Query<SearchParams>,
 ) -> Response {
-    let chrome = Chrome { csrf: &live.csrf };
-    let older = params.older_than_min.trim();
-    let older_than_min = match older {
-        "" => None,
-        text => match text.parse::<u64>() {
-            Ok(minutes) => Some(minutes),
-            Err(_) => {
-                let why = format!("Older than must be a whole number of minutes, not {text:?}.");
-                return html(
-                    StatusCode::BAD_REQUEST,
-                    pages::refused(Some(chrome), "Invalid filter", &why),
-                );
-            }
-        },
-    };
-    let filter = Filter {
-        route: params.route,
-        principal: params.principal,
-        older_than_min,
+    let chrome = Chrome::of(&live);
+    let search = match Search::new(&params, &c.state.routes) {
+        Ok(search) => search,
+        Err(why) => {
+            let page = pages::records_refused(chrome, &params, &why);
+            return html(StatusCode::BAD_REQUEST, page);
+        }
     };
     let after = match (params.after_scope, params.after_key) {
         (Some(scope), Some(key)) => Some(ListCursor { scope, key }),
         _ => None,
     };
-    let page =
-        match records::ambiguous_page(&*c.state.store, &filter, after, SystemClock.now()).await {
-            Ok(page) => page,
-            Err(e) => return store_failed(chrome, &e),
-        };
-    let next = page.next.as_ref().map(|at| next_link(&filter, older, at));
-    html(StatusCode::OK, pages::records(chrome, &filter, &page, next))
+    let now = SystemClock.now();
+    let page = match records::search_page(&*c.state.store, &search.filter, after, now).await {
+        Ok(page) => page,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let next = page.next.as_ref().map(|at| next_link(&search, at));
+    html(StatusCode::OK, pages::records(chrome, &search, &page, next))
 }
 
 async fn show(
@@ -409,29 +431,43 @@ async fn show(
     SignedIn(live): SignedIn,
     Query(params): Query<RecordParams>,
 ) -> Response {
-    let chrome = Chrome { csrf: &live.csrf };
+    let chrome = Chrome::of(&live);
     let id = match records::record_id(&params.scope, &params.key) {
         Ok(id) => id,
         Err(why) => return no_such_record(chrome, &why),
     };
-    let detail = match records::detail(&*c.state.store, &c.state.routes, &id).await {
+    let detail = match c.detail(&id).await {
         Ok(detail) => detail,
         Err(e) => return store_failed(chrome, &e),
     };
     // `done` comes from the link the resolution redirected to, and anyone
     // can send such a link: the notice is shown only when the journal
     // agrees that the console made this resolution last.
+    let by = live.operator.by();
     let latest = detail.journal.last();
-    let done = latest.filter(|e| e.by == CONSOLE_ACTOR && e.outcome.as_str() == params.done);
+    let done = latest.filter(|e| e.by == by && e.outcome.as_str() == params.done);
     let notice = done.map(|e| match e.outcome {
         Resolved::Completed => {
-            format!("Resolved as completed by {CONSOLE_ACTOR}: retries replay the stored answer.")
+            format!("Resolved as completed by {by}: retries replay the stored answer.")
         }
-        Resolved::NotExecuted => format!(
-            "Resolved as not executed by {CONSOLE_ACTOR}: the key is released, a retry runs."
-        ),
+        Resolved::NotExecuted => {
+            format!("Resolved as not executed by {by}: the key is released, a retry runs.")
+        }
     });
-    let page = pages::record(chrome, &id, &detail, SystemClock.now(), notice.as_deref());
+    let principal = records::ScopeParts::of(&id.scope).principal;
+    let tenant = detail
+        .route
+        .as_ref()
+        .and_then(|r| r.tenant_digests(params.tenant.trim()).ok())
+        .filter(|digests| digests.iter().any(|d| d == principal))
+        .map(|_| params.tenant.trim());
+    let page = pages::record(
+        chrome,
+        (&id, tenant),
+        &detail,
+        SystemClock.now(),
+        notice.as_deref(),
+    );
     html(StatusCode::OK, page)
 }
 
@@ -440,7 +476,7 @@ async fn resolve_page(
     SignedIn(live): SignedIn,
     Query(params): Query<RecordParams>,
 ) -> Response {
-    let chrome = Chrome { csrf: &live.csrf };
+    let chrome = Chrome::of(&live);
     let form = ResolveForm {
         content_type: "application/json".into(),
         ..ResolveForm::default()
@@ -453,17 +489,22 @@ async fn resolve_page(
 }
 
 async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -> Response {
-    let chrome = Chrome { csrf: &live.csrf };
+    let chrome = Chrome::of(&live);
     let id = match records::record_id(&form.scope, &form.key) {
         Ok(id) => id,
         Err(why) => return no_such_record(chrome, &why),
     };
     let invalid = StatusCode::UNPROCESSABLE_ENTITY;
+    if form.outcome.is_empty() {
+        return c
+            .form_again(chrome, &id, &form, Some(NO_VERDICT), invalid)
+            .await;
+    }
     if form.confirm != "yes" {
         let why = "Tick the confirmation: a resolution cannot be undone.";
         return c.form_again(chrome, &id, &form, Some(why), invalid).await;
     }
-    let (token, resolution) = match resolution_of(&form) {
+    let (token, resolution) = match resolution_of(&form, &live.operator) {
         Ok(parsed) => parsed,
         Err(why) => return c.form_again(chrome, &id, &form, Some(&why), invalid).await,
     };
@@ -473,11 +514,75 @@ async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -
         Ok(_) => {
             c.state.metrics.resolution(Resolver::Operator, &outcome);
             let outcome = outcome_name(&outcome);
-            tracing::info!(scope = %id.scope, key = %id.key, outcome, by = CONSOLE_ACTOR, reason, "ambiguous record resolved in the console");
+            let by = live.operator.by();
+            tracing::info!(scope = %id.scope, key = %id.key, outcome, by, reason, "ambiguous record resolved in the console");
             let done = format!("{}&done={outcome}", pages::link("/ui/record", &id));
             Redirect::to(&done).into_response()
         }
         Err(e) => c.refused_verdict(chrome, &id, &e),
+    }
+}
+
+/// Runs the record's lookup once, now, through the gateway's reconciler
+/// (its verdict, token fencing, try count and backoff), and shows the
+/// record with what came of it.
+async fn ask(State(c): Shared, Change { live, form }: Change<AskForm>) -> Response {
+    let chrome = Chrome::of(&live);
+    let id = match records::record_id(&form.scope, &form.key) {
+        Ok(id) => id,
+        Err(why) => return no_such_record(chrome, &why),
+    };
+    let Some(reconciler) = c.state.reconciler.as_ref().filter(|r| r.has_lookup(&id)) else {
+        let why = "This record's route has no [[lookup]]: ask the provider yourself, then resolve by hand.";
+        return html(StatusCode::CONFLICT, pages::conflict(chrome, &id, why));
+    };
+    if let Err(response) = c.still_the_attempt(chrome, &id, &form.token).await {
+        return response;
+    }
+    let settled = reconciler.settle_now(&id).await;
+    let operator = live.operator.as_str();
+    tracing::info!(scope = %id.scope, key = %id.key, operator, ?settled, "console: asked the provider now");
+    let detail = match c.detail(&id).await {
+        Ok(detail) => detail,
+        Err(e) => return store_failed(chrome, &e),
+    };
+    let notice = asked(&settled, &detail);
+    let page = pages::record(
+        chrome,
+        (&id, None),
+        &detail,
+        SystemClock.now(),
+        Some(&notice),
+    );
+    html(StatusCode::OK, page)
+}
+
+/// What the operator is told once the provider was asked.
+fn asked(settled: &Settled, detail: &records::Detail) -> String {
+    match settled {
+        Settled::Resolved { completed: true } => "The provider was asked: it found the effect. \
+            The record is completed with the provider's answer (journaled by the reconciler)."
+            .into(),
+        Settled::Resolved { completed: false } => {
+            "The provider was asked: the effect is not there \
+            and the attempt can no longer commit. The key is released; a retry runs."
+                .into()
+        }
+        Settled::Changed => "The record changed while the provider was asked (a scan, a retry or \
+            an operator settled it, or a new attempt took it); look at it as it is now."
+            .into(),
+        _ => match &detail.tries {
+            Some(t) => format!(
+                "The provider was asked and gave no verdict: {} lookup(s) of this attempt failed; \
+                 the next may run at {}. Resolve by hand if you know the outcome.",
+                t.failures,
+                idem_gateway::rfc3339(t.next_at)
+            ),
+            None => "No verdict now: the provider has no trace yet while the attempt may still \
+                commit, a backoff runs, or every lookup slot is busy. Try again later, or \
+                resolve by hand."
+                .into(),
+        },
     }
 }
 
@@ -506,6 +611,52 @@ async fn not_found() -> Response {
 }
 
 impl Console {
+    /// Everything the record page shows about `id`, and whether it can
+    /// ask the provider.
+    async fn detail(&self, id: &RecordId) -> Result<records::Detail, StoreError> {
+        let mut detail = records::detail(&*self.state.store, &self.state.routes, id).await?;
+        detail.lookup = self
+            .state
+            .reconciler
+            .as_ref()
+            .is_some_and(|r| r.has_lookup(id));
+        Ok(detail)
+    }
+
+    /// `Ok` when `id` is still the ambiguous attempt `token` names; else
+    /// the page that says what it is now.
+    async fn still_the_attempt(
+        &self,
+        chrome: Chrome<'_>,
+        id: &RecordId,
+        token: &str,
+    ) -> Result<(), Response> {
+        let record = match self.state.store.get(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                let e = StoreError::NotFound { id: id.clone() };
+                return Err(self.refused_verdict(chrome, id, &e));
+            }
+            Err(e) => return Err(store_failed(chrome, &e)),
+        };
+        if token.trim() != record.token.0.to_string() {
+            return Err(html(
+                StatusCode::CONFLICT,
+                pages::conflict(chrome, id, MOVED_ON),
+            ));
+        }
+        let state = record.state_at(SystemClock.now());
+        if state != RecordState::Ambiguous {
+            let e = StoreError::WrongState {
+                id: id.clone(),
+                state,
+                operation: "ask the provider about",
+            };
+            return Err(self.refused_verdict(chrome, id, &e));
+        }
+        Ok(())
+    }
+
     /// The resolve form for the record as it is now, or the conflict page
     /// when it is not ambiguous any more.
     async fn form_again(
@@ -563,8 +714,11 @@ impl Console {
 
 /// The token and resolution of a resolve form, through the admin API's own
 /// parser (so both refuse the same input with the same words), made by
-/// [`CONSOLE_ACTOR`].
-fn resolution_of(form: &ResolveForm) -> Result<(Token, Resolution), String> {
+/// `operator`.
+fn resolution_of(
+    form: &ResolveForm,
+    operator: &OperatorName,
+) -> Result<(Token, Resolution), String> {
     let token: u64 = form
         .token
         .trim()
@@ -588,7 +742,7 @@ fn resolution_of(form: &ResolveForm) -> Result<(Token, Resolution), String> {
     }
     let body = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
     let (token, parsed) = idem_gateway::admin::parse_resolution(&body)?;
-    let resolution = Resolution::new(parsed.outcome, CONSOLE_ACTOR, &parsed.reason)
+    let resolution = Resolution::new(parsed.outcome, &operator.by(), &parsed.reason)
         .map_err(|e| format!("field `reason`: {e}"))?;
     Ok((token, resolution))
 }
@@ -606,7 +760,10 @@ impl IntoResponse for Refusal {
             }
             Refusal::NoSession => {
                 let message = "Your session ended; sign in again. Nothing was changed.";
-                html(StatusCode::UNAUTHORIZED, pages::sign_in(Some(message)))
+                html(
+                    StatusCode::UNAUTHORIZED,
+                    pages::sign_in(Some(message), None),
+                )
             }
             Refusal::Unreadable(why) => {
                 let message = format!("The form could not be read: {why}. Nothing was changed.");
@@ -629,11 +786,15 @@ impl IntoResponse for Refusal {
     }
 }
 
-fn next_link(filter: &Filter, older: &str, at: &ListCursor) -> String {
+fn next_link(search: &Search, at: &ListCursor) -> String {
+    let f = &search.filter;
     let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("route", &filter.route)
-        .append_pair("principal", &filter.principal)
-        .append_pair("older_than_min", older)
+        .append_pair("key", &f.key)
+        .append_pair("route", &f.route)
+        .append_pair("tenant", &f.tenant)
+        .append_pair("principal", &f.principal)
+        .append_pair("state", &search.state)
+        .append_pair("older_than_min", &search.older)
         .append_pair("after_scope", &at.scope)
         .append_pair("after_key", &at.key)
         .finish();

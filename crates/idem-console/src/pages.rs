@@ -4,17 +4,29 @@
 //! labelled field, reachable with the keyboard.
 
 use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp};
-use idem_gateway::{RecordView, WindowView, rfc3339};
+use idem_gateway::{OperatorName, RecordView, WindowView, rfc3339};
 use maud::{DOCTYPE, Markup, html};
 
-use super::records::{self, Backlog, Detail, Filter, Page, SCAN_ROWS_MAX, ScopeParts};
+use super::records::{self, Backlog, Detail, Page, SCAN_ROWS_MAX, ScopeParts};
 use super::samples::Series;
+use super::search::{STATE_DEFAULT, STATES, Search, SearchParams};
 
 /// What every signed-in page needs: the session's CSRF token for the
-/// sign-out button.
+/// sign-out button, and who is signed in.
 #[derive(Clone, Copy)]
 pub(crate) struct Chrome<'a> {
     pub csrf: &'a str,
+    pub operator: &'a str,
+}
+
+impl<'a> Chrome<'a> {
+    /// The chrome of `live`'s pages.
+    pub(crate) fn of(live: &'a super::session::Live) -> Chrome<'a> {
+        Chrome {
+            csrf: &live.csrf,
+            operator: live.operator.as_str(),
+        }
+    }
 }
 
 /// The values of the resolve form, kept when it is shown again with an
@@ -34,16 +46,24 @@ pub(crate) struct ResolveForm {
     pub confirm: String,
 }
 
-/// The sign-in page, with what went wrong last time.
-pub(crate) fn sign_in(message: Option<&str>) -> Markup {
+/// The sign-in page, with what went wrong last time, and a one-click
+/// sign-in as the operator the trusted proxy named, if any.
+pub(crate) fn sign_in(message: Option<&str>, proxied: Option<&OperatorName>) -> Markup {
     let body = html! {
         h1 { "Sign in" }
-        p { "Sign in with the gateway's admin token (the value of its admin_token_env variable)." }
+        p { "Sign in with your operator token (the value of its token_env variable, or of admin_token_env)." }
         @if let Some(message) = message {
             p.error role="alert" { (message) }
         }
+        @if let Some(name) = proxied {
+            form method="post" action="/ui/sign-in" {
+                input type="hidden" name="token" value="";
+                button #proxied type="submit" { "Continue as " (name.as_str()) }
+            }
+            p.hint { "Named by the proxy in front of this console." }
+        }
         form method="post" action="/ui/sign-in" {
-            label for="token" { "Admin token" }
+            label for="token" { "Operator token" }
             input #token type="password" name="token" autocomplete="current-password" required autofocus;
             button type="submit" { "Sign in" }
         }
@@ -107,37 +127,24 @@ pub(crate) fn overview(
     layout("Overview", Some(chrome), body)
 }
 
-/// A page of the ambiguous list with its filter form.
+/// A page of the record search with its form.
 pub(crate) fn records(
     chrome: Chrome,
-    filter: &Filter,
+    search: &Search,
     page: &Page,
     next_link: Option<String>,
 ) -> Markup {
-    let older = filter
-        .older_than_min
-        .map(|m| m.to_string())
-        .unwrap_or_default();
+    let f = &search.filter;
     let body = html! {
-        h1 { "Ambiguous records" }
-        form.filter method="get" action="/ui/records" {
-            div {
-                label for="route" { "Route (operation)" }
-                input #route name="route" value=(filter.route) placeholder="payouts";
-            }
-            div {
-                label for="principal" { "Principal digest starts with" }
-                input #principal name="principal" value=(filter.principal);
-            }
-            div {
-                label for="older" { "Older than (minutes)" }
-                input #older name="older_than_min" inputmode="numeric" pattern="[0-9]*" value=(older);
-            }
-            button type="submit" { "Filter" }
+        h1 { "Records" }
+        (search_form(&f.key, &f.route, &f.tenant, &f.principal, &search.state, &search.older))
+        @for note in &search.unsearchable {
+            p.hint.unsearchable { "Not searched by tenant: " (note) "." }
         }
         p.hint {
-            "Each page reads at most " (SCAN_ROWS_MAX) " ambiguous records from the store and keeps those that match; "
-            "a filter that matches few may show a short page with a link to read on."
+            "Each page reads at most " (SCAN_ROWS_MAX) " records from the store and keeps those that match; "
+            "a route (and a tenant) narrow what is read to their own records. "
+            "A search that matches few may show a short page with a link to read on."
         }
         p #list-summary {
             (page.records.len()) " shown of " (page.scanned) " read"
@@ -146,23 +153,81 @@ pub(crate) fn records(
             "."
         }
         @if page.records.is_empty() {
-            p { "No ambiguous record matches on this page." }
+            p #no-match { "No record matches on this page." }
         } @else {
             ul.records {
-                @for r in &page.records { (record_item(r)) }
+                @for r in &page.records { (record_item(r, f.tenant_of(r))) }
             }
         }
         nav aria-label="Pages" {
             @if let Some(link) = next_link { a href=(link) { "Next page" } }
         }
     };
-    layout("Ambiguous records", Some(chrome), body)
+    layout("Records", Some(chrome), body)
+}
+
+/// The search form again, with why the search could not run.
+pub(crate) fn records_refused(chrome: Chrome, p: &SearchParams, why: &str) -> Markup {
+    let body = html! {
+        h1 { "Records" }
+        (search_form(&p.key, &p.route, &p.tenant, &p.principal, &p.state, &p.older_than_min))
+        p.error role="alert" #refused { (why) }
+    };
+    layout("Records", Some(chrome), body)
+}
+
+fn search_form(
+    key: &str,
+    route: &str,
+    tenant: &str,
+    principal: &str,
+    state: &str,
+    older: &str,
+) -> Markup {
+    let state = if state.is_empty() {
+        STATE_DEFAULT
+    } else {
+        state
+    };
+    html! {
+        form.filter #search method="get" action="/ui/records" role="search" {
+            div {
+                label for="key" { "Key (end with * for a prefix)" }
+                input #key name="key" value=(key) placeholder="payout-2026-W36-*";
+            }
+            div {
+                label for="route" { "Route (operation)" }
+                input #route name="route" value=(route) placeholder="payouts";
+            }
+            div {
+                label for="tenant" { "Tenant (header value or token claim)" }
+                input #tenant name="tenant" value=(tenant) placeholder="acme";
+            }
+            div {
+                label for="principal" { "Principal digest starts with" }
+                input #principal name="principal" value=(principal);
+            }
+            div {
+                label for="state" { "State" }
+                select #state name="state" {
+                    @for (value, label) in STATES {
+                        option value=(value) selected[value == state] { (label) }
+                    }
+                }
+            }
+            div {
+                label for="older" { "Older than (minutes)" }
+                input #older name="older_than_min" inputmode="numeric" pattern="[0-9]*" value=(older);
+            }
+            button type="submit" { "Search" }
+        }
+    }
 }
 
 /// One record: its timeline, stored answer and forwarded key.
 pub(crate) fn record(
     chrome: Chrome,
-    id: &RecordId,
+    (id, tenant): (&RecordId, Option<&str>),
     detail: &Detail,
     now: Timestamp,
     notice: Option<&str>,
@@ -170,15 +235,18 @@ pub(crate) fn record(
     let body = html! {
         h1 { "Record" }
         @if let Some(notice) = notice { p.notice role="status" { (notice) } }
-        (identity(id))
+        (identity(id, tenant))
         @match &detail.record {
             Some(r) => {
                 @let view = RecordView::new(r, now);
                 p { "State: " strong #state { (state_name(view.state)) } " · token " (r.token.0) }
                 @if view.state == State::Ambiguous {
                     p { a.button href=(link("/ui/resolve", id)) { "Resolve this record" } }
+                    @if detail.lookup { (ask_form(chrome, r)) }
                 }
                 (timeline(r, detail, now))
+                (why_ambiguous(r))
+                (request_summary(r))
                 (answer(&view))
             }
             None => p #state { "No record is stored for this scope and key (never acquired, released as not executed, or purged)." },
@@ -195,15 +263,11 @@ pub(crate) fn resolve(
     form: &ResolveForm,
     error: Option<&str>,
 ) -> Markup {
-    let completed = form.outcome != "not_executed";
-    let status = if form.status.is_empty() {
-        "200"
-    } else {
-        &form.status
-    };
+    let completed = form.outcome == "completed";
+    let not_executed = form.outcome == "not_executed";
     let body = html! {
         h1 { "Resolve" }
-        (identity(&r.id))
+        (identity(&r.id, None))
         p { "Token " (r.token.0) ": the verdict is refused if the record has moved on to another attempt since." }
         @if let Some(error) = error { p.error role="alert" { (error) } }
         form method="post" action="/ui/resolve" {
@@ -218,14 +282,14 @@ pub(crate) fn resolve(
                     label for="completed" { "Completed: the effect happened; store this answer and replay it" }
                 }
                 div.choice {
-                    input #not_executed type="radio" name="outcome" value="not_executed" checked[!completed];
+                    input #not_executed type="radio" name="outcome" value="not_executed" checked[not_executed];
                     label for="not_executed" { "Not executed: the effect did not happen; release the key so a retry runs" }
                 }
             }
             fieldset {
                 legend { "The answer to store (completed only)" }
-                label for="status" { "Status" }
-                input #status name="status" inputmode="numeric" value=(status);
+                label for="status" { "Status (what the provider says the request got, e.g. 200)" }
+                input #status name="status" inputmode="numeric" value=(form.status);
                 label for="content_type" { "Content type" }
                 input #content_type name="content_type" value=(form.content_type);
                 label for="body" { "Body" }
@@ -244,6 +308,22 @@ pub(crate) fn resolve(
     layout("Resolve", Some(chrome), body)
 }
 
+/// "Ask the provider now": one lookup of `r`'s attempt, by the route's
+/// `[[lookup]]`, with the same verdict, fencing and try count as the
+/// reconciler's.
+fn ask_form(chrome: Chrome, r: &Record) -> Markup {
+    html! {
+        form #ask method="post" action="/ui/ask" {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            input type="hidden" name="scope" value=(r.id.scope.as_str());
+            input type="hidden" name="key" value=(r.id.key.as_str());
+            input type="hidden" name="token" value=(r.token.0);
+            button type="submit" { "Ask the provider now" }
+            span.hint { " Runs this route's lookup once for token " (r.token.0) "; the verdict lands only on this attempt." }
+        }
+    }
+}
+
 /// The record moved on (another attempt, resolved meanwhile) or the store
 /// refused the verdict: nothing was written.
 pub(crate) fn conflict(chrome: Chrome, id: &RecordId, message: &str) -> Markup {
@@ -251,7 +331,7 @@ pub(crate) fn conflict(chrome: Chrome, id: &RecordId, message: &str) -> Markup {
         h1 { "Not resolved" }
         p.error role="alert" #conflict { (message) }
         p { "Nothing was overwritten. Look at the record as it is now before deciding again." }
-        (identity(id))
+        (identity(id, None))
         p { a href=(link("/ui/record", id)) { "Show the record as it is now" } }
     };
     layout("Not resolved", Some(chrome), body)
@@ -305,7 +385,8 @@ fn layout(title: &str, chrome: Option<Chrome>, body: Markup) -> Markup {
                     @if let Some(chrome) = chrome {
                         nav aria-label="Console" {
                             a href="/ui" { "Overview" }
-                            a href="/ui/records" { "Ambiguous records" }
+                            a href="/ui/records" { "Records" }
+                            span #operator { "Signed in as " strong { (chrome.operator) } }
                             form.inline method="post" action="/ui/sign-out" {
                                 input type="hidden" name="csrf" value=(chrome.csrf);
                                 button type="submit" { "Sign out" }
@@ -319,14 +400,25 @@ fn layout(title: &str, chrome: Option<Chrome>, body: Markup) -> Markup {
     }
 }
 
-fn record_item(r: &Record) -> Markup {
+fn record_item(r: &Record, tenant: Option<&str>) -> Markup {
     let parts = ScopeParts::of(&r.id.scope);
+    let mut href = link("/ui/record", &r.id);
+    if let Some(tenant) = tenant {
+        let query = form_urlencoded::Serializer::new(String::new())
+            .append_pair("tenant", tenant)
+            .finish();
+        href = format!("{href}&{query}");
+    }
     html! {
         li {
-            a href=(link("/ui/record", &r.id)) { "Key " code { (r.id.key.as_str()) } }
+            a href=(href) { "Key " code { (r.id.key.as_str()) } }
             dl.facts {
                 dt { "Route" } dd { (parts.operation) }
-                dt { "Principal" } dd { code { (parts.principal) } }
+                dt { "State" } dd { (state_name(r.state)) }
+                dt { "Principal" } dd {
+                    @if let Some(tenant) = tenant { "tenant " strong.tenant { (tenant) } " · " }
+                    code { (parts.principal) }
+                }
                 dt { "Acquired" } dd { (rfc3339(r.created_at)) }
                 dt { "Token" } dd { (r.token.0) }
             }
@@ -334,12 +426,13 @@ fn record_item(r: &Record) -> Markup {
     }
 }
 
-fn identity(id: &RecordId) -> Markup {
+fn identity(id: &RecordId, tenant: Option<&str>) -> Markup {
     let parts = ScopeParts::of(&id.scope);
     html! {
         dl.facts {
             dt { "Key" } dd #record-key { code { (id.key.as_str()) } }
             dt { "Route" } dd { (parts.operation) }
+            @if let Some(tenant) = tenant { dt { "Tenant" } dd #tenant-value { (tenant) } }
             dt { "Principal digest" } dd { code { (parts.principal) } }
             dt { "Scope" } dd { code { (id.scope.as_str()) } }
         }
@@ -396,6 +489,30 @@ fn answer(view: &RecordView) -> Markup {
                 @if let Some(text) = &result.body { pre #stored-body { (text) } }
                 @if let Some(hex) = &result.body_hex { p { "Not UTF-8; hex:" } pre { (hex) } }
             }
+        }
+    }
+}
+
+/// Why the outcome is unknown: the upstream's status, the kind of error,
+/// a bounded excerpt of its body, the node and the time, as the store
+/// keeps them. Records written before the store kept a cause show "not
+/// recorded"; the node's log of that time has it.
+fn why_ambiguous(_r: &Record) -> Markup {
+    html! {
+        section #why aria-labelledby="why-title" {
+            h2 #why-title { "Why it is ambiguous" }
+            p #why-cause { "Not recorded for this record: look in the log of the node that claimed it, around the time it was claimed." }
+        }
+    }
+}
+
+/// What the request was: the fields its route declares safe to show
+/// (`summary_fields`); nothing by default.
+fn request_summary(_r: &Record) -> Markup {
+    html! {
+        section #summary aria-labelledby="summary-title" {
+            h2 #summary-title { "Request summary" }
+            p #summary-fields { "Not recorded: the route declares no summary fields, or the record predates them." }
         }
     }
 }
@@ -511,6 +628,7 @@ mod tests {
             tries: None,
             journal: Vec::new(),
             route: None,
+            lookup: false,
         };
         let cases = [
             (Timestamp::from_millis(9_999), "holds its lease"),

@@ -1,7 +1,10 @@
-//! What the console reads from the store: pages of ambiguous records
-//! filtered by route, principal and age (a bounded scan, since the store
-//! lists by state and position only), the backlog's size and oldest age,
-//! and everything known about one record.
+//! What the console reads from the store: pages of records searched by
+//! key (exact, or a prefix), route, tenant (the digests of the value the
+//! operator knows), principal digest, state and age — a bounded scan,
+//! since the store lists by state and position only, that starts and
+//! stops at the route's (and the tenant's) range of scopes when they are
+//! given, because a scope begins with `operation|principal` — the
+//! backlog's size and oldest age, and everything known about one record.
 
 use idem_core::{
     IdempotencyKey, JournalEntry, LIST_LIMIT_MAX, ListCursor, ListQuery, LookupTries, Record,
@@ -19,13 +22,23 @@ pub const SCAN_ROWS_MAX: usize = 5_000;
 /// The most ambiguous rows the overview counts.
 pub const BACKLOG_ROWS_MAX: usize = LIST_LIMIT_MAX;
 
-/// What the ambiguous list is filtered by; empty fields match everything.
+/// What the record list is filtered by; empty fields match everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Filter {
+    /// The key exactly, or the start of it when it ends with `*`.
+    pub key: String,
     /// The scope's operation (the route name) exactly.
     pub route: String,
     /// The start of the scope's principal digest.
     pub principal: String,
+    /// The tenant's value as the operator typed it (shown back, never
+    /// matched itself).
+    pub tenant: String,
+    /// The digests `tenant` has on the searched routes; a record matches
+    /// when its principal is one of them. Empty: no tenant searched.
+    pub tenant_digests: Vec<String>,
+    /// Only records in this state; `None`: any state.
+    pub state: Option<State>,
     /// Only records acquired at least this many minutes ago.
     pub older_than_min: Option<u64>,
 }
@@ -63,6 +76,8 @@ pub(crate) struct Detail {
     pub journal: Vec<JournalEntry>,
     /// The route whose forward-key template made the forwarded key.
     pub route: Option<Route>,
+    /// Whether the record's route has a lookup the console can run now.
+    pub lookup: bool,
 }
 
 /// The parts of a scope: `operation|principal[|region]`.
@@ -80,9 +95,48 @@ impl Filter {
         let old_enough = self
             .older_than_min
             .is_none_or(|min| r.created_at.millis_until(now) >= min.saturating_mul(60_000));
+        let key = self.key.trim();
+        let key_matches = match key.strip_suffix('*') {
+            _ if key.is_empty() => true,
+            Some(prefix) => r.id.key.as_str().starts_with(prefix),
+            None => r.id.key.as_str() == key,
+        };
+        let tenant_matches = self.tenant_digests.is_empty()
+            || self.tenant_digests.iter().any(|d| d == parts.principal);
         (route.is_empty() || parts.operation == route)
             && (principal.is_empty() || parts.principal.starts_with(principal))
+            && key_matches
+            && tenant_matches
+            && self.state.is_none_or(|s| r.state_at(now) == s)
             && old_enough
+    }
+
+    /// The start every matching scope has, when the route is given:
+    /// `route|`, then the one tenant digest or the principal prefix.
+    /// The store lists in (scope, key) byte order, so the matches are one
+    /// contiguous range that begins at this prefix.
+    pub(crate) fn scope_prefix(&self) -> Option<String> {
+        let route = self.route.trim();
+        if route.is_empty() {
+            return None;
+        }
+        let principal = match self.tenant_digests.as_slice() {
+            [one] => one.as_str(),
+            [] => self.principal.trim(),
+            _ => "",
+        };
+        Some(format!("{route}|{principal}"))
+    }
+
+    /// The tenant's value, when the operator searched by it and `r`'s
+    /// principal is one of its digests: what the page may show next to the
+    /// digest (it is the header value or claim, never a credential).
+    pub(crate) fn tenant_of(&self, r: &Record) -> Option<&str> {
+        let principal = ScopeParts::of(&r.id.scope).principal;
+        self.tenant_digests
+            .iter()
+            .any(|d| d == principal)
+            .then_some(self.tenant.as_str())
     }
 }
 
@@ -96,19 +150,31 @@ impl<'a> ScopeParts<'a> {
     }
 }
 
-/// The page of ambiguous records matching `filter` after `after`: at most
-/// [`PAGE_ROWS`] of them, reading at most [`SCAN_ROWS_MAX`] rows.
-pub(crate) async fn ambiguous_page(
+/// The page of records matching `filter` after `after`: at most
+/// [`PAGE_ROWS`] of them, reading at most [`SCAN_ROWS_MAX`] rows, from
+/// the start of the filter's scope range to its end.
+pub(crate) async fn search_page(
     store: &dyn Store,
     filter: &Filter,
     after: Option<ListCursor>,
     now: Timestamp,
 ) -> Result<Page, StoreError> {
     let mut page = Page::default();
-    let mut cursor = after;
+    let range = filter.scope_prefix();
+    let start = range.as_ref().map(|prefix| ListCursor {
+        scope: prefix.clone(),
+        key: String::new(),
+    });
+    // A cursor before the range (a hand-edited link) starts at the range.
+    let mut cursor = match (after, start) {
+        (Some(after), Some(start)) => Some(std::cmp::max_by(after, start, |a, b| {
+            (&a.scope, &a.key).cmp(&(&b.scope, &b.key))
+        })),
+        (after, start) => after.or(start),
+    };
     loop {
         let query = ListQuery {
-            state: Some(State::Ambiguous),
+            state: filter.state,
             after: cursor.clone(),
             limit: SCAN_BATCH_ROWS,
         };
@@ -118,6 +184,13 @@ pub(crate) async fn ambiguous_page(
         let more_in_store = listing.next.is_some();
         let count = listing.records.len();
         for (i, record) in listing.records.into_iter().enumerate() {
+            let past_range = range
+                .as_ref()
+                .is_some_and(|p| !record.id.scope.as_str().starts_with(p.as_str()));
+            if past_range {
+                page.next = None;
+                return Ok(page);
+            }
             if !filter.matches(&record, now) {
                 continue;
             }
@@ -182,6 +255,7 @@ pub(crate) async fn detail(
         tries,
         journal,
         route,
+        lookup: false,
     })
 }
 
@@ -212,6 +286,7 @@ mod tests {
     use std::sync::Arc;
 
     use idem_core::{Clock, ManualClock, MemoryStore};
+    use idem_testkit::stores::{Backend, open_with_clock};
 
     use super::*;
 
@@ -239,12 +314,13 @@ mod tests {
             route: "refunds".into(),
             principal: "aa".into(),
             older_than_min: Some(10),
+            ..Filter::default()
         };
         let now = clock.now();
         let mut seen = Vec::new();
         let mut after = None;
         loop {
-            let page = ambiguous_page(&*store, &filter, after, now).await.unwrap();
+            let page = search_page(&*store, &filter, after, now).await.unwrap();
             assert!(page.records.len() <= PAGE_ROWS);
             assert!(page.records.iter().all(|r| filter.matches(r, now)));
             seen.extend(page.records.iter().map(|r| r.id.key.to_string()));
@@ -266,10 +342,10 @@ mod tests {
     async fn a_scan_that_finds_little_stops_at_its_bound() {
         let (store, clock) = store_with(SCAN_ROWS_MAX + 10).await;
         let filter = Filter {
-            route: "nothing-matches".into(),
+            key: "nothing-matches".into(),
             ..Filter::default()
         };
-        let page = ambiguous_page(&*store, &filter, None, clock.now())
+        let page = search_page(&*store, &filter, None, clock.now())
             .await
             .unwrap();
         assert!(page.records.is_empty());
@@ -279,5 +355,203 @@ mod tests {
         let backlog = backlog(&*store).await.unwrap();
         assert_eq!(backlog.count, SCAN_ROWS_MAX + 10);
         assert_eq!(backlog.oldest, Some(Timestamp::from_millis(T0)));
+    }
+
+    /// A route and a tenant read only their own range of scopes; a key
+    /// matches exactly, or by prefix with a trailing `*`; a state that
+    /// no record is in finds nothing.
+    #[tokio::test]
+    async fn a_search_reads_only_the_range_it_can_match() {
+        let (store, clock) = store_with(600).await;
+        let now = clock.now();
+        let run = |filter: Filter| {
+            let store = store.clone();
+            async move { search_page(&*store, &filter, None, now).await.unwrap() }
+        };
+        let keys = |page: &Page| -> Vec<String> {
+            page.records.iter().map(|r| r.id.key.to_string()).collect()
+        };
+        // refunds|aa11: odd i with i % 3 == 0, 100 of the 600.
+        let tenant = Filter {
+            route: "refunds".into(),
+            tenant: "acme".into(),
+            tenant_digests: vec!["aa11".into()],
+            ..Filter::default()
+        };
+        let page = run(tenant.clone()).await;
+        assert_eq!(page.records.len(), PAGE_ROWS);
+        // The range starts past the 300 payouts records.
+        assert!(page.scanned <= 300, "read {}", page.scanned);
+        assert!(
+            page.records
+                .iter()
+                .all(|r| tenant.tenant_of(r) == Some("acme"))
+        );
+        let exact = run(Filter {
+            key: "k-00009".into(),
+            ..tenant.clone()
+        })
+        .await;
+        assert_eq!(keys(&exact), ["k-00009"]);
+        assert!(exact.next.is_none());
+        // payouts|aa11 comes first: the search stops where its range ends,
+        // within the first batch, never reading to the end of the store.
+        let first = run(Filter {
+            key: "k-00006".into(),
+            route: "payouts".into(),
+            ..tenant.clone()
+        })
+        .await;
+        assert_eq!(keys(&first), ["k-00006"]);
+        assert!(first.next.is_none());
+        assert!(first.scanned <= SCAN_BATCH_ROWS, "read {}", first.scanned);
+        let prefix = run(Filter {
+            key: "k-0000*".into(),
+            ..Filter::default()
+        })
+        .await;
+        assert_eq!(keys(&prefix).len(), 10);
+        let other_state = run(Filter {
+            state: Some(State::Completed),
+            ..tenant
+        })
+        .await;
+        assert!(other_state.records.is_empty());
+    }
+
+    /// Every record of `store`, in listing order.
+    async fn everything(store: &dyn Store) -> Vec<Record> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let query = ListQuery {
+                state: None,
+                after,
+                limit: 0,
+            };
+            let listing = store.list(&query).await.unwrap();
+            all.extend(listing.records);
+            after = listing.next;
+            if after.is_none() {
+                return all;
+            }
+        }
+    }
+
+    /// Every page of a search, chained.
+    async fn searched(store: &dyn Store, filter: &Filter, now: Timestamp) -> Vec<RecordId> {
+        let mut found = Vec::new();
+        let mut after = None;
+        loop {
+            let page = search_page(store, filter, after, now).await.unwrap();
+            found.extend(page.records.into_iter().map(|r| r.id));
+            after = page.next;
+            if after.is_none() {
+                return found;
+            }
+        }
+    }
+
+    const OPERATIONS: [&str; 4] = ["pay", "pay-eu", "payouts", "refunds"];
+    const PRINCIPALS: [&str; 4] = ["aa11", "aa12", "ab", "anonymous"];
+
+    fn filter_strategy() -> impl proptest::strategy::Strategy<Value = Filter> {
+        use proptest::prelude::*;
+        let route = prop_oneof![
+            Just(String::new()),
+            prop::sample::select(&OPERATIONS[..]).prop_map(String::from)
+        ];
+        let digests = prop::sample::subsequence(&PRINCIPALS[..], 0..=2)
+            .prop_map(|d| d.into_iter().map(String::from).collect::<Vec<_>>());
+        let principal = prop::sample::select(vec!["", "a", "aa1", "ab"]).prop_map(String::from);
+        let key =
+            prop::sample::select(vec!["", "k", "k*", "ka*", "kab", "*"]).prop_map(String::from);
+        let state =
+            prop::sample::select(vec![None, Some(State::Ambiguous), Some(State::InProgress)]);
+        (route, digests, principal, key, state).prop_map(
+            |(route, tenant_digests, principal, key, state)| Filter {
+                key,
+                route,
+                principal,
+                tenant: "t".into(),
+                tenant_digests,
+                state,
+                older_than_min: None,
+            },
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// Chained pages of a search hold exactly the records a plain
+        /// filter over the whole store keeps, in order, through the memory
+        /// store, a real SQLite file and PostgreSQL: the range a route and a tenant
+        /// start and stop at never skips one (operations that prefix one
+        /// another, regional scopes, keys that hold `*`).
+        #[test]
+        fn a_search_finds_what_a_plain_filter_finds(
+            records in proptest::collection::vec(
+                (0..OPERATIONS.len(), 0..PRINCIPALS.len(), proptest::bool::ANY, "k[a-b*]{0,3}", proptest::bool::ANY),
+                1..40,
+            ),
+            filters in proptest::collection::vec(filter_strategy(), 1..6),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let clock = ManualClock::new(Timestamp::from_millis(T0));
+                let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+                let sqlite = open_with_clock(Backend::Sqlite, "console", Some(shared.clone())).await;
+                let postgres = open_with_clock(Backend::Postgres, "console", Some(shared)).await;
+                let stores: [Arc<dyn Store>; 3] = [
+                    Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+                    sqlite.store.clone(),
+                    postgres.store.clone(),
+                ];
+                for store in &stores {
+                    for (op, principal, regional, key, ambiguous) in &records {
+                        let region = if *regional { "|eu" } else { "" };
+                        let scope = format!("{}|{}{region}", OPERATIONS[*op], PRINCIPALS[*principal]);
+                        put(&**store, &scope, key, *ambiguous).await;
+                    }
+                }
+                let now = clock.now();
+                for store in &stores {
+                    let all = everything(&**store).await;
+                    for filter in &filters {
+                        let want: Vec<RecordId> = all
+                            .iter()
+                            .filter(|r| filter.matches(r, now))
+                            .map(|r| r.id.clone())
+                            .collect();
+                        let got = searched(&**store, filter, now).await;
+                        assert_eq!(got, want, "{filter:?}");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Claims `key` in `scope` (once: a repeated one is left as it is) and,
+    /// when `ambiguous`, marks it so.
+    async fn put(store: &dyn Store, scope: &str, key: &str, ambiguous: bool) {
+        use idem_core::{Claim, ClaimRequest, Fingerprint, Policy};
+        let id = RecordId {
+            scope: Scope::new(scope).unwrap(),
+            key: IdempotencyKey::new(key).unwrap(),
+        };
+        let req = ClaimRequest {
+            id: id.clone(),
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            legacy_fingerprint: None,
+            owner: "gw-1".into(),
+            region: None,
+            policy: Policy::DEFAULT,
+        };
+        if let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap()
+            && ambiguous
+        {
+            store.mark_ambiguous(&id, token).await.unwrap();
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use cookie::{Cookie, SameSite};
 use http::{HeaderMap, header};
-use idem_gateway::{AdminToken, AdminTransport, SessionLimits, random_hex};
+use idem_gateway::{AdminToken, AdminTransport, OperatorName, SessionLimits, random_hex};
 
 /// The name of the console's session cookie.
 pub const SESSION_COOKIE: &str = "idem_console";
@@ -25,6 +25,8 @@ pub(crate) struct Live {
     pub id: String,
     /// The CSRF token every form of this session carries.
     pub csrf: String,
+    /// Who signed in: every resolution of this session is theirs.
+    pub operator: OperatorName,
 }
 
 /// The sessions of one console, in memory.
@@ -37,6 +39,7 @@ struct Session {
     /// Compared in constant time, like the admin token.
     csrf: AdminToken,
     csrf_text: String,
+    operator: OperatorName,
     signed_in: Instant,
     seen: Instant,
 }
@@ -49,10 +52,10 @@ impl Sessions {
         }
     }
 
-    /// Opens a session at `now`; when [`SESSIONS_MAX`] are open, the
+    /// Opens a session of `operator` at `now`; when [`SESSIONS_MAX`] are open, the
     /// expired ones are dropped and then, if none was, the least recently
     /// used one. `None` when the system has no randomness to give.
-    pub(crate) fn open(&self, now: Instant) -> Option<Live> {
+    pub(crate) fn open(&self, now: Instant, operator: OperatorName) -> Option<Live> {
         let id = random_hex()?;
         let csrf_text = random_hex()?;
         let csrf = AdminToken::new(&csrf_text).ok()?;
@@ -73,6 +76,7 @@ impl Sessions {
             Session {
                 csrf,
                 csrf_text: csrf_text.clone(),
+                operator: operator.clone(),
                 signed_in: now,
                 seen: now,
             },
@@ -80,6 +84,7 @@ impl Sessions {
         Some(Live {
             id,
             csrf: csrf_text,
+            operator,
         })
     }
 
@@ -96,6 +101,7 @@ impl Sessions {
         session.seen = now;
         Some(Live {
             csrf: session.csrf_text.clone(),
+            operator: session.operator.clone(),
             id,
         })
     }
@@ -209,6 +215,10 @@ mod tests {
 
     use super::*;
 
+    fn ana() -> OperatorName {
+        OperatorName::new("ana").unwrap()
+    }
+
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
@@ -226,7 +236,7 @@ mod tests {
         let limits = SessionLimits::new(Some(10), Some(25)).unwrap();
         let sessions = Sessions::new(limits);
         let t0 = Instant::now();
-        let live = sessions.open(t0).unwrap();
+        let live = sessions.open(t0, ana()).unwrap();
         let sent = cookie_of(&live);
         let at = |s: u64| t0 + Duration::from_secs(s);
         // Used every 9 s it outlives the idle limit, not the absolute one.
@@ -235,7 +245,7 @@ mod tests {
         }
         assert!(sessions.find(&sent, at(25)).is_none(), "absolute limit");
         assert!(sessions.find(&sent, at(18)).is_none(), "dropped for good");
-        let idle = sessions.open(t0).unwrap();
+        let idle = sessions.open(t0, ana()).unwrap();
         assert!(sessions.find(&cookie_of(&idle), at(10)).is_none(), "idle");
         assert!(sessions.find(&headers(&[]), t0).is_none());
         let forged = headers(&[("cookie", &format!("{SESSION_COOKIE}=0000"))]);
@@ -246,13 +256,13 @@ mod tests {
     fn sessions_are_bounded_and_the_least_recently_used_goes_first() {
         let sessions = Sessions::new(SessionLimits::default());
         let t0 = Instant::now();
-        let first = sessions.open(t0).unwrap();
-        let second = sessions.open(t0 + Duration::from_secs(1)).unwrap();
+        let first = sessions.open(t0, ana()).unwrap();
+        let second = sessions.open(t0 + Duration::from_secs(1), ana()).unwrap();
         let later = t0 + Duration::from_secs(2);
         assert!(sessions.find(&cookie_of(&first), later).is_some());
         for i in 0..SESSIONS_MAX - 1 {
             sessions
-                .open(later + Duration::from_secs(i as u64))
+                .open(later + Duration::from_secs(i as u64), ana())
                 .unwrap();
         }
         assert_eq!(sessions.lock().len(), SESSIONS_MAX);
@@ -264,8 +274,8 @@ mod tests {
     fn the_csrf_token_belongs_to_its_session() {
         let sessions = Sessions::new(SessionLimits::default());
         let (a, b) = (
-            sessions.open(Instant::now()).unwrap(),
-            sessions.open(Instant::now()).unwrap(),
+            sessions.open(Instant::now(), ana()).unwrap(),
+            sessions.open(Instant::now(), ana()).unwrap(),
         );
         assert_ne!(a.csrf, b.csrf);
         assert_eq!(a.csrf.len(), 2 * idem_gateway::admin::SECRET_BYTES);

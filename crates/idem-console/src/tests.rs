@@ -15,6 +15,7 @@ use idem_core::{
 use tower::ServiceExt;
 
 use super::*;
+use idem_gateway::AdminToken;
 
 const TOKEN: &str = "console-test-token-8d1f0c";
 const HOST: &str = "127.0.0.1:9090";
@@ -166,7 +167,7 @@ async fn pages_need_a_session_and_a_wrong_token_opens_none() {
     assert_eq!(refused.status, 401);
     assert!(refused.headers.get("set-cookie").is_none());
     assert!(
-        refused.body.contains("not the admin token"),
+        refused.body.contains("no operator's token"),
         "{}",
         refused.body
     );
@@ -224,7 +225,7 @@ async fn a_state_change_needs_the_csrf_token_and_the_same_origin() {
     let resolution = record.resolution.unwrap();
     assert_eq!(
         (resolution.by.as_str(), resolution.reason.as_str()),
-        (CONSOLE_ACTOR, "ledger shows m-1")
+        ("operator:admin", "ledger shows m-1")
     );
     let result = record.result.unwrap();
     assert_eq!(result.status(), 201);
@@ -541,7 +542,7 @@ async fn many_wrong_tokens_are_each_refused_at_once() {
         let refused = refused.unwrap();
         assert_eq!(refused.status, 401, "{}", refused.body);
         assert!(
-            refused.body.contains("not the admin token"),
+            refused.body.contains("no operator's token"),
             "{}",
             refused.body
         );
@@ -617,4 +618,192 @@ async fn the_overview_warns_while_a_suspect_window_is_open() {
         page.body
     );
     assert!(page.body.contains("unknown (a promotion)"), "{}", page.body);
+}
+
+/// A resolve form sent without a verdict is refused with a message that
+/// says to choose, and nothing changes; the form never preselects one.
+#[tokio::test]
+async fn a_resolution_without_a_verdict_is_refused() {
+    let (f, id, cookie, csrf) = signed_in_with("v-1").await;
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let page = f
+        .send("GET", &pages::link("/ui/resolve", &id), &same, "")
+        .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        !page.body.contains("\" checked"),
+        "no verdict preselected: {}",
+        page.body
+    );
+    let form = resolve_form(&id, &csrf).replace("outcome=completed&", "");
+    let refused = f.send("POST", "/ui/resolve", &same, &form).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(
+        refused
+            .body
+            .contains("Choose what happened at the provider"),
+        "{}",
+        refused.body
+    );
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Ambiguous, "nothing changed");
+    assert!(f.store.resolutions(&id).await.unwrap().is_empty());
+}
+
+/// Each named operator signs in with their own token and resolves under
+/// their own name; the single token of old configs is operator `admin`.
+#[tokio::test]
+async fn each_operator_resolves_under_their_own_name() {
+    use idem_gateway::{OperatorName, Operators};
+    let clock = ManualClock::new(SystemClock.now());
+    let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+    let named = vec![
+        (
+            OperatorName::new("admin").unwrap(),
+            AdminToken::new(TOKEN).unwrap(),
+        ),
+        (
+            OperatorName::new("ana").unwrap(),
+            AdminToken::new("ana-console-token-0123").unwrap(),
+        ),
+    ];
+    let state = ConsoleState::new(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        Operators::new(named, None).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    let f = Fixture {
+        store,
+        app: router(state),
+    };
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "n-1").await;
+    let signed = f
+        .send("POST", "/ui/sign-in", &[], "token=ana-console-token-0123")
+        .await;
+    assert_eq!(signed.status, 303, "{}", signed.body);
+    let set = signed.headers["set-cookie"].to_str().unwrap();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    assert!(
+        page.body.contains("Signed in as <strong>ana</strong>"),
+        "{}",
+        page.body
+    );
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let done = f
+        .send("POST", "/ui/resolve", &same, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let journal = f.store.resolutions(&id).await.unwrap();
+    assert_eq!(journal.len(), 1);
+    assert_eq!(journal[0].by, "operator:ana");
+}
+
+/// Where a trusted proxy names the operator, the sign-in page offers to
+/// continue as that operator, and the session resolves in their name; a
+/// sign-in without a token and without the header opens nothing.
+#[tokio::test]
+async fn a_trusted_proxys_header_names_the_operator() {
+    use idem_gateway::Operators;
+    let clock = ManualClock::new(SystemClock.now());
+    let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+    let header = http::HeaderName::from_static("x-forwarded-user");
+    let state = ConsoleState::new(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        Operators::new(Vec::new(), Some(header)).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    let f = Fixture {
+        store,
+        app: router(state),
+    };
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "h-1").await;
+    let proxied = [("x-forwarded-user", "carla@example.com")];
+    let page = f.send("GET", "/ui/sign-in", &proxied, "").await;
+    assert!(
+        page.body.contains("Continue as carla@example.com"),
+        "{}",
+        page.body
+    );
+    let alone = f.send("POST", "/ui/sign-in", &[], "token=").await;
+    assert_eq!(alone.status, 401, "no token, no header: {}", alone.body);
+    assert!(alone.headers.get("set-cookie").is_none());
+    let signed = f.send("POST", "/ui/sign-in", &proxied, "token=").await;
+    assert_eq!(signed.status, 303, "{}", signed.body);
+    let set = signed.headers["set-cookie"].to_str().unwrap();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let page = f.send("GET", "/ui", &[("cookie", &cookie)], "").await;
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let done = f
+        .send("POST", "/ui/resolve", &same, &resolve_form(&id, &csrf))
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let journal = f.store.resolutions(&id).await.unwrap();
+    assert_eq!(journal[0].by, "operator:carla@example.com");
+}
+
+/// A route scoped by raw credentials cannot be searched by tenant, and
+/// the page says why; without a lookup, asking the provider is refused
+/// and nothing changes.
+#[tokio::test]
+async fn what_cannot_be_searched_or_asked_says_why() {
+    let (f, id, cookie, csrf) = signed_in_with("s-1").await;
+    let signed = [("cookie", cookie.as_str())];
+    let search = f.send("GET", "/ui/records?tenant=acme", &signed, "").await;
+    assert_eq!(search.status, 400, "{}", search.body);
+    assert!(search.body.contains("raw credentials"), "{}", search.body);
+    let by_key = f.send("GET", "/ui/records?key=s-*", &signed, "").await;
+    assert_eq!(by_key.status, 200, "{}", by_key.body);
+    assert!(by_key.body.contains("<code>s-1</code>"), "{}", by_key.body);
+    let record = f
+        .send("GET", &pages::link("/ui/record", &id), &signed, "")
+        .await;
+    assert!(
+        !record.body.contains("Ask the provider now"),
+        "{}",
+        record.body
+    );
+    for section in ["Why it is ambiguous", "Request summary", "Not recorded"] {
+        assert!(record.body.contains(section), "{section}: {}", record.body);
+    }
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let form = form_urlencoded::Serializer::new(String::new())
+        .append_pair("csrf", &csrf)
+        .append_pair("scope", id.scope.as_str())
+        .append_pair("key", id.key.as_str())
+        .append_pair("token", "1")
+        .finish();
+    let asked = f.send("POST", "/ui/ask", &same, &form).await;
+    assert_eq!(asked.status, 409, "{}", asked.body);
+    assert!(asked.body.contains("no [[lookup]]"), "{}", asked.body);
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Ambiguous);
 }

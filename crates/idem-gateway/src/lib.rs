@@ -21,13 +21,14 @@ mod tls;
 mod view;
 
 pub use admin::{
-    ADMIN_API_ACTOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, RefusalLog, random_hex, result_header,
+    ADMIN_API_ACTOR, ADMIN_OPERATOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, OPERATOR_NAME_BYTES_MAX,
+    OPERATORS_MAX, OperatorName, Operators, RefusalLog, random_hex, result_header,
 };
 pub use config::{
-    ADMIN_TOKEN_ENV_DEFAULT, ConfigError, FileConfig, GatewayConfig, Overrides,
-    PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX, REQUESTS_IN_FLIGHT_MAX_DEFAULT,
-    REQUESTS_IN_FLIGHT_MAX_LIMIT, SESSION_ABSOLUTE_S_DEFAULT, SESSION_IDLE_S_DEFAULT,
-    SESSION_S_MAX, SessionLimits,
+    ADMIN_TOKEN_ENV_DEFAULT, AdminOperators, AdminSection, ConfigError, FileConfig, GatewayConfig,
+    OperatorSpec, Overrides, PURGE_INTERVAL_S_DEFAULT, PURGE_INTERVAL_S_MAX,
+    REQUESTS_IN_FLIGHT_MAX_DEFAULT, REQUESTS_IN_FLIGHT_MAX_LIMIT, SESSION_ABSOLUTE_S_DEFAULT,
+    SESSION_IDLE_S_DEFAULT, SESSION_S_MAX, SessionLimits,
 };
 pub use proxy::{HopByHop, Proxy};
 pub use server::{

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::{Layer, ServiceBuilder};
 
-use crate::admin::{self, AdminToken, RefusalLog};
+use crate::admin::{self, Operators, RefusalLog};
 use crate::admission::Admission;
 use crate::config::PROBE_PATHS;
 use crate::in_flight::InFlight;
@@ -42,16 +42,17 @@ use idem_process::{Watched, run_purge};
 pub struct ServeOptions {
     /// The metrics every part counts into; fresh ones if `None`.
     pub metrics: Option<Arc<Metrics>>,
-    /// The admin API's listener and token; no admin API if `None`.
+    /// The admin API's listener and operators; no admin API if `None`.
     pub admin: Option<AdminListener>,
 }
 
-/// The admin API's own listener and the token it requires.
+/// The admin API's own listener and the operators it lets in.
 pub struct AdminListener {
     /// Bound by the caller, so that it can report the address.
     pub listener: TcpListener,
-    /// The bearer token.
-    pub token: AdminToken,
+    /// Who may use it: named bearer tokens, a trusted proxy's header
+    /// (`Operators::from(token)` for the single token of old configs).
+    pub operators: Operators,
     /// The certificate it serves TLS with; `None`: plain HTTP.
     pub tls: Option<ServerTls>,
     /// Routes served beside the admin API (the binary's console). They
@@ -65,7 +66,7 @@ pub struct AdminListener {
 pub type AdminMount = Box<dyn FnOnce(AdminParts) -> axum::Router + Send>;
 
 /// What routes mounted beside the admin API work with: the same store,
-/// metrics and token as the admin API, the config's routes, how the
+/// metrics and operators as the admin API, the config's routes, how the
 /// listener speaks, and the admin API's refusal log.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -74,8 +75,8 @@ pub struct AdminParts {
     pub store: Arc<dyn Store>,
     /// The metrics every part counts into.
     pub metrics: Arc<Metrics>,
-    /// The admin API's bearer token.
-    pub token: AdminToken,
+    /// The admin API's operators.
+    pub operators: Operators,
     /// The config's routes.
     pub routes: Vec<Route>,
     /// Whether the listener speaks TLS.
@@ -83,13 +84,16 @@ pub struct AdminParts {
     /// Shared with the admin API: refusals logged through it spend one
     /// budget.
     pub refusals: RefusalLog,
+    /// The gateway's reconciler, when a route has a lookup: an operator
+    /// may ask it to settle one record now.
+    pub reconciler: Option<Arc<Reconciler>>,
 }
 
 impl std::fmt::Debug for AdminListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminListener")
             .field("listener", &self.listener)
-            .field("token", &self.token)
+            .field("operators", &self.operators)
             .field("tls", &self.tls)
             .field("mount", &self.mount.is_some())
             .finish()
@@ -140,12 +144,26 @@ pub async fn serve_with(
         metrics.clone(),
         reconciler.clone(),
     ));
-    let background = Background::start(config, &store, &metrics, reconciler, window, &stop_rx);
+    let background = Background::start(
+        config,
+        &store,
+        &metrics,
+        reconciler.clone(),
+        window,
+        &stop_rx,
+    );
     // A request in flight has its whole exchange, and then the grace.
     let drain = config.response_timeout + Duration::from_millis(listen::DRAIN_GRACE_MS);
     let admin = options.admin.map(|admin| {
         let shared = (store.clone(), metrics.clone(), probes.clone());
-        serve_admin(config, admin, shared, drain, stopped(stop_rx.clone()))
+        let ask = reconciler.clone();
+        serve_admin(
+            config,
+            (admin, ask),
+            shared,
+            drain,
+            stopped(stop_rx.clone()),
+        )
     });
     let admitted = proxy_service(config, layer, &store, metrics);
     let shutdown = stop_on(shutdown, idem_process::stopped(store_seen.clone()), stop_tx);
@@ -261,7 +279,7 @@ impl Background {
 /// admin listener, until `stop`.
 fn serve_admin(
     config: &GatewayConfig,
-    admin: AdminListener,
+    (admin, reconciler): (AdminListener, Option<Arc<Reconciler>>),
     (store, metrics, probes): (Arc<dyn Store>, Arc<Metrics>, Arc<Probes>),
     drain: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -269,12 +287,13 @@ fn serve_admin(
     let parts = AdminParts {
         store: store.clone(),
         metrics: metrics.clone(),
-        token: admin.token.clone(),
+        operators: admin.operators.clone(),
         routes: config.routes.clone(),
         transport: admin.transport(),
         refusals: RefusalLog::default(),
+        reconciler,
     };
-    let api = admin::router(store, metrics, admin.token, parts.refusals.clone());
+    let api = admin::router(store, metrics, admin.operators, parts.refusals.clone());
     // Mounted routes authenticate by themselves; the admin API's
     // fallback answers every path they do not serve.
     let api = api.merge(probe::router(probes));

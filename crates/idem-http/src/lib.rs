@@ -84,7 +84,7 @@ pub use path::{PathRefusal, normalize_path};
 pub use principal::{
     ANONYMOUS, ClientCertificate, DEFAULT_CREDENTIAL_HEADERS, JwtSpec, KEYS_FILE_BYTES_MAX,
     PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX,
-    TOKEN_LEEWAY_S,
+    TOKEN_LEEWAY_S, TenantSearchError,
 };
 pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{

@@ -275,6 +275,60 @@ impl Principal {
     }
 }
 
+/// Why a route's records cannot be found by the tenant's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenantSearchError {
+    /// The route's principal is a digest of raw credentials: the value
+    /// would be a secret, which an operator must never type or be shown.
+    CredentialDigest,
+    /// The value is empty or longer than [`PRINCIPAL_BYTES_MAX`].
+    InvalidValue(String),
+}
+
+impl std::fmt::Display for TenantSearchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TenantSearchError::CredentialDigest => f.write_str(
+                "this route's principal is a digest of raw credentials (a secret): it cannot be \
+                 searched by tenant; declare principal = { header = ... } or { jwt = ... }, or \
+                 search by the principal digest",
+            ),
+            TenantSearchError::InvalidValue(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for TenantSearchError {}
+
+impl crate::Route {
+    /// The principal digests the records of the tenant an operator knows as
+    /// `value` carry on this route: the digest of that header value, JWT
+    /// claim (as a string, and as a number when it is an integer) or
+    /// service-named principal, computed exactly as a request's is. A
+    /// route scoped by raw credentials has no such value
+    /// ([`TenantSearchError::CredentialDigest`]).
+    pub fn tenant_digests(&self, value: &str) -> Result<Vec<String>, TenantSearchError> {
+        if value.is_empty() || value.len() > PRINCIPAL_BYTES_MAX {
+            return Err(TenantSearchError::InvalidValue(format!(
+                "a tenant is 1-{PRINCIPAL_BYTES_MAX} bytes, not {}",
+                value.len()
+            )));
+        }
+        match &self.principal {
+            Principal::TrustedHeader(name) => Ok(vec![digest(&[
+                b"header",
+                name.as_str().as_bytes(),
+                value.as_bytes(),
+            ])]),
+            #[cfg(feature = "jwt")]
+            Principal::Jwt(verifier) => Ok(verifier.digests_of(value)),
+            Principal::Application(_) => Ok(vec![digest(&[b"application", value.as_bytes()])]),
+            Principal::CredentialDigest { .. } => Err(TenantSearchError::CredentialDigest),
+        }
+    }
+}
+
 #[cfg(feature = "jwt")]
 fn jwt_principal(spec: &JwtSpec) -> Result<Principal, RouteError> {
     jwt::JwtVerifier::new(spec).map(|v| Principal::Jwt(Arc::new(v)))
@@ -457,6 +511,38 @@ mod tests {
             );
         }
         map
+    }
+
+    /// The console finds a tenant's records by the digest a request of
+    /// that tenant gets; a route scoped by raw credentials refuses.
+    #[test]
+    fn a_tenant_value_digests_as_its_requests_do() {
+        let name = HeaderName::from_static("x-tenant-id");
+        let route = crate::Route::builder()
+            .name("payouts")
+            .principal_header(name.clone())
+            .build()
+            .unwrap();
+        let principal = Principal::TrustedHeader(name);
+        for tenant in ["acme", "Acme", "globex-7"] {
+            let request = principal
+                .of(&headers(&[("x-tenant-id", tenant.as_bytes())]))
+                .unwrap();
+            assert_eq!(route.tenant_digests(tenant).unwrap(), vec![request]);
+        }
+        assert!(matches!(
+            route.tenant_digests(""),
+            Err(TenantSearchError::InvalidValue(_))
+        ));
+        let secret = crate::Route::builder()
+            .name("payouts")
+            .principal_credential_headers([http::header::AUTHORIZATION])
+            .build()
+            .unwrap();
+        assert_eq!(
+            secret.tenant_digests("Bearer abc"),
+            Err(TenantSearchError::CredentialDigest)
+        );
     }
 
     #[test]

@@ -245,7 +245,7 @@ impl Stage {
             metrics: None,
             admin: Some(AdminListener {
                 listener: admin_listener,
-                token,
+                operators: token.into(),
                 tls: None,
                 mount: Some(idem_console::mount(config.console_sessions)),
             }),

@@ -43,7 +43,8 @@ pub struct ServeArgs {
     config: Option<PathBuf>,
     /// Address of the admin API, e.g. 127.0.0.1:9090 [default: off], and of
     /// its browser console at /ui. Its bearer token (the console's sign-in)
-    /// is read from $IDEM_ADMIN_TOKEN (or admin_token_env).
+    /// is read from $IDEM_ADMIN_TOKEN (or admin_token_env) as operator
+    /// "admin"; [[admin.operator]] names more operators, one token each.
     #[arg(long)]
     admin_listen: Option<String>,
     /// PEM certificate chain (leaf first) the admin API serves HTTPS with;
@@ -85,7 +86,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The token is checked before anything is opened or bound: a gateway
     // whose admin API cannot start does not start at all.
     let admin_token = match config.admin_listen {
-        Some(_) => Some(config.admin_token(|name| std::env::var(name).ok())?),
+        Some(_) => Some(config.operators(|name| std::env::var(name).ok())?),
         None if config.admin_tls.is_some() => anyhow::bail!(
             "admin_tls_cert_file: the admin API is off, so its certificate would serve \
              nothing; set admin_listen (or --admin-listen), or remove the admin TLS files"
@@ -121,7 +122,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot listen on {addr} (admin_listen)"))?;
             Some(AdminListener {
                 listener,
-                token,
+                operators: token,
                 tls: config.admin_tls.clone(),
                 mount: Some(idem_console::mount(config.console_sessions)),
             })
@@ -146,7 +147,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(
             %admin_addr,
             transport = ?admin.transport(),
-            token_env = %config.admin_token_env,
+            operators = ?admin.operators.names().map(|n| n.as_str()).collect::<Vec<_>>(),
+            operator_header = ?admin.operators.header(),
             "admin API listening"
         );
     }
@@ -230,9 +232,22 @@ fn print_plan(config: &GatewayConfig, checked: Checked) {
             } else {
                 "http"
             };
+            let ops = &config.admin_operators;
+            let mut who: Vec<String> = Vec::new();
+            if ops.single {
+                who.push(format!("admin from ${}", config.admin_token_env));
+            }
+            who.extend(
+                ops.named
+                    .iter()
+                    .map(|(name, env)| format!("{name} from ${env}")),
+            );
+            if let Some(header) = &ops.header {
+                who.push(format!("named by the proxy in {header}"));
+            }
             println!(
-                "  admin      {scheme}://{addr} (token from ${}; console at /ui)",
-                config.admin_token_env
+                "  admin      {scheme}://{addr} (operators: {}; console at /ui)",
+                who.join(", ")
             );
         }
         None => println!("  admin      off"),

@@ -61,7 +61,7 @@ lease_ms = 60000
         format!("listen     http://{listen}"),
         "upstream   http://127.0.0.1:9/".to_owned(),
         "never-opened.db".to_owned(),
-        "admin      http://127.0.0.1:0 (token from $IDEM_ADMIN_TOKEN".to_owned(),
+        "admin      http://127.0.0.1:0 (operators: admin from $IDEM_ADMIN_TOKEN".to_owned(),
         "routes     2".to_owned(),
         "\"create-payout\": POST /payouts, key from idempotency-key".to_owned(),
         "\"refund\": POST,PATCH /refunds/{id}".to_owned(),

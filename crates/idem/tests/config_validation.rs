@@ -49,7 +49,18 @@ fn a_value_that_cannot_reach_the_store_or_a_header_stops_the_start() {
     let long_name = "n".repeat(1000);
     let route =
         |field: &str| format!("[[route]]\nname = \"payouts\"\npath = \"/payouts\"\n{field}\n");
+    let admin = "admin_listen = \"127.0.0.1:0\"\n[[admin.operator]]\nname = \"ana\"\n";
     let cases: Vec<(String, &str)> = vec![
+        (
+            format!(
+                "{admin}token_env = \"A1\"\n[[admin.operator]]\nname = \"ana\"\ntoken_env = \"A2\""
+            ),
+            "idem.toml: admin.operator[1].name: \"ana\" is also the name of admin.operator[0]",
+        ),
+        (
+            format!("{admin}token_env = \"IDEM_TEST_TOKEN_NEVER_SET\""),
+            "idem.toml: admin.operator[0].token_env: the admin API is enabled but the environment variable IDEM_TEST_TOKEN_NEVER_SET is not set",
+        ),
         ("owner = \"node\\u0007one\"".into(), "idem.toml: owner:"),
         (
             format!("owner = \"{}\"", "o".repeat(256)),

@@ -1,11 +1,13 @@
 //! The operator's console in a real browser: headless Chromium driven by
 //! chromedriver through WebDriver, against a real `idem serve` on an
 //! SQLite file in front of an upstream that answers 503, so every payout
-//! is left ambiguous. An operator signs in (after a wrong token), filters
-//! the ambiguous list, opens a record, resolves it, and the client's retry
-//! through the gateway replays the answer; the session ends when idle;
-//! the operator signs in again and resolves another record with the
-//! keyboard alone, every focused control outlined; a form auto-submitted
+//! is left ambiguous. Operator ana signs in with her own token (after a
+//! wrong one), finds a record by key and by tenant, opens it, is refused
+//! a resolution without a verdict, resolves it, the journal keeps her
+//! name, and the client's retry through the gateway replays the answer;
+//! the session ends when idle; operator admin (the single token of older
+//! configs) signs in and resolves another record with the keyboard
+//! alone, every focused control outlined; a form auto-submitted
 //! from another origin changes nothing; every page fits 390 px and
 //! 1280 px without horizontal scrolling.
 //!
@@ -30,6 +32,8 @@ use serde_json::{Value, json};
 use support::{Gateway, Site, post, send};
 
 const TOKEN: &str = "console-browser-token-3c9e1f7a";
+/// Operator ana's own token.
+const TOKEN_ANA: &str = "console-browser-token-ana-51d0";
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 /// The console's idle limit in this test, in seconds.
 const IDLE_S: u64 = 4;
@@ -63,16 +67,25 @@ struct Scene {
 async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     let driver = Driver::start();
     let upstream = Unsure::start().await;
+    // The refunds provider: its lookup finds every refund.
+    let provider = found_everything().await;
     let site = Site::new();
     let config = site.config(&format!(
         "console_session_idle_s = {IDLE_S}\n\
+         admin_token_env = \"IDEM_ADMIN_TOKEN\"\n\
+         [[admin.operator]]\nname = \"ana\"\ntoken_env = \"IDEM_ADMIN_TOKEN_ANA\"\n\
          [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\n\
          principal = {{ header = \"x-tenant\" }}\n\
          [[route]]\nname = \"refunds\"\nmethods = [\"POST\"]\npath = \"/refunds\"\n\
-         principal = {{ header = \"x-tenant\" }}\n"
+         principal = {{ header = \"x-tenant\" }}\n\
+         forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
+         [reconcile]\ninterval_s = 3600\n\
+         [[lookup]]\nroute = \"refunds\"\nurl = \"{provider}/by-key/{{forwarded_key}}\"\ntimeout_ms = 2000\n"
     ));
     let upstream_url = format!("http://{}", upstream.addr);
-    let (gw, admin) = Gateway::start_admin(&upstream_url, &site.store(), Some(&config), TOKEN);
+    let env = [("IDEM_ADMIN_TOKEN_ANA", TOKEN_ANA)];
+    let (gw, admin) =
+        Gateway::start_admin_env(&upstream_url, &site.store(), Some(&config), TOKEN, &env);
     for (path, tenant, key) in [
         ("/payouts", "acme", PAY_1),
         ("/payouts", "globex", "pay-2"),
@@ -90,8 +103,14 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     };
 
     scene.sign_in_after_a_wrong_token().await;
-    scene.filter_and_open_pay_1().await;
+    scene.search_and_open_pay_1().await;
+    scene.refuse_a_resolution_without_a_verdict().await;
     scene.resolve_as_completed().await;
+    // The journal keeps the operator's name.
+    let pay_1 = format!("/records/payouts%7C{}/{}", scene.acme, PAY_1);
+    let record = admin_get(admin, &pay_1).await;
+    assert_eq!(record["resolution"]["by"], "operator:ana", "{record}");
+    scene.ask_the_provider_about_ref_1().await;
     // The client's retry, through the gateway, replays the resolution.
     let retry = pay(&gw, "/payouts", "acme", PAY_1).await;
     let replayed = (retry.status, retry.body.as_str());
@@ -105,6 +124,7 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
 
     let logs = gw.logs();
     assert!(!logs.contains(TOKEN), "the token is never logged");
+    assert!(!logs.contains(TOKEN_ANA), "no operator's token is logged");
     // Every page links its icon under /ui: the browser asked nothing of
     // the admin API without the token (no /favicon.ico), so a console
     // visit leaves no refusal line, the one line that signals guessing.
@@ -120,66 +140,126 @@ impl Scene {
         format!("http://{}{path}", self.admin)
     }
 
-    /// A wrong token is refused and opens nothing; the right one does.
+    /// A wrong token is refused and opens nothing; ana's own opens a
+    /// session in her name.
     async fn sign_in_after_a_wrong_token(&self) {
         let browser = &self.browser;
         browser.goto(&self.url("/ui")).await.unwrap();
         assert_eq!(browser.current_url().await.unwrap().path(), "/ui/sign-in");
         sign_in(browser, "console-browser-token-3c9e1f7b").await;
         let refused = text_of(browser, "main").await;
-        assert!(refused.contains("not the admin token"), "{refused}");
+        assert!(refused.contains("no operator's token"), "{refused}");
         snap(browser, "sign-in").await;
-        sign_in(browser, TOKEN).await;
+        sign_in(browser, TOKEN_ANA).await;
         assert_eq!(browser.current_url().await.unwrap().path(), "/ui");
+        assert_eq!(text_of(browser, "#operator").await, "Signed in as ana");
         assert_eq!(text_of(browser, "#backlog-count").await, "4");
         snap(browser, "overview").await;
     }
 
-    /// Filters the list down to acme's payouts and opens pay-1.
-    async fn filter_and_open_pay_1(&self) {
+    /// Finds pay-1 by its key alone, then acme's payouts by the tenant's
+    /// header value (the page shows the value next to the digest), and
+    /// opens pay-1.
+    async fn search_and_open_pay_1(&self) {
         let browser = &self.browser;
         follow(browser, Locator::LinkText("Review the ambiguous records")).await;
-        fill(browser, "#route", "payouts").await;
-        fill(browser, "#principal", &self.acme[..12]).await;
+        fill(browser, "#key", PAY_1).await;
         follow(browser, Locator::Css("form.filter button")).await;
-        let listed = text_of(browser, "main").await;
-        let expected = [
-            (PAY_1, true),
-            ("pay-3", true),
-            ("pay-2", false),
-            ("ref-1", false),
-        ];
-        for (key, shown) in expected {
-            assert_eq!(listed.contains(key), shown, "{key}: {listed}");
-        }
-        snap(browser, "records").await;
+        self.listed(&[PAY_1]).await;
+        fill(browser, "#key", "").await;
+        fill(browser, "#route", "payouts").await;
+        fill(browser, "#tenant", "acme").await;
+        follow(browser, Locator::Css("form.filter button")).await;
+        self.listed(&[PAY_1, "pay-3"]).await;
+        let tenant = text_of(browser, "ul.records .tenant").await;
+        assert_eq!(tenant, "acme");
+        snap(browser, "search").await;
         follow(browser, Locator::Css("a[href*='key=pay-1']")).await;
         assert_eq!(text_of(browser, "#state").await, "ambiguous");
+        assert_eq!(text_of(browser, "#tenant-value").await, "acme");
         let record = text_of(browser, "main").await;
         let forwarded = format!("idempotency-key: {PAY_1}");
         assert!(record.contains(&forwarded), "the forwarded key: {record}");
+        for section in ["Why it is ambiguous", "Request summary"] {
+            assert!(record.contains(section), "{section}: {record}");
+        }
         snap(browser, "record").await;
     }
 
-    /// Resolves the open record as completed, with a reason and the
-    /// confirmation.
-    async fn resolve_as_completed(&self) {
+    /// The list shows exactly `keys` of the four records.
+    async fn listed(&self, keys: &[&str]) {
+        let listed = text_of(&self.browser, "ul.records").await;
+        for key in [PAY_1, "pay-2", "ref-1", "pay-3"] {
+            let shown = listed.contains(&format!("Key {key}"));
+            assert_eq!(shown, keys.contains(&key), "{key}: {listed}");
+        }
+    }
+
+    /// The form preselects no verdict; sent without one it is refused,
+    /// says why, and the record stays ambiguous.
+    async fn refuse_a_resolution_without_a_verdict(&self) {
         let browser = &self.browser;
         follow(browser, Locator::LinkText("Resolve this record")).await;
+        for verdict in ["#completed", "#not_executed"] {
+            let radio = browser.find(Locator::Css(verdict)).await.unwrap();
+            assert!(!radio.is_selected().await.unwrap(), "{verdict} preselected");
+        }
         fill(browser, "#status", "201").await;
         fill(browser, "#body", r#"{"payout":"manual-7"}"#).await;
         fill(browser, "#reason", "provider ledger shows payout manual-7").await;
+        click(browser, Locator::Id("confirm")).await;
+        follow(browser, Locator::Css("main form button[type=submit]")).await;
+        let refused = text_of(browser, "p.error").await;
+        assert!(refused.contains("Choose what happened"), "{refused}");
+        let pay_1 = format!("/records/payouts%7C{}/{}", self.acme, PAY_1);
+        let record = admin_get(self.admin, &pay_1).await;
+        assert_eq!(record["state"], "ambiguous", "{record}");
+    }
+
+    /// On the form sent back, chooses Completed, confirms again and
+    /// resolves; the notice names the operator.
+    async fn resolve_as_completed(&self) {
+        let browser = &self.browser;
+        click(browser, Locator::Id("completed")).await;
         click(browser, Locator::Id("confirm")).await;
         snap(browser, "resolve").await;
         follow(browser, Locator::Css("main form button[type=submit]")).await;
         assert_eq!(text_of(browser, "#state").await, "completed");
         let resolved = text_of(browser, "main").await;
         for said in [
-            "Resolved as completed by operator:console",
+            "Resolved as completed by operator:ana",
             "provider ledger shows payout manual-7",
         ] {
             assert!(resolved.contains(said), "{said}: {resolved}");
         }
+    }
+
+    /// pay-1's route has no lookup, so its page offers none; ref-1's has:
+    /// one press asks the provider, which finds the refund, and the
+    /// record is completed with its answer.
+    async fn ask_the_provider_about_ref_1(&self) {
+        let browser = &self.browser;
+        let pay_3 = format!("/ui/record?scope=payouts%7C{}&key=pay-3", self.acme);
+        browser.goto(&self.url(&pay_3)).await.unwrap();
+        let no_lookup = browser.find(Locator::Css("#ask")).await;
+        assert!(
+            no_lookup.is_err(),
+            "a route without a lookup offers no lookup"
+        );
+        browser
+            .goto(&self.url("/ui/records?route=refunds&tenant=acme"))
+            .await
+            .unwrap();
+        follow(browser, Locator::Css("a[href*='key=ref-1']")).await;
+        assert_eq!(text_of(browser, "#state").await, "ambiguous");
+        follow(browser, Locator::Css("#ask button")).await;
+        let said = text_of(browser, "p.notice").await;
+        assert!(said.contains("it found the effect"), "{said}");
+        assert_eq!(text_of(browser, "#state").await, "completed");
+        assert_eq!(
+            text_of(browser, "#stored-body").await,
+            r#"{"refund":"r-1"}"#
+        );
     }
 
     /// Every page fits a phone and a desktop.
@@ -251,6 +331,8 @@ impl Scene {
         assert_eq!(focused(browser).await.0, "not_executed");
         press(browser, ARROW_UP).await;
         assert_eq!(focused(browser).await.0, "completed");
+        tab_to(browser, |id, _| id == "status").await;
+        press(browser, "200").await;
         tab_to(browser, |id, _| id == "body").await;
         press(browser, r#"{"payout":"manual-9"}"#).await;
         tab_to(browser, |id, _| id == "reason").await;
@@ -272,6 +354,14 @@ impl Scene {
             .map(|r| r["key"].as_str().unwrap())
             .collect();
         assert!(!keys.contains(&"pay-2"), "pay-2 is resolved: {keys:?}");
+        let pay_2 = admin_get(self.admin, "/records?state=completed").await;
+        let by = pay_2["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == "pay-2")
+            .map(|r| r["resolution"]["by"].clone());
+        assert_eq!(by, Some(json!("operator:admin")), "{pay_2}");
     }
 
     /// Signed in again, a page of another origin (same host, another port:
@@ -366,6 +456,20 @@ impl Unsure {
     fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
+}
+
+/// A provider whose lookup answers 200 with the refund for any key.
+async fn found_everything() -> String {
+    let app = axum::Router::new().fallback(|| async {
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            r#"{"refund":"r-1"}"#,
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
 }
 
 async fn pay(gw: &Gateway, path: &str, tenant: &str, key: &str) -> support::Reply {

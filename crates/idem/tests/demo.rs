@@ -48,7 +48,7 @@ const STEPS: &[&[&str]] = &[
     &[
         "operator: POST /records/…/resolve → 200 OK",
         "\"completed\"",
-        "by \"operator:admin-api\"",
+        "by \"operator:admin\"",
     ],
     &[
         "← 201 Created",
@@ -140,5 +140,5 @@ fn a_store_named_with_store_keeps_the_records_of_the_walk() {
         .filter(|r| !r["resolution"].is_null())
         .map(|r| r["resolution"]["by"].as_str())
         .collect();
-    assert_eq!(resolved, [Some("operator:admin-api")], "{records:#?}");
+    assert_eq!(resolved, [Some("operator:admin")], "{records:#?}");
 }

@@ -273,7 +273,7 @@ async fn an_ambiguous_record_resolved_through_the_admin_api_is_replayed() {
         &store_url(&site),
     ]);
     let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(record["resolution"]["by"], "operator:admin-api");
+    assert_eq!(record["resolution"]["by"], "operator:admin");
     assert_eq!(
         record["resolution"]["reason"],
         "provider ledger shows payout manual-1"

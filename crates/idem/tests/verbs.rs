@@ -199,7 +199,7 @@ async fn expire_then_a_late_retry_is_caught(kind: Kind) {
                 serde_json::Value::Null,
                 "{answer}"
             );
-            ("operator:admin-api", format!("expire {key_}: ticket 4412"))
+            ("operator:admin", format!("expire {key_}: ticket 4412"))
         };
         let late = post(&bed.gw.url("/payouts"), &[key(key_)], PAYOUT).await;
         assert_eq!(late.status, 422, "{late:?}");
@@ -247,7 +247,7 @@ async fn evict_then_a_retry_runs_once_more_then_replays(kind: Kind) {
             assert_eq!(done.status, 200, "{done:?}");
             let answer: serde_json::Value = serde_json::from_str(&done.body).unwrap();
             assert_eq!(answer["record"], serde_json::Value::Null, "{answer}");
-            "operator:admin-api"
+            "operator:admin"
         };
         assert_eq!(bed.effects(key_), 1);
         let rerun = bed.pay(key_).await;

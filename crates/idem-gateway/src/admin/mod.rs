@@ -1,17 +1,19 @@
 //! The admin API: what an operator needs from a running gateway, on a
-//! listener of its own and behind a bearer token. List and inspect records,
-//! resolve an ambiguous one, expire or evict one deliberately, scrape the
-//! metrics. Every error is an RFC 9457
+//! listener of its own and behind each operator's bearer token (or a
+//! trusted proxy's header naming the operator, where configured). List and
+//! inspect records, resolve an ambiguous one, expire or evict one
+//! deliberately, scrape the metrics. Every error is an RFC 9457
 //! problem document that says what to fix.
 
 mod extract;
+mod operators;
 mod problem;
 pub(crate) mod resolve;
 mod verb;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -24,6 +26,9 @@ use extract::{ListParams, RecordPath, ResolveBody};
 use problem::{AdminProblem, Refusal};
 
 pub use extract::strict_escapes;
+pub use operators::{
+    ADMIN_OPERATOR, OPERATOR_NAME_BYTES_MAX, OPERATORS_MAX, OperatorName, Operators,
+};
 pub use resolve::{ADMIN_API_ACTOR, parse_resolution, result_header};
 pub use verb::parse_verb;
 
@@ -52,7 +57,7 @@ pub const SECRET_BYTES: usize = 32;
 
 /// The bearer token the admin API requires. Its `Debug` never shows it.
 #[derive(Clone)]
-pub struct AdminToken(Vec<u8>);
+pub struct AdminToken(pub(crate) Vec<u8>);
 
 impl AdminToken {
     /// A token of [`ADMIN_TOKEN_BYTES_MIN`]..=[`ADMIN_TOKEN_BYTES_MAX`]
@@ -128,7 +133,9 @@ pub fn random_hex() -> Option<String> {
 
 /// The admin API as an axum router: mount it on a listener of its own.
 ///
-/// Its routes and its fallback (404 `not-found` for any other path) sit
+/// A request is let in as the operator whose bearer token it carries, or
+/// whom the trusted proxy's header names (when `operators` has one); every
+/// resolution is journaled under that name. Its routes and its fallback (404 `not-found` for any other path) sit
 /// behind the bearer-token middleware, which answers 401 before routing
 /// tells anything. Routes added to the returned router afterwards, with
 /// `Router::merge` or `Router::nest("/ui", …)`, are outside that layer and
@@ -138,13 +145,13 @@ pub fn random_hex() -> Option<String> {
 pub fn router(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    token: AdminToken,
+    operators: Operators,
     refusals: RefusalLog,
 ) -> axum::Router {
     let admin = Arc::new(Admin {
         store,
         metrics,
-        token,
+        operators,
         refusals,
     });
     let posted = |endpoint: MethodRouter<Arc<Admin>>| {
@@ -172,7 +179,7 @@ pub fn router(
 struct Admin {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    token: AdminToken,
+    operators: Operators,
     refusals: RefusalLog,
 }
 
@@ -186,8 +193,9 @@ enum Allowed {
 
 /// Authentication comes before routing, so that nothing, not even which
 /// paths exist, is told to a caller without the token.
-async fn authenticate(State(admin): State<Arc<Admin>>, req: Request, next: Next) -> Response {
-    if admin.authorized(req.headers()) {
+async fn authenticate(State(admin): State<Arc<Admin>>, mut req: Request, next: Next) -> Response {
+    if let Some(operator) = admin.authorized(req.headers()) {
+        req.extensions_mut().insert(operator);
         return next.run(req).await;
     }
     if let Logged::Write { suppressed } = admin.refusals.admit(std::time::Instant::now()) {
@@ -201,7 +209,8 @@ async fn authenticate(State(admin): State<Arc<Admin>>, req: Request, next: Next)
     }
     Refusal::new(
         AdminProblem::Unauthorized,
-        "send Authorization: Bearer TOKEN with the token from the gateway's admin_token_env variable",
+        "send Authorization: Bearer TOKEN with your operator token (admin_token_env, or the \
+         token_env of your [[admin.operator]])",
     )
     .into_response()
 }
@@ -299,10 +308,12 @@ async fn show(
 #[tracing::instrument(name = "idem.resolve", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key, idem.resolver = "operator"))]
 async fn resolve(
     State(admin): State<Arc<Admin>>,
+    Extension(operator): Extension<OperatorName>,
     RecordPath(id): RecordPath,
     ResolveBody(body): ResolveBody,
 ) -> Result<Response, Refusal> {
-    let (token, resolution) = resolve::parse_resolution(&body).map_err(Refusal::invalid)?;
+    let (token, mut resolution) = resolve::parse_resolution(&body).map_err(Refusal::invalid)?;
+    resolution.by = operator.by();
     let outcome = resolution.outcome.clone();
     let (by, reason) = (resolution.by.clone(), resolution.reason.clone());
     let record = admin
@@ -327,31 +338,35 @@ async fn resolve(
 #[tracing::instrument(name = "idem.expire", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key))]
 async fn expire(
     State(admin): State<Arc<Admin>>,
+    Extension(operator): Extension<OperatorName>,
     RecordPath(id): RecordPath,
     ResolveBody(body): ResolveBody,
 ) -> Result<Response, Refusal> {
-    apply_verb(&admin, id, Verb::Expire, &body).await
+    apply_verb(&admin, &operator, id, Verb::Expire, &body).await
 }
 
 /// `POST /records/{scope}/{key}/evict`: `{"token":N,"reason":"…"}`.
 #[tracing::instrument(name = "idem.evict", skip_all, fields(idem.scope = %id.scope, idem.key = %id.key))]
 async fn evict(
     State(admin): State<Arc<Admin>>,
+    Extension(operator): Extension<OperatorName>,
     RecordPath(id): RecordPath,
     ResolveBody(body): ResolveBody,
 ) -> Result<Response, Refusal> {
-    apply_verb(&admin, id, Verb::Evict, &body).await
+    apply_verb(&admin, &operator, id, Verb::Evict, &body).await
 }
 
 /// One verb applied: the verb, who, why, and the record left (the
 /// tombstone of an `expire`, `null` after an `evict`).
 async fn apply_verb(
     admin: &Admin,
+    operator: &OperatorName,
     id: RecordId,
     verb: Verb,
     body: &[u8],
 ) -> Result<Response, Refusal> {
-    let (token, request) = verb::parse_verb(verb, body).map_err(Refusal::invalid)?;
+    let (token, mut request) = verb::parse_verb(verb, body).map_err(Refusal::invalid)?;
+    request.by = operator.by();
     let (by, reason) = (request.by.clone(), request.reason.clone());
     let record = match admin.store.apply_verb(&id, token, request).await {
         Ok(record) => record,
@@ -374,18 +389,23 @@ async fn apply_verb(
 }
 
 impl Admin {
-    fn authorized(&self, headers: &HeaderMap) -> bool {
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return false;
-        };
-        let value = value.as_bytes();
-        let scheme = value
-            .get(..7)
-            .is_some_and(|s| s.eq_ignore_ascii_case(b"bearer "));
-        // Check the token even when the scheme is wrong, so that both
-        // refusals take the same time.
-        let token = value.get(7..).unwrap_or_default();
-        self.token.matches(token) & scheme
+    /// The operator of a request: the one whose bearer token it carries,
+    /// else the one the trusted proxy's header names.
+    fn authorized(&self, headers: &HeaderMap) -> Option<OperatorName> {
+        if let Some(value) = headers.get(header::AUTHORIZATION) {
+            let value = value.as_bytes();
+            let scheme = value
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case(b"bearer "));
+            // Check the token even when the scheme is wrong, so that both
+            // refusals take the same time.
+            let token = value.get(7..).unwrap_or_default();
+            let found = self.operators.by_token(token).filter(|_| scheme);
+            if let Some(name) = found {
+                return Some(name.clone());
+            }
+        }
+        self.operators.by_header(headers)
     }
 
     /// The problem for a store error; failures of the store itself are

@@ -4,7 +4,8 @@
 use idem_core::{HeaderBytes, LimitError, Outcome, Resolution, StoredResult, Token};
 use serde_json::{Map, Value};
 
-/// The `by` of every resolution made through the admin API.
+/// The `by` of a resolution [`parse_resolution`] returns; the admin API
+/// replaces it with the operator's own (`operator:NAME`).
 pub const ADMIN_API_ACTOR: &str = "operator:admin-api";
 
 /// The fields a resolve body may have.

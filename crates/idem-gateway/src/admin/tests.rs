@@ -25,12 +25,20 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_of(Operators::from(AdminToken::new(TOKEN).unwrap()))
+}
+
+fn fixture_of(operators: Operators) -> Fixture {
     // The views are judged at the wall clock's now: start there.
     let clock = ManualClock::new(idem_core::SystemClock.now());
     let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
     let metrics = Arc::new(Metrics::new());
-    let token = AdminToken::new(TOKEN).unwrap();
-    let app = router(store.clone(), metrics.clone(), token, RefusalLog::default());
+    let app = router(
+        store.clone(),
+        metrics.clone(),
+        operators,
+        RefusalLog::default(),
+    );
     Fixture {
         clock,
         store,
@@ -168,7 +176,10 @@ async fn lists_shows_and_resolves_records() {
     assert_eq!(status, 200, "{answer}");
     let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(answer["outcome"], "completed");
-    assert_eq!(answer["by"], ADMIN_API_ACTOR);
+    assert_eq!(
+        answer["by"], "operator:admin",
+        "the single token is operator admin"
+    );
     assert_eq!(answer["record"]["state"], "completed");
     assert_eq!(answer["record"]["result"]["body"], "{\"payout\":7}");
     assert_eq!(
@@ -717,9 +728,95 @@ async fn verbs_are_refused_or_applied_and_journaled_once() {
     }
     let journal = f.store.resolutions(&done).await.unwrap();
     let seen: Vec<_> = journal.iter().map(|e| (e.verb, e.by.as_str())).collect();
-    let by = ADMIN_API_ACTOR;
+    let by = OperatorName::new(ADMIN_OPERATOR).unwrap().by();
+    let by = by.as_str();
     assert_eq!(seen, [(Some(Verb::Expire), by), (Some(Verb::Evict), by)]);
     let journal = f.store.resolutions(&unsure).await.unwrap();
     assert_eq!(journal.len(), 1, "{journal:?}");
     assert_eq!(journal[0].outcome, idem_core::Resolved::NotExecuted);
+}
+
+/// Each operator's token, or the trusted proxy's header where one is
+/// configured, journals the resolution under that operator's name; a
+/// header is worth nothing where none is configured.
+#[tokio::test]
+async fn resolutions_are_journaled_under_the_operators_name() {
+    let name = |n: &str| OperatorName::new(n).unwrap();
+    let header = http::HeaderName::from_static("x-forwarded-user");
+    let named = vec![
+        (
+            name("ana"),
+            AdminToken::new("ana-0123456789abcdef").unwrap(),
+        ),
+        (name("bo"), AdminToken::new("bo-0123456789abcdef").unwrap()),
+    ];
+    let cases = [
+        (
+            Some(header.clone()),
+            "Bearer ana-0123456789abcdef",
+            None,
+            Some("ana"),
+        ),
+        (
+            Some(header.clone()),
+            "Bearer bo-0123456789abcdef",
+            None,
+            Some("bo"),
+        ),
+        (
+            Some(header.clone()),
+            "",
+            Some("carla@example.com"),
+            Some("carla@example.com"),
+        ),
+        (Some(header.clone()), "", Some("not a name"), None),
+        (None, "", Some("carla"), None),
+        (
+            None,
+            "Bearer ana-0123456789abcdef",
+            Some("carla"),
+            Some("ana"),
+        ),
+    ];
+    for (configured, auth, forwarded_user, want) in cases {
+        let f = fixture_of(Operators::new(named.clone(), configured.clone()).unwrap());
+        let rid = id("payouts|aa11", "k-1");
+        let token = ambiguous(&f.store, &rid).await;
+        let mut req = Request::builder()
+            .method("POST")
+            .uri("/records/payouts%7Caa11/k-1/resolve");
+        if !auth.is_empty() {
+            req = req.header("authorization", auth);
+        }
+        if let Some(user) = forwarded_user {
+            req = req.header("x-forwarded-user", user);
+        }
+        let body = format!(
+            r#"{{"token":{},"outcome":"completed","reason":"seen at the provider"}}"#,
+            token.0
+        );
+        let res = f
+            .app
+            .clone()
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let case = format!("{configured:?} {auth:?} {forwarded_user:?}");
+        match want {
+            Some(operator) => {
+                assert_eq!(status, 200, "{case}");
+                let journal = f.store.resolutions(&rid).await.unwrap();
+                assert_eq!(journal.len(), 1, "{case}");
+                assert_eq!(journal[0].by, format!("operator:{operator}"), "{case}");
+            }
+            None => {
+                assert_eq!(status, 401, "{case}");
+                assert!(
+                    f.store.resolutions(&rid).await.unwrap().is_empty(),
+                    "{case}"
+                );
+            }
+        }
+    }
 }

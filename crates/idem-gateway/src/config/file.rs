@@ -46,8 +46,11 @@ pub struct FileConfig {
     pub probe_paths: Option<bool>,
     /// Address of the admin API; none means no admin listener.
     pub admin_listen: Option<String>,
-    /// Name of the environment variable holding the admin API's token.
+    /// Name of the environment variable holding the admin API's token
+    /// (operator `admin`).
     pub admin_token_env: Option<String>,
+    /// Named operators and the trusted proxy's operator header.
+    pub admin: Option<super::AdminSection>,
     /// PEM certificate chain (leaf first) the admin API presents over TLS;
     /// with `admin_tls_key_file`, or neither. Relative to the config file.
     pub admin_tls_cert_file: Option<PathBuf>,

@@ -1,14 +1,17 @@
 //! The gateway's configuration: a TOML file and command-line overrides,
 //! parsed once into a validated [`GatewayConfig`], section by section
-//! (`file`: where it listens, forwards and stores; `listeners`; `routes`;
-//! `lookups`; `regions`). Every error names the file and the field.
+//! (`file`: where it listens, forwards and stores; `listeners`; `admin`:
+//! the named operators; `routes`; `lookups`; `regions`). Every error
+//! names the file and the field.
 
+mod admin;
 mod file;
 mod listeners;
 mod lookups;
 mod regions;
 mod routes;
 
+pub use admin::{AdminOperators, AdminSection, OperatorSpec};
 pub use file::FileConfig;
 use file::{Basics, Place, parse_upstream, read_file};
 pub use listeners::SessionLimits;
@@ -26,7 +29,7 @@ use idem_http::{Route, WaitLimits};
 use idem_process::{ConnectionLimits, ServerTls, StoreUrl, UpstreamTls};
 use idem_reconcile::{Lookup, ReconcileSettings};
 
-use crate::admin::AdminToken;
+use crate::admin::{AdminToken, Operators};
 use crate::regions::{RegionMode, Regions};
 use crate::tls::AdminTransport;
 
@@ -143,6 +146,8 @@ pub struct GatewayConfig {
     pub admin_listen: Option<SocketAddr>,
     /// The environment variable the admin API's bearer token is read from.
     pub admin_token_env: String,
+    /// The admin API's and the console's operators (`[admin]`).
+    pub admin_operators: AdminOperators,
     /// The admin API's certificate and key; `None`: it speaks plain HTTP.
     pub admin_tls: Option<ServerTls>,
     /// Time between two runs of the retention purge.
@@ -265,6 +270,7 @@ impl GatewayConfig {
         let at = Place { path };
         let basics = Basics::validate(&file, overrides, at)?;
         let limits = Limits::validate(&file, at)?;
+        let admin_operators = AdminOperators::validate(&file, at)?;
         let routes = RouteSection::validate(&file, &basics.base_dir, limits.response_timeout, at)?;
         let lookups = lookups(&file, &routes.routes, unsafe_lookup, at)?;
         let console_sessions =
@@ -296,6 +302,7 @@ impl GatewayConfig {
             peer_tls: tls.peer_tls,
             admin_listen: limits.admin_listen,
             admin_token_env: limits.admin_token_env,
+            admin_operators,
             purge_interval: limits.purge_interval,
             suspect_window,
             requests_in_flight_max: limits.requests_in_flight_max,
@@ -329,6 +336,18 @@ impl GatewayConfig {
             parse_admin_listen(raw).map_err(|reason| ConfigError::new("--admin-listen", reason))?;
         self.admin_listen = Some(addr);
         Ok(())
+    }
+
+    /// The admin API's operators with their tokens, read with `lookup` (the
+    /// process environment in `idem serve`): `admin_token_env`'s token as
+    /// operator `admin` and each `[[admin.operator]]`'s. Every error names
+    /// the field and the file.
+    pub fn operators(
+        &self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Operators, ConfigError> {
+        self.admin_operators
+            .operators(&self.admin_token_env, lookup)
     }
 
     /// The admin API's bearer token, read with `lookup` (the process

@@ -577,3 +577,82 @@ fn the_session_limits_come_from_the_config_file_named_in_errors() {
         assert!(e.starts_with(want), "{e}");
     }
 }
+
+/// Named operators: each with its own token; the single token of older
+/// configs stays operator `admin`; every refusal names the field and
+/// the file.
+#[test]
+fn admin_operators_are_named_and_refused_by_field() {
+    let up = Overrides {
+        upstream: Some("http://127.0.0.1:9000".into()),
+        ..Default::default()
+    };
+    let env = |name: &str| -> Option<String> {
+        match name {
+            "IDEM_ADMIN_TOKEN" => Some("admin-token-0123456789".into()),
+            "ANA" => Some("ana-token-0123456789ab".into()),
+            "BO" => Some("bo-token-0123456789abc".into()),
+            "SAME" => Some("ana-token-0123456789ab".into()),
+            "SHORT" => Some("short".into()),
+            _ => None,
+        }
+    };
+    let names = |text: &str| -> Result<Vec<String>, String> {
+        let c = load(text, &up)?;
+        let ops = c.operators(env).map_err(|e| e.to_string())?;
+        Ok(ops.names().map(|n| n.to_string()).collect())
+    };
+    let ana = "[[admin.operator]]\nname = \"ana\"\ntoken_env = \"ANA\"\n";
+    let bo = "[[admin.operator]]\nname = \"bo\"\ntoken_env = \"BO\"\n";
+    assert_eq!(names("").unwrap(), ["admin"], "old configs keep working");
+    assert_eq!(names(&format!("{ana}{bo}")).unwrap(), ["ana", "bo"]);
+    assert_eq!(
+        names(&format!("admin_token_env = \"IDEM_ADMIN_TOKEN\"\n{ana}")).unwrap(),
+        ["admin", "ana"]
+    );
+    let header = "[admin]\noperator_header = \"X-Forwarded-User\"\n";
+    let only_header = load(header, &up).unwrap().operators(env).unwrap();
+    assert_eq!(only_header.names().count(), 0);
+    assert_eq!(
+        only_header.header().map(|h| h.as_str()),
+        Some("x-forwarded-user")
+    );
+    let cases = [
+        (
+            format!("{ana}[[admin.operator]]\nname = \"ana\"\ntoken_env = \"BO\"\n"),
+            "idem.toml: admin.operator[1].name: \"ana\" is also the name of admin.operator[0]",
+        ),
+        (
+            format!("{ana}[[admin.operator]]\nname = \"bo\"\ntoken_env = \"ANA\"\n"),
+            "idem.toml: admin.operator[1].token_env: ANA is also the token_env",
+        ),
+        (
+            format!("{ana}[[admin.operator]]\nname = \"bo\"\ntoken_env = \"SAME\"\n"),
+            "idem.toml: admin.operator: operators \"ana\" and \"bo\" have the same token",
+        ),
+        (
+            "[[admin.operator]]\nname = \"bo\"\ntoken_env = \"SHORT\"\n".into(),
+            "idem.toml: admin.operator[0].token_env: environment variable SHORT: the token is 5 bytes",
+        ),
+        (
+            "[[admin.operator]]\nname = \"bo\"\ntoken_env = \"UNSET\"\n".into(),
+            "idem.toml: admin.operator[0].token_env: the admin API is enabled but the environment variable UNSET is not set",
+        ),
+        (
+            "[[admin.operator]]\nname = \"bo smith\"\ntoken_env = \"BO\"\n".into(),
+            "idem.toml: admin.operator[0].name: \"bo smith\" holds a character",
+        ),
+        (
+            "[admin]\noperator_header = \"X Forwarded\"\n".into(),
+            "idem.toml: admin.operator_header: \"X Forwarded\" is not a header name",
+        ),
+        (
+            "admin_token_env = \"IDEM_ADMIN_TOKEN\"\n[[admin.operator]]\nname = \"admin\"\ntoken_env = \"BO\"\n".into(),
+            "idem.toml: admin.operator.name: \"admin\" is the name of admin_token_env's operator",
+        ),
+    ];
+    for (text, said) in cases {
+        let err = names(&text).unwrap_err();
+        assert!(err.starts_with(said), "{text}\nwant {said}\ngot  {err}");
+    }
+}

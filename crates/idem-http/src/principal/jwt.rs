@@ -57,6 +57,27 @@ impl JwtVerifier {
         })
     }
 
+    /// The digests a claim whose text is `text` may have in a scope: as
+    /// a string, and, when `text` is an integer, as a number too (the
+    /// operator cannot tell which the tokens carry).
+    pub(super) fn digests_of(&self, text: &str) -> Vec<String> {
+        let mut tags: Vec<&[u8]> = vec![b"s"];
+        if text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok() {
+            tags.push(b"n");
+        }
+        tags.into_iter()
+            .map(|tag| {
+                digest(&[
+                    b"jwt",
+                    self.issuer.as_bytes(),
+                    self.claim.as_bytes(),
+                    tag,
+                    text.as_bytes(),
+                ])
+            })
+            .collect()
+    }
+
     /// The digest of the verified claim, and the claim's text.
     pub(super) fn principal(&self, headers: &HeaderMap) -> Result<(String, String), Problem> {
         let token = bearer_token(headers)?;
@@ -378,6 +399,38 @@ mod tests {
             }
             (_, got) => panic!("{what}: want {want:?}, got {got:?}"),
         }
+    }
+
+    /// The digests the console computes from a claim's text hold the
+    /// one a token with that claim gets, as a string or an integer.
+    #[test]
+    fn a_claim_text_digests_as_its_tokens_do() {
+        let (principal, _dir) = verifier(JWKS_CD, None);
+        let Principal::Jwt(v) = &principal else {
+            panic!("a JWT principal");
+        };
+        let cases = [
+            (json!("tenant-a"), "tenant-a", 1),
+            (json!("42"), "42", 2),
+            (json!(42), "42", 2),
+        ];
+        for (sub, text, count) in cases {
+            let token = sign(KEY_C, Some("c"), &claims(|c| c["sub"] = sub.clone()));
+            let request = principal.of(&with_token("Bearer", &token)).unwrap();
+            let digests = v.digests_of(text);
+            assert_eq!(digests.len(), count, "{sub}");
+            assert!(digests.contains(&request), "{sub}");
+        }
+        assert!(
+            !v.digests_of("tenant-b").contains(
+                &principal
+                    .of(&with_token(
+                        "Bearer",
+                        &sign(KEY_C, Some("c"), &claims(|_| {}))
+                    ))
+                    .unwrap()
+            )
+        );
     }
 
     #[test]
