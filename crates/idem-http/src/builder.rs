@@ -19,6 +19,7 @@ use crate::route::{
 };
 use crate::service::IdempotencyLayer;
 use crate::setting::RouteError;
+use crate::status::StatusUrl;
 use crate::wait::WAIT_MS_LIMIT;
 
 /// What the layer does with a request on a protected route that carries no
@@ -81,6 +82,7 @@ pub struct RouteBuilder {
     contract: Option<PathBuf>,
     wait: Option<Duration>,
     wait_max: Option<Duration>,
+    status: Option<StatusUrl>,
     /// The first setting refused, reported by `build`.
     error: Option<RouteError>,
 }
@@ -297,6 +299,13 @@ impl RouteBuilder {
         self
     }
 
+    /// Where a caller asks what became of its key (docs/http.md, "The
+    /// status URL"); default `{path}/.idem/{key}` ([`StatusUrl::default`]).
+    pub fn status_url(mut self, status: StatusUrl) -> Self {
+        self.status = Some(status);
+        self
+    }
+
     /// The operation's contract file (`idem check` format).
     pub fn contract(mut self, file: impl Into<PathBuf>) -> Self {
         self.contract = Some(file.into());
@@ -367,6 +376,8 @@ impl RouteBuilder {
                 .map_err(|e| err("completion", e.to_string()))?,
             replay_headers: self.replay_headers,
             contract: contract(self.contract)?,
+            status: self.status.unwrap_or_default(),
+            latency: Arc::default(),
         })
     }
 
@@ -433,6 +444,12 @@ impl RouteBuilder {
             contract: spec.contract.as_deref().map(PathBuf::from),
             wait: spec.wait_ms.map(Duration::from_millis),
             wait_max: spec.wait_ms_max.map(Duration::from_millis),
+            status: spec
+                .status_url
+                .as_deref()
+                .map(StatusUrl::parse)
+                .transpose()
+                .map_err(|reason| err("status_url", reason))?,
             error: None,
         })
     }

@@ -60,6 +60,7 @@ mod builder;
 mod completion;
 mod gate;
 mod metrics;
+mod pace;
 mod path;
 mod principal;
 mod problem;
@@ -68,6 +69,7 @@ mod route;
 mod service;
 mod setting;
 mod slot;
+mod status;
 mod trace;
 mod wait;
 
@@ -80,6 +82,7 @@ pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
     WaitOutcome, WindowOutcome,
 };
+pub use pace::{LATENCY_EWMA_WEIGHT, RETRY_AFTER_S_MIN, retry_after};
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
     ANONYMOUS, ClientCertificate, DEFAULT_CREDENTIAL_HEADERS, JwtSpec, KEYS_FILE_BYTES_MAX,
@@ -98,6 +101,7 @@ pub use service::{
 };
 pub use setting::RouteError;
 pub use slot::InFlightSlot;
+pub use status::{STATUS_SUFFIX_BYTES_MAX, STATUS_URL_DEFAULT, STATUS_URL_OFF, StatusUrl};
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
     WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT,

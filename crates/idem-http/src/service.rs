@@ -12,6 +12,7 @@ mod hooks;
 mod protect;
 mod refusal;
 mod replay;
+mod status;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -276,6 +277,23 @@ where
         trace::propagate(&span, req.headers_mut());
         let (routed, answered) = (span.clone(), span.clone());
         let answer = async move {
+            // Before the path is normalised: the key's segment is decoded
+            // on its own, so that keys holding `/` or `\` can be asked about.
+            match crate::status::locate(&shared.routes, req.method(), req.uri().path()) {
+                Some(Ok((index, base, key))) => {
+                    let (parts, _) = req.into_parts();
+                    let response = status::answer(&shared, index, (base, key), &parts).await;
+                    if let Some(kind) = response.extensions().get::<ProblemKind>() {
+                        shared.metrics.problem(*kind);
+                    }
+                    return Ok(response);
+                }
+                Some(Err(refusal)) => {
+                    shared.metrics.problem(refusal.kind);
+                    return Ok(problem(refusal));
+                }
+                None => {}
+            }
             // Every request, protected or not, so that no spelling of a
             // protected path reaches the inner service unprotected.
             if let Err(refusal) = normalize_uri(req.uri_mut()) {

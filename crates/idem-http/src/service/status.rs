@@ -1,0 +1,205 @@
+//! The status URL's answers (see `crate::status` for where it is and how
+//! a key is spelled in it): a key's record read in the scope a claim of
+//! the same request would use, and rendered as a retry of it would be,
+//! without a claim, a forward or a write; only an unknown outcome is
+//! settled by the route's lookup, as a retry's is.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Response, StatusCode};
+use idem_core::{
+    Clock, IdempotencyKey, Record, RecordId, Refusal, State, StoreError, SystemClock, Timestamp,
+};
+
+use super::Shared;
+use super::refusal::{problem, refused, store_unavailable};
+use super::replay::replay;
+use crate::pace;
+use crate::problem::{Problem, ProblemKind};
+use crate::route::Route;
+use crate::wait::{Wake, preferred_wait_ms};
+
+/// What a record says to its caller now.
+enum View {
+    Completed,
+    InFlight { age: Duration, left: Duration },
+    Unknown { settle: bool },
+    Expired,
+    Gone,
+}
+
+fn view(record: &Record, lease_ms: u64, now: Timestamp) -> View {
+    match record.state_at(now) {
+        State::Completed => View::Completed,
+        State::InProgress if now < record.lease_until => {
+            let left = Duration::from_millis(now.millis_until(record.lease_until));
+            let age = Duration::from_millis(lease_ms).saturating_sub(left);
+            View::InFlight { age, left }
+        }
+        // A claim would mark it ambiguous, or take it over and run again:
+        // either way nobody knows yet whether it ran, and this does not
+        // write; a retry or the reconciler's scan marks it.
+        State::InProgress => View::Unknown { settle: false },
+        State::Ambiguous => View::Unknown { settle: true },
+        State::Tombstone => match record.tombstone_until {
+            Some(until) if now >= until => View::Gone,
+            _ => View::Expired,
+        },
+    }
+}
+
+/// Answers a status URL: the stored answer, 202 while in flight (after
+/// waiting as `Prefer: wait` asks), 409 `outcome-unknown` (after the
+/// route's lookup, if any, could not settle it), 422 `key-expired`, or
+/// 404 `key-unknown` for a key this caller's scope never held.
+pub(super) async fn answer<B: From<Bytes>>(
+    shared: &Shared,
+    index: usize,
+    (base, key): (String, IdempotencyKey),
+    parts: &Parts,
+) -> Response<B> {
+    let route = &shared.routes[index];
+    let ids = match ids(route, parts, &base, &key) {
+        Ok(ids) => ids,
+        Err(refusal) => return problem(refusal),
+    };
+    let mut settled = false;
+    let mut waited: Option<(crate::wait::Waiting, Instant)> = None;
+    loop {
+        let found = match find(shared, &ids).await {
+            Ok(found) => found,
+            Err((id, e)) => return problem(store_unavailable(id, &e)),
+        };
+        let Some((id, record)) = found else {
+            return problem(unknown());
+        };
+        let policy = route.policy();
+        let now = SystemClock.now();
+        match view(&record, policy.lease_ms(), now) {
+            View::Completed => return replay(&record),
+            View::Gone => return problem(unknown()),
+            View::Expired => {
+                let refusal = Refusal::Expired {
+                    completed_at: record.completed_at,
+                    tombstone_until: record.tombstone_until,
+                };
+                return problem(refused(route, &id, refusal, shared.unknown));
+            }
+            View::Unknown { settle } => {
+                if settle
+                    && !settled
+                    && let Some(settler) = &shared.settler
+                {
+                    settled = true;
+                    if settler.settle(&id).await {
+                        continue;
+                    }
+                }
+                return problem(refused(route, &id, Refusal::OutcomeUnknown, shared.unknown));
+            }
+            View::InFlight { age, left } => {
+                if waited.is_none() {
+                    let wait_ms = route.wait().applied_ms(preferred_wait_ms(&parts.headers));
+                    if wait_ms > 0
+                        && let Some(waiting) = shared.waiters.register(&id)
+                    {
+                        let _ = shared.store.note_waiting(&id).await;
+                        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+                        waited = Some((waiting, deadline));
+                        continue;
+                    }
+                }
+                let next = match &waited {
+                    Some((waiting, deadline)) => {
+                        let armed = waiting.armed();
+                        tokio::pin!(armed);
+                        armed.as_mut().enable();
+                        waiting.next(armed.as_mut(), *deadline).await
+                    }
+                    None => Wake::Done,
+                };
+                if next == Wake::Ask {
+                    continue;
+                }
+                let typical = route.latency.typical();
+                return in_flight(pace::retry_after(age, typical, left));
+            }
+        }
+    }
+}
+
+/// The ids a claim of this route by this caller could have used: one per
+/// method the route protects when its operation names the method and
+/// path, deduplicated (one for a named route).
+fn ids(
+    route: &Route,
+    parts: &Parts,
+    base: &str,
+    key: &IdempotencyKey,
+) -> Result<Vec<RecordId>, Problem> {
+    let uri: http::Uri = base.parse().map_err(|e| {
+        Problem::new(
+            ProblemKind::InvalidPath,
+            format!("the status URL's path is not a URI: {e}"),
+        )
+    })?;
+    let mut ids: Vec<RecordId> = Vec::new();
+    for method in route.methods() {
+        let mut claimed = parts.clone();
+        claimed.method = method.clone();
+        claimed.uri = uri.clone();
+        let (scope, _) = crate::request::scope(&claimed, route)?;
+        let id = RecordId {
+            scope,
+            key: key.clone(),
+        };
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// The first record of `ids` the store holds.
+async fn find<'a>(
+    shared: &Shared,
+    ids: &'a [RecordId],
+) -> Result<Option<(RecordId, Record)>, (&'a RecordId, StoreError)> {
+    for id in ids {
+        match shared.store.get(id).await {
+            Ok(Some(record)) => return Ok(Some((id.clone(), record))),
+            Ok(None) => {}
+            Err(e) => return Err((id, e)),
+        }
+    }
+    Ok(None)
+}
+
+/// 404 `key-unknown`: the same document whoever asks, so that it says
+/// nothing of another principal's keys.
+fn unknown() -> Problem {
+    Problem::new(
+        ProblemKind::KeyUnknown,
+        "no request with this key is known to this route for this caller; nothing was executed",
+    )
+}
+
+/// 202 while the attempt runs, with when to ask again.
+fn in_flight<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
+    let body = serde_json::json!({
+        "status": "in-progress",
+        "detail": "the request with this key is still being processed; ask again later",
+    });
+    let mut response = Response::new(B::from(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    let seconds = u64::try_from(retry_after.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
