@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Store};
 
+use crate::cors::CorsExpose;
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
 use crate::route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Methods, Operation, PathPattern,
@@ -83,6 +84,7 @@ pub struct RouteBuilder {
     wait: Option<Duration>,
     wait_max: Option<Duration>,
     status: Option<StatusUrl>,
+    cors: CorsExpose,
     /// The first setting refused, reported by `build`.
     error: Option<RouteError>,
 }
@@ -306,6 +308,14 @@ impl RouteBuilder {
         self
     }
 
+    /// Whether responses name idem's headers in
+    /// `Access-Control-Expose-Headers` for browser callers (default
+    /// [`CorsExpose::Off`]).
+    pub fn cors_expose(mut self, expose: CorsExpose) -> Self {
+        self.cors = expose;
+        self
+    }
+
     /// The operation's contract file (`idem check` format).
     pub fn contract(mut self, file: impl Into<PathBuf>) -> Self {
         self.contract = Some(file.into());
@@ -377,6 +387,7 @@ impl RouteBuilder {
             replay_headers: self.replay_headers,
             contract: contract(self.contract)?,
             status: self.status.unwrap_or_default(),
+            cors: self.cors,
             latency: Arc::default(),
         })
     }
@@ -450,6 +461,10 @@ impl RouteBuilder {
                 .map(StatusUrl::parse)
                 .transpose()
                 .map_err(|reason| err("status_url", reason))?,
+            cors: match spec.cors_expose {
+                Some(true) => CorsExpose::IdempotencyHeaders,
+                Some(false) | None => CorsExpose::Off,
+            },
             error: None,
         })
     }

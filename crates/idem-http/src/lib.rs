@@ -58,6 +58,7 @@
 
 mod builder;
 mod completion;
+mod cors;
 mod gate;
 mod metrics;
 mod pace;
@@ -75,6 +76,7 @@ mod wait;
 
 pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
+pub use cors::{CorsExpose, EXPOSED_HEADERS};
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use idem_core::{SettleOnRetry, VerifyFresh};

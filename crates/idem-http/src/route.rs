@@ -13,6 +13,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::completion::CompletionSpec;
+use crate::cors::CorsExpose;
 use crate::pace::Latency;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
@@ -89,6 +90,9 @@ pub struct RouteSpec {
     /// Where a caller asks what became of its key: a template such as
     /// `"{path}/.idem/{key}"` (the default), or `"off"`.
     pub status_url: Option<String>,
+    /// Whether responses name idem's headers in
+    /// `Access-Control-Expose-Headers` for browser callers; default false.
+    pub cors_expose: Option<bool>,
 }
 
 /// A route's `regions = { … }`, as written; validated by the gateway, which
@@ -174,6 +178,7 @@ pub struct Route {
     pub(crate) contract: Option<std::path::PathBuf>,
     pub(crate) wait: RouteWait,
     pub(crate) status: StatusUrl,
+    pub(crate) cors: CorsExpose,
     /// The running mean of this route's forward durations, for the
     /// `Retry-After` of an attempt in flight.
     pub(crate) latency: std::sync::Arc<Latency>,
@@ -324,6 +329,11 @@ impl Route {
     /// Where a caller asks what became of its key.
     pub fn status_url(&self) -> &StatusUrl {
         &self.status
+    }
+
+    /// Whether responses expose idem's headers to browser callers.
+    pub fn cors_expose(&self) -> CorsExpose {
+        self.cors
     }
 
     /// The largest body the route reads, in bytes (413 above it).

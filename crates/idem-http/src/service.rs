@@ -279,20 +279,22 @@ where
         let answer = async move {
             // Before the path is normalised: the key's segment is decoded
             // on its own, so that keys holding `/` or `\` can be asked about.
-            match crate::status::locate(&shared.routes, req.method(), req.uri().path()) {
-                Some(Ok((index, base, key))) => {
-                    let (parts, _) = req.into_parts();
-                    let response = status::answer(&shared, index, (base, key), &parts).await;
-                    if let Some(kind) = response.extensions().get::<ProblemKind>() {
-                        shared.metrics.problem(*kind);
+            if let Some(located) =
+                crate::status::locate(&shared.routes, req.method(), req.uri().path())
+            {
+                let cors = shared.routes[located.index].cors;
+                let response = match located.key {
+                    Ok(key) => {
+                        let (parts, _) = req.into_parts();
+                        let asked = (located.base, key);
+                        status::answer(&shared, located.index, asked, &parts).await
                     }
-                    return Ok(response);
+                    Err(refusal) => problem(refusal),
+                };
+                if let Some(kind) = response.extensions().get::<ProblemKind>() {
+                    shared.metrics.problem(*kind);
                 }
-                Some(Err(refusal)) => {
-                    shared.metrics.problem(refusal.kind);
-                    return Ok(problem(refusal));
-                }
-                None => {}
+                return Ok(crate::cors::expose(cors, response));
             }
             // Every request, protected or not, so that no spelling of a
             // protected path reaches the inner service unprotected.
@@ -308,6 +310,7 @@ where
                 Some(index) => {
                     routed.record("http.route", shared.routes[index].pattern.as_str());
                     let response = detached(shared.clone(), index, inner, req).await;
+                    let response = crate::cors::expose(shared.routes[index].cors, response);
                     // Problems made here and by the proxy carry their kind.
                     if let Some(kind) = response.extensions().get::<ProblemKind>() {
                         shared.metrics.problem(*kind);

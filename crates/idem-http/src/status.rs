@@ -122,7 +122,7 @@ impl StatusUrl {
     pub(crate) fn split(
         &self,
         raw_path: &str,
-    ) -> Option<Result<(String, IdempotencyKey), Problem>> {
+    ) -> Option<(String, Result<IdempotencyKey, Problem>)> {
         let StatusUrl::Under { suffix } = self else {
             return None;
         };
@@ -130,7 +130,7 @@ impl StatusUrl {
         let normal = normalize_path(prefix).ok()?;
         let base = normal.strip_suffix(suffix.as_str())?;
         let base = if base.is_empty() { "/" } else { base };
-        Some(key_of(segment).map(|key| (base.to_owned(), key)))
+        Some((base.to_owned(), key_of(segment)))
     }
 }
 
@@ -148,13 +148,19 @@ fn key_of(segment: &str) -> Result<IdempotencyKey, Problem> {
     IdempotencyKey::new(text.as_ref()).map_err(|e| invalid(e.to_string()))
 }
 
+/// A request for a route's status URL.
+pub(crate) struct Located {
+    /// The route's index.
+    pub(crate) index: usize,
+    /// The protected path (normal form).
+    pub(crate) base: String,
+    /// The key, or why the last segment is none.
+    pub(crate) key: Result<IdempotencyKey, Problem>,
+}
+
 /// The route whose status URL `method` and `raw_path` ask, with the
 /// protected path and the key; or the refusal of a malformed key.
-pub(crate) fn locate(
-    routes: &[Route],
-    method: &Method,
-    raw_path: &str,
-) -> Option<Result<(usize, String, IdempotencyKey), Problem>> {
+pub(crate) fn locate(routes: &[Route], method: &Method, raw_path: &str) -> Option<Located> {
     if method != Method::GET {
         return None;
     }
@@ -162,11 +168,11 @@ pub(crate) fn locate(
         if route.methods().is_empty() {
             return None;
         }
-        match route.status.split(raw_path)? {
-            Ok((base, key)) if route.pattern().matches(&base) => Some(Ok((index, base, key))),
-            Ok(_) => None,
-            Err(refusal) => Some(Err(refusal)),
+        let (base, key) = route.status.split(raw_path)?;
+        if !route.pattern().matches(&base) {
+            return None;
         }
+        Some(Located { index, base, key })
     })
 }
 
@@ -258,7 +264,8 @@ mod tests {
             let key = IdempotencyKey::new(text).unwrap();
             let url = status.location("/payouts", &key).unwrap();
             let uri: http::Uri = url.parse().unwrap();
-            let (base, back) = status.split(uri.path()).unwrap().unwrap();
+            let (base, back) = status.split(uri.path()).unwrap();
+            let back = back.unwrap();
             assert_eq!((base.as_str(), back.as_str()), ("/payouts", text), "{url}");
         }
     }
@@ -268,14 +275,14 @@ mod tests {
         let status = StatusUrl::default();
         for segment in ["", "%FF", "a%20b", "%C3%A9"] {
             let path = format!("/payouts/.idem/{segment}");
-            let refused = status.split(&path).unwrap().unwrap_err();
+            let refused = status.split(&path).unwrap().1.unwrap_err();
             assert_eq!(refused.kind, ProblemKind::InvalidKey, "{path}");
         }
         for path in ["/payouts", "/payouts/idem/k", "/.idemx/k", "/payouts/.idem"] {
             assert!(status.split(path).is_none(), "{path}");
         }
         assert_eq!(
-            status.split("/.idem/k").unwrap().unwrap().0,
+            status.split("/.idem/k").unwrap().0,
             "/",
             "the root's status URL"
         );

@@ -166,6 +166,54 @@ async fn retry_after_of_an_attempt_in_flight_follows_the_route_s_latency() {
     assert_eq!(observed, 1, "a young attempt on a fast route");
 }
 
+/// `cors_expose = true`: every answer of the route, the upstream's, a
+/// replay, a refusal and the status URL's, names idem's headers once in
+/// `Access-Control-Expose-Headers`, merged with the upstream's; a route
+/// without it passes the upstream's list untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_callers_can_read_idem_s_headers_where_the_route_exposes_them() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let idem_s = "Idempotent-Replayed, Idempotency-Expires, Retry-After, Location, \
+                  Preference-Applied";
+    let merged = "X-Request-Id, location, Idempotent-Replayed, Idempotency-Expires, \
+                  Retry-After, Preference-Applied";
+    let gw = Gateway::start(
+        &up.url(),
+        &site.store(),
+        Some(&config(&site, "cors_expose = true", "")),
+    );
+    let first = pay(&gw, "/exposing", "acme", "cors-1").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let expose = "access-control-expose-headers";
+    assert_eq!(first.header(expose), Some(merged), "{first:?}");
+    let replay = pay(&gw, "/exposing", "acme", "cors-1").await;
+    replay.assert_replay_of(&first);
+    assert_eq!(replay.header(expose), Some(idem_s), "{replay:?}");
+    let reused = post(
+        &gw.url("/exposing"),
+        &[("x-tenant-id", "acme"), key("cors-1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert_eq!(reused.header(expose), Some(idem_s), "{reused:?}");
+    let asked = status(&gw, "/exposing", "acme", "cors-1", &[]).await;
+    assert_eq!(asked.header(expose), Some(idem_s), "{asked:?}");
+    let unknown = status(&gw, "/exposing", "acme", "cors-2", &[]).await;
+    assert_eq!(unknown.header(expose), Some(idem_s), "{unknown:?}");
+    drop(gw);
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config(&site, "", "")));
+    let plain = pay(&gw, "/exposing", "acme", "cors-3").await;
+    assert_eq!(
+        plain.header(expose),
+        Some("X-Request-Id, location"),
+        "{plain:?}"
+    );
+    let replay = pay(&gw, "/exposing", "acme", "cors-3").await;
+    assert_eq!(replay.header(expose), None, "{replay:?}");
+}
+
 /// Past retention: the key-expired problem; past the tombstone too: a key
 /// never seen.
 async fn tombstone(gw: &Gateway) {
