@@ -241,12 +241,17 @@ async fn a_tombstoned_key_is_expired_through_its_status_url_on_sqlite_and_postgr
 }
 
 /// With a lookup, an unknown outcome is settled when its status URL is
-/// asked: the provider has the payment, so the answer is the stored one.
-async fn settled_by_lookup(up: &Upstream, gw: &Gateway) {
+/// asked: the provider has the payment, so the answer is the stored one,
+/// with the status the lookup's `found_status` maps it to (`want`); a
+/// retry of the request replays the same.
+async fn settled_by_lookup(up: &Upstream, gw: &Gateway, want: u16) {
     let failed = pay(gw, "/fail", "acme", "settle-1").await;
     assert_eq!(failed.status, 500, "{failed:?}");
     let asked = status(gw, "/fail", "acme", "settle-1", &[]).await;
-    assert_eq!(asked.status, 200, "{asked:?}");
+    assert_eq!(asked.status, want, "{asked:?}");
+    pay(gw, "/fail", "acme", "settle-1")
+        .await
+        .assert_replay_of(&asked);
     assert_eq!(
         asked.header("idempotent-replayed"),
         Some("true"),
@@ -257,29 +262,30 @@ async fn settled_by_lookup(up: &Upstream, gw: &Gateway) {
     assert_eq!(up.lookups(), 1, "one lookup settled it");
 }
 
-fn lookup_config(site: &Site, up: &Upstream) -> PathBuf {
+fn lookup_config(site: &Site, up: &Upstream, lookup_extra: &str) -> PathBuf {
     config(
         site,
         "lease_ms = 500\nforward_key = { template = \"{scope_digest}:{key}\" }",
         &format!(
             "[[lookup]]\nroute = \"payouts\"\nurl = \"{}/payouts/by-key/{{forwarded_key}}\"\n\
-             timeout_ms = 500\n",
+             timeout_ms = 500\n{lookup_extra}\n",
             up.url()
         ),
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_outcome_is_settled_through_its_status_url_on_sqlite() {
+async fn an_unknown_outcome_is_settled_through_its_status_url_with_found_status_on_sqlite() {
     let up = Upstream::start().await;
     let site = Site::new();
+    let lookup = lookup_config(&site, &up, "found_status = 201");
     let cfg = format!(
         "response_timeout_ms = 400\n{}",
-        std::fs::read_to_string(lookup_config(&site, &up)).unwrap()
+        std::fs::read_to_string(lookup).unwrap()
     );
     let cfg = site.config(&cfg);
     let gw = Gateway::start(&up.url(), &site.store(), Some(&cfg));
-    settled_by_lookup(&up, &gw).await;
+    settled_by_lookup(&up, &gw, 201).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,11 +295,11 @@ async fn an_unknown_outcome_is_settled_through_its_status_url_on_postgres() {
     let schema = PgSchema::new("status_settle");
     let cfg = format!(
         "response_timeout_ms = 400\n{}",
-        std::fs::read_to_string(lookup_config(&site, &up)).unwrap()
+        std::fs::read_to_string(lookup_config(&site, &up, "")).unwrap()
     );
     let cfg = site.config(&cfg);
     let gw = Gateway::start_url(&up.url(), &schema.store_url(), Some(&cfg));
-    settled_by_lookup(&up, &gw).await;
+    settled_by_lookup(&up, &gw, 200).await;
 }
 
 /// `Prefer: respond-async`: 202 with the status URL as `Location` before
