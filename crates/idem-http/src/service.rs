@@ -39,6 +39,7 @@ use crate::metrics::Metrics;
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::route::Route;
+use crate::status::Asked;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters};
 use protect::detached;
@@ -283,13 +284,14 @@ where
                 crate::status::locate(&shared.routes, req.method(), req.uri().path())
             {
                 let cors = shared.routes[located.index].cors;
-                let response = match located.key {
-                    Ok(key) => {
+                let response = match located.asked {
+                    Asked::Key(Ok(key)) => {
                         let (parts, _) = req.into_parts();
                         let asked = (located.base, key);
                         status::answer(&shared, located.index, asked, &parts).await
                     }
-                    Err(refusal) => problem(refusal),
+                    Asked::Key(Err(refusal)) => problem(refusal),
+                    Asked::Policy => status::policy(&shared, located.index, &located.base),
                 };
                 if let Some(kind) = response.extensions().get::<ProblemKind>() {
                     shared.metrics.problem(*kind);

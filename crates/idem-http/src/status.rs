@@ -116,6 +116,16 @@ impl StatusUrl {
         Some(format!("{base}{suffix}/{key}"))
     }
 
+    /// The status URL template with the protected path filled in
+    /// (`/payouts/.idem/{key}`), `None` when the route has none.
+    pub fn location_template(&self, path: &str) -> Option<String> {
+        let StatusUrl::Under { suffix } = self else {
+            return None;
+        };
+        let base = path.strip_suffix('/').unwrap_or(path);
+        Some(format!("{base}{suffix}/{{key}}"))
+    }
+
     /// Splits a request path into the protected path (normal form) and the
     /// key, when it is this route's status URL; the key's refusal when its
     /// segment is not a key.
@@ -134,6 +144,19 @@ impl StatusUrl {
     }
 }
 
+impl StatusUrl {
+    /// The protected path whose policy document `raw_path` asks for
+    /// (`{path}/.idem`), when it does.
+    fn policy_base(&self, raw_path: &str) -> Option<String> {
+        let StatusUrl::Under { suffix } = self else {
+            return None;
+        };
+        let normal = normalize_path(raw_path).ok()?;
+        let base = normal.strip_suffix(suffix.as_str())?;
+        Some(if base.is_empty() { "/" } else { base }.to_owned())
+    }
+}
+
 /// The key a status URL's last segment spells.
 fn key_of(segment: &str) -> Result<IdempotencyKey, Problem> {
     let invalid = |why: String| {
@@ -148,14 +171,22 @@ fn key_of(segment: &str) -> Result<IdempotencyKey, Problem> {
     IdempotencyKey::new(text.as_ref()).map_err(|e| invalid(e.to_string()))
 }
 
-/// A request for a route's status URL.
+/// A request for a route's status URL or its policy document.
 pub(crate) struct Located {
     /// The route's index.
     pub(crate) index: usize,
     /// The protected path (normal form).
     pub(crate) base: String,
-    /// The key, or why the last segment is none.
-    pub(crate) key: Result<IdempotencyKey, Problem>,
+    /// What is asked.
+    pub(crate) asked: Asked,
+}
+
+/// What a `GET` under a route's status URL asks for.
+pub(crate) enum Asked {
+    /// A key's outcome, or why the last segment is no key.
+    Key(Result<IdempotencyKey, Problem>),
+    /// The route's policy document (`GET {path}/.idem`).
+    Policy,
 }
 
 /// The route whose status URL `method` and `raw_path` ask, with the
@@ -168,11 +199,14 @@ pub(crate) fn locate(routes: &[Route], method: &Method, raw_path: &str) -> Optio
         if route.methods().is_empty() {
             return None;
         }
-        let (base, key) = route.status.split(raw_path)?;
+        let (base, asked) = match route.status.split(raw_path) {
+            Some((base, key)) => (base, Asked::Key(key)),
+            None => (route.status.policy_base(raw_path)?, Asked::Policy),
+        };
         if !route.pattern().matches(&base) {
             return None;
         }
-        Some(Located { index, base, key })
+        Some(Located { index, base, asked })
     })
 }
 

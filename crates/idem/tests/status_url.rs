@@ -214,6 +214,48 @@ async fn browser_callers_can_read_idem_s_headers_where_the_route_exposes_them() 
     assert_eq!(replay.header(expose), None, "{replay:?}");
 }
 
+/// `GET <path>/.idem` publishes the route's policy as JSON: its key
+/// header, limits, retention, what a 5xx means and the status URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resource_publishes_its_idempotency_policy() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let extra = "retention_s = 7200\ntombstone_s = 86400\nlease_ms = 40000\n\
+                 body_bytes_max = 4096\ncompletion = { release = [503] }\nwait_ms = 100";
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config(&site, extra, "")));
+    let asked = send(
+        "GET",
+        &gw.url("/payouts/.idem"),
+        &[("x-tenant-id", "acme")],
+        "",
+    )
+    .await;
+    assert_eq!(asked.status, 200, "{asked:?}");
+    assert_eq!(asked.header("content-type"), Some("application/json"));
+    let doc: serde_json::Value = serde_json::from_str(&asked.body).unwrap();
+    let want = serde_json::json!({
+        "key_header": "idempotency-key",
+        "key_required": true,
+        "key_bytes_max": 255,
+        "methods": ["POST"],
+        "body_bytes_max": 4096,
+        "lease_ms": 40000,
+        "retention_s": 7200,
+        "tombstone_s": 86400,
+        "on_lease_expiry": "reconcile",
+        "server_error": "unknown",
+        "server_error_exceptions": { "503": "release" },
+        "unknown_settled_by": "operator",
+        "wait_ms": { "default": 100, "max": doc["wait_ms"]["max"] },
+        "status_url": "/payouts/.idem/{key}",
+        "respond_async": true,
+    });
+    assert_eq!(doc, want);
+    assert!(doc["wait_ms"]["max"].as_u64().unwrap() <= 40000, "{doc}");
+    // Nothing was forwarded to publish it.
+    assert_eq!(up.hits(), 0);
+}
+
 /// Past retention: the key-expired problem; past the tombstone too: a key
 /// never seen.
 async fn tombstone(gw: &Gateway) {

@@ -13,9 +13,11 @@ use idem_core::{
     Clock, IdempotencyKey, Record, RecordId, Refusal, State, StoreError, SystemClock, Timestamp,
 };
 
-use super::Shared;
+use idem_core::Completion;
+
 use super::refusal::{problem, refused, store_unavailable};
 use super::replay::replay;
+use super::{Shared, UnknownOutcomes};
 use crate::pace;
 use crate::problem::{Problem, ProblemKind};
 use crate::route::Route;
@@ -202,4 +204,61 @@ fn in_flight<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
     );
     headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
     response
+}
+
+/// The route's idempotency policy as a JSON document (docs/http.md, "The
+/// policy document"): what a client needs to retry safely, for the
+/// resource at `base`.
+pub(super) fn policy<B: From<Bytes>>(shared: &Shared, index: usize, base: &str) -> Response<B> {
+    let route = &shared.routes[index];
+    let policy = route.policy();
+    let wait = route.wait();
+    let (server_error, exceptions) = server_errors(&route.completion);
+    let unknown_settled_by = match (shared.settler.is_some(), shared.unknown) {
+        (true, _) => "lookup",
+        (false, UnknownOutcomes::Reconciler) => "reconciler",
+        (false, _) => "operator",
+    };
+    let doc = serde_json::json!({
+        "key_header": route.key_header().as_str(),
+        "key_required": route.key_required,
+        "key_bytes_max": idem_core::KEY_BYTES_MAX,
+        "methods": route.methods().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+        "body_bytes_max": route.body_bytes_max(),
+        "lease_ms": policy.lease_ms(),
+        "retention_s": policy.retention_s(),
+        "tombstone_s": policy.tombstone_s(),
+        "on_lease_expiry": match policy.on_lease_expiry() {
+            idem_core::LeaseExpiry::Reconcile => "reconcile",
+            _ => "takeover",
+        },
+        "server_error": server_error.as_str(),
+        "server_error_exceptions": exceptions,
+        "unknown_settled_by": unknown_settled_by,
+        "wait_ms": { "default": wait.default_ms, "max": wait.max_ms },
+        "status_url": route.status.location_template(base),
+        "respond_async": true,
+    });
+    let mut response = Response::new(B::from(Bytes::from(doc.to_string())));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// What most 5xx answers mean on the route, and the statuses that mean
+/// something else, by status.
+fn server_errors(
+    table: &idem_core::CompletionTable,
+) -> (Completion, serde_json::Map<String, serde_json::Value>) {
+    let usual = table.classify(500);
+    let exceptions = (500..=599)
+        .filter(|status| table.classify(*status) != usual)
+        .map(|status| {
+            let meaning = table.classify(status).as_str();
+            (status.to_string(), serde_json::Value::from(meaning))
+        })
+        .collect();
+    (usual, exceptions)
 }
