@@ -303,6 +303,9 @@ impl RouteBuilder {
 
     /// Where a caller asks what became of its key (docs/http.md, "The
     /// status URL"); default `{path}/.idem/{key}` ([`StatusUrl::default`]).
+    /// Answered only on a route with [`RouteBuilder::methods`] listed (the
+    /// methods name the scopes to look in), and only for `GET`s that reach
+    /// the layer: inside a router, route the status path to it too.
     pub fn status_url(mut self, status: StatusUrl) -> Self {
         self.status = Some(status);
         self

@@ -10,6 +10,11 @@
 //! Every decision is counted in [`Metrics`] (share one `Arc<Metrics>` with
 //! [`IdempotencyLayer::with_metrics`] and serve [`Metrics::render`]).
 //!
+//! Every listed route also answers `GET <path>/.idem/{key}` (the status
+//! URL: what became of the caller's own key, in its own scope, never a
+//! claim) and `GET <path>/.idem` (its policy as JSON); a protected request
+//! with `Prefer: respond-async` is answered 202 with that URL once claimed.
+//!
 //! A route is built in the service's types ([`Route::builder`]: `Method`,
 //! `Duration`, byte sizes, closures for the principal) or read from a
 //! config file's [`RouteSpec`] into the same builder. Built without a path,
