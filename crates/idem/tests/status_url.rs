@@ -100,6 +100,11 @@ async fn every_state(up: &Upstream, gw: &Gateway) {
     let first = running.await.unwrap();
     assert_eq!(first.status, 201, "{first:?}");
     waited.assert_replay_of(&first);
+    assert_eq!(
+        waited.header("preference-applied"),
+        Some("wait=10"),
+        "{waited:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(9),
         "woken, not timed out"

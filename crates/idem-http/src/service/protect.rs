@@ -300,7 +300,7 @@ fn ran_response<B: From<Bytes>>(ran: Ran<Forwarded<'_, B>>) -> Response<B> {
 
 /// Adds `Preference-Applied: wait=N` (seconds, rounded up) to the answer of
 /// a request that asked to wait and waited up to `waited` milliseconds.
-fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
+pub(super) fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
     if let Some(ms) = waited
         && let Ok(value) = HeaderValue::from_str(&format!("wait={}", ms.div_ceil(1000)))
     {

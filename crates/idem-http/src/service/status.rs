@@ -15,13 +15,14 @@ use idem_core::{
 
 use idem_core::Completion;
 
+use super::protect::with_preference;
 use super::refusal::{problem, refused, store_unavailable};
 use super::replay::replay;
 use super::{Shared, UnknownOutcomes};
 use crate::pace;
 use crate::problem::{Problem, ProblemKind};
 use crate::route::Route;
-use crate::wait::{Wake, preferred_wait_ms};
+use crate::wait::{Waiting, Wake, preferred_wait_ms};
 
 /// What a record says to its caller now.
 enum View {
@@ -67,28 +68,60 @@ pub(super) async fn answer<B: From<Bytes>>(
         Ok(ids) => ids,
         Err(refusal) => return problem(refusal),
     };
+    let mut seen = look(shared, route, &ids).await;
+    let mut applied = None;
+    if let Seen::InFlight { id, .. } = &seen {
+        let preferred = preferred_wait_ms(&parts.headers);
+        let wait_ms = route.wait().applied_ms(preferred);
+        if wait_ms > 0
+            && let Some(waiting) = shared.waiters.register(id)
+        {
+            let _ = shared.store.note_waiting(id).await;
+            let deadline = Instant::now() + Duration::from_millis(wait_ms);
+            seen = wait_for_outcome(shared, route, &ids, waiting, deadline).await;
+            applied = preferred.map(|_| wait_ms);
+        }
+    }
+    let response = match seen {
+        Seen::Answer(response) => response,
+        Seen::InFlight { age, left, .. } => {
+            in_flight(pace::retry_after(age, route.latency.typical(), left))
+        }
+    };
+    with_preference(response, applied)
+}
+
+/// What the store says of the key now: an answer, or an attempt in flight
+/// (its age and what is left of its lease).
+enum Seen<B> {
+    Answer(Response<B>),
+    InFlight {
+        id: RecordId,
+        age: Duration,
+        left: Duration,
+    },
+}
+
+/// Reads the key's record and renders it, settling an `ambiguous` one
+/// once by the route's lookup (then reading it again).
+async fn look<B: From<Bytes>>(shared: &Shared, route: &Route, ids: &[RecordId]) -> Seen<B> {
     let mut settled = false;
-    let mut waited: Option<(crate::wait::Waiting, Instant)> = None;
     loop {
-        let found = match find(shared, &ids).await {
+        let found = match find(shared, ids).await {
             Ok(found) => found,
-            Err((id, e)) => return problem(store_unavailable(id, &e)),
+            Err((id, e)) => return Seen::Answer(problem(store_unavailable(id, &e))),
         };
         let Some((id, record)) = found else {
-            return problem(unknown());
+            return Seen::Answer(problem(unknown()));
         };
-        let policy = route.policy();
-        let now = SystemClock.now();
-        match view(&record, policy.lease_ms(), now) {
-            View::Completed => return replay(&record),
-            View::Gone => return problem(unknown()),
-            View::Expired => {
-                let refusal = Refusal::Expired {
-                    completed_at: record.completed_at,
-                    tombstone_until: record.tombstone_until,
-                };
-                return problem(refused(route, &id, refusal, shared.unknown));
-            }
+        let refused = |refusal| Seen::Answer(problem(refused(route, &id, refusal, shared.unknown)));
+        return match view(&record, route.policy().lease_ms(), SystemClock.now()) {
+            View::Completed => Seen::Answer(replay(&record)),
+            View::Gone => Seen::Answer(problem(unknown())),
+            View::Expired => refused(Refusal::Expired {
+                completed_at: record.completed_at,
+                tombstone_until: record.tombstone_until,
+            }),
             View::Unknown { settle } => {
                 if settle
                     && !settled
@@ -99,35 +132,35 @@ pub(super) async fn answer<B: From<Bytes>>(
                         continue;
                     }
                 }
-                return problem(refused(route, &id, Refusal::OutcomeUnknown, shared.unknown));
+                refused(Refusal::OutcomeUnknown)
             }
-            View::InFlight { age, left } => {
-                if waited.is_none() {
-                    let wait_ms = route.wait().applied_ms(preferred_wait_ms(&parts.headers));
-                    if wait_ms > 0
-                        && let Some(waiting) = shared.waiters.register(&id)
-                    {
-                        let _ = shared.store.note_waiting(&id).await;
-                        let deadline = Instant::now() + Duration::from_millis(wait_ms);
-                        waited = Some((waiting, deadline));
-                        continue;
-                    }
-                }
-                let next = match &waited {
-                    Some((waiting, deadline)) => {
-                        let armed = waiting.armed();
-                        tokio::pin!(armed);
-                        armed.as_mut().enable();
-                        waiting.next(armed.as_mut(), *deadline).await
-                    }
-                    None => Wake::Done,
-                };
-                if next == Wake::Ask {
-                    continue;
-                }
-                let typical = route.latency.typical();
-                return in_flight(pace::retry_after(age, typical, left));
-            }
+            View::InFlight { age, left } => Seen::InFlight { id, age, left },
+        };
+    }
+}
+
+/// Reads the key again whenever the waiters on it are woken or it is
+/// this waiter's turn to poll, until it is no longer in flight or the
+/// deadline passes. The notification is armed before each read, so that a
+/// wake during the read is not lost (as a retry's wait, `hooks.rs`).
+async fn wait_for_outcome<B: From<Bytes>>(
+    shared: &Shared,
+    route: &Route,
+    ids: &[RecordId],
+    waiting: Waiting,
+    deadline: Instant,
+) -> Seen<B> {
+    loop {
+        let armed = waiting.armed();
+        tokio::pin!(armed);
+        armed.as_mut().enable();
+        let seen = look(shared, route, ids).await;
+        if let Seen::Answer(_) = &seen {
+            waiting.changed();
+            return seen;
+        }
+        if waiting.next(armed.as_mut(), deadline).await == Wake::Done {
+            return seen;
         }
     }
 }
