@@ -385,6 +385,7 @@ async fn respond_async(up: &Upstream, gw: &Gateway) {
     };
     assert_eq!(answer.status, 201, "{answer:?}");
     assert_eq!(answer.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.hits(), 1, "the upstream saw one request");
     let effects = up.effects();
     assert_eq!(effects.len(), 1, "{effects:?}");
     // A retry of a known key with respond-async is answered as usual.
@@ -399,7 +400,8 @@ async fn respond_async(up: &Upstream, gw: &Gateway) {
     )
     .await;
     again.assert_replay_of(&answer);
-    assert_eq!(up.effects().len(), 1);
+    assert_eq!(again.header("preference-applied"), None, "{again:?}");
+    assert_eq!(up.hits(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
