@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
+use idem_core::decision::decide;
 use idem_core::{
-    Clock, IdempotencyKey, Record, RecordId, Refusal, State, StoreError, SystemClock, Timestamp,
+    ClaimRequest, Clock, Completion, Decision, IdempotencyKey, Policy, Record, RecordId, Refusal,
+    StoreError, SystemClock, Timestamp,
 };
-
-use idem_core::Completion;
 
 use super::protect::with_preference;
 use super::refusal::{problem, refused, store_unavailable};
@@ -33,23 +33,34 @@ enum View {
     Gone,
 }
 
-fn view(record: &Record, lease_ms: u64, now: Timestamp) -> View {
-    match record.state_at(now) {
-        State::Completed => View::Completed,
-        State::InProgress if now < record.lease_until => {
+/// The record as a retry of the very request that wrote it would find it:
+/// the core's one claim decision ([`decide`]), asked with the record's own
+/// fingerprint (the status URL has no request to compare) and never
+/// applied.
+fn view(record: &Record, policy: &Policy, now: Timestamp) -> View {
+    let asked = ClaimRequest {
+        id: record.id.clone(),
+        fingerprint: record.fingerprint,
+        legacy_fingerprint: None,
+        owner: String::new(),
+        region: None,
+        policy: *policy,
+    };
+    match decide(Some(record), &asked, now) {
+        Decision::Replay => View::Completed,
+        Decision::InFlight => {
             let left = Duration::from_millis(now.millis_until(record.lease_until));
-            let age = Duration::from_millis(lease_ms).saturating_sub(left);
+            let age = Duration::from_millis(policy.lease_ms()).saturating_sub(left);
             View::InFlight { age, left }
         }
         // A claim would mark it ambiguous, or take it over and run again:
         // either way nobody knows yet whether it ran, and this does not
         // write; a retry or the reconciler's scan marks it.
-        State::InProgress => View::Unknown { settle: false },
-        State::Ambiguous => View::Unknown { settle: true },
-        State::Tombstone => match record.tombstone_until {
-            Some(until) if now >= until => View::Gone,
-            _ => View::Expired,
-        },
+        Decision::MarkAmbiguous | Decision::TakeOver => View::Unknown { settle: false },
+        Decision::OutcomeUnknown => View::Unknown { settle: true },
+        Decision::LateReplay => View::Expired,
+        // A tombstone past its horizon: the next claim starts afresh.
+        Decision::Acquire | Decision::Mismatch => View::Gone,
     }
 }
 
@@ -115,7 +126,7 @@ async fn look<B: From<Bytes>>(shared: &Shared, route: &Route, ids: &[RecordId]) 
             return Seen::Answer(problem(unknown()));
         };
         let refused = |refusal| Seen::Answer(problem(refused(route, &id, refusal, shared.unknown)));
-        return match view(&record, route.policy().lease_ms(), SystemClock.now()) {
+        return match view(&record, route.policy(), SystemClock.now()) {
             View::Completed => Seen::Answer(replay(&record)),
             View::Gone => Seen::Answer(problem(unknown())),
             View::Expired => refused(Refusal::Expired {
