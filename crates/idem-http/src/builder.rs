@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Store};
 
+use crate::cors::CorsExpose;
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
 use crate::route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Methods, Operation, PathPattern,
@@ -19,6 +20,7 @@ use crate::route::{
 };
 use crate::service::IdempotencyLayer;
 use crate::setting::RouteError;
+use crate::status::StatusUrl;
 use crate::wait::WAIT_MS_LIMIT;
 
 /// What the layer does with a request on a protected route that carries no
@@ -81,6 +83,8 @@ pub struct RouteBuilder {
     contract: Option<PathBuf>,
     wait: Option<Duration>,
     wait_max: Option<Duration>,
+    status: Option<StatusUrl>,
+    cors: CorsExpose,
     /// The first setting refused, reported by `build`.
     error: Option<RouteError>,
 }
@@ -297,6 +301,24 @@ impl RouteBuilder {
         self
     }
 
+    /// Where a caller asks what became of its key (docs/http.md, "The
+    /// status URL"); default `{path}/.idem/{key}` ([`StatusUrl::default`]).
+    /// Answered only on a route with [`RouteBuilder::methods`] listed (the
+    /// methods name the scopes to look in), and only for `GET`s that reach
+    /// the layer: inside a router, route the status path to it too.
+    pub fn status_url(mut self, status: StatusUrl) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Whether responses name idem's headers in
+    /// `Access-Control-Expose-Headers` for browser callers (default
+    /// [`CorsExpose::Off`]).
+    pub fn cors_expose(mut self, expose: CorsExpose) -> Self {
+        self.cors = expose;
+        self
+    }
+
     /// The operation's contract file (`idem check` format).
     pub fn contract(mut self, file: impl Into<PathBuf>) -> Self {
         self.contract = Some(file.into());
@@ -367,6 +389,9 @@ impl RouteBuilder {
                 .map_err(|e| err("completion", e.to_string()))?,
             replay_headers: self.replay_headers,
             contract: contract(self.contract)?,
+            status: self.status.unwrap_or_default(),
+            cors: self.cors,
+            latency: Arc::default(),
         })
     }
 
@@ -433,6 +458,16 @@ impl RouteBuilder {
             contract: spec.contract.as_deref().map(PathBuf::from),
             wait: spec.wait_ms.map(Duration::from_millis),
             wait_max: spec.wait_ms_max.map(Duration::from_millis),
+            status: spec
+                .status_url
+                .as_deref()
+                .map(StatusUrl::parse)
+                .transpose()
+                .map_err(|reason| err("status_url", reason))?,
+            cors: match spec.cors_expose {
+                Some(true) => CorsExpose::IdempotencyHeaders,
+                Some(false) | None => CorsExpose::Off,
+            },
             error: None,
         })
     }

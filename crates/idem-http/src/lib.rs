@@ -10,6 +10,11 @@
 //! Every decision is counted in [`Metrics`] (share one `Arc<Metrics>` with
 //! [`IdempotencyLayer::with_metrics`] and serve [`Metrics::render`]).
 //!
+//! Every listed route also answers `GET <path>/.idem/{key}` (the status
+//! URL: what became of the caller's own key, in its own scope, never a
+//! claim) and `GET <path>/.idem` (its policy as JSON); a protected request
+//! with `Prefer: respond-async` is answered 202 with that URL once claimed.
+//!
 //! A route is built in the service's types ([`Route::builder`]: `Method`,
 //! `Duration`, byte sizes, closures for the principal) or read from a
 //! config file's [`RouteSpec`] into the same builder. Built without a path,
@@ -58,8 +63,10 @@
 
 mod builder;
 mod completion;
+mod cors;
 mod gate;
 mod metrics;
+mod pace;
 mod path;
 mod principal;
 mod problem;
@@ -68,11 +75,13 @@ mod route;
 mod service;
 mod setting;
 mod slot;
+mod status;
 mod trace;
 mod wait;
 
 pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
+pub use cors::{CorsExpose, EXPOSED_HEADERS};
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use idem_core::{SettleOnRetry, VerifyFresh};
@@ -80,6 +89,7 @@ pub use metrics::{
     ClaimDecision, LATENCY_BUCKETS_S, METRICS_CONTENT_TYPE, Metrics, Resolver, StoreOp,
     WaitOutcome, WindowOutcome,
 };
+pub use pace::{LATENCY_EWMA_WEIGHT, RETRY_AFTER_S_MIN, retry_after};
 pub use path::{PathRefusal, normalize_path};
 pub use principal::{
     ANONYMOUS, ClientCertificate, DEFAULT_CREDENTIAL_HEADERS, JwtSpec, KEYS_FILE_BYTES_MAX,
@@ -98,6 +108,7 @@ pub use service::{
 };
 pub use setting::RouteError;
 pub use slot::InFlightSlot;
+pub use status::{STATUS_SUFFIX_BYTES_MAX, STATUS_URL_DEFAULT, STATUS_URL_OFF, StatusUrl};
 pub use trace::TRACESTATE_BYTES_MAX;
 pub use wait::{
     WAIT_MS_LIMIT, WAIT_POLL_MS, WAITERS_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT,

@@ -66,6 +66,10 @@ pub enum ProblemKind {
     OutcomeUnknown,
     /// 422: the key is past retention; the request is not executed.
     KeyExpired,
+    /// 404: the status URL was asked about a key this caller never sent
+    /// on the route (or whose tombstone is gone): another principal's key
+    /// is answered the same way.
+    KeyUnknown,
     /// 503: the idempotency store cannot be reached; nothing was forwarded.
     StoreUnavailable,
     /// 502: the upstream could not be reached; the request was never sent.
@@ -118,6 +122,7 @@ impl ProblemKind {
             ProblemKind::RequestInProgress => "request-in-progress",
             ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::KeyExpired => "key-expired",
+            ProblemKind::KeyUnknown => "key-unknown",
             ProblemKind::StoreUnavailable => "store-unavailable",
             ProblemKind::UpstreamUnreachable => "upstream-unreachable",
             ProblemKind::UpstreamTimeout => "upstream-timeout",
@@ -150,6 +155,7 @@ impl ProblemKind {
                 "The outcome of the request with this Idempotency-Key is unknown"
             }
             ProblemKind::KeyExpired => "Idempotency-Key has expired",
+            ProblemKind::KeyUnknown => "No request is known for this Idempotency-Key",
             ProblemKind::StoreUnavailable => "Idempotency store is unavailable",
             ProblemKind::UpstreamUnreachable => "Upstream is unreachable",
             ProblemKind::UpstreamTimeout => "Upstream did not answer in time",
@@ -187,6 +193,7 @@ impl ProblemKind {
             | ProblemKind::LeaseSpent
             | ProblemKind::Unverified => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::WrongRegion => StatusCode::MISDIRECTED_REQUEST,
+            ProblemKind::KeyUnknown => StatusCode::NOT_FOUND,
             ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamFailed
             | ProblemKind::ResultNotStored => StatusCode::BAD_GATEWAY,
@@ -195,7 +202,7 @@ impl ProblemKind {
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 24] = [
+    pub const ALL: [ProblemKind; 25] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::InvalidBody,
@@ -209,6 +216,7 @@ impl ProblemKind {
         ProblemKind::RequestInProgress,
         ProblemKind::OutcomeUnknown,
         ProblemKind::KeyExpired,
+        ProblemKind::KeyUnknown,
         ProblemKind::StoreUnavailable,
         ProblemKind::UpstreamUnreachable,
         ProblemKind::UpstreamTimeout,

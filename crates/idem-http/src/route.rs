@@ -13,8 +13,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::completion::CompletionSpec;
+use crate::cors::CorsExpose;
+use crate::pace::Latency;
 use crate::path;
 use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
+use crate::status::StatusUrl;
 
 /// The default limit on a request body, in bytes (1 MiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
@@ -84,6 +87,12 @@ pub struct RouteSpec {
     /// milliseconds; at most the lease. Default: the lease less its margin
     /// in the layer, `response_timeout_ms` in `idem serve`.
     pub wait_ms_max: Option<u64>,
+    /// Where a caller asks what became of its key: a template such as
+    /// `"{path}/.idem/{key}"` (the default), or `"off"`.
+    pub status_url: Option<String>,
+    /// Whether responses name idem's headers in
+    /// `Access-Control-Expose-Headers` for browser callers; default false.
+    pub cors_expose: Option<bool>,
 }
 
 /// A route's `regions = { … }`, as written; validated by the gateway, which
@@ -168,6 +177,11 @@ pub struct Route {
     pub(crate) forward_template: KeyTemplate,
     pub(crate) contract: Option<std::path::PathBuf>,
     pub(crate) wait: RouteWait,
+    pub(crate) status: StatusUrl,
+    pub(crate) cors: CorsExpose,
+    /// The running mean of this route's forward durations, for the
+    /// `Retry-After` of an attempt in flight.
+    pub(crate) latency: std::sync::Arc<Latency>,
 }
 
 /// How long a request on the route may wait for the original attempt.
@@ -310,6 +324,16 @@ impl Route {
     /// How long a request may wait for the original attempt.
     pub fn wait(&self) -> RouteWait {
         self.wait
+    }
+
+    /// Where a caller asks what became of its key.
+    pub fn status_url(&self) -> &StatusUrl {
+        &self.status
+    }
+
+    /// Whether responses expose idem's headers to browser callers.
+    pub fn cors_expose(&self) -> CorsExpose {
+        self.cors
     }
 
     /// The largest body the route reads, in bytes (413 above it).

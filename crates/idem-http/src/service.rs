@@ -12,6 +12,7 @@ mod hooks;
 mod protect;
 mod refusal;
 mod replay;
+mod status;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +39,7 @@ use crate::metrics::Metrics;
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
 use crate::route::Route;
+use crate::status::Asked;
 use crate::trace;
 use crate::wait::{WaitLimits, Waiters};
 use protect::detached;
@@ -276,6 +278,26 @@ where
         trace::propagate(&span, req.headers_mut());
         let (routed, answered) = (span.clone(), span.clone());
         let answer = async move {
+            // Before the path is normalised: the key's segment is decoded
+            // on its own, so that keys holding `/` or `\` can be asked about.
+            if let Some(located) =
+                crate::status::locate(&shared.routes, req.method(), req.uri().path())
+            {
+                let cors = shared.routes[located.index].cors;
+                let response = match located.asked {
+                    Asked::Key(Ok(key)) => {
+                        let (parts, _) = req.into_parts();
+                        let asked = (located.base, key);
+                        status::answer(&shared, located.index, asked, &parts).await
+                    }
+                    Asked::Key(Err(refusal)) => problem(refusal),
+                    Asked::Policy => status::policy(&shared, located.index, &located.base),
+                };
+                if let Some(kind) = response.extensions().get::<ProblemKind>() {
+                    shared.metrics.problem(*kind);
+                }
+                return Ok(crate::cors::expose(cors, response));
+            }
             // Every request, protected or not, so that no spelling of a
             // protected path reaches the inner service unprotected.
             if let Err(refusal) = normalize_uri(req.uri_mut()) {
@@ -290,6 +312,7 @@ where
                 Some(index) => {
                     routed.record("http.route", shared.routes[index].pattern.as_str());
                     let response = detached(shared.clone(), index, inner, req).await;
+                    let response = crate::cors::expose(shared.routes[index].cors, response);
                     // Problems made here and by the proxy carry their kind.
                     if let Some(kind) = response.extensions().get::<ProblemKind>() {
                         shared.metrics.problem(*kind);

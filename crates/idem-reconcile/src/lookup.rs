@@ -72,6 +72,11 @@ pub struct LookupSpec {
     /// Statuses meaning "definitely not executed": the record is released;
     /// default `[404]`.
     pub not_found: Option<Vec<u16>>,
+    /// The status stored (and replayed) when the lookup finds the effect:
+    /// the one the original request would have got (`201` for a create).
+    /// Default: the lookup's own status. The body and headers stored are
+    /// still the lookup's (docs/http.md, "What a found lookup stores").
+    pub found_status: Option<u16>,
     /// Static request headers, as `[name, value]` pairs; default none.
     pub headers: Option<Vec<(String, String)>>,
     /// Time allowed for the whole exchange, in milliseconds; default 5000.
@@ -114,6 +119,7 @@ pub struct Lookup {
     forwarded_key: ForwardedKey,
     found: Vec<u16>,
     not_found: Vec<u16>,
+    found_status: Option<u16>,
     headers: HeaderMap,
     timeout: Duration,
     connect_timeout: Duration,
@@ -188,6 +194,10 @@ impl Lookup {
                 format!("status {both} is also listed in found"),
             ));
         }
+        let found_status = spec
+            .found_status
+            .map(|status| check_range("found_status", status.into(), 200, 299).map(|_| status))
+            .transpose()?;
         let timeout_ms = spec.timeout_ms.unwrap_or(TIMEOUT_MS_DEFAULT);
         check_range("timeout_ms", timeout_ms, 1, TIMEOUT_MS_MAX)?;
         let connect_timeout_ms = match spec.connect_timeout_ms {
@@ -200,6 +210,7 @@ impl Lookup {
             forwarded_key,
             found,
             not_found,
+            found_status,
             headers: headers(spec.headers.as_deref().unwrap_or(&[]))?,
             timeout: Duration::from_millis(timeout_ms),
             connect_timeout: Duration::from_millis(connect_timeout_ms),
@@ -259,6 +270,12 @@ impl Lookup {
         }
     }
 
+    /// The status a found answer with `status` is stored with: the
+    /// route's `found_status`, else `status` itself.
+    pub fn stored_status(&self, status: u16) -> u16 {
+        self.found_status.unwrap_or(status)
+    }
+
     /// The request method.
     pub fn method(&self) -> &Method {
         &self.method
@@ -296,6 +313,7 @@ impl fmt::Debug for Lookup {
             .field("url", &self.url.text)
             .field("found", &self.found)
             .field("not_found", &self.not_found)
+            .field("found_status", &self.found_status)
             .field(
                 "headers",
                 &redacted(self.headers.keys().map(|k| k.as_str())),
@@ -349,6 +367,7 @@ impl fmt::Debug for LookupSpec {
             .field("url", &self.url)
             .field("found", &self.found)
             .field("not_found", &self.not_found)
+            .field("found_status", &self.found_status)
             .field("headers", &redacted(names))
             .field("timeout_ms", &self.timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
@@ -684,6 +703,8 @@ mod tests {
             (with_url("not_found = [600]"), "not_found"),
             (with_url("not_found = []"), "not_found"),
             (with_url("found = [200, 404]"), "not_found"),
+            (with_url("found_status = 404"), "found_status"),
+            (with_url("found_status = 199"), "found_status"),
             (with_url("timeout_ms = 0"), "timeout_ms"),
             (with_url("timeout_ms = 300001"), "timeout_ms"),
             (
@@ -832,7 +853,27 @@ mod tests {
         let lookup = lookup(&declared).unwrap();
         assert_eq!(lookup.verdict(201), Verdict::Found);
         assert_eq!(lookup.verdict(410), Verdict::NotFound);
+        assert_eq!(
+            lookup.stored_status(200),
+            200,
+            "the lookup's own by default"
+        );
         assert_eq!(lookup.headers().len(), 1);
         assert!(toml::from_str::<LookupSpec>("urll = \"x\"").is_err());
+    }
+
+    #[test]
+    fn found_status_is_what_a_found_answer_is_stored_with() {
+        let declared: LookupSpec = toml::from_str(
+            r#"
+            url = "http://h/{forwarded_key}"
+            found = [200, 203]
+            found_status = 201
+            "#,
+        )
+        .unwrap();
+        let lookup = lookup(&declared).unwrap();
+        assert_eq!(lookup.stored_status(200), 201);
+        assert_eq!(lookup.stored_status(203), 201);
     }
 }

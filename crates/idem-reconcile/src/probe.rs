@@ -179,7 +179,8 @@ impl Prober {
                         Some((name.as_str().to_owned(), value.into()))
                     })
                     .collect();
-                match StoredResult::new(status, headers, body.to_vec()) {
+                let stored = self.lookup.stored_status(status);
+                match StoredResult::new(stored, headers, body.to_vec()) {
                     Ok(result) => Finding::Found { result, reason },
                     Err(e) => failed(format!("{reason}, but it cannot be stored: {e}")),
                 }

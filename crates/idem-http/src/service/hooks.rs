@@ -43,10 +43,17 @@ pub(super) struct Hooks<'a> {
     /// The forward's span while the inner service runs: recorded here when
     /// the call is cut (its lease ended) or panicked.
     forward_span: Mutex<Option<Span>>,
+    /// Told once the claim acquires, for `Prefer: respond-async`.
+    acquired: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
 impl<'a> Hooks<'a> {
-    pub(super) fn new(shared: &'a Shared, route: &'a Route, request: (Parts, Bytes)) -> Hooks<'a> {
+    pub(super) fn new(
+        shared: &'a Shared,
+        route: &'a Route,
+        request: (Parts, Bytes),
+        acquired: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Hooks<'a> {
         let preferred = preferred_wait_ms(&request.0.headers);
         Hooks {
             shared,
@@ -57,6 +64,7 @@ impl<'a> Hooks<'a> {
             request: Mutex::new(Some(request)),
             waited: Mutex::new(None),
             forward_span: Mutex::new(None),
+            acquired: Mutex::new(acquired),
         }
     }
 
@@ -108,6 +116,12 @@ impl Observe for Hooks<'_> {
 
     fn claim(&self, claim: &Claim) {
         self.shared.metrics.claim(claim);
+        if let Claim::Acquired { .. } = claim
+            && let Some(acquired) = locked(&self.acquired).take()
+        {
+            // The request may have stopped listening; the attempt goes on.
+            let _ = acquired.send(());
+        }
     }
 
     fn waited(&self, end: WaitEnd) {
@@ -135,6 +149,9 @@ impl Observe for Hooks<'_> {
 
     fn effect_ended(&self, end: EffectEnd, elapsed: Duration) {
         self.shared.metrics.observe_upstream(elapsed);
+        if let EffectEnd::Answered { .. } = end {
+            self.route.latency.observe(elapsed);
+        }
         // Still held: the call never answered (cut at the lease's end, or
         // it panicked and the driver answered for it).
         let Some(span) = locked(&self.forward_span).take() else {

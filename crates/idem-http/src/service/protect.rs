@@ -5,7 +5,10 @@
 //! how it ended as a response. Always answers: problems and upstream
 //! failures are responses.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -57,11 +60,61 @@ where
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
+    let location = respond_async_location(&shared.routes[index], &req);
+    let (acquired, claimed) = match location {
+        Some(_) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
     let attempt = async move {
         let route = &shared.routes[index];
-        protect(&shared, (index, route), inner, req).await
+        protect(&shared, (index, route), inner, req, acquired).await
     };
-    match tokio::spawn(attempt.in_current_span()).await {
+    let mut running = tokio::spawn(attempt.in_current_span());
+    if let (Some(mut claimed), Some(location)) = (claimed, location) {
+        // The task goes on when this answers first: the attempt completes
+        // its record as it would have, bounded by its lease.
+        let mut listening = true;
+        let first = std::future::poll_fn(|cx| {
+            if let Poll::Ready(joined) = Pin::new(&mut running).poll(cx) {
+                return Poll::Ready(Some(joined));
+            }
+            if listening {
+                match Pin::new(&mut claimed).poll(cx) {
+                    Poll::Ready(Ok(())) => return Poll::Ready(None),
+                    // Never acquired: the attempt's own answer comes.
+                    Poll::Ready(Err(_)) => listening = false,
+                    Poll::Pending => {}
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        return match first {
+            Some(joined) => joined_response(joined),
+            None => crate::status::accepted(&location),
+        };
+    }
+    joined_response(running.await)
+}
+
+/// The status URL to answer `Prefer: respond-async` with: `None` when the
+/// request does not ask, has no valid key, or its route has no status URL.
+fn respond_async_location<B>(route: &Route, req: &Request<B>) -> Option<String> {
+    if !crate::status::prefers_async(req.headers()) {
+        return None;
+    }
+    let key = request::key(req.headers(), route).ok()??;
+    route.status.location(req.uri().path(), &key)
+}
+
+/// The attempt task's answer as a response.
+fn joined_response<B: From<Bytes>>(
+    joined: Result<Response<B>, tokio::task::JoinError>,
+) -> Response<B> {
+    match joined {
         Ok(response) => response,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => problem(Problem::new(
@@ -77,6 +130,7 @@ async fn protect<S, ReqBody, ResBody>(
     (index, route): (usize, &Route),
     mut inner: S,
     req: Request<ReqBody>,
+    acquired: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Response<ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send,
@@ -93,7 +147,7 @@ where
         Ok(prepared) => prepared,
         Err(answered) => return answered,
     };
-    let hooks = Hooks::new(shared, route, request);
+    let hooks = Hooks::new(shared, route, request, acquired);
     let unknowns = match shared.unknown {
         UnknownOutcomes::Reconciler => Unknowns::Reconciler,
         UnknownOutcomes::Operator => Unknowns::Operator,
@@ -208,7 +262,7 @@ where
             return with_expiry(response, expires_at);
         }
         AttemptEnd::Settled { ran, .. } => return ran_response(ran),
-        AttemptEnd::InFlight { retry_after } => refusal::in_flight(retry_after),
+        AttemptEnd::InFlight { retry_after } => refusal::in_flight(route, retry_after),
         AttemptEnd::Refused(why) => refusal::refused(route, id, why, shared.unknown),
         AttemptEnd::StoreUnavailable(e) => refusal::store_unavailable(id, &e),
         AttemptEnd::Verified(Err(e)) => refusal::store_unavailable(id, &e),
@@ -246,7 +300,7 @@ fn ran_response<B: From<Bytes>>(ran: Ran<Forwarded<'_, B>>) -> Response<B> {
 
 /// Adds `Preference-Applied: wait=N` (seconds, rounded up) to the answer of
 /// a request that asked to wait and waited up to `waited` milliseconds.
-fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
+pub(super) fn with_preference<B>(mut response: Response<B>, waited: Option<u64>) -> Response<B> {
     if let Some(ms) = waited
         && let Ok(value) = HeaderValue::from_str(&format!("wait={}", ms.div_ceil(1000)))
     {

@@ -28,13 +28,18 @@ fn seconds(delay: Duration) -> u64 {
     u64::try_from(delay.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
-/// Another attempt holds the key until `retry_after`.
-pub(super) fn in_flight(retry_after: Duration) -> Problem {
+/// Another attempt holds the key for `lease_left` more: `Retry-After`
+/// from its age (the route's lease less what is left of it) and the
+/// route's observed latency ([`crate::retry_after`]).
+pub(super) fn in_flight(route: &Route, lease_left: Duration) -> Problem {
+    let lease = Duration::from_millis(route.policy().lease_ms());
+    let age = lease.saturating_sub(lease_left);
+    let advised = crate::pace::retry_after(age, route.latency.typical(), lease_left);
     Problem::new(
         ProblemKind::RequestInProgress,
         "an earlier request with this key is still being processed; nothing was executed",
     )
-    .retry_after(seconds(retry_after))
+    .retry_after(seconds(advised))
 }
 
 /// A claim that refused: the key bound to another request, an unknown

@@ -67,6 +67,8 @@ pub struct Ledger {
 /// The payout API. Paths choose behaviour:
 /// - `POST /payouts`: pays, 201 + JSON + Location;
 /// - `POST /slow?ms=N`: pays at once, answers 201 after N ms;
+/// - `POST /exposing`: pays, 201 with `Access-Control-Expose-Headers:
+///   X-Request-Id, location`;
 /// - `POST /fail`: pays, then answers 500;
 /// - `POST /busy-once`: first call per key 503 without paying, then pays;
 /// - `POST /reject`: 400 (final), no payment;
@@ -94,6 +96,7 @@ impl Upstream {
         let ledger: Shared = Arc::default();
         let app = axum::Router::new()
             .route("/payouts", axum::routing::post(pay))
+            .route("/exposing", axum::routing::post(exposing))
             .route("/slow", axum::routing::post(slow))
             .route("/fail", axum::routing::post(fail))
             .route("/busy-once", axum::routing::post(busy_once))
@@ -195,6 +198,16 @@ fn paid(n: usize) -> Response {
 async fn pay(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     l.lock().unwrap().hits += 1;
     paid(record(&l, "/payouts", &headers, &body))
+}
+
+async fn exposing(State(l): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    l.lock().unwrap().hits += 1;
+    let mut response = paid(record(&l, "/exposing", &headers, &body));
+    response.headers_mut().insert(
+        "access-control-expose-headers",
+        axum::http::HeaderValue::from_static("X-Request-Id, location"),
+    );
+    response
 }
 
 async fn slow(State(l): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
