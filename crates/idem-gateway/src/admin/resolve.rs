@@ -8,6 +8,58 @@ use serde_json::{Map, Value};
 /// replaces it with the operator's own (`operator:NAME`).
 pub const ADMIN_API_ACTOR: &str = "operator:admin-api";
 
+/// A body's JSON object, with every field named in `known`; `example` is
+/// shown when the body is not an object.
+pub(super) fn object_of(
+    body: &[u8],
+    example: &str,
+    known: &[&str],
+) -> Result<Map<String, Value>, String> {
+    let doc: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    let Value::Object(fields) = doc else {
+        return Err(format!("the body must be a JSON object, e.g. {example}"));
+    };
+    if let Some(name) = fields.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(format!(
+            "field `{name}` is unknown; expected {}",
+            known.join(", ")
+        ));
+    }
+    Ok(fields)
+}
+
+/// Field `token`: the record's token, a whole number; `missing` says what
+/// it is when it is absent.
+pub(super) fn token_field(
+    fields: &Map<String, Value>,
+    missing: impl FnOnce() -> String,
+) -> Result<Token, String> {
+    match fields.get("token") {
+        Some(Value::Number(n)) => n.as_u64().map(Token).ok_or_else(|| {
+            format!("field `token` is {n}; expected the record's token, a whole number")
+        }),
+        Some(other) => Err(format!(
+            "field `token` is {other}; expected the record's token, a whole number"
+        )),
+        None => Err(format!("field `token` is required: {}", missing())),
+    }
+}
+
+/// Field `reason`: a string that is not blank; `missing` says what it is
+/// when it is absent.
+pub(super) fn reason_field<'a>(
+    fields: &'a Map<String, Value>,
+    missing: impl FnOnce() -> String,
+) -> Result<&'a str, String> {
+    match fields.get("reason") {
+        Some(Value::String(r)) if !r.trim().is_empty() => Ok(r.as_str()),
+        Some(Value::String(_)) => Err("field `reason` must not be empty".into()),
+        Some(_) => Err("field `reason` must be a string".into()),
+        None => Err(format!("field `reason` is required: {}", missing())),
+    }
+}
+
 /// The fields a resolve body may have.
 const FIELDS: [&str; 6] = ["token", "outcome", "reason", "status", "headers", "body"];
 /// The fields that only apply to `"outcome": "completed"`.
@@ -21,45 +73,15 @@ const RESULT_FIELDS: [&str; 3] = ["status", "headers", "body"];
 /// verdict is refused if the record has moved on to another attempt since.
 /// The error names the field.
 pub fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
-    let doc: Value =
-        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
-    let Value::Object(fields) = doc else {
-        return Err(
-            "the body must be a JSON object, e.g. {\"outcome\":\"not_executed\",\"reason\":\"…\"}"
-                .into(),
-        );
-    };
-    if let Some(name) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(format!(
-            "field `{name}` is unknown; expected {}",
-            FIELDS.join(", ")
-        ));
-    }
-    let token = match fields.get("token") {
-        Some(Value::Number(n)) => n.as_u64().map(Token).ok_or_else(|| {
-            format!("field `token` is {n}; expected the record's token, a whole number")
-        })?,
-        Some(other) => {
-            return Err(format!(
-                "field `token` is {other}; expected the record's token, a whole number"
-            ));
-        }
-        None => {
-            return Err(
-                "field `token` is required: the token of the attempt you resolve, \
-                        as GET /records/{scope}/{key} shows it"
-                    .into(),
-            );
-        }
-    };
-    let reason = match fields.get("reason") {
-        Some(Value::String(r)) if !r.trim().is_empty() => r.as_str(),
-        Some(Value::String(_)) => return Err("field `reason` must not be empty".into()),
-        Some(_) => return Err("field `reason` must be a string".into()),
-        None => {
-            return Err("field `reason` is required: say why you resolve it this way".into());
-        }
-    };
+    let fields = object_of(
+        body,
+        "{\"outcome\":\"not_executed\",\"reason\":\"…\"}",
+        &FIELDS,
+    )?;
+    let token = token_field(&fields, || {
+        "the token of the attempt you resolve, as GET /records/{scope}/{key} shows it".into()
+    })?;
+    let reason = reason_field(&fields, || "say why you resolve it this way".into())?;
     let outcome = match fields.get("outcome").map(|o| (o, o.as_str())) {
         Some((_, Some("completed"))) => Outcome::Completed {
             result: completed_result(&fields)?,

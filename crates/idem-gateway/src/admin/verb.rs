@@ -2,10 +2,8 @@
 //! field by field so that every refusal names the field and says what it
 //! should be.
 
+use super::resolve::{ADMIN_API_ACTOR, object_of, reason_field, token_field};
 use idem_core::{Token, Verb, VerbRequest};
-use serde_json::Value;
-
-use super::resolve::ADMIN_API_ACTOR;
 
 /// The fields a verb's body may have.
 const FIELDS: [&str; 2] = ["token", "reason"];
@@ -16,45 +14,15 @@ const FIELDS: [&str; 2] = ["token", "reason"];
 /// if the record has moved on to another attempt since. The error names
 /// the field.
 pub fn parse_verb(verb: Verb, body: &[u8]) -> Result<(Token, VerbRequest), String> {
-    let doc: Value =
-        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
-    let Value::Object(fields) = doc else {
-        return Err("the body must be a JSON object, e.g. {\"token\":7,\"reason\":\"…\"}".into());
-    };
-    if let Some(name) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(format!(
-            "field `{name}` is unknown; expected {}",
-            FIELDS.join(", ")
-        ));
-    }
-    let token = match fields.get("token") {
-        Some(Value::Number(n)) => n.as_u64().map(Token).ok_or_else(|| {
-            format!("field `token` is {n}; expected the record's token, a whole number")
-        })?,
-        Some(other) => {
-            return Err(format!(
-                "field `token` is {other}; expected the record's token, a whole number"
-            ));
-        }
-        None => {
-            return Err(format!(
-                "field `token` is required: the record's token, as GET /records/{{scope}}/{{key}} \
-                 shows it, so that you {} the record you saw",
-                verb.as_str()
-            ));
-        }
-    };
-    let reason = match fields.get("reason") {
-        Some(Value::String(r)) if !r.trim().is_empty() => r.as_str(),
-        Some(Value::String(_)) => return Err("field `reason` must not be empty".into()),
-        Some(_) => return Err("field `reason` must be a string".into()),
-        None => {
-            return Err(format!(
-                "field `reason` is required: say why you {} it",
-                verb.as_str()
-            ));
-        }
-    };
+    let fields = object_of(body, "{\"token\":7,\"reason\":\"…\"}", &FIELDS)?;
+    let token = token_field(&fields, || {
+        format!(
+            "the record's token, as GET /records/{{scope}}/{{key}} shows it, so that you {} \
+             the record you saw",
+            verb.as_str()
+        )
+    })?;
+    let reason = reason_field(&fields, || format!("say why you {} it", verb.as_str()))?;
     let request = VerbRequest::new(verb, ADMIN_API_ACTOR, reason)
         .map_err(|e| format!("field `reason`: {e}"))?;
     Ok((token, request))
