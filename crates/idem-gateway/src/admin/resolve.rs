@@ -48,10 +48,10 @@ pub(super) fn token_field(
 
 /// Field `reason`: a string that is not blank; `missing` says what it is
 /// when it is absent.
-pub(super) fn reason_field<'a>(
-    fields: &'a Map<String, Value>,
+pub(super) fn reason_field(
+    fields: &Map<String, Value>,
     missing: impl FnOnce() -> String,
-) -> Result<&'a str, String> {
+) -> Result<&str, String> {
     match fields.get("reason") {
         Some(Value::String(r)) if !r.trim().is_empty() => Ok(r.as_str()),
         Some(Value::String(_)) => Err("field `reason` must not be empty".into()),
