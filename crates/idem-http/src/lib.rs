@@ -59,6 +59,7 @@
 mod builder;
 mod completion;
 mod gate;
+mod gauges;
 mod metrics;
 mod path;
 mod principal;
@@ -74,6 +75,7 @@ mod wait;
 pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
+pub use gauges::{AmbiguousGroup, GaugeSample, Gauges};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use idem_core::{SettleOnRetry, VerifyFresh};
 pub use metrics::{

@@ -232,6 +232,8 @@ impl IdempotencyLayer {
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
     fn layer(&self, inner: S) -> Idempotency<S> {
+        let waiters_max = self.shared.waiters.limits().total;
+        self.shared.metrics.gauges().set_waiters_max(waiters_max);
         if self.shared.unknown == UnknownOutcomes::Operator {
             let routes = &self.shared.routes;
             self.shared

@@ -55,6 +55,9 @@ pub struct FileConfig {
     pub admin_tls_key_file: Option<PathBuf>,
     /// Seconds between two runs of the retention purge.
     pub purge_interval_s: Option<u64>,
+    /// Seconds between two samples of the store for the gauges of
+    /// `/metrics` (the ambiguous backlog, the suspect window).
+    pub gauge_sample_interval_s: Option<u64>,
     /// Seconds a suspect window stays open once the store is found on a
     /// promoted server; 0 turns the check off.
     pub suspect_window_s: Option<u64>,

@@ -147,6 +147,9 @@ pub struct GatewayConfig {
     pub admin_tls: Option<ServerTls>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// Time between two samples of the store for the gauges of `/metrics`
+    /// (`gauge_sample_interval_s`).
+    pub gauge_sample_interval: Duration,
     /// How long a suspect window stays open once a PostgreSQL store is
     /// found on another server than it was written on (a promotion, a
     /// point-in-time restore); zero: not checked. Defaults to the longest
@@ -297,6 +300,7 @@ impl GatewayConfig {
             admin_listen: limits.admin_listen,
             admin_token_env: limits.admin_token_env,
             purge_interval: limits.purge_interval,
+            gauge_sample_interval: limits.gauge_sample_interval,
             suspect_window,
             requests_in_flight_max: limits.requests_in_flight_max,
             connections: limits.connections,
