@@ -1,5 +1,6 @@
 //! The gauges an on-call alerts on, black-box: `idem serve`'s `/metrics`
-//! on SQLite and PostgreSQL and `idem consume`'s on NATS follow the store
+//! on SQLite (or a DynamoDB emulator's table, as scripts/test.sh runs it)
+//! and PostgreSQL and `idem consume`'s on NATS follow the store
 //! — an ambiguous record counted and its age growing, its failing lookups,
 //! the suspect window opened by `idem store mark-restored`, a waiter held
 //! on an attempt, a store that stops answering the sampler — and every
@@ -177,7 +178,7 @@ async fn gateway_gauges_follow_the_store(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gateway_gauges_follow_the_store_on_sqlite() {
+async fn gateway_gauges_follow_the_store_on_its_own_store() {
     let (up, site) = (Upstream::start().await, Site::new());
     let url = format!("sqlite://{}", site.store().display());
     gateway_gauges_follow_the_store(&up, &site, (&url, &url)).await;
