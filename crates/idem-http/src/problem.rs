@@ -321,6 +321,28 @@ impl<K: ProblemType> Problem<K> {
 mod tests {
     use super::*;
 
+    /// Every kind this layer and the gateway can answer has its section in
+    /// docs/problems.md, under an anchor named by its slug, with the
+    /// status and title the code answers: the page a `type` dereferences to.
+    #[test]
+    fn every_problem_kind_has_its_anchor_in_the_problems_page() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/problems.md");
+        let page = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(!page.is_empty(), "{path} cannot be read");
+        let missing: Vec<String> = ProblemKind::ALL
+            .iter()
+            .map(|kind| {
+                let (slug, status) = (kind.slug(), kind.status().as_u16());
+                format!(
+                    "<a id=\"{slug}\"></a>\n### {slug}\n\n{status} — \"{}\".",
+                    kind.title()
+                )
+            })
+            .filter(|section| !page.contains(section.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "not in docs/problems.md: {missing:#?}");
+    }
+
     /// The result a record keeps when an answer cannot be stored is written
     /// by the core (the consumer stores it too), as this catalog's problem.
     #[test]
