@@ -809,6 +809,24 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
     }
 
     #[test]
+    fn the_gauge_sample_interval_defaults_to_15_s_and_is_bounded() {
+        assert_eq!(
+            load(GOOD).unwrap().gauge_sample_interval,
+            Duration::from_secs(15)
+        );
+        let set = |s: u64| GOOD.replacen("\n", &format!("\ngauge_sample_interval_s = {s}\n"), 1);
+        assert_eq!(
+            load(&set(2)).unwrap().gauge_sample_interval,
+            Duration::from_secs(2)
+        );
+        for s in [0, 3601] {
+            let e = load(&set(s)).unwrap_err().to_string();
+            let expect = format!("consume.toml: gauge_sample_interval_s: {s} is outside 1–3600");
+            assert!(e.contains(&expect), "{e}");
+        }
+    }
+
+    #[test]
     fn a_bad_store_is_refused_naming_the_field() {
         let cases = [
             (
