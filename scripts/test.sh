@@ -338,8 +338,9 @@ check_alert_rules() {
       systemctl stop prometheus && systemctl disable --quiet prometheus || true
     fi
   fi
-  log "promtool check rules docs/alerts/idem.rules.yml"
+  log "promtool check rules docs/alerts/idem.rules.yml, and its unit tests"
   promtool check rules docs/alerts/idem.rules.yml
+  promtool test rules docs/alerts/idem.rules.test.yml
 }
 
 DYNALITE_VERSION=4.0.0
