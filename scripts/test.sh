@@ -14,7 +14,7 @@
 # let the tests in, `cargo test --workspace` alone does the same.
 #
 # IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium, redis,
-# dynalite, moto, cargo-lambda and promtool (default: all of them), limits what is
+# dynalite, moto, cargo-lambda, promtool and stripe (default: all of them), limits what is
 # checked, installed and started, e.g.
 # `IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres`.
 #
@@ -343,9 +343,24 @@ check_alert_rules() {
   promtool test rules docs/alerts/idem.rules.test.yml
 }
 
+# stripe-python, the real client, against idem serve with a route in the
+# Stripe error dialect and one without (scripts/stripe_dialect.py); the
+# client from PyPI in a venv of its own under IDEM_EMULATORS_DIR.
+stripe_dialect() {
+  local dir started
+  dir=$(emulators_dir)/stripe-$STRIPE_VERSION
+  [ -x "$dir/bin/python" ] && "$dir/bin/python" -c 'import stripe' 2>/dev/null \
+    || pip_install "$dir" "stripe==$STRIPE_VERSION"
+  cargo build -q -p idem
+  started=$(date +%s)
+  "$dir/bin/python" scripts/stripe_dialect.py target/debug/idem
+  log "stripe-python against idem serve took $(($(date +%s) - started)) s"
+}
+
 DYNALITE_VERSION=4.0.0
 MOTO_VERSION=5.2.6
 CARGO_LAMBDA_VERSION=1.9.2
+STRIPE_VERSION=16.1.0
 
 bash scripts/check-toolchain.sh
 if wanted postgres; then
@@ -402,6 +417,11 @@ if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
       --test attempts --test slow_clients --test reconcile --test consume_nats \
       --test consume_rabbitmq --test gauges -- "${skip[@]}"
   done
+fi
+
+if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ] && wanted stripe; then
+  log "stripe-python against idem serve: the Stripe error dialect"
+  stripe_dialect
 fi
 
 if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ] && wanted cargo-lambda; then

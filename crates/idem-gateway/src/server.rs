@@ -174,6 +174,9 @@ async fn protect(
         .with_owner(config.owner.clone())
         .with_metrics(metrics.clone())
         .with_wait_limits(config.wait_limits);
+    if let Some(base) = &config.problem_type_base {
+        layer = layer.with_problem_type_base(base.clone());
+    }
     if let Some(region) = &config.region {
         layer = layer.with_region(region.clone()).map_err(|e| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("region: {e}"))

@@ -13,6 +13,7 @@ use http::{HeaderName, Method, StatusCode};
 use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Store};
 
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
+use crate::problem::ErrorDialect;
 use crate::route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Methods, Operation, PathPattern,
     Route, RouteSpec, RouteWait,
@@ -81,6 +82,7 @@ pub struct RouteBuilder {
     contract: Option<PathBuf>,
     wait: Option<Duration>,
     wait_max: Option<Duration>,
+    error_dialect: ErrorDialect,
     /// The first setting refused, reported by `build`.
     error: Option<RouteError>,
 }
@@ -297,6 +299,14 @@ impl RouteBuilder {
         self
     }
 
+    /// The shape of idem's own refusals on this route, for clients that
+    /// read another dialect than RFC 9457 ([`ErrorDialect`]); default
+    /// [`ErrorDialect::Rfc9457`].
+    pub fn error_dialect(mut self, dialect: ErrorDialect) -> Self {
+        self.error_dialect = dialect;
+        self
+    }
+
     /// The operation's contract file (`idem check` format).
     pub fn contract(mut self, file: impl Into<PathBuf>) -> Self {
         self.contract = Some(file.into());
@@ -367,6 +377,7 @@ impl RouteBuilder {
                 .map_err(|e| err("completion", e.to_string()))?,
             replay_headers: self.replay_headers,
             contract: contract(self.contract)?,
+            error_dialect: self.error_dialect,
         })
     }
 
@@ -433,6 +444,15 @@ impl RouteBuilder {
             contract: spec.contract.as_deref().map(PathBuf::from),
             wait: spec.wait_ms.map(Duration::from_millis),
             wait_max: spec.wait_ms_max.map(Duration::from_millis),
+            error_dialect: match spec.error_dialect.as_deref() {
+                None => ErrorDialect::default(),
+                Some(text) => ErrorDialect::parse(text).ok_or_else(|| {
+                    err(
+                        "error_dialect",
+                        format!("{text:?} is not a dialect; use \"rfc9457\" or \"stripe\""),
+                    )
+                })?,
+            },
             error: None,
         })
     }

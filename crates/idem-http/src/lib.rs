@@ -88,7 +88,7 @@ pub use principal::{
     PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX,
     TOKEN_LEEWAY_S,
 };
-pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
+pub use problem::{ErrorDialect, PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
     ForwardedScope, HomeSpec, OPERATION_NAME_BYTES_MAX, PathPattern, RegionsSpec, Route, RouteSpec,

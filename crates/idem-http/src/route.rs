@@ -84,6 +84,9 @@ pub struct RouteSpec {
     /// milliseconds; at most the lease. Default: the lease less its margin
     /// in the layer, `response_timeout_ms` in `idem serve`.
     pub wait_ms_max: Option<u64>,
+    /// The shape of idem's refusals on this route (`"rfc9457"`, the
+    /// default, or `"stripe"`); see [`crate::ErrorDialect`].
+    pub error_dialect: Option<String>,
 }
 
 /// A route's `regions = { … }`, as written; validated by the gateway, which
@@ -168,6 +171,7 @@ pub struct Route {
     pub(crate) forward_template: KeyTemplate,
     pub(crate) contract: Option<std::path::PathBuf>,
     pub(crate) wait: RouteWait,
+    pub(crate) error_dialect: crate::ErrorDialect,
 }
 
 /// How long a request on the route may wait for the original attempt.
