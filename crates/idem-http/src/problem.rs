@@ -407,6 +407,56 @@ impl<K: ProblemType> Problem<K> {
 mod tests {
     use super::*;
 
+    /// The Stripe dialect: the error object, its type by kind, 400 only for
+    /// a reused or expired key; the base replaces only the type's prefix.
+    #[test]
+    fn restyles_into_stripe_s_error_object_and_under_a_base() {
+        let stripe = ProblemStyle {
+            type_base: None,
+            dialect: ErrorDialect::Stripe,
+        };
+        let cases = [
+            (ProblemKind::KeyReused, 400, "idempotency_error"),
+            (ProblemKind::KeyExpired, 400, "idempotency_error"),
+            (ProblemKind::RequestInProgress, 409, "idempotency_error"),
+            (ProblemKind::OutcomeUnknown, 409, "idempotency_error"),
+            (ProblemKind::MissingKey, 400, "idempotency_error"),
+            (ProblemKind::StoreUnavailable, 503, "api_error"),
+            (ProblemKind::UpstreamTimeout, 504, "api_error"),
+        ];
+        for (kind, status, error_type) in cases {
+            let doc = Problem::new(kind, "why").body();
+            let (got, content_type, body) = stripe.restyle(kind, &doc).unwrap_or_default();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            assert_eq!(got.as_u16(), status, "{kind:?}");
+            assert_eq!(content_type, "application/json");
+            let expect = serde_json::json!({"error": {
+                "type": error_type, "message": "why", "code": kind.slug()
+            }});
+            assert_eq!(body, expect, "{kind:?}");
+        }
+        let based = ProblemStyle {
+            type_base: Some("https://docs.example.com/p#"),
+            dialect: ErrorDialect::Rfc9457,
+        };
+        let doc = Problem::new(ProblemKind::KeyReused, "why").body();
+        let (status, content_type, body) = based
+            .restyle(ProblemKind::KeyReused, &doc)
+            .unwrap_or_default();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(
+            (status.as_u16(), content_type),
+            (422, "application/problem+json")
+        );
+        assert_eq!(body["type"], "https://docs.example.com/p#key-reused");
+        assert_eq!(body["detail"], "why");
+        let plain = ProblemStyle {
+            type_base: None,
+            dialect: ErrorDialect::Rfc9457,
+        };
+        assert!(!plain.changes_anything() && based.changes_anything());
+    }
+
     /// Every kind this layer and the gateway can answer has its section in
     /// docs/problems.md, under an anchor named by its slug, with the
     /// status and title the code answers: the page a `type` dereferences to.
