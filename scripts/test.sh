@@ -14,7 +14,7 @@
 # let the tests in, `cargo test --workspace` alone does the same.
 #
 # IDEM_TEST_SERVICES, a list of postgres, nats, rabbitmq, chromium, redis,
-# dynalite, moto and cargo-lambda (default: all of them), limits what is
+# dynalite, moto, cargo-lambda, promtool and stripe (default: all of them), limits what is
 # checked, installed and started, e.g.
 # `IDEM_TEST_SERVICES=postgres bash scripts/test.sh -p idem-postgres`.
 #
@@ -322,9 +322,45 @@ PY
   rm -rf "$work"
 }
 
+# The alert rules (docs/alerts/idem.rules.yml) through Prometheus's own
+# checker, where Debian's prometheus package can be installed (it ships
+# promtool); crates/idem/tests/gauges.rs parses them everywhere. Only
+# promtool is wanted: a Prometheus service the package starts is stopped.
+check_alert_rules() {
+  if ! command -v promtool >/dev/null; then
+    if ! apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+      echo "warning: promtool is not installable here (no prometheus package); the rule file is parsed by the tests only" >&2
+      return 0
+    fi
+    log "installing promtool (Debian's prometheus package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+      systemctl stop prometheus && systemctl disable --quiet prometheus || true
+    fi
+  fi
+  log "promtool check rules docs/alerts/idem.rules.yml, and its unit tests"
+  promtool check rules docs/alerts/idem.rules.yml
+  promtool test rules docs/alerts/idem.rules.test.yml
+}
+
+# stripe-python, the real client, against idem serve with a route in the
+# Stripe error dialect and one without (scripts/stripe_dialect.py); the
+# client from PyPI in a venv of its own under IDEM_EMULATORS_DIR.
+stripe_dialect() {
+  local dir started
+  dir=$(emulators_dir)/stripe-$STRIPE_VERSION
+  [ -x "$dir/bin/python" ] && "$dir/bin/python" -c 'import stripe' 2>/dev/null \
+    || pip_install "$dir" "stripe==$STRIPE_VERSION"
+  cargo build -q -p idem
+  started=$(date +%s)
+  "$dir/bin/python" scripts/stripe_dialect.py target/debug/idem
+  log "stripe-python against idem serve took $(($(date +%s) - started)) s"
+}
+
 DYNALITE_VERSION=4.0.0
 MOTO_VERSION=5.2.6
 CARGO_LAMBDA_VERSION=1.9.2
+STRIPE_VERSION=16.1.0
 
 bash scripts/check-toolchain.sh
 if wanted postgres; then
@@ -342,6 +378,7 @@ if wanted redis; then ensure_redis; fi
 if wanted dynalite; then ensure_dynalite; fi
 if wanted moto; then ensure_moto; fi
 if wanted cargo-lambda; then ensure_cargo_lambda; fi
+if wanted promtool; then check_alert_rules; fi
 
 # `-p PACKAGE` (or --package) tests those packages instead of the workspace.
 scope=(--workspace)
@@ -378,8 +415,13 @@ if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ]; then
     log "the gateway's and the consumer's black-box tests on $emulator"
     IDEM_TEST_GATEWAY_STORE=$emulator cargo test -p idem --test gateway --test wait \
       --test attempts --test slow_clients --test reconcile --test consume_nats \
-      --test consume_rabbitmq -- "${skip[@]}"
+      --test consume_rabbitmq --test gauges -- "${skip[@]}"
   done
+fi
+
+if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ] && wanted stripe; then
+  log "stripe-python against idem serve: the Stripe error dialect"
+  stripe_dialect
 fi
 
 if [ ${#scope[@]} -gt 0 ] && [ $# -eq 0 ] && wanted cargo-lambda; then

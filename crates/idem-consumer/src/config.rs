@@ -79,9 +79,12 @@ pub struct FileConfig {
     pub region: Option<String>,
     /// Seconds between two runs of the retention purge; default 60.
     pub purge_interval_s: Option<u64>,
-    /// Address of a listener of its own answering `GET /healthz` and `GET
+    /// Seconds between two samples of the store for the gauges of
+    /// `/metrics`; default 15.
+    pub gauge_sample_interval_s: Option<u64>,
+    /// Address of a listener of its own answering `GET /healthz`, `GET
     /// /readyz` (the store, each subscription's broker connection, the
-    /// reconciler), e.g. `127.0.0.1:9091`; default off.
+    /// reconciler) and `GET /metrics`, e.g. `127.0.0.1:9091`; default off.
     pub probe_listen: Option<String>,
     /// The queues read.
     #[serde(default, rename = "subscription")]
@@ -205,7 +208,9 @@ pub struct ConsumeConfig {
     pub region: Option<String>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
-    /// Where the probes are served, if anywhere.
+    /// Time between two samples of the store for the gauges of `/metrics`.
+    pub gauge_sample_interval: Duration,
+    /// Where the probes and `/metrics` are served, if anywhere.
     pub probe_listen: Option<std::net::SocketAddr>,
     /// The subscriptions.
     pub subscriptions: Vec<Subscription>,
@@ -283,11 +288,22 @@ impl ConsumeConfig {
                 format!("{purge_interval_s} is outside 1–86400"),
             ));
         }
+        let gauge_sample_interval_s = file
+            .gauge_sample_interval_s
+            .unwrap_or(idem_process::gauges::GAUGE_SAMPLE_INTERVAL_S_DEFAULT);
+        let gauges_max = idem_process::gauges::GAUGE_SAMPLE_INTERVAL_S_MAX;
+        if !(1..=gauges_max).contains(&gauge_sample_interval_s) {
+            return Err((
+                "gauge_sample_interval_s".into(),
+                format!("{gauge_sample_interval_s} is outside 1–{gauges_max}"),
+            ));
+        }
         Ok(ConsumeConfig {
             store,
             owner: owner(file.owner)?,
             region: file.region,
             purge_interval: Duration::from_secs(purge_interval_s),
+            gauge_sample_interval: Duration::from_secs(gauge_sample_interval_s),
             probe_listen,
             subscriptions,
             lookups,
@@ -789,6 +805,24 @@ url = "http://127.0.0.1:9000/payouts/by-key/{forwarded_key}"
         for (text, field) in cases {
             let e = load(&text).unwrap_err();
             assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_gauge_sample_interval_defaults_to_15_s_and_is_bounded() {
+        assert_eq!(
+            load(GOOD).unwrap().gauge_sample_interval,
+            Duration::from_secs(15)
+        );
+        let set = |s: u64| GOOD.replacen("\n", &format!("\ngauge_sample_interval_s = {s}\n"), 1);
+        assert_eq!(
+            load(&set(2)).unwrap().gauge_sample_interval,
+            Duration::from_secs(2)
+        );
+        for s in [0, 3601] {
+            let e = load(&set(s)).unwrap_err().to_string();
+            let expect = format!("consume.toml: gauge_sample_interval_s: {s} is outside 1–3600");
+            assert!(e.contains(&expect), "{e}");
         }
     }
 

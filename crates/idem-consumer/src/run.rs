@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use idem_broker::{BrokerError, Subscription as BrokerSubscription};
 use idem_core::{SettleOnRetry, Store, SystemClock, VerifyFresh, WindowWatch};
+use idem_http::Metrics;
 use idem_process::probe::{Checked, Probes, ReadyCheck, Status};
 use idem_reconcile::Reconciler;
 use tokio::sync::watch;
@@ -109,8 +110,10 @@ pub async fn run(
     // before the delivery is retried, as the gateway's layer does.
     let pumps = open(config, &store, &window, reconciler.as_ref()).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
     if let Some(listener) = probes {
-        serve_probes(listener, &store, reconciler.clone(), &pumps, &stop_rx);
+        let served = (&store, &metrics, reconciler.clone());
+        serve_probes(listener, served, &pumps, &stop_rx);
     }
     let mut tasks = JoinSet::new();
     for (i, sub, broker, handler) in pumps {
@@ -125,7 +128,7 @@ pub async fn run(
             (i, name, section, pumped)
         });
     }
-    let background = background(&store, config, (reconciler, window), &stop_rx);
+    let background = background(&store, config, (reconciler, window, metrics), &stop_rx);
     let (mut report, failure) = supervise(tasks, shutdown, &stop_tx).await;
     let _ = stop_tx.send(true);
     background.await;
@@ -215,15 +218,15 @@ async fn open<'a>(
 }
 
 /// Serves `/healthz` and `/readyz` on `listener`, with one `broker` check
-/// per subscription, until the stop.
+/// per subscription, and `/metrics` (the gauges, per subscription where
+/// the value is), until the stop.
 fn serve_probes(
     listener: tokio::net::TcpListener,
-    store: &Arc<dyn Store>,
-    reconciler: Option<Arc<Reconciler>>,
+    (store, metrics, reconciler): (&Arc<dyn Store>, &Arc<Metrics>, Option<Arc<Reconciler>>),
     pumps: &[Pump<'_>],
     stop: &watch::Receiver<bool>,
 ) {
-    let mut probes = Probes::new(Arc::clone(store), Arc::default(), reconciler);
+    let mut probes = Probes::new(Arc::clone(store), Arc::clone(metrics), reconciler);
     for (_, sub, broker, _) in pumps {
         // Named by the subscription, which the config fixes; the
         // broker's URL, which may hold a password, goes to the log only.
@@ -233,8 +236,10 @@ fn serve_probes(
         probes = probes.with_check(format!("broker:{}", sub.name), Arc::new(check));
     }
     let stop = stopped(stop.clone());
+    let app = idem_process::probe::router(Arc::new(probes))
+        .merge(idem_process::gauges::consumer_metrics(Arc::clone(metrics)));
     tokio::spawn(async move {
-        if let Err(e) = idem_process::probe::serve(listener, Arc::new(probes), stop).await {
+        if let Err(e) = idem_process::probe::serve_app(listener, app, stop).await {
             tracing::error!(error = %e, "the probe listener failed");
         }
     });
@@ -308,12 +313,13 @@ impl ReadyCheck for BrokerConnected {
     }
 }
 
-/// The reconciler (when there is one) and the retention purge, until
-/// `stop`; the future resolves once both have stopped.
+/// The reconciler (when there is one), the retention purge and the
+/// gauges' store sampler, until `stop`; the future resolves once all have
+/// stopped.
 fn background(
     store: &Arc<dyn Store>,
     config: &ConsumeConfig,
-    (reconciler, window): (Option<Arc<Reconciler>>, Arc<WindowWatch>),
+    (reconciler, window, metrics): (Option<Arc<Reconciler>>, Arc<WindowWatch>, Arc<Metrics>),
     stop_rx: &watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + use<> {
     let mut stop = stop_rx.clone();
@@ -329,8 +335,21 @@ fn background(
     // The gateway's purge: bounded batches per run, damaged rows named.
     let purge = tokio::spawn(idem_process::run_purge(
         Arc::clone(store),
-        Arc::default(),
+        Arc::clone(&metrics),
         config.purge_interval,
+        stop_rx.clone(),
+    ));
+    // The ambiguous records per subscription: each has a scope of its own.
+    let groups = config
+        .subscriptions
+        .iter()
+        .map(|s| (s.name.clone(), s.intent.scope().clone()))
+        .collect();
+    let sampled = tokio::spawn(idem_process::gauges::run(
+        Arc::clone(store),
+        metrics,
+        idem_process::gauges::GaugeGroups::ByScope(groups),
+        config.gauge_sample_interval,
         stop_rx.clone(),
     ));
     async move {
@@ -342,6 +361,9 @@ fn background(
         }
         if let Err(e) = purge.await {
             tracing::error!(error = %e, "the retention purge task failed");
+        }
+        if let Err(e) = sampled.await {
+            tracing::error!(error = %e, "the gauges' store sampler failed");
         }
         if let Err(e) = window_kept.await {
             tracing::error!(error = %e, "the suspect window's refresh task failed");

@@ -192,6 +192,9 @@ async fn protect(
         .with_owner(config.owner.clone())
         .with_metrics(metrics.clone())
         .with_wait_limits(config.wait_limits);
+    if let Some(base) = &config.problem_type_base {
+        layer = layer.with_problem_type_base(base.clone());
+    }
     if let Some(region) = &config.region {
         layer = layer.with_region(region.clone()).map_err(|e| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("region: {e}"))
@@ -219,10 +222,11 @@ async fn protect(
     Ok((layer, reconciler, window))
 }
 
-/// The tasks beside the listeners: the purge, the reconciler's scans and
-/// the suspect window's refresh, each stopped with the proxy.
+/// The tasks beside the listeners: the purge, the gauges' store sampler,
+/// the reconciler's scans and the suspect window's refresh, each stopped with the proxy.
 struct Background {
     purge: JoinHandle<()>,
+    gauges: JoinHandle<()>,
     reconciler: Option<JoinHandle<()>>,
     window_refresh: JoinHandle<()>,
 }
@@ -242,6 +246,13 @@ impl Background {
             config.purge_interval,
             stop.clone(),
         ));
+        let gauges = tokio::spawn(idem_process::gauges::run(
+            store.clone(),
+            metrics.clone(),
+            idem_process::gauges::GaugeGroups::Whole,
+            config.gauge_sample_interval,
+            stop.clone(),
+        ));
         let reconciler = reconciler.map(|reconciler| {
             let stop = stopped(stop.clone());
             tokio::spawn(async move { reconciler.run(stop).await })
@@ -253,6 +264,7 @@ impl Background {
         ));
         Background {
             purge,
+            gauges,
             reconciler,
             window_refresh,
         }
@@ -262,6 +274,9 @@ impl Background {
     async fn finish(self) {
         if let Err(e) = self.purge.await {
             tracing::error!(error = %e, "the retention purge task failed");
+        }
+        if let Err(e) = self.gauges.await {
+            tracing::error!(error = %e, "the gauges' store sampler failed");
         }
         if let Err(e) = self.window_refresh.await {
             tracing::error!(error = %e, "the suspect window's refresh task failed");

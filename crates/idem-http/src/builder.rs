@@ -14,6 +14,7 @@ use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Po
 
 use crate::cors::CorsExpose;
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
+use crate::problem::ErrorDialect;
 use crate::route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, KeyTemplate, Methods, Operation, PathPattern,
     Route, RouteSpec, RouteWait,
@@ -85,6 +86,7 @@ pub struct RouteBuilder {
     wait_max: Option<Duration>,
     status: Option<StatusUrl>,
     cors: CorsExpose,
+    error_dialect: ErrorDialect,
     /// The first setting refused, reported by `build`.
     error: Option<RouteError>,
 }
@@ -319,6 +321,14 @@ impl RouteBuilder {
         self
     }
 
+    /// The shape of idem's own refusals on this route, for clients that
+    /// read another dialect than RFC 9457 ([`ErrorDialect`]); default
+    /// [`ErrorDialect::Rfc9457`].
+    pub fn error_dialect(mut self, dialect: ErrorDialect) -> Self {
+        self.error_dialect = dialect;
+        self
+    }
+
     /// The operation's contract file (`idem check` format).
     pub fn contract(mut self, file: impl Into<PathBuf>) -> Self {
         self.contract = Some(file.into());
@@ -392,6 +402,7 @@ impl RouteBuilder {
             status: self.status.unwrap_or_default(),
             cors: self.cors,
             latency: Arc::default(),
+            error_dialect: self.error_dialect,
         })
     }
 
@@ -467,6 +478,15 @@ impl RouteBuilder {
             cors: match spec.cors_expose {
                 Some(true) => CorsExpose::IdempotencyHeaders,
                 Some(false) | None => CorsExpose::Off,
+            },
+            error_dialect: match spec.error_dialect.as_deref() {
+                None => ErrorDialect::default(),
+                Some(text) => ErrorDialect::parse(text).ok_or_else(|| {
+                    err(
+                        "error_dialect",
+                        format!("{text:?} is not a dialect; use \"rfc9457\" or \"stripe\""),
+                    )
+                })?,
             },
             error: None,
         })

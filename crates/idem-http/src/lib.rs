@@ -65,6 +65,7 @@ mod builder;
 mod completion;
 mod cors;
 mod gate;
+mod gauges;
 mod metrics;
 mod pace;
 mod path;
@@ -83,6 +84,7 @@ pub use builder::{MissingKey, RouteBuilder};
 pub use completion::CompletionSpec;
 pub use cors::{CorsExpose, EXPOSED_HEADERS};
 pub use gate::{BeforeClaim, ClaimGate, Gate, GateAnswer};
+pub use gauges::{AmbiguousGroup, GaugeSample, Gauges};
 pub use idem_core::{AttemptOutcome, Completion, CompletionTable, Dedup};
 pub use idem_core::{SettleOnRetry, VerifyFresh};
 pub use metrics::{
@@ -96,7 +98,7 @@ pub use principal::{
     PRINCIPAL_BYTES_MAX, PRINCIPAL_DIGEST_BYTES, PrincipalKind, PrincipalSpec, TOKEN_BYTES_MAX,
     TOKEN_LEEWAY_S, TenantSearchError,
 };
-pub use problem::{PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
+pub use problem::{ErrorDialect, PROBLEM_TYPE_PREFIX, Problem, ProblemKind, ProblemType};
 pub use route::{
     BODY_BYTES_MAX_DEFAULT, BODY_BYTES_MAX_LIMIT, FORWARD_TEXT_BYTES_MAX, ForwardKeySpec,
     ForwardedScope, HomeSpec, OPERATION_NAME_BYTES_MAX, PathPattern, RegionsSpec, Route, RouteSpec,

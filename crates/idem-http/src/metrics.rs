@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use idem_core::{Claim, Completion, Outcome, PurgeReport};
 
+use crate::gauges::Gauges;
 use crate::problem::ProblemKind;
 
 /// Upper bounds of the latency histograms' buckets, in seconds.
@@ -40,6 +41,7 @@ pub struct Metrics {
     upstream_seconds: Histogram,
     waits: [AtomicU64; WaitOutcome::ALL.len()],
     window_claims: [AtomicU64; WindowOutcome::ALL.len()],
+    gauges: Gauges,
 }
 
 /// What became of a fresh claim inside a suspect window, as counted in
@@ -314,7 +316,41 @@ impl Metrics {
         self.render_waits(&mut out);
         self.render_resolutions(&mut out);
         self.render_purge_and_times(&mut out);
+        self.gauges.render(&mut out);
         out
+    }
+
+    /// What `idem consume` serves: the gauges, the purge's counters and
+    /// the store errors; none of the HTTP layer's families, which a
+    /// consumer never counts into.
+    pub fn render_consumer(&self) -> String {
+        let mut out = String::with_capacity(4 * 1024);
+        self.gauges.render(&mut out);
+        let purged = [
+            ("tombstoned", load(&self.purged[0])),
+            ("deleted", load(&self.purged[1])),
+        ];
+        labelled(
+            &mut out,
+            "idem_purged_total",
+            "Records the purge changed: results dropped (tombstoned) or tombstones deleted.",
+            "what",
+            &purged,
+        );
+        let name = "idem_store_errors_total";
+        family(
+            &mut out,
+            name,
+            "Store operations that failed (unavailable, incompatible, over a limit).",
+            "counter",
+        );
+        let _ = writeln!(out, "{name} {}", load(&self.store_errors));
+        out
+    }
+
+    /// The gauges: what the store sampler last found, and the waiters.
+    pub fn gauges(&self) -> &Gauges {
+        &self.gauges
     }
 
     /// Claims, problems and completions, each by its label.

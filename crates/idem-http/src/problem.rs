@@ -10,6 +10,92 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 /// The prefix of every problem `type` URI.
 pub const PROBLEM_TYPE_PREFIX: &str = "urn:idem:problem:";
 
+/// The shape of idem's refusals on a route, for clients that read another
+/// dialect than RFC 9457 (a route's `error_dialect`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorDialect {
+    /// RFC 9457 problem documents (`application/problem+json`).
+    #[default]
+    Rfc9457,
+    /// Stripe's error object, `{"error": {"type", "message", "code"}}`
+    /// as `application/json`, so that a Stripe client (stripe-python)
+    /// raises its own exception: `type` is `idempotency_error` for the
+    /// refusals about the key and `api_error` for the rest, `code` the
+    /// problem's slug. A key reused with another request or past
+    /// retention is answered 400, as Stripe answers a reused key (Stripe's
+    /// clients raise their idempotency exception for a 400 only); every
+    /// other status is idem's, and a 409 in flight stays 409, which
+    /// Stripe's clients retry.
+    Stripe,
+}
+
+impl ErrorDialect {
+    /// The dialect a config names: `rfc9457` or `stripe`.
+    pub fn parse(text: &str) -> Option<ErrorDialect> {
+        match text {
+            "rfc9457" => Some(ErrorDialect::Rfc9457),
+            "stripe" => Some(ErrorDialect::Stripe),
+            _ => None,
+        }
+    }
+}
+
+/// How a layer renders the problems it answers: the base of their `type`
+/// URIs ([`PROBLEM_TYPE_PREFIX`] unless set, e.g. the published
+/// docs/problems.md, whose anchors are the slugs), and a route's dialect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ProblemStyle<'a> {
+    pub(crate) type_base: Option<&'a str>,
+    pub(crate) dialect: ErrorDialect,
+}
+
+impl ProblemStyle<'_> {
+    /// Whether a document [`Problem::body`] wrote needs rewriting.
+    pub(crate) fn changes_anything(&self) -> bool {
+        self.type_base.is_some() || self.dialect != ErrorDialect::Rfc9457
+    }
+
+    /// The status, content type and body of `kind`'s document `doc` (as
+    /// [`Problem::body`] wrote it) in this style; `None` when `doc` is not
+    /// such a document.
+    pub(crate) fn restyle(
+        &self,
+        kind: ProblemKind,
+        doc: &[u8],
+    ) -> Option<(StatusCode, &'static str, Bytes)> {
+        let mut doc: serde_json::Value = serde_json::from_slice(doc).ok()?;
+        let object = doc.as_object_mut()?;
+        match self.dialect {
+            ErrorDialect::Stripe => {
+                let message = object.get("detail").cloned().unwrap_or_default();
+                let (status, kind_name) = match kind {
+                    ProblemKind::KeyReused | ProblemKind::KeyExpired => {
+                        (StatusCode::BAD_REQUEST, "idempotency_error")
+                    }
+                    ProblemKind::MissingKey
+                    | ProblemKind::InvalidKey
+                    | ProblemKind::RequestInProgress
+                    | ProblemKind::OutcomeUnknown => (kind.status(), "idempotency_error"),
+                    _ => (kind.status(), "api_error"),
+                };
+                let error = serde_json::json!({
+                    "error": {"type": kind_name, "message": message, "code": kind.slug()}
+                });
+                Some((status, "application/json", Bytes::from(error.to_string())))
+            }
+            _ => {
+                if let Some(base) = self.type_base {
+                    let uri = format!("{base}{}", kind.slug());
+                    object.insert("type".to_owned(), serde_json::Value::from(uri));
+                }
+                let body = Bytes::from(doc.to_string());
+                Some((kind.status(), "application/problem+json", body))
+            }
+        }
+    }
+}
+
 /// A catalog of problems: each has a stable `type` slug, a fixed title and
 /// an HTTP status, and may always carry some headers.
 pub trait ProblemType: Copy {
@@ -328,6 +414,78 @@ impl<K: ProblemType> Problem<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Stripe dialect: the error object, its type by kind, 400 only for
+    /// a reused or expired key; the base replaces only the type's prefix.
+    #[test]
+    fn restyles_into_stripe_s_error_object_and_under_a_base() {
+        let stripe = ProblemStyle {
+            type_base: None,
+            dialect: ErrorDialect::Stripe,
+        };
+        let cases = [
+            (ProblemKind::KeyReused, 400, "idempotency_error"),
+            (ProblemKind::KeyExpired, 400, "idempotency_error"),
+            (ProblemKind::RequestInProgress, 409, "idempotency_error"),
+            (ProblemKind::OutcomeUnknown, 409, "idempotency_error"),
+            (ProblemKind::MissingKey, 400, "idempotency_error"),
+            (ProblemKind::StoreUnavailable, 503, "api_error"),
+            (ProblemKind::UpstreamTimeout, 504, "api_error"),
+        ];
+        for (kind, status, error_type) in cases {
+            let doc = Problem::new(kind, "why").body();
+            let (got, content_type, body) = stripe.restyle(kind, &doc).unwrap_or_default();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            assert_eq!(got.as_u16(), status, "{kind:?}");
+            assert_eq!(content_type, "application/json");
+            let expect = serde_json::json!({"error": {
+                "type": error_type, "message": "why", "code": kind.slug()
+            }});
+            assert_eq!(body, expect, "{kind:?}");
+        }
+        let based = ProblemStyle {
+            type_base: Some("https://docs.example.com/p#"),
+            dialect: ErrorDialect::Rfc9457,
+        };
+        let doc = Problem::new(ProblemKind::KeyReused, "why").body();
+        let (status, content_type, body) = based
+            .restyle(ProblemKind::KeyReused, &doc)
+            .unwrap_or_default();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(
+            (status.as_u16(), content_type),
+            (422, "application/problem+json")
+        );
+        assert_eq!(body["type"], "https://docs.example.com/p#key-reused");
+        assert_eq!(body["detail"], "why");
+        let plain = ProblemStyle {
+            type_base: None,
+            dialect: ErrorDialect::Rfc9457,
+        };
+        assert!(!plain.changes_anything() && based.changes_anything());
+    }
+
+    /// Every kind this layer and the gateway can answer has its section in
+    /// docs/problems.md, under an anchor named by its slug, with the
+    /// status and title the code answers: the page a `type` dereferences to.
+    #[test]
+    fn every_problem_kind_has_its_anchor_in_the_problems_page() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/problems.md");
+        let page = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(!page.is_empty(), "{path} cannot be read");
+        let missing: Vec<String> = ProblemKind::ALL
+            .iter()
+            .map(|kind| {
+                let (slug, status) = (kind.slug(), kind.status().as_u16());
+                format!(
+                    "<a id=\"{slug}\"></a>\n### {slug}\n\n{status} — \"{}\".",
+                    kind.title()
+                )
+            })
+            .filter(|section| !page.contains(section.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "not in docs/problems.md: {missing:#?}");
+    }
 
     /// The result a record keeps when an answer cannot be stored is written
     /// by the core (the consumer stores it too), as this catalog's problem.

@@ -93,6 +93,9 @@ pub struct RouteSpec {
     /// Whether responses name idem's headers in
     /// `Access-Control-Expose-Headers` for browser callers; default false.
     pub cors_expose: Option<bool>,
+    /// The shape of idem's refusals on this route (`"rfc9457"`, the
+    /// default, or `"stripe"`); see [`crate::ErrorDialect`].
+    pub error_dialect: Option<String>,
 }
 
 /// A route's `regions = { … }`, as written; validated by the gateway, which
@@ -182,6 +185,7 @@ pub struct Route {
     /// The running mean of this route's forward durations, for the
     /// `Retry-After` of an attempt in flight.
     pub(crate) latency: std::sync::Arc<Latency>,
+    pub(crate) error_dialect: crate::ErrorDialect,
 }
 
 /// How long a request on the route may wait for the original attempt.

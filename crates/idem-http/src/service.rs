@@ -37,7 +37,7 @@ pub use replay::{EXPIRES_HEADER, OWNED_HEADERS};
 use crate::gate::ClaimGate;
 use crate::metrics::Metrics;
 use crate::path::normalize_path;
-use crate::problem::{Problem, ProblemKind};
+use crate::problem::{Problem, ProblemKind, ProblemStyle};
 use crate::route::Route;
 use crate::status::Asked;
 use crate::trace;
@@ -86,6 +86,8 @@ struct Shared {
     window: Arc<WindowWatch>,
     verifier: Option<Arc<dyn VerifyFresh>>,
     unknown: UnknownOutcomes,
+    /// The base of the problems' `type` URIs; `None`: `urn:idem:problem:`.
+    problem_type_base: Option<Arc<str>>,
     /// The routes nothing settles are named once per layer, however many
     /// services it wraps (axum wraps each route's).
     unsettled_named: Arc<std::sync::Once>,
@@ -129,6 +131,7 @@ impl IdempotencyLayer {
                 window: Arc::default(),
                 verifier: None,
                 unknown: UnknownOutcomes::Operator,
+                problem_type_base: None,
                 unsettled_named: Arc::new(std::sync::Once::new()),
             }),
         }
@@ -204,6 +207,16 @@ impl IdempotencyLayer {
         })
     }
 
+    /// Writes the `type` of every problem this layer answers as `base`
+    /// followed by its slug (`https://docs.example.com/idem/problems#`
+    /// makes `…/problems#key-reused`, an anchor of docs/problems.md)
+    /// instead of `urn:idem:problem:` and the slug. Stored answers (a
+    /// replayed `result-not-stored`) keep the type they were stored with.
+    pub fn with_problem_type_base(self, base: impl Into<String>) -> IdempotencyLayer {
+        let base: Arc<str> = Arc::from(base.into());
+        self.edit(|shared| shared.problem_type_base = Some(base))
+    }
+
     /// Wakes the requests waiting on `id` to ask the store again: for a
     /// store that reports another process's change to a record (PostgreSQL
     /// notifications). This layer wakes them itself when it settles an
@@ -234,6 +247,8 @@ impl IdempotencyLayer {
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
     fn layer(&self, inner: S) -> Idempotency<S> {
+        let waiters_max = self.shared.waiters.limits().total;
+        self.shared.metrics.gauges().set_waiters_max(waiters_max);
         if self.shared.unknown == UnknownOutcomes::Operator {
             let routes = &self.shared.routes;
             self.shared
@@ -314,10 +329,15 @@ where
                     let response = detached(shared.clone(), index, inner, req).await;
                     let response = crate::cors::expose(shared.routes[index].cors, response);
                     // Problems made here and by the proxy carry their kind.
-                    if let Some(kind) = response.extensions().get::<ProblemKind>() {
-                        shared.metrics.problem(*kind);
-                    }
-                    Ok(response)
+                    let Some(kind) = response.extensions().get::<ProblemKind>().copied() else {
+                        return Ok(response);
+                    };
+                    shared.metrics.problem(kind);
+                    let style = ProblemStyle {
+                        type_base: shared.problem_type_base.as_deref(),
+                        dialect: shared.routes[index].error_dialect,
+                    };
+                    Ok(restyled(response, kind, &style).await)
                 }
                 None => {
                     let mut inner = inner;
@@ -336,6 +356,39 @@ where
             .instrument(span),
         )
     }
+}
+
+/// `response`, a problem of `kind` this layer or the proxy wrote, in the
+/// route's `style`; untouched when the style is the default.
+async fn restyled<B>(
+    response: Response<B>,
+    kind: ProblemKind,
+    style: &ProblemStyle<'_>,
+) -> Response<B>
+where
+    B: HttpBody + From<Bytes>,
+{
+    use http_body_util::BodyExt;
+    if !style.changes_anything() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // The document is this crate's own (a few hundred bytes); one that
+    // cannot be read is answered again from its kind.
+    let doc = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => Problem::new(kind, "").body(),
+    };
+    let Some((status, content_type, body)) = style.restyle(kind, &doc) else {
+        return Response::from_parts(parts, B::from(doc));
+    };
+    parts.status = status;
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, B::from(body))
 }
 
 /// Rewrites `uri` to its normal path (see [`normalize_path`]), the query

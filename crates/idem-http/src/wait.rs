@@ -29,6 +29,8 @@ use http::HeaderMap;
 use idem_core::{RecordId, Scope};
 use tokio::sync::Notify;
 
+use crate::Metrics;
+
 /// How often, at most, one waiter per key asks the store again when
 /// nothing woke it, in milliseconds: the fallback for a change the store
 /// could not report (another gateway's completion).
@@ -102,6 +104,8 @@ pub(crate) struct KeyWaiters {
 /// gone) unregisters it.
 pub(crate) struct Waiting {
     waiters: Arc<Waiters>,
+    /// Where the `idem_waiters` gauge is kept.
+    metrics: Arc<Metrics>,
     id: RecordId,
     key: Arc<KeyWaiters>,
     principal: Arc<str>,
@@ -125,8 +129,13 @@ impl Waiters {
         }
     }
 
-    /// Registers a waiter on `id`, or `None` when any limit is reached.
-    pub(crate) fn register(self: &Arc<Self>, id: &RecordId) -> Option<Waiting> {
+    /// Registers a waiter on `id`, counted in `metrics`' waiter gauge
+    /// while it waits, or `None` when any limit is reached.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        id: &RecordId,
+        metrics: &Arc<Metrics>,
+    ) -> Option<Waiting> {
         // Zero allows no waiter; checked first, so no empty entry is left.
         if self.limits.per_key == 0 || self.limits.per_principal == 0 {
             return None;
@@ -161,8 +170,10 @@ impl Waiters {
         *state.principals.entry(principal.clone()).or_insert(0) += 1;
         state.total += 1;
         self.waiting.store(state.total, Ordering::Release);
+        metrics.gauges().waiter_in();
         Some(Waiting {
             waiters: self.clone(),
+            metrics: metrics.clone(),
             id: id.clone(),
             key,
             principal,
@@ -180,6 +191,11 @@ impl Waiters {
         if let Some(key) = state.keys.get(id) {
             key.notify.notify_waiters();
         }
+    }
+
+    /// The limits this registry keeps.
+    pub(crate) fn limits(&self) -> WaitLimits {
+        self.limits
     }
 
     /// How many requests wait now.
@@ -237,6 +253,7 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        self.metrics.gauges().waiter_out();
         let mut state = self.waiters.state.lock().unwrap_or_else(|e| e.into_inner());
         state.total = state.total.saturating_sub(1);
         self.waiters.waiting.store(state.total, Ordering::Release);
@@ -347,31 +364,34 @@ mod tests {
             per_principal: 3,
             total: 3,
         }));
+        let m = Arc::new(Metrics::new());
         let id = |k: &str| RecordId {
             scope: Scope::from_parts("payouts", "tenant", None).unwrap(),
             key: idem_core::IdempotencyKey::parse(k).unwrap(),
         };
-        let a1 = waiters.register(&id("a")).unwrap();
-        let a2 = waiters.register(&id("a")).unwrap();
-        assert!(waiters.register(&id("a")).is_none(), "per key");
-        let b1 = waiters.register(&id("b")).unwrap();
-        assert!(waiters.register(&id("c")).is_none(), "in all");
+        let a1 = waiters.register(&id("a"), &m).unwrap();
+        let a2 = waiters.register(&id("a"), &m).unwrap();
+        assert!(waiters.register(&id("a"), &m).is_none(), "per key");
+        let b1 = waiters.register(&id("b"), &m).unwrap();
+        assert!(waiters.register(&id("c"), &m).is_none(), "in all");
         assert_eq!(waiters.waiting(), 3);
+        assert_eq!(m.gauges().waiting(), 3, "refusals are not counted");
         drop(a1);
         drop(a2);
         drop(b1);
         assert_eq!(waiters.waiting(), 0);
+        assert_eq!(m.gauges().waiting(), 0);
         assert!(
             waiters.state.lock().unwrap().keys.is_empty(),
             "entries freed"
         );
-        assert!(waiters.register(&id("a")).is_some());
+        assert!(waiters.register(&id("a"), &m).is_some());
         let none = Arc::new(Waiters::new(WaitLimits {
             per_key: 0,
             per_principal: 3,
             total: 3,
         }));
-        assert!(none.register(&id("a")).is_none(), "no waiter allowed");
+        assert!(none.register(&id("a"), &m).is_none(), "no waiter allowed");
         assert!(
             none.state.lock().unwrap().keys.is_empty(),
             "and no entry left"
@@ -385,20 +405,21 @@ mod tests {
             per_principal: 3,
             total: 5,
         }));
+        let m = Arc::new(Metrics::new());
         let id = |principal: &str, operation: &str, k: &str| RecordId {
             scope: Scope::from_parts(operation, principal, None).unwrap(),
             key: idem_core::IdempotencyKey::parse(k).unwrap(),
         };
-        let a1 = waiters.register(&id("acme", "payouts", "a")).unwrap();
-        let _a2 = waiters.register(&id("acme", "payouts", "a")).unwrap();
-        let _b = waiters.register(&id("acme", "refunds", "b")).unwrap();
+        let a1 = waiters.register(&id("acme", "payouts", "a"), &m).unwrap();
+        let _a2 = waiters.register(&id("acme", "payouts", "a"), &m).unwrap();
+        let _b = waiters.register(&id("acme", "refunds", "b"), &m).unwrap();
         assert!(
-            waiters.register(&id("acme", "payouts", "c")).is_none(),
+            waiters.register(&id("acme", "payouts", "c"), &m).is_none(),
             "per principal, over its operations"
         );
-        let _other = waiters.register(&id("globex", "payouts", "a")).unwrap();
+        let _other = waiters.register(&id("globex", "payouts", "a"), &m).unwrap();
         assert_eq!(waiters.state.lock().unwrap().keys.len(), 3, "no entry left");
         drop(a1);
-        assert!(waiters.register(&id("acme", "payouts", "c")).is_some());
+        assert!(waiters.register(&id("acme", "payouts", "c"), &m).is_some());
     }
 }

@@ -8,6 +8,7 @@
 //! rate-limits repeating log lines (`log_budget`). Each store is a cargo
 //! feature (`sqlite`, `postgres`, `dynamodb`, all on by default).
 
+pub mod gauges;
 pub mod listen;
 mod log_budget;
 pub mod probe;

@@ -193,6 +193,17 @@ pub async fn serve(
     probes: Arc<Probes>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_app(listener, router(probes), shutdown).await
+}
+
+/// Serves `app` (the probes' [`router`] and what is merged beside it, such
+/// as `idem consume`'s `/metrics`) on `listener` until `shutdown`, with
+/// the bounds of [`serve`].
+pub async fn serve_app(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let limits = crate::listen::ConnectionLimits {
         connections_max: PROBE_CONNECTIONS_MAX,
         header_read_timeout: Duration::from_secs(10),
@@ -204,7 +215,7 @@ pub async fn serve(
         "probes",
         listener,
         transport,
-        router(probes),
+        app,
         (limits, drain),
         shutdown,
     )

@@ -142,3 +142,50 @@ impl AdminProblem {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every admin problem has a section in docs/problems.md: under its
+    /// own anchor, or, for a slug the contract's catalog shares, under
+    /// `admin: SLUG` pointing at the contract's anchor.
+    #[test]
+    fn every_admin_problem_has_its_section_in_the_problems_page() {
+        use AdminProblem::*;
+        let all = [
+            Unauthorized,
+            NotFound,
+            MethodNotAllowed("GET"),
+            InvalidRequest,
+            BodyTooLarge,
+            RecordNotFound,
+            NotAmbiguous,
+            OtherAttempt,
+            MayStillCommit,
+            StoreUnavailable,
+            StoreFailed,
+        ];
+        // A variant added to the enum and not to `all` fails to compile here.
+        for kind in all {
+            match kind {
+                Unauthorized | NotFound | MethodNotAllowed(_) | InvalidRequest | BodyTooLarge
+                | RecordNotFound | NotAmbiguous | OtherAttempt | MayStillCommit
+                | StoreUnavailable | StoreFailed => {}
+            }
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/problems.md");
+        let page = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(!page.is_empty(), "{path} cannot be read");
+        for kind in all {
+            let (status, slug, title) = kind.describe();
+            let status = status.as_u16();
+            let own = format!("<a id=\"{slug}\"></a>\n### {slug}\n\n{status} — \"{title}\".");
+            let shared = format!("### admin: {slug}\n\n{status} — \"{title}\".");
+            assert!(
+                page.contains(&own) || page.contains(&shared),
+                "{slug}: no section in docs/problems.md"
+            );
+        }
+    }
+}

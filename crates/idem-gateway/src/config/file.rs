@@ -58,6 +58,14 @@ pub struct FileConfig {
     pub admin_tls_key_file: Option<PathBuf>,
     /// Seconds between two runs of the retention purge.
     pub purge_interval_s: Option<u64>,
+    /// The base of every problem `type` URI, followed by the problem's slug
+    /// (e.g. `https://docs.example.com/idem/problems#`, where a published
+    /// docs/problems.md has an anchor per slug); default
+    /// `urn:idem:problem:`.
+    pub problem_type_base: Option<String>,
+    /// Seconds between two samples of the store for the gauges of
+    /// `/metrics` (the ambiguous backlog, the suspect window).
+    pub gauge_sample_interval_s: Option<u64>,
     /// Seconds a suspect window stays open once the store is found on a
     /// promoted server; 0 turns the check off.
     pub suspect_window_s: Option<u64>,

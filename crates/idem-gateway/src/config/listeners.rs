@@ -298,6 +298,7 @@ pub(super) struct Limits {
     pub(super) admin_listen: Option<SocketAddr>,
     pub(super) admin_token_env: String,
     pub(super) purge_interval: Duration,
+    pub(super) gauge_sample_interval: Duration,
     pub(super) requests_in_flight_max: usize,
     pub(super) connections: ConnectionLimits,
     pub(super) admin_connections: ConnectionLimits,
@@ -344,6 +345,8 @@ impl Limits {
                 ));
             }
         };
+        let gauge_sample_interval = gauge_sample_interval(file.gauge_sample_interval_s)
+            .map_err(|reason| at.err("gauge_sample_interval_s", reason, true))?;
         let requests_in_flight_max = requests_in_flight_max(file, at)?;
         let (connections, admin_connections, body_read_timeout) =
             connection_bounds(file).map_err(|(field, reason)| at.err(field, reason, true))?;
@@ -355,6 +358,7 @@ impl Limits {
             admin_listen,
             admin_token_env,
             purge_interval,
+            gauge_sample_interval,
             requests_in_flight_max,
             connections,
             admin_connections,
@@ -456,5 +460,18 @@ impl TlsSection {
             listen_tls,
             lookups,
         })
+    }
+}
+
+/// `gauge_sample_interval_s`: 1 to
+/// [`idem_process::gauges::GAUGE_SAMPLE_INTERVAL_S_MAX`] seconds, default
+/// [`idem_process::gauges::GAUGE_SAMPLE_INTERVAL_S_DEFAULT`].
+pub(crate) fn gauge_sample_interval(value: Option<u64>) -> Result<Duration, String> {
+    use idem_process::gauges::{GAUGE_SAMPLE_INTERVAL_S_DEFAULT, GAUGE_SAMPLE_INTERVAL_S_MAX};
+    match value.unwrap_or(GAUGE_SAMPLE_INTERVAL_S_DEFAULT) {
+        s @ 1..=GAUGE_SAMPLE_INTERVAL_S_MAX => Ok(Duration::from_secs(s)),
+        s => Err(format!(
+            "{s} is out of range (1..={GAUGE_SAMPLE_INTERVAL_S_MAX})"
+        )),
     }
 }

@@ -44,6 +44,8 @@ pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 25_000;
 pub const TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The most routes a config may declare.
 pub const ROUTES_MAX: usize = 1_000;
+/// The longest `problem_type_base`, in bytes.
+pub const PROBLEM_TYPE_BASE_BYTES_MAX: usize = 512;
 /// The environment variable holding the admin API's bearer token, by default.
 pub const ADMIN_TOKEN_ENV_DEFAULT: &str = "IDEM_ADMIN_TOKEN";
 /// Default time between two purges, in seconds.
@@ -152,6 +154,12 @@ pub struct GatewayConfig {
     pub admin_tls: Option<ServerTls>,
     /// Time between two runs of the retention purge.
     pub purge_interval: Duration,
+    /// The base of every problem `type` URI (`problem_type_base`); `None`:
+    /// `urn:idem:problem:`.
+    pub problem_type_base: Option<String>,
+    /// Time between two samples of the store for the gauges of `/metrics`
+    /// (`gauge_sample_interval_s`).
+    pub gauge_sample_interval: Duration,
     /// How long a suspect window stays open once a PostgreSQL store is
     /// found on another server than it was written on (a promotion, a
     /// point-in-time restore); zero: not checked. Defaults to the longest
@@ -281,7 +289,10 @@ impl GatewayConfig {
         let probe_paths = probe_paths(&file, &routes.routes, at)?;
         let tls = TlsSection::validate(&file, overrides, &basics, &routes.regions, lookups, at)?;
         let suspect_window = suspect_window(&file, &routes.routes, at)?;
+        let problem_type_base = problem_type_base(file.problem_type_base.as_deref())
+            .map_err(|reason| at.err("problem_type_base", reason, true))?;
         Ok(GatewayConfig {
+            problem_type_base,
             base_dir: basics.base_dir,
             lookups: tls.lookups,
             reconcile,
@@ -304,6 +315,7 @@ impl GatewayConfig {
             admin_token_env: limits.admin_token_env,
             admin_operators,
             purge_interval: limits.purge_interval,
+            gauge_sample_interval: limits.gauge_sample_interval,
             suspect_window,
             requests_in_flight_max: limits.requests_in_flight_max,
             connections: limits.connections,
@@ -374,3 +386,26 @@ impl GatewayConfig {
 
 #[cfg(test)]
 mod tests;
+
+/// `problem_type_base`: a URI prefix of visible ASCII, at most
+/// [`PROBLEM_TYPE_BASE_BYTES_MAX`] bytes, with a scheme (`https:`, `urn:`).
+fn problem_type_base(value: Option<&str>) -> Result<Option<String>, String> {
+    let Some(base) = value else { return Ok(None) };
+    if base.len() > PROBLEM_TYPE_BASE_BYTES_MAX {
+        return Err(format!(
+            "{} bytes; at most {PROBLEM_TYPE_BASE_BYTES_MAX}",
+            base.len()
+        ));
+    }
+    let scheme = base.split_once(':').map(|(s, _)| s).unwrap_or_default();
+    let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    if !scheme_ok || !base.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{base:?} is not a URI prefix such as \"https://docs.example.com/idem/problems#\""
+        ));
+    }
+    Ok(Some(base.to_owned()))
+}

@@ -202,6 +202,14 @@ fn errors_name_file_and_field() {
             "idem.toml: purge_interval_s: 86401 is out of range",
         ),
         (
+            "gauge_sample_interval_s = 0",
+            "idem.toml: gauge_sample_interval_s: 0 is out of range (1..=3600)",
+        ),
+        (
+            "gauge_sample_interval_s = 3601",
+            "idem.toml: gauge_sample_interval_s: 3601 is out of range (1..=3600)",
+        ),
+        (
             "response_timeout_ms = 30000",
             "idem.toml: response_timeout_ms: the default lease (30000 ms) must be longer than \
              response_timeout_ms (30000 ms)",

@@ -213,7 +213,7 @@ impl Hooks<'_> {
     /// waiters' budget, and [`Claimant::back_to_work`] takes one again.
     async fn wait_for_original(&self, ask: Ask<'_>) -> Option<Asked> {
         let id = ask.id();
-        let waiting = self.shared.waiters.register(id)?;
+        let waiting = self.shared.waiters.register(id, &self.shared.metrics)?;
         if let Some(slot) = &self.slot {
             slot.give_back();
         }
