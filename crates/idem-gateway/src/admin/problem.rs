@@ -161,6 +161,7 @@ mod tests {
             BodyTooLarge,
             RecordNotFound,
             NotAmbiguous,
+            NotCompleted,
             OtherAttempt,
             MayStillCommit,
             StoreUnavailable,
@@ -170,7 +171,7 @@ mod tests {
         for kind in all {
             match kind {
                 Unauthorized | NotFound | MethodNotAllowed(_) | InvalidRequest | BodyTooLarge
-                | RecordNotFound | NotAmbiguous | OtherAttempt | MayStillCommit
+                | RecordNotFound | NotAmbiguous | NotCompleted | OtherAttempt | MayStillCommit
                 | StoreUnavailable | StoreFailed => {}
             }
         }

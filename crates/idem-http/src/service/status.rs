@@ -85,7 +85,7 @@ pub(super) async fn answer<B: From<Bytes>>(
         let preferred = preferred_wait_ms(&parts.headers);
         let wait_ms = route.wait().applied_ms(preferred);
         if wait_ms > 0
-            && let Some(waiting) = shared.waiters.register(id)
+            && let Some(waiting) = shared.waiters.register(id, &shared.metrics)
         {
             let _ = shared.store.note_waiting(id).await;
             let deadline = Instant::now() + Duration::from_millis(wait_ms);
