@@ -4,8 +4,8 @@
 //! trusted proxy's operator header, to get a session cookie; see the
 //! backlog and the last hour's counters, search the records by key,
 //! tenant, state and age, read one record's timeline, ask the provider
-//! now where its route has a lookup, and resolve it with the same fencing
-//! as the admin API, journaled under your name. Every state change carries
+//! now where its route has a lookup, resolve it, expire or evict it with
+//! the same fencing as the admin API, journaled under your name. Every state change carries
 //! the session's CSRF token and is refused when the browser says it came
 //! from another origin. The console keeps its own cookie authentication,
 //! apart from the admin API's bearer tokens, so the two routers combine by a merge:

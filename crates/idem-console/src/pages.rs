@@ -358,7 +358,7 @@ fn verbs(chrome: Chrome, r: &Record, state: State, now: Timestamp) -> Markup {
                 form #expire method="post" action="/ui/expire" {
                     (hidden)
                     p.hint { "Expire: the stored answer is dropped now and the key becomes a tombstone; a late retry is refused as key-expired, never run." }
-                    label for="expire-reason" { "Reason (required, journaled with your name)" }
+                    label for="expire-reason" { "Why expire it (required, journaled with your name)" }
                     textarea #expire-reason name="reason" rows="2" required {}
                     button type="submit" { "Expire" }
                 }
@@ -371,9 +371,9 @@ fn verbs(chrome: Chrome, r: &Record, state: State, now: Timestamp) -> Markup {
                 form #evict method="post" action="/ui/evict" {
                     (hidden)
                     p.hint.warning { "Evict: the record is removed and the next request with this key runs again: a second effect if the first one happened." }
-                    label for="evict-reason" { "Reason (required, journaled with your name)" }
+                    label for="evict-reason" { "Why evict it (required, journaled with your name)" }
                     textarea #evict-reason name="reason" rows="2" required {}
-                    label for="evict-key" { "Type the key to confirm" }
+                    label for="evict-key" { "Type the key to confirm the eviction" }
                     input #evict-key name="confirm_key" required autocomplete="off";
                     button type="submit" { "Evict" }
                 }
