@@ -5,6 +5,9 @@
 //! wrong one), finds a record by key and by tenant, opens it, is refused
 //! a resolution without a verdict, resolves it, the journal keeps her
 //! name, and the client's retry through the gateway replays the answer;
+//! she expires that record (a late retry is refused as key-expired), then
+//! evicts it once the key is typed right (the retry runs once more), both
+//! journaled under her name, as is the lookup she asked the provider for;
 //! the session ends when idle; operator admin (the single token of older
 //! configs) signs in and resolves another record with the keyboard
 //! alone, every focused control outlined; a form auto-submitted
