@@ -4,8 +4,8 @@
 //! trusted proxy's operator header, to get a session cookie; see the
 //! backlog and the last hour's counters, search the records by key,
 //! tenant, state and age, read one record's timeline, ask the provider
-//! now where its route has a lookup, and resolve it with the same fencing
-//! as the admin API, journaled under your name. Every state change carries
+//! now where its route has a lookup, resolve it, expire or evict it with
+//! the same fencing as the admin API, journaled under your name. Every state change carries
 //! the session's CSRF token and is refused when the browser says it came
 //! from another origin. The console keeps its own cookie authentication,
 //! apart from the admin API's bearer tokens, so the two routers combine by a merge:
@@ -29,7 +29,7 @@ use axum::routing::{any, get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idem_core::{
     Clock, ListCursor, Record, RecordId, Resolution, Resolved, State as RecordState, Store,
-    StoreError, SystemClock, Token,
+    StoreError, SystemClock, Token, Verb, VerbRequest,
 };
 use idem_gateway::{
     AdminMount, AdminParts, AdminTransport, Logged, OperatorName, Operators, RefusalLog,
@@ -41,7 +41,7 @@ use maud::Markup;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use pages::{Chrome, ResolveForm};
+use pages::{Chrome, ResolveForm, VerbForm};
 use samples::{Samples, Totals};
 use search::{Search, SearchParams};
 use session::{Live, Sessions};
@@ -182,6 +182,8 @@ pub fn router(state: ConsoleState) -> axum::Router {
         .route("/ui/record", get(show))
         .route("/ui/resolve", get(resolve_page).post(resolve))
         .route("/ui/ask", post(ask))
+        .route("/ui/expire", post(expire))
+        .route("/ui/evict", post(evict))
         .route("/ui/style.css", get(style))
         .route("/ui/favicon.svg", get(favicon))
         .route("/ui/{*rest}", any(not_found))
@@ -284,6 +286,12 @@ impl CarriesCsrf for CsrfForm {
 }
 
 impl CarriesCsrf for AskForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl CarriesCsrf for VerbForm {
     fn csrf(&self) -> &str {
         &self.csrf
     }
@@ -445,12 +453,21 @@ async fn show(
     // agrees that the console made this resolution last.
     let by = live.operator.by();
     let latest = detail.journal.last();
-    let done = latest.filter(|e| e.by == by && e.outcome.as_str() == params.done);
-    let notice = done.map(|e| match e.outcome {
-        Resolved::Completed => {
+    let done = latest.filter(|e| {
+        let what = e.verb.map_or(e.outcome.as_str(), Verb::as_str);
+        e.by == by && what == params.done
+    });
+    let notice = done.map(|e| match (e.verb, e.outcome) {
+        (Some(Verb::Expire), _) => format!(
+            "Expired by {by}: the answer is dropped; a late retry is refused as key-expired."
+        ),
+        (Some(Verb::Evict), _) => {
+            format!("Evicted by {by}: the record is gone; the next request with this key runs.")
+        }
+        (None, Resolved::Completed) => {
             format!("Resolved as completed by {by}: retries replay the stored answer.")
         }
-        Resolved::NotExecuted => {
+        (None, Resolved::NotExecuted) => {
             format!("Resolved as not executed by {by}: the key is released, a retry runs.")
         }
     });
@@ -523,6 +540,19 @@ async fn resolve(State(c): Shared, Change { live, form }: Change<ResolveForm>) -
     }
 }
 
+/// Expires a completed record: it becomes a tombstone now, journaled by
+/// the signed-in operator.
+async fn expire(State(c): Shared, change: Change<VerbForm>) -> Response {
+    c.apply_verb(Verb::Expire, change).await
+}
+
+/// Evicts a record whose attempt can no longer commit, once the operator
+/// typed its key: the intent may run again, journaled by the signed-in
+/// operator.
+async fn evict(State(c): Shared, change: Change<VerbForm>) -> Response {
+    c.apply_verb(Verb::Evict, change).await
+}
+
 /// Runs the record's lookup once, now, through the gateway's reconciler
 /// (its verdict, token fencing, try count and backoff), and shows the
 /// record with what came of it.
@@ -539,7 +569,8 @@ async fn ask(State(c): Shared, Change { live, form }: Change<AskForm>) -> Respon
     if let Err(response) = c.still_the_attempt(chrome, &id, &form.token).await {
         return response;
     }
-    let settled = reconciler.settle_now(&id).await;
+    let asker = idem_reconcile::asked_by(&live.operator.by());
+    let settled = reconciler.settle_now_asked_by(&id, &asker).await;
     let operator = live.operator.as_str();
     tracing::info!(scope = %id.scope, key = %id.key, operator, ?settled, "console: asked the provider now");
     let detail = match c.detail(&id).await {
@@ -561,7 +592,8 @@ async fn ask(State(c): Shared, Change { live, form }: Change<AskForm>) -> Respon
 fn asked(settled: &Settled, detail: &records::Detail) -> String {
     match settled {
         Settled::Resolved { completed: true } => "The provider was asked: it found the effect. \
-            The record is completed with the provider's answer (journaled by the reconciler)."
+            The record is completed with the provider's answer (journaled by the reconciler, \
+            asked by you)."
             .into(),
         Settled::Resolved { completed: false } => {
             "The provider was asked: the effect is not there \
@@ -690,6 +722,75 @@ impl Console {
             return html(StatusCode::CONFLICT, pages::conflict(chrome, id, MOVED_ON));
         }
         html(status, pages::resolve(chrome, &record, form, error))
+    }
+
+    /// Applies `verb` as `form` asks, under the signed-in operator's name,
+    /// fenced by the token the page showed; a refusal changes nothing and
+    /// says why.
+    async fn apply_verb(&self, verb: Verb, Change { live, form }: Change<VerbForm>) -> Response {
+        let chrome = Chrome::of(&live);
+        let id = match records::record_id(&form.scope, &form.key) {
+            Ok(id) => id,
+            Err(why) => return no_such_record(chrome, &why),
+        };
+        let refuse = |status: StatusCode, why: &str| {
+            html(status, pages::verb_refused(chrome, &id, verb, why))
+        };
+        let invalid = StatusCode::UNPROCESSABLE_ENTITY;
+        if form.reason.trim().is_empty() {
+            let why = format!(
+                "Say why you {} this record: the reason is journaled with your name.",
+                verb.as_str()
+            );
+            return refuse(invalid, &why);
+        }
+        if verb == Verb::Evict && form.confirm_key != id.key.as_str() {
+            let why = "Type the record's key exactly to confirm the eviction: it lets the \
+                       intent run again, a second effect if the first one happened.";
+            return refuse(invalid, why);
+        }
+        let Ok(token) = form.token.trim().parse::<u64>() else {
+            return refuse(
+                invalid,
+                "The form lost the record's token; open the record again.",
+            );
+        };
+        let by = live.operator.by();
+        let request = match VerbRequest::new(verb, &by, &form.reason) {
+            Ok(request) => request,
+            Err(e) => return refuse(invalid, &format!("field `reason`: {e}")),
+        };
+        match self
+            .state
+            .store
+            .apply_verb(&id, Token(token), request)
+            .await
+        {
+            Ok(_) => {
+                let (verb_name, reason) = (verb.as_str(), form.reason.as_str());
+                tracing::info!(scope = %id.scope, key = %id.key, verb = verb_name, by, reason, "console: operator verb applied");
+                let done = format!("{}&done={verb_name}", pages::link("/ui/record", &id));
+                Redirect::to(&done).into_response()
+            }
+            Err(e) => {
+                let why = match &e {
+                    StoreError::NotFound { .. } => {
+                        "No record is stored for this scope and key any more.".to_owned()
+                    }
+                    StoreError::Fenced { .. } => MOVED_ON.to_owned(),
+                    StoreError::WrongState { state, .. } => format!(
+                        "The record is {state} now: only a completed record can be expired."
+                    ),
+                    StoreError::MayStillCommit { until, .. } => format!(
+                        "An attempt may still commit until {}: evict it once its lease has ended.",
+                        idem_gateway::rfc3339(*until)
+                    ),
+                    StoreError::Limit(_) => e.to_string(),
+                    _ => return store_failed(chrome, &e),
+                };
+                refuse(StatusCode::CONFLICT, &why)
+            }
+        }
     }
 
     /// The page for a verdict the store refused; nothing was written.

@@ -3,7 +3,7 @@
 //! The pages need no script; every control is a link, a button or a
 //! labelled field, reachable with the keyboard.
 
-use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp};
+use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp, Verb};
 use idem_gateway::{OperatorName, RecordView, WindowView, rfc3339};
 use maud::{DOCTYPE, Markup, html};
 
@@ -44,6 +44,21 @@ pub(crate) struct ResolveForm {
     pub body: String,
     pub reason: String,
     pub confirm: String,
+}
+
+/// An operator's verb (expire, evict) on one attempt of a record.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub(crate) struct VerbForm {
+    pub scope: String,
+    pub key: String,
+    /// The record's token as the page showed it.
+    pub token: String,
+    pub csrf: String,
+    /// Why: required, journaled.
+    pub reason: String,
+    /// Evict only: the record's key typed again, to confirm.
+    pub confirm_key: String,
 }
 
 /// The sign-in page, with what went wrong last time, and a one-click
@@ -244,6 +259,7 @@ pub(crate) fn record(
                     p { a.button href=(link("/ui/resolve", id)) { "Resolve this record" } }
                     @if detail.lookup { (ask_form(chrome, r)) }
                 }
+                (verbs(chrome, r, view.state, now))
                 (timeline(r, detail, now))
                 (why_ambiguous(r))
                 (request_summary(r))
@@ -322,6 +338,64 @@ fn ask_form(chrome: Chrome, r: &Record) -> Markup {
             span.hint { " Runs this route's lookup once for token " (r.token.0) "; the verdict lands only on this attempt." }
         }
     }
+}
+
+/// The operator's verbs this record takes now: expire a completed one;
+/// evict a completed one, a tombstone, or an attempt whose lease has
+/// ended (while it runs, why not). Evict asks for the key typed again.
+fn verbs(chrome: Chrome, r: &Record, state: State, now: Timestamp) -> Markup {
+    let lease_runs = matches!(state, State::InProgress | State::Ambiguous) && now < r.lease_until;
+    let hidden = html! {
+        input type="hidden" name="csrf" value=(chrome.csrf);
+        input type="hidden" name="scope" value=(r.id.scope.as_str());
+        input type="hidden" name="key" value=(r.id.key.as_str());
+        input type="hidden" name="token" value=(r.token.0);
+    };
+    html! {
+        section #verbs aria-labelledby="verbs-title" {
+            h2 #verbs-title { "Expire or evict" }
+            @if state == State::Completed {
+                form #expire method="post" action="/ui/expire" {
+                    (hidden)
+                    p.hint { "Expire: the stored answer is dropped now and the key becomes a tombstone; a late retry is refused as key-expired, never run." }
+                    label for="expire-reason" { "Why expire it (required, journaled with your name)" }
+                    textarea #expire-reason name="reason" rows="2" required {}
+                    button type="submit" { "Expire" }
+                }
+            }
+            @if lease_runs {
+                p #evict-not-offered {
+                    "Evict is not offered: an attempt may still commit until " (rfc3339(r.lease_until)) "."
+                }
+            } @else {
+                form #evict method="post" action="/ui/evict" {
+                    (hidden)
+                    p.hint.warning { "Evict: the record is removed and the next request with this key runs again: a second effect if the first one happened." }
+                    label for="evict-reason" { "Why evict it (required, journaled with your name)" }
+                    textarea #evict-reason name="reason" rows="2" required {}
+                    label for="evict-key" { "Type the key to confirm the eviction" }
+                    input #evict-key name="confirm_key" required autocomplete="off";
+                    button type="submit" { "Evict" }
+                }
+            }
+        }
+    }
+}
+
+/// A verb refused: why, in plain words; nothing was changed.
+pub(crate) fn verb_refused(chrome: Chrome, id: &RecordId, verb: Verb, message: &str) -> Markup {
+    let title = match verb {
+        Verb::Expire => "Not expired",
+        Verb::Evict => "Not evicted",
+    };
+    let body = html! {
+        h1 { (title) }
+        p.error role="alert" #conflict { (message) }
+        p { "Nothing was changed. Look at the record as it is now before deciding again." }
+        (identity(id, None))
+        p { a href=(link("/ui/record", id)) { "Show the record as it is now" } }
+    };
+    layout(title, Some(chrome), body)
 }
 
 /// The record moved on (another attempt, resolved meanwhile) or the store
@@ -471,6 +545,11 @@ fn timeline(r: &Record, detail: &Detail, now: Timestamp) -> Markup {
             @if let Some(res) = &r.resolution {
                 li { (res.at.map(rfc3339).unwrap_or_default()) " — resolved by " code { (res.by) } ": " (res.reason) }
             }
+            @for e in detail.journal.iter().filter(|e| e.token == r.token) {
+                @if let Some(verb) = e.verb {
+                    li.verb { (rfc3339(e.at)) " — " (verb.past()) " by " code { (e.by) } ": " (e.reason) }
+                }
+            }
         }
     }
 }
@@ -519,17 +598,28 @@ fn request_summary(_r: &Record) -> Markup {
 
 fn journal(entries: &[JournalEntry]) -> Markup {
     html! {
-        h2 { "Resolution journal" }
+        h2 { "Journal" }
         @if entries.is_empty() {
-            p { "No resolution recorded for this key." }
+            p { "No resolution, expiry or eviction recorded for this key." }
         } @else {
             ol.timeline #journal {
                 @for e in entries {
                     li {
                         (rfc3339(e.at)) " — token " (e.token.0) " "
-                        (match e.outcome { Resolved::Completed => "completed", Resolved::NotExecuted => "not executed", })
-                        @if let Some(status) = e.status { " (" (status) ")" }
-                        " by " code { (e.by) } ": " (e.reason)
+                        @match e.verb {
+                            Some(verb) => {
+                                (verb.past()) " by " code { (e.by) } ": " (e.reason)
+                                " (the key was "
+                                (match e.outcome { Resolved::Completed => "completed", Resolved::NotExecuted => "without an outcome", })
+                                @if let Some(status) = e.status { ", " (status) }
+                                ")"
+                            }
+                            None => {
+                                (match e.outcome { Resolved::Completed => "completed", Resolved::NotExecuted => "not executed", })
+                                @if let Some(status) = e.status { " (" (status) ")" }
+                                " by " code { (e.by) } ": " (e.reason)
+                            }
+                        }
                     }
                 }
             }

@@ -16,12 +16,13 @@ use tower::ServiceExt;
 
 use super::*;
 use idem_gateway::AdminToken;
+use idem_testkit::stores::{Backend, TestStore, open_with_clock};
 
 const TOKEN: &str = "console-test-token-8d1f0c";
 const HOST: &str = "127.0.0.1:9090";
 
 struct Fixture {
-    store: Arc<MemoryStore>,
+    store: Arc<dyn Store>,
     app: axum::Router,
 }
 
@@ -806,4 +807,254 @@ async fn what_cannot_be_searched_or_asked_says_why() {
     assert!(asked.body.contains("no [[lookup]]"), "{}", asked.body);
     let record = f.store.get(&id).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Ambiguous);
+}
+
+/// A console over a real SQLite file whose clock the test moves, signed
+/// in as `admin`: the fixture, the SQLite store (kept open while it
+/// lives), the clock, the `Cookie` header and the CSRF token.
+async fn over_sqlite() -> (Fixture, TestStore, ManualClock, String, String) {
+    let clock = ManualClock::new(SystemClock.now());
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let opened = open_with_clock(Backend::Sqlite, "console-verbs", Some(shared)).await;
+    let state = ConsoleState::new(
+        opened.store.clone(),
+        Arc::new(Metrics::new()),
+        AdminToken::new(TOKEN).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    let f = Fixture {
+        store: opened.store.clone(),
+        app: router(state),
+    };
+    let (cookie, csrf) = f.sign_in().await;
+    (f, opened, clock, cookie, csrf)
+}
+
+/// A verb's form about `id`'s attempt `token`.
+fn verb_form(id: &RecordId, csrf: &str, token: &str, reason: &str, confirm_key: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("csrf", csrf)
+        .append_pair("scope", id.scope.as_str())
+        .append_pair("key", id.key.as_str())
+        .append_pair("token", token)
+        .append_pair("reason", reason)
+        .append_pair("confirm_key", confirm_key)
+        .finish()
+}
+
+/// Completes the ambiguous record `id` (token 1) with a 201.
+async fn complete(store: &dyn Store, id: &RecordId) {
+    let result = StoredResult::new(201, Vec::new(), b"paid".to_vec()).unwrap();
+    let resolution = Resolution::new(Outcome::Completed { result }, "operator", "ledger").unwrap();
+    store.resolve(id, Token(1), resolution).await.unwrap();
+}
+
+/// Expire and evict refuse, changing nothing and saying why, a form
+/// without a reason, about another attempt (wrong token), an evict
+/// without the key typed again, an expire of a record that is not
+/// completed, and an evict while the attempt's lease runs; the record
+/// page offers only what applies and says why evict is not offered.
+#[tokio::test]
+async fn the_verbs_refuse_what_they_must_and_change_nothing() {
+    let (f, _sqlite, clock, cookie, csrf) = over_sqlite().await;
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "v-1").await;
+    let page = f
+        .send("GET", &pages::link("/ui/record", &id), &same[..1], "")
+        .await;
+    assert!(!page.body.contains("id=\"expire\""), "{}", page.body);
+    assert!(!page.body.contains("id=\"evict\""), "{}", page.body);
+    assert!(
+        page.body.contains("an attempt may still commit until"),
+        "{}",
+        page.body
+    );
+    let key = id.key.as_str();
+    let cases = [
+        (
+            "/ui/evict",
+            verb_form(&id, &csrf, "1", "gone", key),
+            409,
+            "may still commit until",
+        ),
+        (
+            "/ui/expire",
+            verb_form(&id, &csrf, "1", "old", ""),
+            409,
+            "only a completed record",
+        ),
+        (
+            "/ui/evict",
+            verb_form(&id, &csrf, "1", "  ", key),
+            422,
+            "Say why you evict",
+        ),
+        (
+            "/ui/evict",
+            verb_form(&id, &csrf, "1", "gone", "v-2"),
+            422,
+            "Type the record's key",
+        ),
+    ];
+    for (path, form, status, said) in &cases {
+        let answer = f.send("POST", path, &same, form).await;
+        assert_eq!(answer.status, *status, "{path}: {}", answer.body);
+        assert!(answer.body.contains(said), "{said}: {}", answer.body);
+        assert!(
+            answer.body.contains("Nothing was changed"),
+            "{}",
+            answer.body
+        );
+    }
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Ambiguous);
+    assert!(f.store.resolutions(&id).await.unwrap().is_empty());
+
+    complete(&*f.store, &id).await;
+    let page = f
+        .send("GET", &pages::link("/ui/record", &id), &same[..1], "")
+        .await;
+    assert!(page.body.contains("id=\"expire\""), "{}", page.body);
+    assert!(page.body.contains("id=\"evict\""), "{}", page.body);
+    let refusals = [
+        (
+            "/ui/expire",
+            verb_form(&id, &csrf, "2", "old", ""),
+            409,
+            "another attempt",
+        ),
+        (
+            "/ui/evict",
+            verb_form(&id, &csrf, "2", "gone", key),
+            409,
+            "another attempt",
+        ),
+        (
+            "/ui/expire",
+            verb_form(&id, &csrf, "1", "", ""),
+            422,
+            "Say why you expire",
+        ),
+        (
+            "/ui/expire",
+            verb_form(&id, &csrf, "x", "old", ""),
+            422,
+            "lost the record's token",
+        ),
+    ];
+    for (path, form, status, said) in &refusals {
+        let answer = f.send("POST", path, &same, form).await;
+        assert_eq!(answer.status, *status, "{path}: {}", answer.body);
+        assert!(answer.body.contains(said), "{said}: {}", answer.body);
+    }
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed);
+    assert!(record.result.is_some());
+    assert_eq!(f.store.resolutions(&id).await.unwrap().len(), 1);
+
+    // A fresh attempt whose lease has ended may be evicted.
+    let late = ambiguous(&*f.store, "POST /payouts|aa11", "v-late").await;
+    let token = f
+        .store
+        .get(&late)
+        .await
+        .unwrap()
+        .unwrap()
+        .token
+        .0
+        .to_string();
+    clock.advance_millis(Policy::DEFAULT.lease_ms() + 1);
+    let evicted = f
+        .send(
+            "POST",
+            "/ui/evict",
+            &same,
+            &verb_form(&late, &csrf, &token, "provider has nothing", "v-late"),
+        )
+        .await;
+    assert_eq!(evicted.status, 303, "{}", evicted.body);
+    assert!(f.store.get(&late).await.unwrap().is_none());
+}
+
+/// Expire, then evict, each journaled by the signed-in operator; the
+/// record page's timeline and journal name the verb, the operator and the
+/// reason; a cross-site or CSRF-less verb is refused like every change.
+#[tokio::test]
+async fn expire_then_evict_journal_the_operator() {
+    let (f, _sqlite, _clock, cookie, csrf) = over_sqlite().await;
+    let same = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:9090"),
+    ];
+    let id = ambiguous(&*f.store, "POST /payouts|aa11", "v-2").await;
+    complete(&*f.store, &id).await;
+    let cross = [
+        ("cookie", cookie.as_str()),
+        ("origin", "https://evil.example"),
+    ];
+    let form = verb_form(&id, &csrf, "1", "customer asked", "");
+    let refused = f.send("POST", "/ui/expire", &cross, &form).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    let no_csrf = verb_form(&id, "wrong", "1", "customer asked", "");
+    let refused = f.send("POST", "/ui/expire", &same, &no_csrf).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert_eq!(
+        f.store.get(&id).await.unwrap().unwrap().state,
+        RecordState::Completed
+    );
+
+    let expired = f.send("POST", "/ui/expire", &same, &form).await;
+    assert_eq!(expired.status, 303, "{}", expired.body);
+    let to = expired.headers["location"].to_str().unwrap().to_owned();
+    let page = f.send("GET", &to, &same[..1], "").await;
+    assert!(
+        page.body.contains("Expired by operator:admin"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("expired by <code>operator:admin</code>: customer asked"),
+        "{}",
+        page.body
+    );
+    let record = f.store.get(&id).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Tombstone);
+    assert!(!page.body.contains("id=\"expire\""), "{}", page.body);
+    assert!(page.body.contains("id=\"evict\""), "{}", page.body);
+
+    let form = verb_form(&id, &csrf, "1", "run it again", "v-2");
+    let evicted = f.send("POST", "/ui/evict", &same, &form).await;
+    assert_eq!(evicted.status, 303, "{}", evicted.body);
+    let to = evicted.headers["location"].to_str().unwrap().to_owned();
+    let page = f.send("GET", &to, &same[..1], "").await;
+    assert!(
+        page.body.contains("Evicted by operator:admin"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("evicted by <code>operator:admin</code>: run it again"),
+        "{}",
+        page.body
+    );
+    assert!(f.store.get(&id).await.unwrap().is_none());
+    let journal = f.store.resolutions(&id).await.unwrap();
+    let verbs: Vec<_> = journal.iter().map(|e| (e.verb, e.by.as_str())).collect();
+    assert_eq!(
+        verbs,
+        [
+            (None, "operator"),
+            (Some(Verb::Expire), "operator:admin"),
+            (Some(Verb::Evict), "operator:admin"),
+        ]
+    );
+    // Evicting again: nothing is stored any more.
+    let again = f.send("POST", "/ui/evict", &same, &form).await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("No record is stored"), "{}", again.body);
 }

@@ -77,6 +77,7 @@ pub use lookup::{
 pub use probe::{Finding, Provider, ProviderFuture, provider_fn};
 pub use reconciler::{
     RESOLVED_BY, ReconcileReport, Reconciler, ResolutionHook, ScanTimes, Settled, TRACKED_MAX,
+    asked_by,
 };
 pub use settings::{
     BACKOFF_MS_LIMIT, BATCH_LIMIT, CONCURRENCY_LIMIT, ConfigError, INTERVAL_S_LIMIT,

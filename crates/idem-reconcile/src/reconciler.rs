@@ -28,6 +28,13 @@ use crate::settings::{ConfigError, ReconcileSettings};
 
 /// Who the reconciler's resolutions are recorded as resolved by.
 pub const RESOLVED_BY: &str = "reconciler";
+
+/// Who a resolution is journaled by when `asker` (e.g. `operator:ana`)
+/// asked the reconciler to settle the record now:
+/// `reconciler (asked by operator:ana)`.
+pub fn asked_by(asker: &str) -> String {
+    format!("{RESOLVED_BY} (asked by {asker})")
+}
 /// The most records a reconciler remembers hints about at once (see
 /// [`Reconciler`]); past it, records are looked at without them.
 pub const TRACKED_MAX: usize = 100_000;
@@ -459,8 +466,17 @@ impl Reconciler {
     /// the attempt may still commit, nothing is asked for the key until
     /// then. At most `concurrency` lookups at once besides the scans'
     /// (none free: nothing is asked). Each lookup is bounded by its own
-    /// timeout.
+    /// timeout. A resolution is journaled by [`RESOLVED_BY`].
     pub async fn settle_now(&self, id: &RecordId) -> Settled {
+        self.settle_now_asked_by(id, RESOLVED_BY).await
+    }
+
+    /// [`Reconciler::settle_now`] on someone's request: a resolution it
+    /// makes is journaled by `by` (e.g. `reconciler (asked by
+    /// operator:ana)`, see [`asked_by`]) instead of [`RESOLVED_BY`]. A
+    /// caller that joins a lookup already being asked for the key takes
+    /// its answer, journaled by whoever asked first.
+    pub async fn settle_now_asked_by(&self, id: &RecordId, by: &str) -> Settled {
         let (operation, _) = scope_parts(id);
         let Some(prober) = self.probers.get(operation).cloned() else {
             return Settled::NotNow;
@@ -475,7 +491,7 @@ impl Reconciler {
             Err(None) => return Settled::NotNow,
             Err(Some(answer)) => answer,
         };
-        let step = self.settle_due(id, &*prober).await;
+        let step = self.settle_due(id, &*prober, by).await;
         let settled = self.settled(id, step.as_ref());
         land(&self.inline.flights, id, step.as_ref(), answer, settled);
         settled
@@ -597,7 +613,7 @@ impl Reconciler {
     /// The lookup of `id` if it is ambiguous and due (its tries allow it
     /// now); `None` when nothing was asked, [`Step::Elsewhere`] when the
     /// record is not ambiguous any more.
-    async fn settle_due(&self, id: &RecordId, prober: &dyn Provider) -> Option<Step> {
+    async fn settle_due(&self, id: &RecordId, prober: &dyn Provider, by: &str) -> Option<Step> {
         let record = match self.store.get(id).await.ok()? {
             Some(record) if record.state == State::Ambiguous => record,
             _ => return Some(Step::Elsewhere),
@@ -622,7 +638,8 @@ impl Reconciler {
         };
         let attempt = (id, token, record.lease_until);
         let store = &*self.store;
-        Some(ask_and_record(store, &*self.clock, prober, attempt, (delay_ms, tries_max)).await)
+        let limits = (delay_ms, tries_max);
+        Some(ask_and_record(store, &*self.clock, prober, attempt, limits, by).await)
     }
 
     /// Runs [`Reconciler::run`] on a task of its own until `shutdown`
@@ -819,9 +836,15 @@ impl Reconciler {
             let tries_max = self.settings.max_tries();
             let task = async move {
                 let attempt = (&id, token, lease_until);
-                let step =
-                    ask_and_record(&*store, &*clock, &*prober, attempt, (delay_ms, tries_max))
-                        .await;
+                let step = ask_and_record(
+                    &*store,
+                    &*clock,
+                    &*prober,
+                    attempt,
+                    (delay_ms, tries_max),
+                    RESOLVED_BY,
+                )
+                .await;
                 land(&flights, &id, Some(&step), answer, settled_of(Some(&step)));
                 (id, token, step)
             };
@@ -981,14 +1004,16 @@ impl ReconcileReport {
 /// Asks `prober` about the attempt holding `token` of `id` (its lease ends
 /// at `lease_until`) and records what the one verdict makes of the answer:
 /// a resolution, or a failed lookup counted with the next try `delay_ms`
-/// away. The scans and [`Reconciler::settle_now`] both call this. One trace
-/// per looked-up record: the lookup, then its resolution.
+/// away; a resolution is journaled by `by`. The scans and
+/// [`Reconciler::settle_now`] both call this. One trace per looked-up
+/// record: the lookup, then its resolution.
 async fn ask_and_record(
     store: &dyn Store,
     clock: &dyn Clock,
     prober: &dyn Provider,
     (id, token, lease_until): (&RecordId, Token, Timestamp),
     (delay_ms, tries_max): (u64, u32),
+    by: &str,
 ) -> Step {
     let span = tracing::info_span!(
         "idem.lookup",
@@ -1011,7 +1036,7 @@ async fn ask_and_record(
         let verdict = verdict::verdict(answer, asked_at, lease_until);
         lookup.record("idem.verdict", verdict_name(&verdict));
         match verdict {
-            Verdict::Resolve(outcome) => resolve(store, id, token, outcome, &reason).await,
+            Verdict::Resolve(outcome) => resolve(store, (id, token), outcome, &reason, by).await,
             Verdict::AskAgain { at } => Step::NotYet { until: at },
             Verdict::CountFailure => {
                 let next_at = clock.now().plus_millis(delay_ms);
@@ -1044,16 +1069,17 @@ async fn count_failure(
 }
 
 /// Records the provider's finding about the attempt holding `token`; a
-/// record resolved or claimed again meanwhile is not an error.
+/// record resolved or claimed again meanwhile is not an error. The
+/// resolution is journaled by `by`.
 async fn resolve(
     store: &dyn Store,
-    id: &RecordId,
-    token: Token,
+    (id, token): (&RecordId, Token),
     outcome: Outcome,
     reason: &str,
+    by: &str,
 ) -> Step {
     let completed = matches!(outcome, Outcome::Completed { .. });
-    let resolution = match Resolution::new(outcome, RESOLVED_BY, reason) {
+    let resolution = match Resolution::new(outcome, by, reason) {
         Ok(resolution) => resolution,
         Err(e) => return Step::StoreFailed(e.to_string()),
     };

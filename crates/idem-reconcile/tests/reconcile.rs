@@ -18,7 +18,7 @@ use idem_core::{
 };
 use idem_reconcile::{
     ForwardedKey, Lookup, LookupSpec, RESOLVED_BY, ReconcileReport, ReconcileSettings,
-    ReconcileSpec, Reconciler,
+    ReconcileSpec, Reconciler, Settled, asked_by,
 };
 use idem_sqlite::{SqliteOptions, SqliteStore};
 
@@ -733,4 +733,30 @@ async fn a_not_found_asked_during_the_lease_never_releases() {
     assert_eq!(reconciler.run_once().await, report(1, |r| r.released = 1));
     assert_eq!(h.store.get(&id).await.unwrap(), None);
     assert_eq!(h.hits(), 2);
+}
+
+/// Settling a record now on someone's request journals the resolution by
+/// who asked, `reconciler (asked by …)`; settling it now for a retry
+/// journals it by the reconciler alone.
+#[tokio::test]
+async fn settling_now_journals_who_asked() {
+    let h = Harness::new().await;
+    let reconciler = h.reconciler(ReconcileSpec::default(), &h.lookup_url());
+    let (asked, plain) = ("asked-1", "plain-1");
+    for key in [asked, plain] {
+        h.answer(key, Behavior::Answer(200, "{}"));
+    }
+    let asked = h.ambiguous(OPERATION, asked).await;
+    let plain = h.ambiguous(OPERATION, plain).await;
+    let by = asked_by("operator:ana");
+    assert_eq!(by, "reconciler (asked by operator:ana)");
+    let settled = reconciler.settle_now_asked_by(&asked, &by).await;
+    assert_eq!(settled, Settled::Resolved { completed: true });
+    let settled = reconciler.settle_now(&plain).await;
+    assert_eq!(settled, Settled::Resolved { completed: true });
+    for (id, want) in [(&asked, by.as_str()), (&plain, RESOLVED_BY)] {
+        let journal = h.store.resolutions(id).await.unwrap();
+        let by: Vec<&str> = journal.iter().map(|e| e.by.as_str()).collect();
+        assert_eq!(by, [want], "{id}");
+    }
 }

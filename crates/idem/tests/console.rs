@@ -5,6 +5,9 @@
 //! wrong one), finds a record by key and by tenant, opens it, is refused
 //! a resolution without a verdict, resolves it, the journal keeps her
 //! name, and the client's retry through the gateway replays the answer;
+//! she expires that record (a late retry is refused as key-expired), then
+//! evicts it once the key is typed right (the retry runs once more), both
+//! journaled under her name, as is the lookup she asked the provider for;
 //! the session ends when idle; operator admin (the single token of older
 //! configs) signs in and resolves another record with the keyboard
 //! alone, every focused control outlined; a form auto-submitted
@@ -117,6 +120,32 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
     assert_eq!(replayed, (201, r#"{"payout":"manual-7"}"#), "{retry:?}");
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(upstream.hits(), 4, "the retry never reached the upstream");
+    scene.expire_then_evict_pay_1(&gw, &upstream).await;
+    let store = format!("sqlite://{}", site.store().display());
+    let scope = format!("payouts|{}", scene.acme);
+    let shown = support::idem(&[
+        "records", "show", &scope, PAY_1, "--format", "json", "--store", &store,
+    ]);
+    assert!(shown.status.success(), "{}", support::text(&shown.stderr));
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let journal: Vec<(Value, Value)> = shown["resolutions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["verb"].clone(), e["by"].clone()))
+        .collect();
+    let want = [
+        (Value::Null, json!("operator:ana")),
+        (json!("expire"), json!("operator:ana")),
+        (json!("evict"), json!("operator:ana")),
+    ];
+    assert_eq!(journal, want, "{shown}");
+    // The refund ana asked the provider about is journaled as asked by her.
+    let ref_1 = admin_get(admin, &format!("/records/refunds%7C{}/ref-1", scene.acme)).await;
+    assert_eq!(
+        ref_1["resolution"]["by"], "reconciler (asked by operator:ana)",
+        "{ref_1}"
+    );
     scene.every_page_fits_without_sideways_scrolling().await;
     scene.an_idle_session_ends().await;
     scene.a_keyboard_alone_resolves_a_record().await;
@@ -260,6 +289,62 @@ impl Scene {
             text_of(browser, "#stored-body").await,
             r#"{"refund":"r-1"}"#
         );
+    }
+
+    /// On pay-1's page (completed), ana expires it with a reason: a late
+    /// retry is refused as key-expired, never run; then, the key typed to
+    /// confirm, she evicts it: the retry runs once more (the upstream's
+    /// fifth request, ambiguous again).
+    async fn expire_then_evict_pay_1(&self, gw: &Gateway, upstream: &Unsure) {
+        let browser = &self.browser;
+        let pay_1 = format!(
+            "/ui/record?scope=payouts%7C{}&key={}",
+            self.acme,
+            PAY_1.replace(':', "%3A")
+        );
+        browser.goto(&self.url(&pay_1)).await.unwrap();
+        assert_eq!(text_of(browser, "#state").await, "completed");
+        fill(browser, "#expire-reason", "seller withdrew the batch").await;
+        fill(browser, "#evict-reason", "replaced by batch 0002").await;
+        snap(browser, "verbs").await;
+        follow(browser, Locator::Css("#expire button[type=submit]")).await;
+        assert_eq!(text_of(browser, "#state").await, "tombstone");
+        let said = text_of(browser, "main").await;
+        for part in [
+            "Expired by operator:ana",
+            "expired by operator:ana: seller withdrew the batch",
+        ] {
+            assert!(said.contains(part), "{part}: {said}");
+        }
+        let late = pay(gw, "/payouts", "acme", PAY_1).await;
+        assert_eq!(late.status, 422, "{late:?}");
+        assert_eq!(
+            late.problem().as_deref(),
+            Some("urn:idem:problem:key-expired")
+        );
+        assert_eq!(upstream.hits(), 4, "an expired key never runs");
+
+        fill(browser, "#evict-reason", "replaced by batch 0002").await;
+        // The key typed wrong: refused, nothing changed.
+        fill(browser, "#evict-key", "pay-1").await;
+        follow(browser, Locator::Css("#evict button[type=submit]")).await;
+        let refused = text_of(browser, "p.error").await;
+        assert!(refused.contains("Type the record's key"), "{refused}");
+        browser.goto(&self.url(&pay_1)).await.unwrap();
+        assert_eq!(text_of(browser, "#state").await, "tombstone");
+        fill(browser, "#evict-reason", "replaced by batch 0002").await;
+        fill(browser, "#evict-key", PAY_1).await;
+        follow(browser, Locator::Css("#evict button[type=submit]")).await;
+        let said = text_of(browser, "main").await;
+        for part in [
+            "Evicted by operator:ana",
+            "evicted by operator:ana: replaced by batch 0002",
+        ] {
+            assert!(said.contains(part), "{part}: {said}");
+        }
+        let again = pay(gw, "/payouts", "acme", PAY_1).await;
+        assert_eq!(again.status, 503, "{again:?}");
+        assert_eq!(upstream.hits(), 5, "after evict the intent runs once more");
     }
 
     /// Every page fits a phone and a desktop.
