@@ -34,13 +34,19 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway: a reverse proxy enforcing the Idempotency-Key contract.
+    /// Run the gateway: a reverse proxy enforcing the Idempotency-Key
+    /// contract. Each route also answers a caller's status URL
+    /// (`GET {path}/.idem/{key}`) and publishes its policy (`GET
+    /// {path}/.idem`); see docs/http.md.
     Serve(serve::ServeArgs),
     /// Consume a queue (NATS JetStream, RabbitMQ or Amazon SQS): deliver
     /// each message once to an HTTP endpoint through the contract, and
     /// settle it on the broker from the record. Exits 0 after SIGTERM or
     /// SIGINT, 1 when it cannot start or a broker fails for good (what it
     /// declared is gone and cannot be made again, an SQS queue deleted).
+    /// `probe_listen` serves /healthz, /readyz and /metrics (the ambiguous
+    /// backlog per subscription, the suspect window; docs/operations.md,
+    /// "Alerts").
     Consume(consume::ConsumeArgs),
     /// Judge idempotency contract files by the twelve design-review questions.
     Check(check::CheckArgs),
