@@ -74,6 +74,79 @@ pub struct RecordView {
     pub result: Option<ResultView>,
     /// How the record was resolved, if it was ever ambiguous.
     pub resolution: Option<ResolutionView>,
+    /// Why the record is ambiguous, when it is at the time of the view.
+    pub ambiguity: Option<AmbiguityView>,
+}
+
+/// Why a record is ambiguous, as shown: what its attempt noted
+/// ([`idem_core::AmbiguityNote`]), or, when it noted nothing (its holder
+/// stopped before its lease ended, or its store keeps no note), that its
+/// holder stopped before it could say why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AmbiguityView {
+    /// Whether the attempt said why (`false`: its holder stopped first).
+    pub noted: bool,
+    /// The upstream's status, when it answered one.
+    pub status: Option<u16>,
+    /// What went wrong, as the gateway logged it.
+    pub error: String,
+    /// The start of the upstream's answer body (lossy UTF-8, bounded).
+    pub excerpt: Option<String>,
+    /// The node (owner label) whose attempt it was.
+    pub node: String,
+    /// When it was noted, or, not noted, when the holder's lease ended.
+    pub at: String,
+    /// The request fields the route names, values as JSON text.
+    pub summary: Vec<SummaryField>,
+}
+
+/// One request field of [`AmbiguityView::summary`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SummaryField {
+    /// The field's JSON pointer, as the route names it.
+    pub pointer: String,
+    /// The value's JSON text: a number exactly as the request spelled it,
+    /// a string with its quotes.
+    pub value: String,
+}
+
+impl AmbiguityView {
+    /// Why `r` is ambiguous, or `None` when it is not at `now`.
+    pub fn new(r: &Record, now: Timestamp) -> Option<AmbiguityView> {
+        if r.state_at(now) != State::Ambiguous {
+            return None;
+        }
+        Some(match &r.ambiguity {
+            Some(note) => AmbiguityView {
+                noted: true,
+                status: note.status,
+                error: note.error.clone(),
+                excerpt: note.excerpt.clone(),
+                node: note.node.clone(),
+                at: rfc3339(note.at),
+                summary: note
+                    .summary
+                    .iter()
+                    .map(|(pointer, value)| SummaryField {
+                        pointer: pointer.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+            },
+            None => AmbiguityView {
+                noted: false,
+                status: None,
+                error: format!(
+                    "the holder stopped before it could say why: its lease ended at {}",
+                    rfc3339(r.lease_until)
+                ),
+                excerpt: None,
+                node: r.owner.clone(),
+                at: rfc3339(r.lease_until),
+                summary: Vec::new(),
+            },
+        })
+    }
 }
 
 /// A stored result, as shown.
@@ -141,6 +214,7 @@ impl RecordView {
                 reason: res.reason.clone(),
                 at: res.at.map(rfc3339),
             }),
+            ambiguity: AmbiguityView::new(r, now),
         }
     }
 }
