@@ -254,6 +254,72 @@ pub fn rfc3339(t: Timestamp) -> String {
 mod tests {
     use super::*;
 
+    /// A record acquired at 1 s by `gw-1` with a 1 s lease.
+    fn acquired() -> Record {
+        use idem_core::decision::{Write, acquire};
+        use idem_core::{
+            ClaimRequest, Fingerprint, IdempotencyKey, Policy, RecordId, Scope, Token,
+        };
+        let req = ClaimRequest {
+            id: RecordId {
+                scope: Scope::new("payouts|t").unwrap(),
+                key: IdempotencyKey::new("k").unwrap(),
+            },
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            legacy_fingerprint: None,
+            owner: "gw-1".into(),
+            region: None,
+            policy: Policy::new(1_000, 60, 600, idem_core::LeaseExpiry::Reconcile).unwrap(),
+        };
+        match acquire(&req, Timestamp::from_millis(1_000), Token(1), None).1 {
+            Write::Put(record) => record,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_ambiguous_record_says_why_or_that_its_holder_stopped_first() {
+        let mut record = acquired();
+        let running = Timestamp::from_millis(1_500);
+        assert_eq!(AmbiguityView::new(&record, running), None, "in progress");
+        // Marked by a later claim after its holder's lease ended: no note.
+        record.state = State::Ambiguous;
+        let lapsed = AmbiguityView::new(&record, Timestamp::from_millis(5_000)).unwrap();
+        assert!(!lapsed.noted);
+        assert_eq!(lapsed.node, "gw-1");
+        assert_eq!(lapsed.at, "1970-01-01T00:00:02.000Z");
+        assert!(
+            lapsed.error.contains("stopped before it could say why"),
+            "{lapsed:?}"
+        );
+        let mut marked = record;
+        let summary = vec![("/amount".to_owned(), "1e400".to_owned())];
+        let note = idem_core::AmbiguityNote::new(
+            Some(503),
+            "upstream answered 503",
+            Some(b"busy"),
+            "gw-2",
+            Timestamp::from_millis(1_200),
+            summary,
+        );
+        marked.ambiguity = Some(note);
+        let noted = AmbiguityView::new(&marked, running).unwrap();
+        assert_eq!(
+            (
+                noted.noted,
+                noted.status,
+                noted.excerpt.as_deref(),
+                noted.node.as_str()
+            ),
+            (true, Some(503), Some("busy"), "gw-2")
+        );
+        let field = SummaryField {
+            pointer: "/amount".into(),
+            value: "1e400".into(),
+        };
+        assert_eq!(noted.summary, [field]);
+    }
+
     #[test]
     fn formats_timestamps_as_rfc3339() {
         let cases = [
