@@ -2121,6 +2121,22 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
+        /// Every JSON number literal, of any size, is extracted exactly as
+        /// written, and a string value comes back as its JSON text.
+        #[test]
+        fn extract_keeps_any_number_literal_and_string_exactly(
+            number in "-?(0|[1-9][0-9]{0,40})(\\.[0-9]{1,30})?([eE][+-]?[0-9]{1,5})?",
+            text in "\\PC{0,40}",
+        ) {
+            let quoted = serde_json::to_string(&text).unwrap();
+            let body = format!(r#"{{"a":{{"n":{number}}},"s":{quoted}}}"#);
+            let asked = pointers(&["/a/n", "/s"]);
+            let found = extract(body.as_bytes(), &asked);
+            let back: String = serde_json::from_str(&found[1].1).unwrap();
+            prop_assert_eq!(&found[0], &("/a/n".to_owned(), number));
+            prop_assert_eq!(back, text);
+        }
+
         /// Two spellings of one document canonicalise to the same bytes,
         /// which are their own canonical form, hold the document's strings,
         /// names and nesting, sort names as UTF-16 code units and escape
