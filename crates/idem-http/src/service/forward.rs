@@ -143,7 +143,10 @@ where
         if known.is_none_or(|bytes| bytes > RESPONSE_BYTES_MAX as u64) {
             return None;
         }
-        response.headers_mut().remove(header::CONTENT_LENGTH);
+        // Until the body is back, the response says no length: cut at the
+        // deadline or failed, it is passed on empty, and an empty body must
+        // not announce the length of the one that was lost.
+        let length = response.headers_mut().remove(header::CONTENT_LENGTH);
         let body = std::mem::replace(response.body_mut(), B::from(Bytes::new()));
         let bytes = Limited::new(body, RESPONSE_BYTES_MAX)
             .collect()
@@ -151,7 +154,8 @@ where
             .ok()?
             .to_bytes();
         let head = bytes[..bytes.len().min(AMBIGUITY_EXCERPT_BYTES_MAX)].to_vec();
-        if let Ok(length) = HeaderValue::from_str(&bytes.len().to_string()) {
+        if let Some(length) = length {
+            // The whole body is back: what the header said still holds.
             response
                 .headers_mut()
                 .insert(header::CONTENT_LENGTH, length);
