@@ -12,6 +12,9 @@ pub const AMBIGUITY_EXCERPT_BYTES_MAX: usize = 2048;
 pub const AMBIGUITY_ERROR_BYTES_MAX: usize = 1024;
 /// The most request fields a note's summary keeps (and a route may name).
 pub const AMBIGUITY_SUMMARY_FIELDS_MAX: usize = 16;
+/// The longest node label a note keeps, in bytes: an owner label's limit
+/// (`OWNER_BYTES_MAX`), restated so that records and notes stay apart.
+pub const AMBIGUITY_NODE_BYTES_MAX: usize = 255;
 /// The longest summary value (its JSON text), in bytes; a longer value is
 /// left out of the summary rather than cut into text that is not its value.
 pub const AMBIGUITY_SUMMARY_VALUE_BYTES_MAX: usize = 256;
@@ -72,7 +75,7 @@ impl AmbiguityNote {
             status,
             error: cut(error, AMBIGUITY_ERROR_BYTES_MAX).to_owned(),
             excerpt,
-            node: cut(node, crate::OWNER_BYTES_MAX).to_owned(),
+            node: cut(node, AMBIGUITY_NODE_BYTES_MAX).to_owned(),
             at,
             summary,
         }

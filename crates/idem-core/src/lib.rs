@@ -84,8 +84,8 @@ pub mod window;
 mod wrap;
 
 pub use ambiguity::{
-    AMBIGUITY_ERROR_BYTES_MAX, AMBIGUITY_EXCERPT_BYTES_MAX, AMBIGUITY_SUMMARY_FIELDS_MAX,
-    AMBIGUITY_SUMMARY_VALUE_BYTES_MAX, AmbiguityNote,
+    AMBIGUITY_ERROR_BYTES_MAX, AMBIGUITY_EXCERPT_BYTES_MAX, AMBIGUITY_NODE_BYTES_MAX,
+    AMBIGUITY_SUMMARY_FIELDS_MAX, AMBIGUITY_SUMMARY_VALUE_BYTES_MAX, AmbiguityNote,
 };
 pub use attempt::{
     AfterClaim, AfterVerification, EffectEnd, Freshness, Refusal, Unverified, Unwritten,

@@ -20,6 +20,8 @@ pub const RESULT_NOT_STORED_TYPE: &str = "urn:idem:problem:result-not-stored";
 pub const RESULT_NOT_STORED_TITLE: &str = "The result was too large to store";
 /// The longest owner label, in bytes.
 pub const OWNER_BYTES_MAX: usize = 255;
+// A note names the owner as its node, within its own limit.
+const _: () = assert!(crate::AMBIGUITY_NODE_BYTES_MAX == OWNER_BYTES_MAX);
 /// The longest region name, in bytes.
 pub const REGION_BYTES_MAX: usize = 64;
 /// The longest resolution actor or reason, in bytes.
