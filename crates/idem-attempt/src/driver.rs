@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use idem_core::attempt::{after_claim, after_effect, after_verification};
 use idem_core::{
-    AfterClaim, AfterVerification, Claim, ClaimRequest, Clock, Completion, CompletionTable,
-    EffectEnd, Freshness, LeaseLeft, RecordId, Refusal, SettleOnRetry, Store, StoreError,
-    StoredResult, SystemClock, Timestamp, Token, Unverified, Verification, VerifyFresh,
+    AfterClaim, AfterVerification, AmbiguityNote, Claim, ClaimRequest, Clock, Completion,
+    CompletionTable, EffectEnd, Freshness, LeaseLeft, RecordId, Refusal, SettleOnRetry, Store,
+    StoreError, StoredResult, SystemClock, Timestamp, Token, Unverified, Verification, VerifyFresh,
     WindowWatch, lease,
 };
 use tracing::Instrument;
@@ -35,7 +35,13 @@ pub struct Driver<'a> {
     observer: &'a dyn Observe,
     claimant: &'a dyn Claimant,
     unknowns: Unknowns,
+    summary: Option<&'a Summary<'a>>,
 }
+
+/// What a route names of the request for the note of why its record is
+/// ambiguous: (JSON pointer, the value's JSON text) pairs, computed only
+/// when an attempt is marked ambiguous.
+pub type Summary<'a> = dyn Fn() -> Vec<(String, String)> + Send + Sync + 'a;
 
 /// Who settles an unknown outcome this driver leaves, as its log says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +56,7 @@ pub enum Unknowns {
 /// An acquisition: what the claim granted and when it was sent.
 struct Held<'r> {
     id: &'r RecordId,
+    owner: &'r str,
     token: Token,
     lease_until: Timestamp,
     lease_ms: u64,
@@ -75,6 +82,7 @@ impl<'a> Driver<'a> {
             observer: &Unobserved,
             claimant: &Plain,
             unknowns: Unknowns::Operator,
+            summary: None,
         }
     }
 
@@ -114,6 +122,15 @@ impl<'a> Driver<'a> {
     /// Reports every step to `observer`.
     pub fn with_observer(self, observer: &'a dyn Observe) -> Driver<'a> {
         Driver { observer, ..self }
+    }
+
+    /// Puts `summary`'s fields of the request in the note of why a record
+    /// this driver marks ambiguous is (none without it).
+    pub fn with_summary(self, summary: &'a Summary<'a>) -> Driver<'a> {
+        Driver {
+            summary: Some(summary),
+            ..self
+        }
     }
 
     /// Claims with `claimant`'s hooks (a second fingerprint, a wait).
@@ -156,6 +173,7 @@ impl<'a> Driver<'a> {
         };
         let held = Held {
             id,
+            owner: &request.owner,
             token,
             lease_until,
             lease_ms,
@@ -351,10 +369,13 @@ impl<'a> Driver<'a> {
             (Completion::Final, Ran::Answered(answer)) => {
                 self.complete(&held, deadline, answer).await
             }
-            (completion, ran) => {
+            (completion, mut ran) => {
                 let written = self
                     .settle(held.id, held.token, completion, &ran.cause())
                     .await;
+                if completion == Completion::Unknown && written.is_ok() {
+                    self.note_why(&held, deadline, &mut ran).await;
+                }
                 if let Ran::Panicked(_) = &ran {
                     tracing::error!(scope = %held.id.scope, key = %held.id.key, "the effect panicked");
                 }
@@ -399,10 +420,13 @@ impl<'a> Driver<'a> {
         let (result, kept) = match tokio::time::timeout_at(deadline.into(), answer.keep()).await {
             Ok(Some((result, kept))) => (result, Some(kept)),
             Ok(None) => {
-                let ran = Ran::Unstorable;
+                let mut ran = Ran::Unstorable;
                 let written = self
                     .settle(id, held.token, Completion::Unknown, &ran.cause())
                     .await;
+                if written.is_ok() {
+                    self.note_why(held, deadline, &mut ran).await;
+                }
                 return AttemptEnd::Settled {
                     completion: Completion::Unknown,
                     ran,
@@ -475,6 +499,40 @@ impl<'a> Driver<'a> {
             }
         }
         written
+    }
+
+    /// Writes why the attempt's record, just marked ambiguous, is: what
+    /// `ran` says, the start of its answer's body (read until `deadline`),
+    /// this node and the route's summary of the request. The note only
+    /// informs an operator, so a failure to write it is logged and
+    /// changes nothing else.
+    async fn note_why<A: Answer>(&self, held: &Held<'_>, deadline: Instant, ran: &mut Ran<A>) {
+        let id = held.id;
+        let cause = ran.cause();
+        let (status, excerpt) = match ran {
+            Ran::Answered(answer) => {
+                let status = match answer.end() {
+                    EffectEnd::Answered { status } => Some(status),
+                    _ => None,
+                };
+                let excerpt = tokio::time::timeout_at(deadline.into(), answer.excerpt()).await;
+                (status, excerpt.ok().flatten())
+            }
+            _ => (None, None),
+        };
+        let summary = self.summary.map(|summary| summary()).unwrap_or_default();
+        let note = AmbiguityNote::new(
+            status,
+            &cause,
+            excerpt.as_deref(),
+            held.owner,
+            SystemClock.now(),
+            summary,
+        );
+        if let Err(e) = self.store.note_ambiguity(id, held.token, note).await {
+            tracing::warn!(scope = %id.scope, key = %id.key, error = %e,
+                "could not note why the record is ambiguous; the record is marked all the same");
+        }
     }
 
     fn log_settled(&self, id: &RecordId, completion: Completion, cause: &str) {

@@ -229,6 +229,14 @@ pub trait Answer: Sized + Send {
     /// it at the lease's deadline: the answer is part of the effect.
     fn keep(self) -> impl Future<Output = Option<(StoredResult, Self::Kept)>> + Send;
 
+    /// The start of a non-final answer's body, for the note of why its
+    /// record is ambiguous ([`idem_core::AmbiguityNote`]), read without
+    /// losing what the adapter passes on. The driver cuts it at the
+    /// lease's deadline. The default reads nothing.
+    fn excerpt(&mut self) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        std::future::ready(None)
+    }
+
     /// What stands for an effect that panicked: an answer judged like any
     /// other (the HTTP layer's 500), or `None` (the default): the record is
     /// marked ambiguous and the adapter gets the panic to resume.

@@ -31,7 +31,7 @@ mod driver;
 mod end;
 mod hooks;
 
-pub use driver::{Driver, Unknowns};
+pub use driver::{Driver, Summary, Unknowns};
 pub use end::{AttemptEnd, Granted, Ran};
 pub use hooks::{
     Answer, Ask, Asked, BoxFuture, Claimant, Observe, Plain, Polling, StoreAnswer, StoreOp,

@@ -89,6 +89,8 @@ macro_rules! __every_case {
             tokens_increase_across_release,
             release_removes_record,
             mark_ambiguous_sets_state,
+            ambiguity_note_is_kept_for_its_attempt_only,
+            ambiguity_note_of_a_gone_attempt_is_dropped,
             resolve_completed_stores_result,
             resolve_not_executed_releases,
             resolve_refuses_other_states,

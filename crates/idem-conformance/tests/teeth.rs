@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use idem_conformance::{START, cases};
 use idem_core::{
-    Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX, ListQuery, Listing,
-    LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, Outcome, PurgeReport, Record, RecordId,
-    Resolution, Resolved, State, Store, StoreError, StoreFuture, StoreWrapper, StoredResult,
-    Timestamp, Token, VerbRequest, check_region,
+    AmbiguityNote, Claim, ClaimRequest, Clock, Fingerprint, JournalEntry, LIST_LIMIT_MAX,
+    ListQuery, Listing, LookupTries, ManualClock, MemoryStore, OWNER_BYTES_MAX, Outcome,
+    PurgeReport, Record, RecordId, Resolution, Resolved, State, Store, StoreError, StoreFuture,
+    StoreWrapper, StoredResult, Timestamp, Token, VerbRequest, check_region,
 };
 
 /// `(name, case)` for a case of the suite, runnable against `Broken`.
@@ -209,6 +209,17 @@ async fn every_fault_is_caught() {
                 case!(evict_lets_the_intent_run_again),
             ],
         ),
+        (
+            Fault::NoteNotKept,
+            vec![case!(ambiguity_note_is_kept_for_its_attempt_only)],
+        ),
+        (
+            Fault::NoteIgnoresToken,
+            vec![
+                case!(ambiguity_note_is_kept_for_its_attempt_only),
+                case!(ambiguity_note_of_a_gone_attempt_is_dropped),
+            ],
+        ),
     ];
     let quiet = QuietPanics::new();
     let mut escaped = Vec::new();
@@ -311,6 +322,12 @@ enum Fault {
     EvictsWhileLeased,
     /// The journal loses the entries of operators' verbs.
     JournalForgetsVerbs,
+    /// A note of why a record is ambiguous is answered but never kept (the
+    /// `Store` trait's default, on a store that says it keeps notes).
+    NoteNotKept,
+    /// A note lands on whichever attempt holds the record now, whatever
+    /// token it was about.
+    NoteIgnoresToken,
 }
 
 /// `MemoryStore`, wrapped, with at most one fault.
@@ -531,6 +548,22 @@ impl StoreWrapper for Broken {
             self.remember_completed(&done);
             Ok(done)
         })
+    }
+
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        match self.fault {
+            Fault::NoteNotKept => Box::pin(std::future::ready(Ok(()))),
+            Fault::NoteIgnoresToken => Box::pin(async move {
+                let current = self.inner.get(id).await?.map_or(token, |r| r.token);
+                self.inner.note_ambiguity(id, current, note).await
+            }),
+            _ => self.inner.note_ambiguity(id, token, note),
+        }
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, ()> {

@@ -3,7 +3,9 @@
 //! The pages need no script; every control is a link, a button or a
 //! labelled field, reachable with the keyboard.
 
-use idem_core::{JournalEntry, Record, RecordId, Resolved, State, Timestamp, Verb};
+use idem_core::{
+    AMBIGUITY_EXCERPT_BYTES_MAX, JournalEntry, Record, RecordId, Resolved, State, Timestamp, Verb,
+};
 use idem_gateway::{OperatorName, RecordView, WindowView, rfc3339};
 use maud::{DOCTYPE, Markup, html};
 
@@ -576,22 +578,56 @@ fn answer(view: &RecordView) -> Markup {
 /// a bounded excerpt of its body, the node and the time, as the store
 /// keeps them. Records written before the store kept a cause show "not
 /// recorded"; the node's log of that time has it.
-fn why_ambiguous(_r: &Record) -> Markup {
+fn why_ambiguous(r: &Record) -> Markup {
     html! {
         section #why aria-labelledby="why-title" {
             h2 #why-title { "Why it is ambiguous" }
-            p #why-cause { "Not recorded for this record: look in the log of the node that claimed it, around the time it was claimed." }
+            @match &r.ambiguity {
+                Some(note) => {
+                    dl #why-cause {
+                        dt { "What happened" } dd { (note.error) }
+                        dt { "Upstream status" }
+                        dd { @match note.status { Some(status) => (status), None => "none: no answer came" } }
+                        dt { "Node" } dd { code { (note.node) } }
+                        dt { "When" } dd { (rfc3339(note.at)) }
+                    }
+                    @match &note.excerpt {
+                        Some(excerpt) => {
+                            p { "The start of the upstream's answer (at most " (AMBIGUITY_EXCERPT_BYTES_MAX) " bytes):" }
+                            pre #why-excerpt { (excerpt) }
+                        }
+                        None => p #why-excerpt { "No body was kept: none came, or its length was not known in advance." }
+                    }
+                }
+                None if r.state == State::Ambiguous => p #why-cause {
+                    "Not recorded: the attempt of " code { (r.owner) } " stopped before it could say why "
+                    "(its lease ended " (rfc3339(r.lease_until)) "), or the record predates notes. "
+                    "That node's log of that time has the cause."
+                },
+                None => p #why-cause { "Not ambiguous: nothing to explain." },
+            }
         }
     }
 }
 
 /// What the request was: the fields its route declares safe to show
 /// (`summary_fields`); nothing by default.
-fn request_summary(_r: &Record) -> Markup {
+fn request_summary(r: &Record) -> Markup {
+    let fields = r
+        .ambiguity
+        .as_ref()
+        .map(|n| n.summary.as_slice())
+        .unwrap_or_default();
     html! {
         section #summary aria-labelledby="summary-title" {
             h2 #summary-title { "Request summary" }
-            p #summary-fields { "Not recorded: the route declares no summary fields, or the record predates them." }
+            @if fields.is_empty() {
+                p #summary-fields { "Not recorded: the route declares no summary fields, the request had none of them, or the record is not ambiguous." }
+            } @else {
+                dl #summary-fields {
+                    @for (pointer, value) in fields { dt { code { (pointer) } } dd { code { (value) } } }
+                }
+            }
         }
     }
 }
@@ -712,6 +748,7 @@ mod tests {
             tombstone_s: 600,
             result: None,
             resolution: None,
+            ambiguity: None,
         };
         let detail = super::super::records::Detail {
             record: Some(record.clone()),

@@ -6,7 +6,7 @@ use crate::record::{
     JournalEntry, LimitError, LookupTries, Outcome, Record, RecordId, Resolution, Resolved, State,
     StoredResult, Token, Verb, VerbRequest, check_owner, check_region,
 };
-use crate::{Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
+use crate::{AmbiguityNote, Fingerprint, LeaseExpiry, Policy, StoreError, Timestamp};
 
 /// A request to claim (scope, key) for one attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -281,6 +281,7 @@ pub fn acquire(
         tombstone_s: req.policy.tombstone_s(),
         result: None,
         resolution: None,
+        ambiguity: None,
     };
     let claim = Claim::Acquired {
         token,
@@ -329,6 +330,23 @@ pub fn mark_ambiguous(
     let mut marked = record.clone();
     marked.state = State::Ambiguous;
     Ok(marked)
+}
+
+/// The attempt holding `token` says why its record is ambiguous: only
+/// while the record is still its own and ambiguous (a note about an
+/// attempt that moved on is refused, `Fenced` or `WrongState`, and
+/// dropped). A later note replaces an earlier one.
+pub fn note_ambiguity(
+    existing: Option<&Record>,
+    id: &RecordId,
+    token: Token,
+    note: AmbiguityNote,
+    now: Timestamp,
+) -> Result<Record, StoreError> {
+    let record = ambiguous_attempt(existing, id, token, now, "note_ambiguity")?;
+    let mut noted = record.clone();
+    noted.ambiguity = Some(note);
+    Ok(noted)
 }
 
 /// Resolving an `ambiguous` record: completed (store the result) or not
@@ -539,6 +557,7 @@ fn mark_completed(record: &mut Record, result: StoredResult, now: Timestamp) {
     record.expires_at = Some(now.plus_millis(record.retention_s.saturating_mul(1000)));
     record.tombstone_until = Some(now.plus_millis(record.tombstone_s.saturating_mul(1000)));
     record.result = Some(result);
+    record.ambiguity = None;
 }
 
 /// The check of every statement about an ambiguous attempt (a verdict, a
@@ -620,6 +639,7 @@ mod tests {
             tombstone_s: 2,
             result: None,
             resolution: None,
+            ambiguity: None,
         }
     }
 
@@ -918,6 +938,41 @@ mod tests {
             Ok(State::Ambiguous)
         );
         assert!(mark_ambiguous(Some(&done), &id, Token(7), NOW).is_err());
+    }
+
+    #[test]
+    fn only_the_marking_attempt_notes_why_and_completion_drops_the_note() {
+        let note = AmbiguityNote::new(Some(503), "upstream answered 503", None, "n", NOW, vec![]);
+        let marked = record(State::Ambiguous);
+        let id = marked.id.clone();
+        let noted = note_ambiguity(Some(&marked), &id, Token(7), note.clone(), NOW).unwrap();
+        assert_eq!(noted.ambiguity, Some(note.clone()));
+        assert!(matches!(
+            note_ambiguity(Some(&marked), &id, Token(8), note.clone(), NOW),
+            Err(StoreError::Fenced { .. })
+        ));
+        // In progress past its lease is ambiguous, but not marked by its attempt.
+        let lapsed = record(State::InProgress);
+        assert!(matches!(
+            note_ambiguity(Some(&lapsed), &id, Token(7), note.clone(), NOW),
+            Err(StoreError::WrongState { .. })
+        ));
+        assert!(matches!(
+            note_ambiguity(None, &id, Token(7), note, NOW),
+            Err(StoreError::NotFound { .. })
+        ));
+        let result = StoredResult::new(200, vec![], vec![]).unwrap();
+        let resolution = Resolution {
+            outcome: Outcome::Completed { result },
+            by: "op".into(),
+            reason: "seen".into(),
+            at: None,
+        };
+        let (write, _) = resolve(Some(&noted), &id, Token(7), resolution, NOW).unwrap();
+        let Write::Put(done) = write else {
+            panic!("a completed verdict writes the record")
+        };
+        assert_eq!(done.ambiguity, None);
     }
 
     #[test]

@@ -410,6 +410,7 @@ pub fn canonicalize(
         bytes: input,
         pos: 0,
         numbers,
+        literals: false,
     };
     let mut value = parser.parse_value(0)?;
     parser.skip_whitespace();
@@ -424,6 +425,55 @@ pub fn canonicalize(
     let mut out = Vec::with_capacity(input.len());
     write_value(&value, &mut out);
     Ok(out)
+}
+
+/// The values `pointers` address in the JSON document `input`, each as
+/// `(pointer, JSON text)` in the order of `pointers`: numbers exactly as the
+/// document spells them (so integers beyond 2^53 and long decimals survive),
+/// strings, arrays and objects written as [`canonicalize`] writes them. A
+/// document that is not one valid JSON text gives nothing, and a pointer
+/// that addresses nothing gives no entry: never an error, since the caller
+/// describes a request whose body it does not own.
+pub fn extract(input: &[u8], pointers: &[JsonPointer]) -> Vec<(String, String)> {
+    let Ok(text) = std::str::from_utf8(input) else {
+        return Vec::new();
+    };
+    let mut parser = Parser {
+        text,
+        bytes: input,
+        pos: 0,
+        numbers: Numbers::Exact,
+        literals: true,
+    };
+    let Ok(value) = parser.parse_value(0) else {
+        return Vec::new();
+    };
+    parser.skip_whitespace();
+    if parser.pos < input.len() {
+        return Vec::new();
+    }
+    pointers
+        .iter()
+        .filter_map(|pointer| {
+            let found = pointer
+                .segments
+                .iter()
+                .try_fold(&value, |at, segment| match at {
+                    Value::Object(members) => members
+                        .iter()
+                        .find(|(name, _)| name == segment)
+                        .map(|(_, child)| child),
+                    Value::Array(items) => array_index(segment).and_then(|i| items.get(i)),
+                    _ => None,
+                })?;
+            let mut out = Vec::new();
+            write_value(found, &mut out);
+            Some((
+                pointer.text.clone(),
+                String::from_utf8_lossy(&out).into_owned(),
+            ))
+        })
+        .collect()
 }
 
 /// A parsed JSON value.
@@ -446,6 +496,8 @@ struct Parser<'a> {
     bytes: &'a [u8],
     pos: usize,
     numbers: Numbers,
+    /// Keep every number as its literal text ([`extract`]), not canonical.
+    literals: bool,
 }
 
 impl Parser<'_> {
@@ -744,6 +796,9 @@ impl Parser<'_> {
             self.consume_digits();
         }
         let literal = &self.text[start..self.pos];
+        if self.literals {
+            return Ok(Value::Number(literal.to_owned()));
+        }
         let refused = |make: fn(String, usize) -> JcsError| make(abbreviate(literal), start);
         let exact = || {
             exact_decimal(literal).ok_or_else(|| {
@@ -972,6 +1027,40 @@ mod tests {
         list.iter()
             .map(|p| JsonPointer::parse(p).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn extract_keeps_numbers_as_spelled_and_gives_nothing_for_what_is_not_there() {
+        let body = br#"{"seller_id":"s-1","amount":12345678901234567890.25,"n":1.50e3,
+            "items":[{"sku":"a\u0041"}],"obj":{"b":1,"a":[2]},"nil":null}"#;
+        let asked = pointers(&[
+            "/amount",
+            "/seller_id",
+            "/missing",
+            "/n",
+            "/items/0/sku",
+            "/items/1",
+            "/obj",
+            "/nil",
+            "/amount/x",
+        ]);
+        let found: Vec<(String, String)> = extract(body, &asked);
+        let expect = [
+            ("/amount", "12345678901234567890.25"),
+            ("/seller_id", r#""s-1""#),
+            ("/n", "1.50e3"),
+            ("/items/0/sku", r#""aA""#),
+            ("/obj", r#"{"a":[2],"b":1}"#),
+            ("/nil", "null"),
+        ];
+        let expect: Vec<(String, String)> = expect
+            .iter()
+            .map(|(p, v)| ((*p).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(found, expect);
+        for not_json in [&b"amount=1"[..], b"{\"amount\":1} x", b"\xff", b""] {
+            assert_eq!(extract(not_json, &asked), vec![], "{not_json:?}");
+        }
     }
 
     #[track_caller]
@@ -2031,6 +2120,22 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Every JSON number literal, of any size, is extracted exactly as
+        /// written, and a string value comes back as its JSON text.
+        #[test]
+        fn extract_keeps_any_number_literal_and_string_exactly(
+            number in "-?(0|[1-9][0-9]{0,40})(\\.[0-9]{1,30})?([eE][+-]?[0-9]{1,5})?",
+            text in "\\PC{0,40}",
+        ) {
+            let quoted = serde_json::to_string(&text).unwrap();
+            let body = format!(r#"{{"a":{{"n":{number}}},"s":{quoted}}}"#);
+            let asked = pointers(&["/a/n", "/s"]);
+            let found = extract(body.as_bytes(), &asked);
+            let back: String = serde_json::from_str(&found[1].1).unwrap();
+            prop_assert_eq!(&found[0], &("/a/n".to_owned(), number));
+            prop_assert_eq!(back, text);
+        }
 
         /// Two spellings of one document canonicalise to the same bytes,
         /// which are their own canonical form, hold the document's strings,

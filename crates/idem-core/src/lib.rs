@@ -59,6 +59,7 @@
 //! # }).unwrap();
 //! ```
 
+mod ambiguity;
 pub mod attempt;
 mod chain;
 pub mod completion;
@@ -82,6 +83,10 @@ pub mod verdict;
 pub mod window;
 mod wrap;
 
+pub use ambiguity::{
+    AMBIGUITY_ERROR_BYTES_MAX, AMBIGUITY_EXCERPT_BYTES_MAX, AMBIGUITY_NODE_BYTES_MAX,
+    AMBIGUITY_SUMMARY_FIELDS_MAX, AMBIGUITY_SUMMARY_VALUE_BYTES_MAX, AmbiguityNote,
+};
 pub use attempt::{
     AfterClaim, AfterVerification, EffectEnd, Freshness, Refusal, Unverified, Unwritten,
 };

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::AmbiguityNote;
 use crate::decision::{self, Claim, ClaimRequest, Write};
 use crate::record::{
     JOURNAL_PER_RECORD_MAX, JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult,
@@ -135,6 +136,18 @@ impl Store for MemoryStore {
         ready(self.with_record(id, |existing, now| {
             let marked = decision::mark_ambiguous(existing, id, token, now)?;
             Ok((marked.clone(), Write::Put(marked)))
+        }))
+    }
+
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        ready(self.with_record(id, |existing, now| {
+            let noted = decision::note_ambiguity(existing, id, token, note, now)?;
+            Ok(((), Write::Put(noted)))
         }))
     }
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{Fingerprint, HeaderBytes, IdempotencyKey, Scope, Timestamp};
+use crate::{AmbiguityNote, Fingerprint, HeaderBytes, IdempotencyKey, Scope, Timestamp};
 
 /// The largest stored response body, in bytes (docs/contract.md, "Policy and limits").
 pub const RESULT_BODY_BYTES_MAX: usize = 1024 * 1024;
@@ -20,6 +20,8 @@ pub const RESULT_NOT_STORED_TYPE: &str = "urn:idem:problem:result-not-stored";
 pub const RESULT_NOT_STORED_TITLE: &str = "The result was too large to store";
 /// The longest owner label, in bytes.
 pub const OWNER_BYTES_MAX: usize = 255;
+// A note names the owner as its node, within its own limit.
+const _: () = assert!(crate::AMBIGUITY_NODE_BYTES_MAX == OWNER_BYTES_MAX);
 /// The longest region name, in bytes.
 pub const REGION_BYTES_MAX: usize = 64;
 /// The longest resolution actor or reason, in bytes.
@@ -229,6 +231,12 @@ pub struct Record {
     pub result: Option<StoredResult>,
     /// How the record was resolved, if it was ever ambiguous and resolved.
     pub resolution: Option<Resolution>,
+    /// Why an `ambiguous` record is, as the attempt that marked it said
+    /// ([`crate::Store::note_ambiguity`]): `None` when it said nothing (its
+    /// lease ended first, or its store keeps no note). Dropped when the
+    /// record completes.
+    #[serde(default)]
+    pub ambiguity: Option<AmbiguityNote>,
 }
 
 /// Why a result, owner or resolution text was refused.

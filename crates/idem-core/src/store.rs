@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
     JournalEntry, LookupTries, Record, RecordId, Resolution, State, StoredResult, Token,
@@ -12,6 +11,7 @@ use crate::record::{
 };
 use crate::store_error::StoreError;
 use crate::window::{SuspectWindow, WindowOpening};
+use crate::{AmbiguityNote, Timestamp};
 
 /// The future every store operation returns. Boxed so that `dyn Store` works
 /// and the core needs no async runtime; a store that answers at once (the
@@ -42,6 +42,23 @@ pub trait Store: Send + Sync {
 
     /// Marks the record of the attempt holding `token` as outcome unknown.
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record>;
+
+    /// Keeps `note`, why the record of the attempt holding `token` is
+    /// ambiguous ([`crate::decision::note_ambiguity`]), in
+    /// [`Record::ambiguity`]: written after [`Store::mark_ambiguous`] by
+    /// the same attempt. Refused, nothing written, when the record is gone,
+    /// belongs to another attempt or is not ambiguous: a note about an
+    /// attempt that moved on is dropped. The default keeps no note and
+    /// answers `Ok`: a store without a place for it loses only the note.
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        let _ = (id, token, note);
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     /// Resolves an ambiguous record; returns the completed record, or `None`
     /// when it was released as not executed. A resolution that succeeds

@@ -3,7 +3,6 @@
 //! operation goes to the inner store, through [`StoreWrapper::around`].
 //! Every type that implements it is a [`Store`].
 
-use crate::Timestamp;
 use crate::decision::{Claim, ClaimRequest};
 use crate::record::{
     JournalEntry, LookupTries, Record, RecordId, Resolution, StoredResult, Token, VerbRequest,
@@ -12,6 +11,7 @@ use crate::store::{
     ListQuery, Listing, PurgeReport, Store, StoreFuture, WakeFn, Watch, Watching, WindowFn,
 };
 use crate::window::{SuspectWindow, WindowOpening};
+use crate::{AmbiguityNote, Timestamp};
 
 /// A write the inner store accepted, as [`StoreWrapper::accepted`] sees it:
 /// the operation and its arguments (and a claim's answer).
@@ -29,6 +29,8 @@ pub enum Accepted<'a> {
     Resolve(&'a RecordId, Token, &'a Resolution),
     /// [`Store::note_failed_lookup`].
     NoteFailedLookup(&'a RecordId, Token),
+    /// [`Store::note_ambiguity`].
+    NoteAmbiguity(&'a RecordId, Token),
     /// [`Store::apply_verb`].
     Verb(&'a RecordId, Token, &'a VerbRequest),
 }
@@ -185,6 +187,9 @@ wrapper! {
         /// [`Store::note_failed_lookup`].
         fn note_failed_lookup(id: &'a RecordId, token: Token, next_at: Timestamp) -> LookupTries;
         |_| Accepted::NoteFailedLookup(id, token);
+        /// [`Store::note_ambiguity`].
+        fn note_ambiguity(id: &'a RecordId, token: Token, note: AmbiguityNote) -> ();
+        |_| Accepted::NoteAmbiguity(id, token);
     }
 }
 

@@ -238,6 +238,12 @@ fn put_record(item: &mut HashMap<String, AttributeValue>, r: &Record, pk: &str) 
     opt_time(item, "tsu", r.tombstone_until);
     item.insert("ret".into(), n(r.retention_s));
     item.insert("tbs".into(), n(r.tombstone_s));
+    if let Some(note) = &r.ambiguity
+        && let Ok(json) = serde_json::to_string(note)
+    {
+        // A note is plain data: serialising it cannot fail.
+        item.insert("note".into(), s(&json));
+    }
     if r.state == State::Ambiguous {
         item.insert("amb".into(), s("a"));
         item.insert("amb_sk".into(), s(index_sort_key(pk)));
@@ -464,6 +470,13 @@ fn read_record(
         tombstone_s: get_n(attrs, "tbs")?,
         result: None,
         resolution: None,
+        ambiguity: match attrs.get("note") {
+            None => None,
+            Some(_) => Some(
+                serde_json::from_str(get_s(attrs, "note")?)
+                    .map_err(|e| format!("ambiguity note: {e}"))?,
+            ),
+        },
     })
 }
 

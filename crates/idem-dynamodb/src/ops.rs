@@ -3,9 +3,9 @@
 
 use idem_core::decision::{self, Claim, ClaimRequest, Plan, Write};
 use idem_core::{
-    JournalEntry, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record, RecordId,
-    Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
-    Token, Verb, VerbRequest, Watch, Watching, WindowOpening,
+    AmbiguityNote, JournalEntry, ListQuery, Listing, LookupTries, Outcome, PurgeReport, Record,
+    RecordId, Resolution, State, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
+    Timestamp, Token, Verb, VerbRequest, Watch, Watching, WindowOpening,
 };
 
 use crate::item::{self, Item};
@@ -362,6 +362,18 @@ impl Store for DynamoStore {
         Box::pin(self.attempt_step(id, move |existing, now| {
             let marked = decision::mark_ambiguous(existing, id, token, now)?;
             Ok((marked.clone(), Some(marked)))
+        }))
+    }
+
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(self.attempt_step(id, move |existing, now| {
+            let noted = decision::note_ambiguity(existing, id, token, note.clone(), now)?;
+            Ok(((), Some(noted)))
         }))
     }
 

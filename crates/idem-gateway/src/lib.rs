@@ -36,7 +36,10 @@ pub use server::{
     shutdown_signal,
 };
 pub use tls::AdminTransport;
-pub use view::{RecordView, ResolutionView, ResultView, WindowView, outcome_name, rfc3339};
+pub use view::{
+    AmbiguityView, RecordView, ResolutionView, ResultView, SummaryField, WindowView, outcome_name,
+    rfc3339,
+};
 
 // The process plumbing `idem serve` shares with `idem consume`, named
 // here too so that the gateway's users need not know where it lives.

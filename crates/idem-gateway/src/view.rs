@@ -74,6 +74,79 @@ pub struct RecordView {
     pub result: Option<ResultView>,
     /// How the record was resolved, if it was ever ambiguous.
     pub resolution: Option<ResolutionView>,
+    /// Why the record is ambiguous, when it is at the time of the view.
+    pub ambiguity: Option<AmbiguityView>,
+}
+
+/// Why a record is ambiguous, as shown: what its attempt noted
+/// ([`idem_core::AmbiguityNote`]), or, when it noted nothing (its holder
+/// stopped before its lease ended, or its store keeps no note), that its
+/// holder stopped before it could say why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AmbiguityView {
+    /// Whether the attempt said why (`false`: its holder stopped first).
+    pub noted: bool,
+    /// The upstream's status, when it answered one.
+    pub status: Option<u16>,
+    /// What went wrong, as the gateway logged it.
+    pub error: String,
+    /// The start of the upstream's answer body (lossy UTF-8, bounded).
+    pub excerpt: Option<String>,
+    /// The node (owner label) whose attempt it was.
+    pub node: String,
+    /// When it was noted, or, not noted, when the holder's lease ended.
+    pub at: String,
+    /// The request fields the route names, values as JSON text.
+    pub summary: Vec<SummaryField>,
+}
+
+/// One request field of [`AmbiguityView::summary`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SummaryField {
+    /// The field's JSON pointer, as the route names it.
+    pub pointer: String,
+    /// The value's JSON text: a number exactly as the request spelled it,
+    /// a string with its quotes.
+    pub value: String,
+}
+
+impl AmbiguityView {
+    /// Why `r` is ambiguous, or `None` when it is not at `now`.
+    pub fn new(r: &Record, now: Timestamp) -> Option<AmbiguityView> {
+        if r.state_at(now) != State::Ambiguous {
+            return None;
+        }
+        Some(match &r.ambiguity {
+            Some(note) => AmbiguityView {
+                noted: true,
+                status: note.status,
+                error: note.error.clone(),
+                excerpt: note.excerpt.clone(),
+                node: note.node.clone(),
+                at: rfc3339(note.at),
+                summary: note
+                    .summary
+                    .iter()
+                    .map(|(pointer, value)| SummaryField {
+                        pointer: pointer.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+            },
+            None => AmbiguityView {
+                noted: false,
+                status: None,
+                error: format!(
+                    "the holder stopped before it could say why: its lease ended at {}",
+                    rfc3339(r.lease_until)
+                ),
+                excerpt: None,
+                node: r.owner.clone(),
+                at: rfc3339(r.lease_until),
+                summary: Vec::new(),
+            },
+        })
+    }
 }
 
 /// A stored result, as shown.
@@ -141,6 +214,7 @@ impl RecordView {
                 reason: res.reason.clone(),
                 at: res.at.map(rfc3339),
             }),
+            ambiguity: AmbiguityView::new(r, now),
         }
     }
 }
@@ -179,6 +253,72 @@ pub fn rfc3339(t: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record acquired at 1 s by `gw-1` with a 1 s lease.
+    fn acquired() -> Record {
+        use idem_core::decision::{Write, acquire};
+        use idem_core::{
+            ClaimRequest, Fingerprint, IdempotencyKey, Policy, RecordId, Scope, Token,
+        };
+        let req = ClaimRequest {
+            id: RecordId {
+                scope: Scope::new("payouts|t").unwrap(),
+                key: IdempotencyKey::new("k").unwrap(),
+            },
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            legacy_fingerprint: None,
+            owner: "gw-1".into(),
+            region: None,
+            policy: Policy::new(1_000, 60, 600, idem_core::LeaseExpiry::Reconcile).unwrap(),
+        };
+        match acquire(&req, Timestamp::from_millis(1_000), Token(1), None).1 {
+            Write::Put(record) => record,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_ambiguous_record_says_why_or_that_its_holder_stopped_first() {
+        let mut record = acquired();
+        let running = Timestamp::from_millis(1_500);
+        assert_eq!(AmbiguityView::new(&record, running), None, "in progress");
+        // Marked by a later claim after its holder's lease ended: no note.
+        record.state = State::Ambiguous;
+        let lapsed = AmbiguityView::new(&record, Timestamp::from_millis(5_000)).unwrap();
+        assert!(!lapsed.noted);
+        assert_eq!(lapsed.node, "gw-1");
+        assert_eq!(lapsed.at, "1970-01-01T00:00:02.000Z");
+        assert!(
+            lapsed.error.contains("stopped before it could say why"),
+            "{lapsed:?}"
+        );
+        let mut marked = record;
+        let summary = vec![("/amount".to_owned(), "1e400".to_owned())];
+        let note = idem_core::AmbiguityNote::new(
+            Some(503),
+            "upstream answered 503",
+            Some(b"busy"),
+            "gw-2",
+            Timestamp::from_millis(1_200),
+            summary,
+        );
+        marked.ambiguity = Some(note);
+        let noted = AmbiguityView::new(&marked, running).unwrap();
+        assert_eq!(
+            (
+                noted.noted,
+                noted.status,
+                noted.excerpt.as_deref(),
+                noted.node.as_str()
+            ),
+            (true, Some(503), Some("busy"), "gw-2")
+        );
+        let field = SummaryField {
+            pointer: "/amount".into(),
+            value: "1e400".into(),
+        };
+        assert_eq!(noted.summary, [field]);
+    }
 
     #[test]
     fn formats_timestamps_as_rfc3339() {

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
-use idem_core::{Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry, Policy, Store};
+use idem_core::{
+    AMBIGUITY_SUMMARY_FIELDS_MAX, Completion, CompletionTable, Dedup, JsonPointer, LeaseExpiry,
+    Policy, Store,
+};
 
 use crate::cors::CorsExpose;
 use crate::principal::{JwtSpec, Principal, PrincipalSource, PrincipalSpec};
@@ -71,6 +74,7 @@ pub struct RouteBuilder {
     principal: Option<Principal>,
     fingerprint_headers: Vec<HeaderName>,
     fingerprint_exclude: Vec<String>,
+    summary_fields: Vec<String>,
     body_bytes_max: Option<usize>,
     lease: Option<Duration>,
     retention: Option<Duration>,
@@ -217,6 +221,19 @@ impl RouteBuilder {
         pointers: impl IntoIterator<Item = P>,
     ) -> Self {
         self.fingerprint_exclude = pointers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// JSON pointers (RFC 6901) of body fields kept in the note of why a
+    /// record is ambiguous, e.g. `/seller_id`, `/amount`: numbers as the
+    /// request spelled them; a body that is not JSON, or a field it lacks,
+    /// gives no entry. At most [`AMBIGUITY_SUMMARY_FIELDS_MAX`]; default
+    /// none.
+    pub fn summary_fields<P: Into<String>>(
+        mut self,
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Self {
+        self.summary_fields = pointers.into_iter().map(Into::into).collect();
         self
     }
 
@@ -391,7 +408,8 @@ impl RouteBuilder {
             key_required: self.missing_key == MissingKey::Refuse,
             principal,
             fingerprint_headers: fingerprint_headers(self.fingerprint_headers)?,
-            fingerprint_exclude: pointers(&self.fingerprint_exclude)?,
+            fingerprint_exclude: pointers("fingerprint_exclude", &self.fingerprint_exclude)?,
+            summary_fields: summary_fields(&self.summary_fields)?,
             body_bytes_max: body_limit(self.body_bytes_max)?,
             policy,
             upstream_dedups: dedup == Dedup::Upstream,
@@ -442,6 +460,7 @@ impl RouteBuilder {
                 spec.fingerprint_headers.as_deref().unwrap_or(&[]),
             )?,
             fingerprint_exclude: spec.fingerprint_exclude.clone().unwrap_or_default(),
+            summary_fields: spec.summary_fields.clone().unwrap_or_default(),
             body_bytes_max: spec.body_bytes_max,
             lease: spec.lease_ms.map(Duration::from_millis),
             retention: spec.retention_s.map(Duration::from_secs),
@@ -612,11 +631,24 @@ fn route_wait(
     Ok(RouteWait { default_ms, max_ms })
 }
 
-fn pointers(texts: &[String]) -> Result<Vec<JsonPointer>, RouteError> {
+fn pointers(field: &'static str, texts: &[String]) -> Result<Vec<JsonPointer>, RouteError> {
     texts
         .iter()
-        .map(|p| JsonPointer::parse(p).map_err(|e| err("fingerprint_exclude", e.to_string())))
+        .map(|p| JsonPointer::parse(p).map_err(|e| err(field, e.to_string())))
         .collect()
+}
+
+fn summary_fields(texts: &[String]) -> Result<Vec<JsonPointer>, RouteError> {
+    if texts.len() > AMBIGUITY_SUMMARY_FIELDS_MAX {
+        return Err(err(
+            "summary_fields",
+            format!(
+                "names {} fields; at most {AMBIGUITY_SUMMARY_FIELDS_MAX} are kept",
+                texts.len()
+            ),
+        ));
+    }
+    pointers("summary_fields", texts)
 }
 
 fn contract(file: Option<PathBuf>) -> Result<Option<PathBuf>, RouteError> {
@@ -703,6 +735,7 @@ mod tests {
             principal: Some(PrincipalSpec::Header("x-tenant".into())),
             fingerprint_headers: Some(vec!["x-amount".into()]),
             fingerprint_exclude: Some(vec!["/request_time".into()]),
+            summary_fields: Some(vec!["/seller_id".into(), "/amount".into()]),
             body_bytes_max: Some(4096),
             lease_ms: Some(2_500),
             retention_s: Some(3_600),
@@ -733,6 +766,7 @@ mod tests {
             .principal_header(HeaderName::from_static("x-tenant"))
             .fingerprint_headers([HeaderName::from_static("x-amount")])
             .fingerprint_exclude(["/request_time"])
+            .summary_fields(["/seller_id", "/amount"])
             .body_bytes_max(4096)
             .lease(Duration::from_millis(2_500))
             .retention(Duration::from_secs(3_600))

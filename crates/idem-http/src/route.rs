@@ -55,6 +55,10 @@ pub struct RouteSpec {
     pub fingerprint_headers: Option<Vec<String>>,
     /// JSON pointers of body fields left out of the fingerprint.
     pub fingerprint_exclude: Option<Vec<String>>,
+    /// JSON pointers of body fields kept in the note of why a record is
+    /// ambiguous (`["/seller_id", "/amount"]`), at most
+    /// [`idem_core::AMBIGUITY_SUMMARY_FIELDS_MAX`]; default none.
+    pub summary_fields: Option<Vec<String>>,
     /// Request body limit in bytes; default 1 MiB.
     pub body_bytes_max: Option<usize>,
     /// Lease in milliseconds; default 30 000.
@@ -171,6 +175,7 @@ pub struct Route {
     pub(crate) principal: Principal,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_exclude: Vec<JsonPointer>,
+    pub(crate) summary_fields: Vec<JsonPointer>,
     pub(crate) body_bytes_max: usize,
     pub(crate) policy: Policy,
     pub(crate) upstream_dedups: bool,
@@ -653,6 +658,24 @@ mod tests {
                     ..Default::default()
                 },
                 "fingerprint_exclude",
+            ),
+            (
+                RouteSpec {
+                    summary_fields: Some(vec!["seller_id".into()]),
+                    ..Default::default()
+                },
+                "summary_fields",
+            ),
+            (
+                RouteSpec {
+                    summary_fields: Some(
+                        (0..=idem_core::AMBIGUITY_SUMMARY_FIELDS_MAX)
+                            .map(|i| format!("/f{i}"))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                },
+                "summary_fields",
             ),
             (
                 RouteSpec {

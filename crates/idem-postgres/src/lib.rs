@@ -129,9 +129,9 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::decision;
 use idem_core::{
-    Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow, Timestamp,
-    Token, VerbRequest, Watch, Watching, WindowFn, WindowOpening,
+    AmbiguityNote, Claim, ClaimRequest, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport,
+    Record, RecordId, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
+    Timestamp, Token, VerbRequest, Watch, Watching, WindowFn, WindowOpening,
 };
 use tokio_postgres::NoTls;
 
@@ -772,6 +772,15 @@ impl Store for PgStore {
 
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
         Box::pin(self.modify(id, ops::mark_ambiguous(id, token)))
+    }
+
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(self.modify(id, ops::note_ambiguity(id, token, note)))
     }
 
     fn resolve<'a>(

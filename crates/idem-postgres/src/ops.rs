@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use idem_core::decision::{self, Plan, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, LIST_LIMIT_MAX, ListQuery,
-    Listing, LookupTries, PurgeReport, Record, RecordId, ReplayCache, Resolution, State,
-    StoreError, StoredResult, Timestamp, Token, Verb, VerbRequest,
+    AmbiguityNote, Claim, ClaimRequest, Clock, JOURNAL_PER_RECORD_MAX, JournalEntry,
+    LIST_LIMIT_MAX, ListQuery, Listing, LookupTries, PurgeReport, Record, RecordId, ReplayCache,
+    Resolution, State, StoreError, StoredResult, Timestamp, Token, Verb, VerbRequest,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -500,6 +500,18 @@ pub(crate) fn mark_ambiguous(
     move |existing, now| {
         let marked = decision::mark_ambiguous(existing, id, token, now)?;
         Ok((marked.clone(), Write::Put(marked), None))
+    }
+}
+
+/// `decision::note_ambiguity` as a transition for [`modify`].
+pub(crate) fn note_ambiguity(
+    id: &RecordId,
+    token: Token,
+    note: AmbiguityNote,
+) -> impl FnOnce(Option<&Record>, Timestamp) -> Result<Decided<()>, StoreError> + Send + '_ {
+    move |existing, now| {
+        let noted = decision::note_ambiguity(existing, id, token, note, now)?;
+        Ok(((), Write::Put(noted), None))
     }
 }
 

@@ -3,8 +3,9 @@
 //! its scope and key instead of a panic.
 
 use idem_core::{
-    DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JournalEntry, ListCursor, Record,
-    RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token, check_region,
+    AmbiguityNote, DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JournalEntry, ListCursor,
+    Record, RecordId, Resolution, Scope, State, StoreError, StoredResult, Timestamp, Token,
+    check_region,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -12,7 +13,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::error;
 
 /// Every column of `records`, in the order [`decode`] and [`Columns`] use.
-pub(crate) const COLUMNS: [&str; 18] = [
+pub(crate) const COLUMNS: [&str; 19] = [
     "scope",
     "key",
     "fingerprint",
@@ -31,13 +32,14 @@ pub(crate) const COLUMNS: [&str; 18] = [
     "result_body",
     "resolution",
     "region",
+    "ambiguity",
 ];
 
 /// The array type of each column, for `unnest` in the put statement.
-pub(crate) const ARRAY_TYPES: [&str; 18] = [
+pub(crate) const ARRAY_TYPES: [&str; 19] = [
     "text[]", "text[]", "bytea[]", "text[]", "bigint[]", "text[]", "bigint[]", "bigint[]",
     "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]", "int[]", "text[]", "bytea[]",
-    "text[]", "text[]",
+    "text[]", "text[]", "text[]",
 ];
 
 /// A statement parameter with its type: prepared statements ignore the
@@ -73,6 +75,7 @@ pub(crate) struct Columns<'r> {
     body: Vec<Option<&'r [u8]>>,
     resolution: Vec<Option<String>>,
     region: Vec<Option<&'r str>>,
+    ambiguity: Vec<Option<String>>,
 }
 
 impl<'r> Columns<'r> {
@@ -98,6 +101,7 @@ impl<'r> Columns<'r> {
             body: Vec::with_capacity(n),
             resolution: Vec::with_capacity(n),
             region: Vec::with_capacity(n),
+            ambiguity: Vec::with_capacity(n),
         };
         for r in records {
             c.push(r)?;
@@ -132,11 +136,15 @@ impl<'r> Columns<'r> {
             None => None,
         });
         self.region.push(r.region.as_deref());
+        self.ambiguity.push(match &r.ambiguity {
+            Some(note) => Some(serde_json::to_string(note)?),
+            None => None,
+        });
         Ok(())
     }
 
     /// The parameters of the put statement, in [`COLUMNS`] order.
-    pub(crate) fn params(&self) -> [Param<'_>; 18] {
+    pub(crate) fn params(&self) -> [Param<'_>; 19] {
         [
             (&self.scope, Type::TEXT_ARRAY),
             (&self.key, Type::TEXT_ARRAY),
@@ -156,6 +164,7 @@ impl<'r> Columns<'r> {
             (&self.body, Type::BYTEA_ARRAY),
             (&self.resolution, Type::TEXT_ARRAY),
             (&self.region, Type::TEXT_ARRAY),
+            (&self.ambiguity, Type::TEXT_ARRAY),
         ]
     }
 }
@@ -280,6 +289,13 @@ impl Fields<'_> {
         if let Some(region) = region {
             check_region(region).map_err(|e| format!("region: {e}"))?;
         }
+        let ambiguity = match self.get::<Option<&str>>(18, "ambiguity")? {
+            None => None,
+            Some(json) => Some(
+                serde_json::from_str::<AmbiguityNote>(json)
+                    .map_err(|e| format!("ambiguity: {e}"))?,
+            ),
+        };
         Ok(Record {
             id,
             fingerprint,
@@ -296,6 +312,7 @@ impl Fields<'_> {
             tombstone_s: self.unsigned(12, "tombstone_s")?,
             result,
             resolution,
+            ambiguity,
         })
     }
 

@@ -124,6 +124,11 @@ const MIGRATIONS: &[&str] = &[
     // constraint over it is quick.
     "ALTER TABLE {s}.resolutions ADD COLUMN verb TEXT
         CHECK (verb IS NULL OR verb = 'expire' OR verb = 'evict');",
+    // 9: why an ambiguous record is, as its attempt said
+    // (`idem_core::AmbiguityNote`, JSON text); NULL when it said nothing,
+    // once the record completes, and for every record written before this
+    // step (adding a nullable column rewrites no row).
+    "ALTER TABLE {s}.records ADD COLUMN ambiguity TEXT;",
 ];
 
 /// The schema version this build writes and reads.

@@ -60,7 +60,8 @@ impl StoreWrapper for Tapped {
             Accepted::Claim(..)
             | Accepted::Complete(..)
             | Accepted::Release(..)
-            | Accepted::Verb(..) => return,
+            | Accepted::Verb(..)
+            | Accepted::NoteAmbiguity(..) => return,
         };
         lock(&self.writes).push(noted);
     }

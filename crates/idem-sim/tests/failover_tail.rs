@@ -238,7 +238,7 @@ impl StoreWrapper for Noting {
             | Accepted::MarkAmbiguous(id, _)
             | Accepted::Resolve(id, _, _)
             | Accepted::Verb(id, _, _) => self.note(id),
-            Accepted::NoteFailedLookup(..) => {}
+            Accepted::NoteFailedLookup(..) | Accepted::NoteAmbiguity(..) => {}
         }
     }
 }

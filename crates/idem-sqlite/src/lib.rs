@@ -92,9 +92,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries, PurgeReport, Record,
-    RecordId, ReplayCache, Resolution, Store, StoreError, StoreFuture, StoredResult, SuspectWindow,
-    SystemClock, Timestamp, Token, VerbRequest, WindowOpening,
+    AmbiguityNote, Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries,
+    PurgeReport, Record, RecordId, ReplayCache, Resolution, Store, StoreError, StoreFuture,
+    StoredResult, SuspectWindow, SystemClock, Timestamp, Token, VerbRequest, WindowOpening,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -396,6 +396,22 @@ impl Store for SqliteStore {
     fn mark_ambiguous<'a>(&'a self, id: &'a RecordId, token: Token) -> StoreFuture<'a, Record> {
         let id = id.clone();
         self.write(|reply| Op::MarkAmbiguous { id, token, reply })
+    }
+
+    fn note_ambiguity<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        note: AmbiguityNote,
+    ) -> StoreFuture<'a, ()> {
+        let id = id.clone();
+        let note = Box::new(note);
+        self.write(|reply| Op::NoteAmbiguity {
+            id,
+            token,
+            note,
+            reply,
+        })
     }
 
     fn resolve<'a>(

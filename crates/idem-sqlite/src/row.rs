@@ -3,9 +3,9 @@
 //! an error naming its scope and key instead of a panic.
 
 use idem_core::{
-    DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JOURNAL_PER_RECORD_MAX, JournalEntry,
-    ListCursor, LookupTries, Record, RecordId, Resolution, Scope, State, StoreError, StoredResult,
-    Timestamp, Token, Verb, check_region,
+    AmbiguityNote, DamagedRow, Fingerprint, HeaderBytes, IdempotencyKey, JOURNAL_PER_RECORD_MAX,
+    JournalEntry, ListCursor, LookupTries, Record, RecordId, Resolution, Scope, State, StoreError,
+    StoredResult, Timestamp, Token, Verb, check_region,
 };
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
@@ -13,28 +13,29 @@ use rusqlite::{Connection, OptionalExtension, Row, Statement, params};
 /// Every column of `records`, in the order [`bind`] and [`decode`] use.
 pub(crate) const COLUMNS: &str = "scope, key, fingerprint, state, token, owner, \
      lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
-     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region";
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region, \
+     ambiguity";
 
 /// Inserts or replaces one whole record.
 pub(crate) const PUT: &str = "INSERT OR REPLACE INTO records (scope, key, fingerprint, state, \
      token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
      tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
-     resolution, region) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)";
+     resolution, region, ambiguity) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)";
 
 /// Inserts a record unless one exists for its (scope, key).
 pub(crate) const INSERT_NEW: &str = "INSERT INTO records (scope, key, fingerprint, state, \
      token, owner, lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, \
      tombstone_until_ms, retention_s, tombstone_s, result_status, result_headers, result_body, \
-     resolution, region) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
+     resolution, region, ambiguity) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
      ON CONFLICT (scope, key) DO NOTHING";
 
 /// Reads one record by primary key.
 pub(crate) const GET: &str = "SELECT scope, key, fingerprint, state, token, owner, \
      lease_until_ms, created_at_ms, completed_at_ms, expires_at_ms, tombstone_until_ms, \
-     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region \
-     FROM records WHERE scope = ?1 AND key = ?2";
+     retention_s, tombstone_s, result_status, result_headers, result_body, resolution, region, \
+     ambiguity FROM records WHERE scope = ?1 AND key = ?2";
 
 /// Removes one record by primary key.
 pub(crate) const DELETE: &str = "DELETE FROM records WHERE scope = ?1 AND key = ?2";
@@ -140,6 +141,10 @@ pub(crate) fn put(stmt: &mut Statement<'_>, record: &Record) -> Result<usize, ru
         Some(r) => Some(serde_json::to_string(r).map_err(not_sql)?),
         None => None,
     };
+    let ambiguity = match &record.ambiguity {
+        Some(note) => Some(serde_json::to_string(note).map_err(not_sql)?),
+        None => None,
+    };
     stmt.execute(params![
         record.id.scope.as_str(),
         record.id.key.as_str(),
@@ -159,6 +164,7 @@ pub(crate) fn put(stmt: &mut Statement<'_>, record: &Record) -> Result<usize, ru
         body,
         resolution,
         record.region.as_deref(),
+        ambiguity,
     ])
 }
 
@@ -280,6 +286,15 @@ fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
         ),
     };
     let region: Option<String> = row.get(17).map_err(|e| format!("region: {e}"))?;
+    let ambiguity = match row
+        .get::<_, Option<String>>(18)
+        .map_err(|e| format!("ambiguity: {e}"))?
+    {
+        None => None,
+        Some(json) => Some(
+            serde_json::from_str::<AmbiguityNote>(&json).map_err(|e| format!("ambiguity: {e}"))?,
+        ),
+    };
     if let Some(region) = &region {
         check_region(region).map_err(|e| format!("region: {e}"))?;
     }
@@ -299,6 +314,7 @@ fn fields(row: &Row<'_>, scope: String, key: String) -> Result<Record, String> {
         tombstone_s: unsigned(row, 12, "tombstone_s")?,
         result,
         resolution,
+        ambiguity,
     })
 }
 

@@ -104,6 +104,11 @@ const MIGRATIONS: &[&str] = &[
     // or `not_executed` as a resolution does, and the verb beside it.
     "ALTER TABLE resolutions ADD COLUMN verb TEXT
         CHECK (verb IS NULL OR verb = 'expire' OR verb = 'evict');",
+    // 8: why an ambiguous record is, as its attempt said
+    // (`idem_core::AmbiguityNote`, JSON text); NULL when it said nothing,
+    // once the record completes, and for every record written before this
+    // step (adding a nullable column rewrites no row).
+    "ALTER TABLE records ADD COLUMN ambiguity TEXT;",
 ];
 
 /// The schema version this build writes and reads.

@@ -12,9 +12,9 @@ use std::sync::{Arc, OnceLock};
 
 use idem_core::decision::{self, Write};
 use idem_core::{
-    Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, LookupTries, PurgeReport, Record,
-    RecordId, Resolution, StoreError, StoredResult, SuspectWindow, Timestamp, Token, VerbRequest,
-    WindowOpening,
+    AmbiguityNote, Claim, ClaimRequest, Clock, JournalEntry, LIST_LIMIT_MAX, LookupTries,
+    PurgeReport, Record, RecordId, Resolution, StoreError, StoredResult, SuspectWindow, Timestamp,
+    Token, VerbRequest, WindowOpening,
 };
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
@@ -48,6 +48,12 @@ pub(crate) enum Op {
         id: RecordId,
         token: Token,
         reply: Reply<Record>,
+    },
+    NoteAmbiguity {
+        id: RecordId,
+        token: Token,
+        note: Box<AmbiguityNote>,
+        reply: Reply<()>,
     },
     Resolve {
         id: RecordId,
@@ -86,7 +92,11 @@ impl Op {
     fn writes_one_statement(&self) -> bool {
         matches!(
             self,
-            Op::Claim { .. } | Op::Complete { .. } | Op::Release { .. } | Op::MarkAmbiguous { .. }
+            Op::Claim { .. }
+                | Op::Complete { .. }
+                | Op::Release { .. }
+                | Op::MarkAmbiguous { .. }
+                | Op::NoteAmbiguity { .. }
         )
     }
 }
@@ -288,6 +298,20 @@ impl Writer {
                     self.put(&marked).map(|()| marked)
                 });
                 Done::Record(reply, out)
+            }
+            Op::NoteAmbiguity {
+                id,
+                token,
+                note,
+                reply,
+            } => {
+                let out = self.read(&id).and_then(|existing| {
+                    let now = self.clock.now();
+                    let noted =
+                        decision::note_ambiguity(existing.as_ref(), &id, token, *note, now)?;
+                    self.put(&noted)
+                });
+                Done::Unit(reply, out)
             }
             Op::Resolve {
                 id,
@@ -515,7 +539,9 @@ impl Done {
             Op::Complete { reply, .. } | Op::MarkAmbiguous { reply, .. } => {
                 Done::Record(reply, Err(e))
             }
-            Op::Release { reply, .. } => Done::Unit(reply, Err(e)),
+            Op::Release { reply, .. } | Op::NoteAmbiguity { reply, .. } => {
+                Done::Unit(reply, Err(e))
+            }
             Op::Resolve { reply, .. } | Op::Verb { reply, .. } => Done::MaybeRecord(reply, Err(e)),
             Op::NoteFailedLookup { reply, .. } => Done::Tries(reply, Err(e)),
             Op::Purge { reply, .. } => Done::Purge(reply, Err(e)),

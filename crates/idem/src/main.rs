@@ -92,7 +92,7 @@ enum StoreCommand {
 enum RecordsCommand {
     /// List records in (scope, key) order, optionally only those in one state.
     List(ListArgs),
-    /// Show one record in full.
+    /// Show one record in full; an ambiguous one says why (status, error, excerpt, node, summary).
     Show(ShowArgs),
     /// Resolve an ambiguous record by hand: completed (store its result) or
     /// not executed (remove it so a retry runs).

@@ -11,7 +11,7 @@ use idem_core::{
     Clock, IdempotencyKey, JournalEntry, ListQuery, Outcome, RecordId, Resolution, Scope, State,
     StoreError, StoredResult, SystemClock, Token, Verb, VerbRequest,
 };
-use idem_gateway::{RecordView, outcome_name, rfc3339};
+use idem_gateway::{AmbiguityView, RecordView, outcome_name, rfc3339};
 
 use crate::store_url::StoreArgs;
 
@@ -448,6 +448,27 @@ fn write_details(out: &mut impl std::io::Write, v: &RecordView) -> anyhow::Resul
             "{:<16} {} by {} at {at}: {}",
             "resolution", res.outcome, res.by, res.reason
         )?;
+    }
+    if let Some(why) = &v.ambiguity {
+        write_ambiguity(out, why)?;
+    }
+    Ok(())
+}
+
+/// Why the record is ambiguous, one line per part; the excerpt is the
+/// upstream's text, so its line breaks are shown escaped.
+fn write_ambiguity(out: &mut impl std::io::Write, why: &AmbiguityView) -> anyhow::Result<()> {
+    let status = why
+        .status
+        .map(|s| format!(" (status {s})"))
+        .unwrap_or_default();
+    writeln!(out, "{:<16} {}{status}", "ambiguous_why", why.error)?;
+    writeln!(out, "{:<16} {} at {}", "noted_by", why.node, why.at)?;
+    if let Some(excerpt) = &why.excerpt {
+        writeln!(out, "{:<16} {}", "excerpt", excerpt.escape_debug())?;
+    }
+    for field in &why.summary {
+        writeln!(out, "{:<16} {} = {}", "summary", field.pointer, field.value)?;
     }
     Ok(())
 }

@@ -118,6 +118,20 @@ fn a_value_that_cannot_reach_the_store_or_a_header_stops_the_start() {
             "idem.toml: route[0].key_header:",
         ),
         (
+            route("summary_fields = [\"seller_id\"]"),
+            "idem.toml: route[0].summary_fields:",
+        ),
+        (
+            route(&format!(
+                "summary_fields = [{}]",
+                (0..17)
+                    .map(|i| format!("\"/f{i}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            "idem.toml: route[0].summary_fields:",
+        ),
+        (
             route("principal = { header = \"x tenant\" }"),
             "idem.toml: route[0].principal.header:",
         ),

@@ -37,7 +37,7 @@ use support::{Gateway, Site, post, send};
 const TOKEN: &str = "console-browser-token-3c9e1f7a";
 /// Operator ana's own token.
 const TOKEN_ANA: &str = "console-browser-token-ana-51d0";
-const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
+const PAYOUT: &str = r#"{"seller":847,"amount":12345678901234567890.25,"currency":"EUR","iban":"DE89370400440532013000"}"#;
 /// The console's idle limit in this test, in seconds.
 const IDLE_S: u64 = 4;
 const WIDTHS: [u32; 2] = [390, 1280];
@@ -79,6 +79,7 @@ async fn an_operator_resolves_an_ambiguous_payout_in_the_browser() {
          [[admin.operator]]\nname = \"ana\"\ntoken_env = \"IDEM_ADMIN_TOKEN_ANA\"\n\
          [[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/payouts\"\n\
          principal = {{ header = \"x-tenant\" }}\n\
+         summary_fields = [\"/seller\", \"/amount\"]\n\
          [[route]]\nname = \"refunds\"\nmethods = [\"POST\"]\npath = \"/refunds\"\n\
          principal = {{ header = \"x-tenant\" }}\n\
          forward_key = {{ template = \"{{scope_digest}}:{{key}}\" }}\n\
@@ -212,7 +213,32 @@ impl Scene {
         for section in ["Why it is ambiguous", "Request summary"] {
             assert!(record.contains(section), "{section}: {record}");
         }
+        // Why: the upstream's status and the start of its body, kept by
+        // the attempt that marked the record.
+        let why = text_of(browser, "#why-cause").await;
+        assert!(why.contains("503"), "the upstream's status: {why}");
+        let excerpt = text_of(browser, "#why-excerpt").await;
+        assert_eq!(excerpt, "the payout rail timed out");
+        // What: only the fields the route declares, the amount exactly as
+        // the client spelled it; never the IBAN it did not declare.
+        let summary = text_of(browser, "#summary-fields").await;
+        for shown in ["/seller", "847", "/amount", "12345678901234567890.25"] {
+            assert!(summary.contains(shown), "{shown}: {summary}");
+        }
+        assert!(
+            !record.contains("DE89"),
+            "an undeclared field is shown: {record}"
+        );
         snap(browser, "record").await;
+        if std::env::var_os("IDEM_CONSOLE_SCREENSHOTS").is_some() {
+            let scroll = "document.getElementById('why').scrollIntoView()";
+            browser.execute(scroll, vec![]).await.unwrap();
+            snap(browser, "record-why").await;
+            browser
+                .execute("window.scrollTo(0, 0)", vec![])
+                .await
+                .unwrap();
+        }
     }
 
     /// The list shows exactly `keys` of the four records.

@@ -13,6 +13,7 @@
 // test failure that names it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod ambiguity;
 mod claim;
 mod differential;
 mod fencing;
@@ -28,6 +29,7 @@ mod tries;
 mod verbs;
 mod window;
 
+pub use ambiguity::*;
 pub use claim::*;
 pub use differential::*;
 pub use fencing::*;

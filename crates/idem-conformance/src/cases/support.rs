@@ -196,6 +196,7 @@ pub(crate) fn fresh_record(
         tombstone_s: TOMBSTONE_S,
         result: None,
         resolution: None,
+        ambiguity: None,
     }
 }
 

@@ -11,7 +11,7 @@ use http::{HeaderName, HeaderValue, Request, Response, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use idem_attempt::{Answer, Granted};
-use idem_core::{AttemptOutcome, EffectEnd, RecordId, StoredResult};
+use idem_core::{AMBIGUITY_EXCERPT_BYTES_MAX, AttemptOutcome, EffectEnd, RecordId, StoredResult};
 use tower::Service;
 use tracing::Instrument;
 
@@ -129,6 +129,39 @@ where
                 (StoredResult::not_stored(&why), None)
             }
         })
+    }
+
+    /// Reads a non-final answer's body when its length is known and within
+    /// [`RESPONSE_BYTES_MAX`] and puts it back whole, so the caller gets
+    /// the answer unchanged; a body of unknown or larger length is not
+    /// read (no excerpt). A body that fails while read (or is cut at the
+    /// lease's deadline) is passed on empty: it could not have been passed
+    /// on whole anyway.
+    async fn excerpt(&mut self) -> Option<Vec<u8>> {
+        let response = self.outcome.as_mut().ok()?;
+        let known = response.body().size_hint().upper();
+        if known.is_none_or(|bytes| bytes > RESPONSE_BYTES_MAX as u64) {
+            return None;
+        }
+        // Until the body is back, the response says no length: cut at the
+        // deadline or failed, it is passed on empty, and an empty body must
+        // not announce the length of the one that was lost.
+        let length = response.headers_mut().remove(header::CONTENT_LENGTH);
+        let body = std::mem::replace(response.body_mut(), B::from(Bytes::new()));
+        let bytes = Limited::new(body, RESPONSE_BYTES_MAX)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let head = bytes[..bytes.len().min(AMBIGUITY_EXCERPT_BYTES_MAX)].to_vec();
+        if let Some(length) = length {
+            // The whole body is back: what the header said still holds.
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, length);
+        }
+        *response.body_mut() = B::from(bytes);
+        Some(head)
     }
 
     /// A panicking inner service answers a 500, judged by the route's

@@ -147,6 +147,10 @@ where
         Ok(prepared) => prepared,
         Err(answered) => return answered,
     };
+    // Bytes share the body: the summary reads it only if the attempt is
+    // marked ambiguous, after the request was forwarded.
+    let body = request.1.clone();
+    let summary = move || idem_core::jcs::extract(&body, &route.summary_fields);
     let hooks = Hooks::new(shared, route, request, acquired);
     let unknowns = match shared.unknown {
         UnknownOutcomes::Reconciler => Unknowns::Reconciler,
@@ -158,6 +162,10 @@ where
         .with_unknowns(unknowns)
         .with_observer(&hooks)
         .with_claimant(&hooks);
+    let driver = match route.summary_fields.is_empty() {
+        true => driver,
+        false => driver.with_summary(&summary),
+    };
     let effect = |granted| forward::forward(inner, route, &hooks, granted);
     let end = driver.run(&mut claim_request, effect).await;
     let id = &claim_request.id;
