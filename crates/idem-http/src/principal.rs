@@ -301,9 +301,9 @@ impl std::fmt::Display for TenantSearchError {
 
 impl std::error::Error for TenantSearchError {}
 
-impl crate::Route {
+impl Principal {
     /// The principal digests the records of the tenant an operator knows as
-    /// `value` carry on this route: the digest of that header value, JWT
+    /// `value` carry under this principal: the digest of that header value, JWT
     /// claim (as a string, and as a number when it is an integer) or
     /// service-named principal, computed exactly as a request's is. A
     /// route scoped by raw credentials has no such value
@@ -315,7 +315,7 @@ impl crate::Route {
                 value.len()
             )));
         }
-        match &self.principal {
+        match self {
             Principal::TrustedHeader(name) => Ok(vec![digest(&[
                 b"header",
                 name.as_str().as_bytes(),

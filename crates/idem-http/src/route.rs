@@ -16,7 +16,9 @@ use crate::completion::CompletionSpec;
 use crate::cors::CorsExpose;
 use crate::pace::Latency;
 use crate::path;
-use crate::principal::{PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec};
+use crate::principal::{
+    PRINCIPAL_DIGEST_BYTES, Principal, PrincipalKind, PrincipalSpec, TenantSearchError,
+};
 use crate::status::StatusUrl;
 
 /// The default limit on a request body, in bytes (1 MiB).
@@ -851,5 +853,17 @@ mod tests {
                 "the same record, the same reference"
             );
         }
+    }
+}
+
+impl Route {
+    /// The principal digests the records of the tenant an operator knows as
+    /// `value` carry on this route: the digest of that header value, JWT
+    /// claim (as a string, and as a number when it is an integer) or
+    /// service-named principal, computed exactly as a request's is. A
+    /// route scoped by raw credentials has no such value
+    /// ([`TenantSearchError::CredentialDigest`]).
+    pub fn tenant_digests(&self, value: &str) -> Result<Vec<String>, TenantSearchError> {
+        self.principal.tenant_digests(value)
     }
 }

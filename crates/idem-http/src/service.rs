@@ -295,9 +295,7 @@ where
         let answer = async move {
             // Before the path is normalised: the key's segment is decoded
             // on its own, so that keys holding `/` or `\` can be asked about.
-            if let Some(located) =
-                crate::status::locate(&shared.routes, req.method(), req.uri().path())
-            {
+            if let Some(located) = locate(&shared.routes, req.method(), req.uri().path()) {
                 let cors = shared.routes[located.index].cors;
                 let response = match located.asked {
                     Asked::Key(Ok(key)) => {
@@ -646,4 +644,32 @@ mod tests {
             }
         }
     }
+}
+
+/// The route whose status URL `method` and `raw_path` ask, with the
+/// protected path and the key; or the refusal of a malformed key.
+fn locate(
+    routes: &[Route],
+    method: &http::Method,
+    raw_path: &str,
+) -> Option<crate::status::Located> {
+    if method != http::Method::GET {
+        return None;
+    }
+    routes.iter().enumerate().find_map(|(index, route)| {
+        if route.methods().is_empty() {
+            return None;
+        }
+        let (base, asked) = match route.status.split(raw_path) {
+            Some((base, key)) => (base, crate::status::Asked::Key(key)),
+            None => (
+                route.status.policy_base(raw_path)?,
+                crate::status::Asked::Policy,
+            ),
+        };
+        if !route.pattern().matches(&base) {
+            return None;
+        }
+        Some(crate::status::Located { index, base, asked })
+    })
 }

@@ -13,13 +13,12 @@
 //! so that keys with `/`, `\` or `%` can be spelled (`%2F`, `%5C`, `%25`).
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 use idem_core::IdempotencyKey;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
 use crate::path::normalize_path;
 use crate::problem::{Problem, ProblemKind};
-use crate::route::Route;
 
 /// The status URL template a route has unless it says otherwise.
 pub const STATUS_URL_DEFAULT: &str = "{path}/.idem/{key}";
@@ -147,7 +146,7 @@ impl StatusUrl {
 impl StatusUrl {
     /// The protected path whose policy document `raw_path` asks for
     /// (`{path}/.idem`), when it does.
-    fn policy_base(&self, raw_path: &str) -> Option<String> {
+    pub(crate) fn policy_base(&self, raw_path: &str) -> Option<String> {
         let StatusUrl::Under { suffix } = self else {
             return None;
         };
@@ -187,27 +186,6 @@ pub(crate) enum Asked {
     Key(Result<IdempotencyKey, Problem>),
     /// The route's policy document (`GET {path}/.idem`).
     Policy,
-}
-
-/// The route whose status URL `method` and `raw_path` ask, with the
-/// protected path and the key; or the refusal of a malformed key.
-pub(crate) fn locate(routes: &[Route], method: &Method, raw_path: &str) -> Option<Located> {
-    if method != Method::GET {
-        return None;
-    }
-    routes.iter().enumerate().find_map(|(index, route)| {
-        if route.methods().is_empty() {
-            return None;
-        }
-        let (base, asked) = match route.status.split(raw_path) {
-            Some((base, key)) => (base, Asked::Key(key)),
-            None => (route.status.policy_base(raw_path)?, Asked::Policy),
-        };
-        if !route.pattern().matches(&base) {
-            return None;
-        }
-        Some(Located { index, base, asked })
-    })
 }
 
 /// Whether a request asks `Prefer: respond-async` (RFC 7240 §4.1).
