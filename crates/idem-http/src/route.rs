@@ -555,6 +555,18 @@ fn check_forward_text(text: &str, parts: &[TemplatePart]) -> Result<(), String> 
     Ok(())
 }
 
+impl Route {
+    /// The principal digests the records of the tenant an operator knows as
+    /// `value` carry on this route: the digest of that header value, JWT
+    /// claim (as a string, and as a number when it is an integer) or
+    /// service-named principal, computed exactly as a request's is. A
+    /// route scoped by raw credentials has no such value
+    /// ([`TenantSearchError::CredentialDigest`]).
+    pub fn tenant_digests(&self, value: &str) -> Result<Vec<String>, TenantSearchError> {
+        self.principal.tenant_digests(value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -853,17 +865,5 @@ mod tests {
                 "the same record, the same reference"
             );
         }
-    }
-}
-
-impl Route {
-    /// The principal digests the records of the tenant an operator knows as
-    /// `value` carry on this route: the digest of that header value, JWT
-    /// claim (as a string, and as a number when it is an integer) or
-    /// service-named principal, computed exactly as a request's is. A
-    /// route scoped by raw credentials has no such value
-    /// ([`TenantSearchError::CredentialDigest`]).
-    pub fn tenant_digests(&self, value: &str) -> Result<Vec<String>, TenantSearchError> {
-        self.principal.tenant_digests(value)
     }
 }

@@ -456,6 +456,34 @@ fn warn_unsettled(routes: &[Route]) {
     }
 }
 
+/// The route whose status URL `method` and `raw_path` ask, with the
+/// protected path and the key; or the refusal of a malformed key.
+fn locate(
+    routes: &[Route],
+    method: &http::Method,
+    raw_path: &str,
+) -> Option<crate::status::Located> {
+    if method != http::Method::GET {
+        return None;
+    }
+    routes.iter().enumerate().find_map(|(index, route)| {
+        if route.methods().is_empty() {
+            return None;
+        }
+        let (base, asked) = match route.status.split(raw_path) {
+            Some((base, key)) => (base, crate::status::Asked::Key(key)),
+            None => (
+                route.status.policy_base(raw_path)?,
+                crate::status::Asked::Policy,
+            ),
+        };
+        if !route.pattern().matches(&base) {
+            return None;
+        }
+        Some(crate::status::Located { index, base, asked })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,32 +672,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The route whose status URL `method` and `raw_path` ask, with the
-/// protected path and the key; or the refusal of a malformed key.
-fn locate(
-    routes: &[Route],
-    method: &http::Method,
-    raw_path: &str,
-) -> Option<crate::status::Located> {
-    if method != http::Method::GET {
-        return None;
-    }
-    routes.iter().enumerate().find_map(|(index, route)| {
-        if route.methods().is_empty() {
-            return None;
-        }
-        let (base, asked) = match route.status.split(raw_path) {
-            Some((base, key)) => (base, crate::status::Asked::Key(key)),
-            None => (
-                route.status.policy_base(raw_path)?,
-                crate::status::Asked::Policy,
-            ),
-        };
-        if !route.pattern().matches(&base) {
-            return None;
-        }
-        Some(crate::status::Located { index, base, asked })
-    })
 }
