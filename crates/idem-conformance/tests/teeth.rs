@@ -189,10 +189,11 @@ async fn every_fault_is_caught() {
         ),
         (
             Fault::VerbIgnoresToken,
-            vec![
-                case!(verbs_are_fenced_by_token),
-                case!(every_answer_is_the_reference_stores),
-            ],
+            // Not the differential: a verb with a token the record has
+            // moved past comes up in some of its random sequences only
+            // (one CI run's seed had none), and a catcher here must
+            // catch every time.
+            vec![case!(verbs_are_fenced_by_token)],
         ),
         (
             Fault::EvictsWhileLeased,
