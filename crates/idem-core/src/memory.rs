@@ -50,6 +50,33 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// A decision that writes the record and appends to its journal,
+    /// under one lock, clearing its failed lookups: a resolution or a
+    /// verb. Returns the record written, or `None` when it was removed.
+    fn journaled(
+        &self,
+        id: &RecordId,
+        decide: impl FnOnce(Option<&Record>, Timestamp) -> Result<(Write, JournalEntry), StoreError>,
+    ) -> Result<Option<Record>, StoreError> {
+        let mut inner = self.lock();
+        let now = self.clock.now();
+        let Inner {
+            records,
+            journal,
+            tries,
+            ..
+        } = &mut *inner;
+        let (write, entry) = decide(records.get(id), now)?;
+        let out = match &write {
+            Write::Put(r) => Some(r.clone()),
+            _ => None,
+        };
+        apply(records, id, write);
+        tries.remove(id);
+        append(journal, id, entry);
+        Ok(out)
+    }
+
     fn with_record<T>(
         &self,
         id: &RecordId,
@@ -157,27 +184,9 @@ impl Store for MemoryStore {
         token: Token,
         resolution: Resolution,
     ) -> StoreFuture<'a, Option<Record>> {
-        // One lock for the record's write and the journal's append.
-        let mut inner = self.lock();
-        let now = self.clock.now();
-        let Inner {
-            records,
-            journal,
-            tries,
-            ..
-        } = &mut *inner;
-        let (write, entry) = match decision::resolve(records.get(id), id, token, resolution, now) {
-            Ok(decided) => decided,
-            Err(e) => return ready(Err(e)),
-        };
-        let out = match &write {
-            Write::Put(r) => Some(r.clone()),
-            _ => None,
-        };
-        apply(records, id, write);
-        tries.remove(id);
-        append(journal, id, entry);
-        ready(Ok(out))
+        ready(self.journaled(id, |existing, now| {
+            decision::resolve(existing, id, token, resolution, now)
+        }))
     }
 
     fn apply_verb<'a>(
@@ -186,27 +195,9 @@ impl Store for MemoryStore {
         token: Token,
         request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>> {
-        // One lock for the record's write and the journal's append.
-        let mut inner = self.lock();
-        let now = self.clock.now();
-        let Inner {
-            records,
-            journal,
-            tries,
-            ..
-        } = &mut *inner;
-        let (write, entry) = match decision::apply_verb(records.get(id), id, token, &request, now) {
-            Ok(decided) => decided,
-            Err(e) => return ready(Err(e)),
-        };
-        let out = match &write {
-            Write::Put(r) => Some(r.clone()),
-            _ => None,
-        };
-        apply(records, id, write);
-        tries.remove(id);
-        append(journal, id, entry);
-        ready(Ok(out))
+        ready(self.journaled(id, |existing, now| {
+            decision::apply_verb(existing, id, token, &request, now)
+        }))
     }
 
     fn note_failed_lookup<'a>(
