@@ -202,16 +202,9 @@ impl DynamoStore {
                     until: r.lease_until.plus_millis(self.skew_ms),
                 });
             }
-            let (write, entry) =
+            let decided =
                 decision::resolve(record_of(current), id, token, resolution.clone(), now)?;
-            let mut next = current.clone();
-            next.tries = None;
-            next.record = match write {
-                Write::Put(record) => Some(record),
-                Write::Delete | Write::None => None,
-            };
-            next.append_journal(entry);
-            Ok((next.record.clone(), Change::Put(next)))
+            Ok(journaled(current, decided))
         })
         .await
     }
@@ -240,15 +233,8 @@ impl DynamoStore {
                     until: r.lease_until.plus_millis(self.skew_ms),
                 });
             }
-            let (write, entry) = decision::apply_verb(record_of(current), id, token, request, now)?;
-            let mut next = current.clone();
-            next.tries = None;
-            next.record = match write {
-                Write::Put(record) => Some(record),
-                Write::Delete | Write::None => None,
-            };
-            next.append_journal(entry);
-            Ok((next.record.clone(), Change::Put(next)))
+            let decided = decision::apply_verb(record_of(current), id, token, request, now)?;
+            Ok(journaled(current, decided))
         })
         .await
     }
@@ -477,4 +463,18 @@ impl Store for DynamoStore {
     ) -> StoreFuture<'a, SuspectWindow> {
         Box::pin(self.open_window(opening))
     }
+}
+
+/// The item after a resolution or a verb: the record's write, the
+/// journal's entry and the end of the failed lookups, for one conditional
+/// write; and the record written (`None` when it was removed).
+fn journaled(current: &Item, (write, entry): (Write, JournalEntry)) -> (Option<Record>, Change) {
+    let mut next = current.clone();
+    next.tries = None;
+    next.record = match write {
+        Write::Put(record) => Some(record),
+        Write::Delete | Write::None => None,
+    };
+    next.append_journal(entry);
+    (next.record.clone(), Change::Put(next))
 }
