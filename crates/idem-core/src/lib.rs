@@ -108,7 +108,7 @@ pub use record::{
     StoredResult, Token, Verb, VerbRequest, check_owner, check_region,
 };
 pub use redact::redact_url;
-pub use replay_cache::ReplayCache;
+pub use replay_cache::{Generation, ReplayCache, VERBS_READING_AGE_MS_MAX, VERBS_REFRESH_AGE_MS};
 pub use scope::{SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{
     DamagedRow, LIST_LIMIT_MAX, ListCursor, ListQuery, Listing, PurgeReport, Store, StoreFuture,

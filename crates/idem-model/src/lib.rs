@@ -624,10 +624,12 @@ impl IdemModel {
         let next = Token(w.last_token.saturating_add(1));
         let (claim, write) = decision::claim(w.record(), &self.request, w.now, || next);
         let cache = idem_core::ReplayCache::new(1 << 20);
-        cache.keep(kept);
+        let read_at = std::time::Instant::now();
+        cache.note_verbs(0, read_at);
+        cache.keep(kept, cache.generation());
         self.cache_clocks(w.now).into_iter().all(|latest| {
             cache
-                .answer_while_completed(&self.request, latest)
+                .answer_while_completed(&self.request, latest, read_at)
                 .is_none_or(|cached| cached == claim && write == Write::None)
         })
     }

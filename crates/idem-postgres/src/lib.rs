@@ -449,8 +449,15 @@ impl PgStore {
     /// if a conflict rolled it back: `retry`). One deadline covers it all.
     async fn claim_pooled(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         req.check_labels()?;
-        if self.shared.ctx.clock_refresh_due() {
-            tokio::spawn(Shared::refresh_clock(Arc::clone(&self.shared)));
+        let clock_due = self.shared.ctx.clock_refresh_due();
+        if clock_due
+            || self
+                .shared
+                .ctx
+                .replays
+                .verbs_refresh_due(std::time::Instant::now())
+        {
+            tokio::spawn(Shared::refresh_clock(Arc::clone(&self.shared), clock_due));
         }
         if let Some(answer) = self.shared.ctx.cached_answer(req) {
             return Ok(answer);
@@ -622,11 +629,12 @@ impl Shared {
         )
     }
 
-    /// Renews the reading of the database's clock that bounds what the
-    /// replay cache answers ([`Ctx::clock_refresh_due`]), on a task of its
-    /// own so that no claim waits for it. A failure only leaves the
-    /// reading to age: claims then go to the server, which reports it.
-    async fn refresh_clock(shared: Arc<Shared>) {
+    /// Renews the readings of the database's clock and of its count of
+    /// verbs, which bound what the replay cache answers, on a task of its
+    /// own so that no claim waits for it; `clock` says whether
+    /// [`Ctx::clock_refresh_due`] began it. A failure only leaves the
+    /// readings to age: claims then go to the server, which reports it.
+    async fn refresh_clock(shared: Arc<Shared>, clock: bool) {
         let deadline = shared.deadline();
         // The outcome is the reading itself, kept by `read_clock`.
         let _ = shared
@@ -634,7 +642,9 @@ impl Shared {
                 ops::read_clock(&Exec::Pooled(client), &shared.ctx).await
             })
             .await;
-        shared.ctx.db_clock.end_refresh();
+        if clock {
+            shared.ctx.db_clock.end_refresh();
+        }
     }
 
     /// A batcher's runner calling `run` on this.
@@ -799,8 +809,10 @@ impl Store for PgStore {
         request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>> {
         // A replay kept in memory would outlive the record the verb
-        // changes: forget it before and after. Other processes keep their
-        // own (docs/operations.md, "Expire and evict").
+        // changes: forget it before, and after, which also refuses every
+        // record read meanwhile (`ReplayCache::generation`). Other
+        // gateways sharing the schema forget it when they read the count
+        // of verbs this write raises.
         self.shared.ctx.replays.forget(id);
         Box::pin(async move {
             let out = self.modify(id, ops::apply_verb(id, token, request)).await;

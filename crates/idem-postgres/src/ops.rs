@@ -105,7 +105,8 @@ impl Ctx {
                     .load(std::sync::atomic::Ordering::Relaxed),
             ),
         );
-        self.replays.answer_while_completed(req, latest)
+        self.replays
+            .answer_while_completed(req, latest, Instant::now())
     }
 
     /// Whether a claim should renew the reading of the database's clock
@@ -234,6 +235,7 @@ pub(crate) async fn answer_unlocked(
         (&req.id.scope.as_str(), Type::TEXT),
         (&req.id.key.as_str(), Type::TEXT),
     ];
+    let since = ctx.replays.generation();
     let sent = Instant::now();
     let rows = ctx.query(exec, &ctx.schema.peek, &params).await?;
     let received = Instant::now();
@@ -248,7 +250,7 @@ pub(crate) async fn answer_unlocked(
     };
     let answer = decision::answer_without_write(Some(&seen), req, now);
     if let Some(Claim::Replay { record }) = &answer {
-        ctx.replays.keep(record);
+        ctx.replays.keep(record, since);
     }
     Ok(answer)
 }
@@ -334,6 +336,11 @@ pub(crate) async fn modify<T>(
     apply(exec, ctx, id, write).await?;
     if let Some(entry) = entry {
         append_journal(exec, ctx, &entry).await?;
+        if entry.verb.is_some() {
+            // Every gateway reads the count and forgets the replays it
+            // keeps (`Ctx::cached_answer`).
+            ctx.query(exec, &ctx.schema.verbs_count, &[]).await?;
+        }
         // A resolution or a verb ends the ambiguity, and its failed lookups
         // with it.
         let params: [Param<'_>; 2] = [
@@ -811,20 +818,24 @@ async fn lock(
     Ok((now, row::decode(row, 1, &ctx.store)?))
 }
 
-/// Reads the database's clock alone and keeps the reading for
-/// [`Ctx::cached_answer`] ([`Ctx::clock_refresh_due`]).
+/// Reads the database's clock and its count of verbs, and keeps both
+/// readings for [`Ctx::cached_answer`] ([`Ctx::clock_refresh_due`]).
 pub(crate) async fn read_clock(exec: &Exec<'_, '_>, ctx: &Ctx) -> Result<(), StoreError> {
     let now = ctx.now();
     let params: [Param<'_>; 1] = [now_param(&now)];
     let sent = Instant::now();
     let rows = ctx.query(exec, &ctx.schema.clock, &params).await?;
     let received = Instant::now();
-    let now = match rows.first() {
-        Some(row) => row::time(row, 0, "now_ms"),
-        None => Err("the clock's statement returned no row".to_owned()),
+    let Some(row) = rows.first() else {
+        let why = "the clock's statement returned no row".to_owned();
+        return Err(ctx.damaged("the database's clock", why));
     };
-    let now = now.map_err(|why| ctx.damaged("the database's clock", why))?;
+    let now =
+        row::time(row, 0, "now_ms").map_err(|why| ctx.damaged("the database's clock", why))?;
+    let verbs =
+        row::unsigned(row, 1, "verbs").map_err(|why| ctx.damaged("the count of verbs", why))?;
     ctx.db_clock.note(sent, received, now);
+    ctx.replays.note_verbs(verbs, sent);
     Ok(())
 }
 

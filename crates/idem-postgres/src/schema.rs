@@ -129,6 +129,17 @@ const MIGRATIONS: &[&str] = &[
     // once the record completes, and for every record written before this
     // step (adding a nullable column rewrites no row).
     "ALTER TABLE {s}.records ADD COLUMN ambiguity TEXT;",
+    // 10: how many operator's verbs the schema has applied, counted in
+    // each verb's transaction, so that every gateway sharing it stops
+    // answering replays of a record a verb changed
+    // (`idem_core::ReplayCache::note_verbs`). A table, not a sequence: a
+    // sequence moves before the verb commits, and a reading between the
+    // two would be taken for the verb seen.
+    "CREATE TABLE {s}.verbs (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        applied BIGINT NOT NULL CHECK (applied >= 0)
+    );
+    INSERT INTO {s}.verbs (id, applied) VALUES (1, 0);",
 ];
 
 /// The schema version this build writes and reads.
@@ -189,9 +200,12 @@ pub(crate) struct Schema {
     /// laid out as `complete`'s; the records locked in (scope, key) order.
     pub(crate) complete_batch: String,
     pub(crate) next_token: String,
-    /// The store's now alone (`now_ms`): renews the reading that bounds
-    /// which replays memory may answer (`db_clock`).
+    /// The store's now (`now_ms`) and its count of verbs (`verbs`):
+    /// renews the readings that bound which replays memory may answer
+    /// (`db_clock`, `ReplayCache::note_verbs`).
     pub(crate) clock: String,
+    /// Counts one operator's verb, in the verb's transaction.
+    pub(crate) verbs_count: String,
     /// Insert or replace records given as one array per column.
     pub(crate) put: String,
     /// Delete records given as arrays of scopes and keys.
@@ -242,6 +256,7 @@ impl Schema {
             complete_batch,
             next_token,
             clock,
+            verbs_count,
             put,
             delete,
             get,
@@ -266,6 +281,7 @@ impl Schema {
             ("complete_batch", complete_batch),
             ("next_token", next_token),
             ("clock", clock),
+            ("verbs_count", verbs_count),
             ("put", put),
             ("delete", delete),
             ("get", get),
@@ -303,7 +319,10 @@ impl Schema {
             complete: complete(s, &channel),
             complete_batch: complete_batch(s, &channel),
             next_token: format!("SELECT nextval('{s}.tokens')"),
-            clock: format!("SELECT {now} AS now_ms"),
+            clock: format!(
+                "SELECT {now} AS now_ms, (SELECT applied FROM {s}.verbs WHERE id = 1) AS verbs"
+            ),
+            verbs_count: format!("UPDATE {s}.verbs SET applied = applied + 1 WHERE id = 1"),
             put: put(s),
             delete: format!(
                 "DELETE FROM {s}.records WHERE (scope, key) IN \

@@ -22,7 +22,7 @@ async fn ambiguous(store: &PgStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_schema_migrates_on_connect() {
-    assert_eq!(SCHEMA_VERSION, 9);
+    assert_eq!(SCHEMA_VERSION, 10);
     let schema = SchemaGuard::new();
     let store = schema.store(None).await;
     let id = ambiguous(&store, "from-v1").await;
@@ -35,7 +35,7 @@ async fn a_version_1_schema_migrates_on_connect() {
              DROP INDEX {s}.records_expiring; DROP INDEX {s}.records_tombstones; \
              ALTER TABLE {s}.records DROP COLUMN region; ALTER TABLE {s}.records DROP COLUMN waited; \
              DROP TABLE {s}.suspect_window; DROP TABLE {s}.server_epoch; \
-             ALTER TABLE {s}.records DROP COLUMN ambiguity; \
+             ALTER TABLE {s}.records DROP COLUMN ambiguity; DROP TABLE {s}.verbs; \
              UPDATE {s}.schema_version SET version = 1"
         ))
         .await
@@ -86,7 +86,7 @@ async fn a_version_7_schema_gains_the_verb_column_and_keeps_its_journal() {
     admin
         .batch_execute(&format!(
             "ALTER TABLE {s}.resolutions DROP COLUMN verb; \
-             ALTER TABLE {s}.records DROP COLUMN ambiguity; \
+             ALTER TABLE {s}.records DROP COLUMN ambiguity; DROP TABLE {s}.verbs; \
              UPDATE {s}.schema_version SET version = 7"
         ))
         .await

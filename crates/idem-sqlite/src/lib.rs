@@ -61,7 +61,12 @@
 //! [`SqliteOptions::replay_cache_bytes`], oldest out first) and answers a
 //! claim on one of them by the shared decision at the writer's clock,
 //! without the writer, whenever that decision writes nothing (see
-//! [`ReplayCache`]). A claim that would write goes to the writer.
+//! [`ReplayCache`]). A claim that would write goes to the writer. An
+//! operator's verb is the one change a completed record can undergo: the
+//! file counts them (`meta.verbs`), a reader thread reads the count at
+//! most four times a second while claims come, and memory answers only
+//! while the last reading is under a second old, so a verb applied by any
+//! process sharing the file is honoured here within that second.
 //!
 //! ## Schema
 //! One table, `records`, keyed by `(scope, key)` (see `schema.rs`; since
@@ -73,7 +78,7 @@
 //! lookups of each ambiguous attempt (deleted when the record is
 //! resolved); a one-row table `meta` holds the fencing counter, so tokens keep
 //! increasing after records are deleted, across restarts and between
-//! processes sharing the file. The file is marked with
+//! processes sharing the file, and (since version 9) the count of verbs. The file is marked with
 //! `PRAGMA application_id` = [`APPLICATION_ID`] and versioned with
 //! `PRAGMA user_version` = [`SCHEMA_VERSION`].
 
@@ -90,6 +95,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use idem_core::{
     AmbiguityNote, Claim, ClaimRequest, Clock, JournalEntry, ListQuery, Listing, LookupTries,
@@ -194,7 +200,7 @@ pub struct SqliteStore {
     death: Death,
     /// The clock the writer decides by, for answers from `replays`.
     clock: Arc<dyn Clock>,
-    replays: ReplayCache,
+    replays: Arc<ReplayCache>,
     _threads: Threads,
 }
 
@@ -281,7 +287,7 @@ impl SqliteStore {
             counters,
             death,
             clock,
-            replays: ReplayCache::new(options.replay_cache_bytes),
+            replays: Arc::new(ReplayCache::new(options.replay_cache_bytes)),
             _threads: threads,
         })
     }
@@ -351,9 +357,16 @@ impl Store for SqliteStore {
         // A replay of a completed record this store wrote or replayed is
         // answered from memory, by the decision and the writer's clock
         // (`ReplayCache` says why that is the writer's answer).
-        if let Some(answer) = self.replays.answer(req, &*self.clock) {
+        let at = Instant::now();
+        if self.replays.verbs_refresh_due(at) {
+            // A full queue skips this renewal; the next claim asks again.
+            let replays = Arc::clone(&self.replays);
+            let _ = self.reads.try_send(ReadOp::NoteVerbs { replays });
+        }
+        if let Some(answer) = self.replays.answer(req, &*self.clock, at) {
             return Box::pin(std::future::ready(Ok(answer)));
         }
+        let since = self.replays.generation();
         // Every other claim goes to the writer: its fresh-key fast path is
         // one INSERT, and deciding on a reader first cost fresh keys a
         // second hop and smaller commit groups (measured: 26.8k → 22k
@@ -363,7 +376,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let claim = claim.await?;
             if let Claim::Replay { record } = &claim {
-                self.replays.keep(record);
+                self.replays.keep(record, since);
             }
             Ok(claim)
         })
@@ -436,9 +449,10 @@ impl Store for SqliteStore {
         request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>> {
         // A replay kept in memory would outlive the record the verb
-        // changes: forget it before and after, so no replay answered
-        // meanwhile keeps it. Another process sharing the file keeps its
-        // own (docs/operations.md, "Expire and evict").
+        // changes: forget it before, and after, which also refuses every
+        // record read meanwhile (`ReplayCache::generation`). Other
+        // processes sharing the file forget it when they read the count
+        // of verbs this write raises.
         self.replays.forget(id);
         let owned = id.clone();
         let applied = self.write(|reply| Op::Verb {

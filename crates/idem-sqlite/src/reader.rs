@@ -3,11 +3,12 @@
 //! see the last commit while a new one is being written).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use idem_core::decision;
 use idem_core::{
     Clock, JOURNAL_PER_RECORD_MAX, JournalEntry, ListQuery, Listing, LookupTries, Record, RecordId,
-    State, StoreError, SuspectWindow, Token,
+    ReplayCache, State, StoreError, SuspectWindow, Token,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
@@ -40,6 +41,9 @@ pub(crate) enum ReadOp {
     },
     /// The suspect window.
     Window { reply: Reply<Option<SuspectWindow>> },
+    /// Reads the count of operator's verbs into `replays`; nobody waits
+    /// for it, and a failure only lets the last reading age.
+    NoteVerbs { replays: Arc<ReplayCache> },
 }
 
 /// The queue every reader thread takes work from.
@@ -73,8 +77,23 @@ pub(crate) fn run(conn: Connection, clock: Arc<dyn Clock>, store: String, queue:
             Some(ReadOp::Window { reply }) => {
                 let _ = reply.send(crate::window::read(&conn, &store));
             }
+            Some(ReadOp::NoteVerbs { replays }) => note_verbs(&conn, &replays),
             None => return,
         }
+    }
+}
+
+/// Reads the count of operator's verbs and notes it in `replays`, with the
+/// instant its read began.
+fn note_verbs(conn: &Connection, replays: &ReplayCache) {
+    let read_at = Instant::now();
+    let count = conn
+        .prepare_cached(row::VERBS_READ)
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get::<_, i64>(0)));
+    if let Ok(count) = count
+        && let Ok(count) = u64::try_from(count)
+    {
+        replays.note_verbs(count, read_at);
     }
 }
 

@@ -66,6 +66,12 @@ pub(crate) const TRIES_PUT: &str = "INSERT OR REPLACE INTO lookup_tries \
 /// Drops the failed lookups of a record that was resolved.
 pub(crate) const TRIES_DELETE: &str = "DELETE FROM lookup_tries WHERE scope = ?1 AND key = ?2";
 
+/// Counts one operator's verb applied to the file.
+pub(crate) const VERBS_COUNT: &str = "UPDATE meta SET verbs = verbs + 1 WHERE id = 1";
+
+/// How many operator's verbs the file has applied.
+pub(crate) const VERBS_READ: &str = "SELECT verbs FROM meta WHERE id = 1";
+
 /// The failed lookups kept for `id`, read on `conn` (the writer's, inside
 /// its transaction, or a reader's).
 pub(crate) fn tries(

@@ -109,6 +109,11 @@ const MIGRATIONS: &[&str] = &[
     // once the record completes, and for every record written before this
     // step (adding a nullable column rewrites no row).
     "ALTER TABLE records ADD COLUMN ambiguity TEXT;",
+    // 9: how many operator's verbs this file has applied, counted in each
+    // verb's transaction, so that every process sharing the file stops
+    // answering replays of a record a verb changed
+    // (`idem_core::ReplayCache::note_verbs`).
+    "ALTER TABLE meta ADD COLUMN verbs INTEGER NOT NULL DEFAULT 0 CHECK (verbs >= 0);",
 ];
 
 /// The schema version this build writes and reads.

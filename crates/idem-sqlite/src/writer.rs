@@ -376,8 +376,8 @@ impl Writer {
     }
 
     /// Applies a journaled write (a resolution, a verb): in the operation's
-    /// savepoint, the record's write, the journal's append and the removal
-    /// of the lookup tries commit together or not at all.
+    /// savepoint, the record's write, the journal's append, the removal of
+    /// the lookup tries and a verb's count commit together or not at all.
     fn journaled(
         &self,
         id: &RecordId,
@@ -387,6 +387,14 @@ impl Writer {
             .and_then(|()| self.conn.prepare_cached(row::TRIES_DELETE))
             .and_then(|mut stmt| stmt.execute((id.scope.as_str(), id.key.as_str())))
             .map_err(|e| schema::error(&self.store, &e))?;
+        if entry.verb.is_some() {
+            // Counted in the verb's own savepoint: every process sharing
+            // the file reads the count and forgets the replays it keeps.
+            self.conn
+                .prepare_cached(row::VERBS_COUNT)
+                .and_then(|mut stmt| stmt.execute([]))
+                .map_err(|e| schema::error(&self.store, &e))?;
+        }
         match write {
             Write::Put(done) => self.put(&done).map(|()| Some(done)),
             write => self.write(id, &write).map(|()| None),

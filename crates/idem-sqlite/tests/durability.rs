@@ -170,7 +170,7 @@ fn newer_schema(dir: &Path) -> PathBuf {
     let path = dir.join("idem.db");
     drop(SqliteStore::open(&path, SqliteOptions::default()).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.pragma_update(None, "user_version", 9).unwrap();
+    conn.pragma_update(None, "user_version", 10).unwrap();
     path
 }
 
@@ -226,7 +226,7 @@ fn refused_files_are_named_with_the_reason() {
             setup: newer_schema,
             create: true,
             incompatible: true,
-            reason: "schema version 9 is newer than this idem supports (8); upgrade idem",
+            reason: "schema version 10 is newer than this idem supports (9); upgrade idem",
         },
         Refusal {
             name: "missing directory",
@@ -257,7 +257,7 @@ fn refused_files_are_named_with_the_reason() {
             reason: "is a directory, not a database file",
         },
     ];
-    assert_eq!(SCHEMA_VERSION, 8, "update the newer-schema case");
+    assert_eq!(SCHEMA_VERSION, 9, "update the newer-schema case");
     for case in cases {
         let dir = tempfile::tempdir().unwrap();
         let path = (case.setup)(dir.path());

@@ -40,7 +40,7 @@ async fn ambiguous(store: &SqliteStore, key: &str) -> RecordId {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_file_migrates_on_open() {
-    assert_eq!(SCHEMA_VERSION, 8);
+    assert_eq!(SCHEMA_VERSION, 9);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = open(&path);
@@ -52,7 +52,7 @@ async fn a_version_1_file_migrates_on_open() {
         "DROP TABLE resolutions; DROP TABLE lookup_tries; \
          DROP INDEX records_expiring; DROP INDEX records_tombstones; \
          ALTER TABLE records DROP COLUMN region; DROP TABLE suspect_window; \
-         ALTER TABLE records DROP COLUMN ambiguity; \
+         ALTER TABLE records DROP COLUMN ambiguity; ALTER TABLE meta DROP COLUMN verbs; \
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -96,7 +96,7 @@ async fn a_version_6_file_gains_the_verb_column_and_keeps_its_journal() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE resolutions DROP COLUMN verb; ALTER TABLE records DROP COLUMN ambiguity; \
-         PRAGMA user_version = 6;",
+         ALTER TABLE meta DROP COLUMN verbs; PRAGMA user_version = 6;",
     )
     .unwrap();
 

@@ -3,8 +3,9 @@
 //! upstream, `evict` lets the intent run once more and then replays it,
 //! `evict` is refused while an attempt's lease runs, and the journal
 //! names the operator and the reason. Each through the CLI (another
-//! process sharing the store) and through the admin API. Every test counts
-//! the effects the upstream really performed.
+//! process sharing the store) and through the admin API; a verb made in
+//! another process reaches the replays a gateway keeps in memory. Every
+//! test counts the effects the upstream really performed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -344,4 +345,83 @@ async fn sqlite_evict_is_refused_while_the_lease_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_evict_is_refused_while_the_lease_runs() {
     evict_is_refused_while_the_lease_runs(Kind::Postgres).await;
+}
+
+/// Retries `key_` through `gw` until an answer is not a replay of `first`
+/// (the kept answer), for at most five seconds, and returns it; every
+/// answer before it must be that replay.
+async fn first_answer_not_replayed(gw: &Gateway, key_: &str, first: &Reply) -> Option<Reply> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        let retry = post(&gw.url("/payouts"), &[key(key_)], PAYOUT).await;
+        if retry.header("idempotent-replayed").is_none() {
+            return Some(retry);
+        }
+        retry.assert_replay_of(first);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// A verb made in another process (the CLI, or another gateway's admin
+/// API on the same store) reaches the replays a gateway keeps in memory:
+/// the gateway stops replaying an expired key and runs an evicted one once
+/// more. Before the store counted verbs, the first gateway replayed both
+/// from memory until it restarted.
+async fn a_verb_made_elsewhere_reaches_the_replays_kept_in_memory(kind: Kind) {
+    let bed = Bed::start(kind, "elsewhere", "").await;
+    let (other, other_admin) = Gateway::start_admin_url(&bed.up.url(), &bed.store, None, TOKEN);
+    let keys = [
+        "far-exp-cli",
+        "far-evict-cli",
+        "far-exp-api",
+        "far-evict-api",
+    ];
+    let mut firsts = Vec::new();
+    for key_ in keys {
+        let first = bed.pay(key_).await;
+        // The first replay is read from the store and kept; the next ones
+        // are answered from memory.
+        for _ in 0..3 {
+            bed.pay(key_).await.assert_replay_of(&first);
+        }
+        firsts.push(first);
+    }
+    for (key_, first) in keys.iter().zip(&firsts) {
+        let (scope, token, _) = bed.record(key_).await;
+        let verb = if key_.contains("exp") {
+            "expire"
+        } else {
+            "evict"
+        };
+        if key_.ends_with("cli") {
+            let out = bed.cli_verb(verb, &scope, key_, token);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        } else {
+            let path = format!("/records/{}/{}/{verb}", segment(&scope), segment(key_));
+            let body = format!(r#"{{"token":{token},"reason":"{verb} on the other node"}}"#);
+            let auth = format!("Bearer {TOKEN}");
+            let url = format!("http://{other_admin}{path}");
+            let done = send("POST", &url, &[("authorization", &auth)], &body).await;
+            assert_eq!(done.status, 200, "{done:?}");
+        }
+        let Some(answer) = first_answer_not_replayed(&bed.gw, key_, first).await else {
+            panic!("{kind:?}: the first gateway still replays {key_} after {verb}");
+        };
+        let status = if verb == "expire" { 422 } else { 201 };
+        assert_eq!(answer.status, status, "{key_}: {answer:?}");
+        let effects = if verb == "expire" { 1 } else { 2 };
+        assert_eq!(bed.effects(key_), effects, "{key_}");
+    }
+    drop(other);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_verb_made_elsewhere_reaches_the_replays_kept_in_memory() {
+    a_verb_made_elsewhere_reaches_the_replays_kept_in_memory(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_verb_made_elsewhere_reaches_the_replays_kept_in_memory() {
+    a_verb_made_elsewhere_reaches_the_replays_kept_in_memory(Kind::Postgres).await;
 }
