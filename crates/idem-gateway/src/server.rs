@@ -165,9 +165,11 @@ pub async fn serve_with(
             stopped(stop_rx.clone()),
         )
     });
+    let attempts = layer.attempts();
     let admitted = proxy_service(config, layer, &store, metrics);
     let shutdown = stop_on(shutdown, idem_process::stopped(store_seen.clone()), stop_tx);
     let served = serve_proxy(config, listener, admitted, probes, drain, shutdown).await;
+    finish_attempts(config, &attempts).await;
     background.finish().await;
     let admin_served = match admin {
         Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
@@ -177,6 +179,40 @@ pub async fn serve_with(
         return Err(std::io::Error::other(e));
     }
     served.and(admin_served)
+}
+
+/// Waits, once the proxy has drained its connections, for the attempts
+/// that went on without their client (`Prefer: respond-async`, or a client
+/// that hung up): stopping now would cut each mid-forward and leave its
+/// key with an unknown outcome. Each ends by its lease, so the wait is
+/// bounded by the longest lease of the routes, plus the drain's grace.
+async fn finish_attempts(config: &GatewayConfig, attempts: &idem_http::Attempts) {
+    let running = attempts.running();
+    if running == 0 {
+        return;
+    }
+    let lease_ms = config
+        .routes
+        .iter()
+        .map(|route| route.policy().lease_ms())
+        .max()
+        .unwrap_or(0);
+    let bound = Duration::from_millis(lease_ms.saturating_add(listen::DRAIN_GRACE_MS));
+    tracing::info!(
+        running,
+        bound_ms = bound.as_millis() as u64,
+        "waiting for attempts that go on without their client (respond-async, or a client \
+         that hung up); each ends by its lease"
+    );
+    if tokio::time::timeout(bound, attempts.finished())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            running = attempts.running(),
+            "attempts still running at exit: their keys turn ambiguous when their leases end"
+        );
+    }
 }
 
 /// The layer every proxied request goes through, with its region, gate,

@@ -105,8 +105,8 @@ pub use route::{
     RouteWait,
 };
 pub use service::{
-    EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseCap, LeaseDeadline, OWNED_HEADERS,
-    REPLAYED_HEADER, RESPONSE_BYTES_MAX, UnknownOutcomes, read_body,
+    Attempts, EXPIRES_HEADER, Idempotency, IdempotencyLayer, LeaseCap, LeaseDeadline,
+    OWNED_HEADERS, REPLAYED_HEADER, RESPONSE_BYTES_MAX, UnknownOutcomes, read_body,
 };
 pub use setting::RouteError;
 pub use slot::InFlightSlot;

@@ -60,6 +60,29 @@ pub struct IdempotencyLayer {
     shared: Arc<Shared>,
 }
 
+/// The attempts of one [`IdempotencyLayer`] (and of every service it
+/// wraps) that run on tasks of their own: every protected request's.
+#[derive(Clone, Debug)]
+pub struct Attempts(tokio_util::task::TaskTracker);
+
+impl Attempts {
+    /// How many attempts are running now.
+    pub fn running(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Resolves once no attempt is running: every one started so far has
+    /// ended, as has any started meanwhile. Each ends by its lease's
+    /// deadline plus the store's writes, so this is bounded by the longest
+    /// lease of the layer's routes; bound it tighter with a timeout if the
+    /// process must stop sooner (an attempt cut then is left for the
+    /// reconciler, as after a crash).
+    pub async fn finished(&self) {
+        self.0.close();
+        self.0.wait().await;
+    }
+}
+
 /// The middleware: enforces the Idempotency-Key contract on protected routes
 /// and passes everything else to `S` untouched.
 ///
@@ -91,6 +114,11 @@ struct Shared {
     /// The routes nothing settles are named once per layer, however many
     /// services it wraps (axum wraps each route's).
     unsettled_named: Arc<std::sync::Once>,
+    /// Every attempt's task ([`IdempotencyLayer::attempts`]).
+    attempts: tokio_util::task::TaskTracker,
+    /// Whether `Prefer: respond-async` is honoured
+    /// ([`IdempotencyLayer::without_respond_async`]).
+    respond_async: bool,
 }
 
 /// Who settles an attempt whose outcome is unknown (an `ambiguous`
@@ -133,6 +161,8 @@ impl IdempotencyLayer {
                 unknown: UnknownOutcomes::Operator,
                 problem_type_base: None,
                 unsettled_named: Arc::new(std::sync::Once::new()),
+                attempts: tokio_util::task::TaskTracker::new(),
+                respond_async: true,
             }),
         }
     }
@@ -217,6 +247,15 @@ impl IdempotencyLayer {
         self.edit(|shared| shared.problem_type_base = Some(base))
     }
 
+    /// Ignores `Prefer: respond-async`: every protected request is answered
+    /// when its attempt ends. For a host that stops running tasks once the
+    /// answer is sent (AWS Lambda freezes the execution environment), where
+    /// an attempt going on after a 202 would be frozen mid-effect and its
+    /// key turn into an unknown outcome; `idem_lambda` sets it.
+    pub fn without_respond_async(self) -> IdempotencyLayer {
+        self.edit(|shared| shared.respond_async = false)
+    }
+
     /// Wakes the requests waiting on `id` to ask the store again: for a
     /// store that reports another process's change to a record (PostgreSQL
     /// notifications). This layer wakes them itself when it settles an
@@ -233,6 +272,16 @@ impl IdempotencyLayer {
     /// The metrics this layer counts into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// The attempts this layer runs on tasks of their own. An attempt goes
+    /// on after its client stops waiting (`Prefer: respond-async`, or a
+    /// client that hung up), so a server's graceful shutdown, which waits
+    /// only for its connections, would cut it mid-forward and leave its
+    /// key with an unknown outcome. Await [`Attempts::finished`] after the
+    /// server has drained and before the runtime stops.
+    pub fn attempts(&self) -> Attempts {
+        Attempts(self.shared.attempts.clone())
     }
 
     fn edit(self, change: impl FnOnce(&mut Shared)) -> IdempotencyLayer {

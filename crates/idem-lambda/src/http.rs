@@ -69,8 +69,13 @@ struct Lambda<S>(S);
 type Answer<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
 
 impl From<idem_http::IdempotencyLayer> for IdempotencyLayer {
+    /// `Prefer: respond-async` is ignored here: Lambda freezes the
+    /// execution environment once the answer is sent, so an attempt going
+    /// on after a 202 would be frozen mid-effect.
     fn from(inner: idem_http::IdempotencyLayer) -> IdempotencyLayer {
-        IdempotencyLayer { inner }
+        IdempotencyLayer {
+            inner: inner.without_respond_async(),
+        }
     }
 }
 

@@ -110,6 +110,44 @@ async fn a_binary_request_and_answer_are_replayed_byte_for_byte() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// `Prefer: respond-async` is not honoured on Lambda: the environment is
+/// frozen once the answer is sent, so an attempt left running after a 202
+/// would be frozen mid-effect. The function runs and its own answer comes
+/// back, recorded and replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respond_async_is_answered_when_the_function_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let function = {
+        let calls = calls.clone();
+        service_fn(move |_: Request| {
+            let calls = calls.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, lambda_http::Error>(Response::new(Body::Binary(IMAGE.to_vec())))
+            }
+        })
+    };
+    let mut service = IdempotencyLayer::from(thumbnails(&dir)).layer(function);
+    let asking = || {
+        let mut request = rest_event(Some("thumb-async"));
+        let prefer = http::HeaderValue::from_static("respond-async");
+        request.headers_mut().insert("prefer", prefer);
+        request
+    };
+    let first = invoke(&mut service, asking()).await;
+    assert_eq!(first.status(), 200, "{first:?}");
+    assert!(
+        !first.headers().contains_key("preference-applied"),
+        "{first:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "ran before it answered");
+    let again = invoke(&mut service, asking()).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// The invocation's remaining time bounds the lease, as it does an SQS
 /// record's: with 3 s left (less the 500 ms margin) the function is given
 /// at most 2.5 s by the layer ([`LeaseDeadline`], the lease's end), where

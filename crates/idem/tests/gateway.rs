@@ -309,6 +309,36 @@ async fn sigterm_lets_in_flight_requests_finish_and_be_recorded() {
     assert_eq!(up.effects().len(), 1);
 }
 
+/// An attempt whose client stopped waiting (answered 202 under
+/// `Prefer: respond-async`, or a client that hung up) still runs when
+/// SIGTERM comes: the gateway waits for it, so its key is completed, not
+/// left in progress to turn into an unknown outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_attempts_whose_client_stopped_waiting() {
+    let (up, site) = (Upstream::start().await, Site::new());
+    let config = site.config("[[route]]\nmethods = [\"POST\"]\n");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    let url = gw.url("/slow?ms=1500");
+    let prefer = ("prefer", "respond-async");
+    let accepted = post(&url, &[key("t-async"), prefer], PAYOUT).await;
+    assert_eq!(accepted.status, 202, "{accepted:?}");
+    let headers = [key("t-gone")];
+    let gone = tokio::time::timeout(Duration::from_millis(200), post(&url, &headers, PAYOUT));
+    assert!(gone.await.is_err(), "the client hung up before the answer");
+    assert!(eventually(Duration::from_secs(10), || up.effects().len() == 2).await);
+    let status = tokio::task::spawn_blocking(move || gw.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
+    for k in ["t-async", "t-gone"] {
+        let replay = post(&gw.url("/slow?ms=1500"), &[key(k)], PAYOUT).await;
+        assert_eq!(replay.status, 201, "{k} was completed: {replay:?}");
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{k}");
+    }
+    assert_eq!(up.effects().len(), 2, "each ran once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_store_fails_closed() {
     let (up, site) = (Upstream::start().await, Site::new());

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Router, body::Bytes};
 use idem_core::{HeaderBytes, Store, StoredResult, SystemClock};
-use idem_http::{IdempotencyLayer, Route};
+use idem_http::{Attempts, IdempotencyLayer, Route};
 use idem_reconcile::{Finding, ReconcileSettings, Reconciler, provider_fn};
 
 /// Who the caller is: what the service's authentication established.
@@ -71,6 +71,10 @@ pub struct Service {
     pub router: Router,
     /// Spawn it beside the router ([`Reconciler::spawn`]).
     pub reconciler: Arc<Reconciler>,
+    /// The attempts of both routes' layers: await them once the server
+    /// has drained, so that an attempt whose client stopped waiting is
+    /// not cut mid-effect ([`IdempotencyLayer::attempts`]).
+    pub attempts: [Attempts; 2],
 }
 
 /// Builds the service over `store`: `POST /payouts` and
@@ -117,13 +121,18 @@ pub fn service(
     let cancels = Route::builder()
         .principal_from_extension(|user: &User| user.tenant.clone())
         .layer(store)?;
+    let attempts = [layer.attempts(), cancels.attempts()];
     let router = Router::new()
         .route("/payouts", post(pay).route_layer(layer))
         .route("/payouts/{id}/cancel", post(cancel).route_layer(cancels))
         .route("/health", axum::routing::get(|| async { "ok" }))
         .layer(middleware::from_fn(authenticate))
         .with_state(ledger);
-    Ok(Service { router, reconciler })
+    Ok(Service {
+        router,
+        reconciler,
+        attempts,
+    })
 }
 
 fn json() -> Vec<(String, HeaderBytes)> {

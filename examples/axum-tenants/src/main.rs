@@ -28,6 +28,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
+    // axum waited for its connections; an attempt whose client hung up
+    // runs on without one, each bounded by its lease.
+    for attempts in &service.attempts {
+        attempts.finished().await;
+    }
     drop(stop);
     scans.await?;
     Ok(())

@@ -42,7 +42,9 @@ pub struct LeaseCap(pub std::time::Duration);
 /// connection dropped, and with it the future that awaits this) cancels
 /// nothing: an attempt that holds a claim runs to its end and records its
 /// outcome, and the client's retry is answered with it. What the attempt
-/// holds is bounded as before, by its lease's deadline.
+/// holds is bounded as before, by its lease's deadline. The task is
+/// tracked (`IdempotencyLayer::attempts`), so that a server shutting down
+/// waits for it rather than cutting it mid-forward.
 pub(super) async fn detached<S, ReqBody, ResBody>(
     shared: Arc<Shared>,
     index: usize,
@@ -60,7 +62,10 @@ where
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
-    let location = respond_async_location(&shared.routes[index], &req);
+    let location = shared
+        .respond_async
+        .then(|| respond_async_location(&shared.routes[index], &req))
+        .flatten();
     let (acquired, claimed) = match location {
         Some(_) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -68,11 +73,12 @@ where
         }
         None => (None, None),
     };
+    let tracker = shared.attempts.clone();
     let attempt = async move {
         let route = &shared.routes[index];
         protect(&shared, (index, route), inner, req, acquired).await
     };
-    let mut running = tokio::spawn(attempt.in_current_span());
+    let mut running = tracker.spawn(attempt.in_current_span());
     if let (Some(mut claimed), Some(location)) = (claimed, location) {
         // The task goes on when this answers first: the attempt completes
         // its record as it would have, bounded by its lease.

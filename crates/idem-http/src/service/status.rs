@@ -281,7 +281,7 @@ pub(super) fn policy<B: From<Bytes>>(shared: &Shared, index: usize, base: &str) 
         "unknown_settled_by": unknown_settled_by,
         "wait_ms": { "default": wait.default_ms, "max": wait.max_ms },
         "status_url": route.status.location_template(base),
-        "respond_async": true,
+        "respond_async": shared.respond_async,
     });
     let mut response = Response::new(B::from(Bytes::from(doc.to_string())));
     response.headers_mut().insert(
