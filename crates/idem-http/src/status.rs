@@ -12,6 +12,8 @@
 //! normalised as any request path is; the key segment is decoded apart,
 //! so that keys with `/`, `\` or `%` can be spelled (`%2F`, `%5C`, `%25`).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use idem_core::IdempotencyKey;
@@ -201,7 +203,7 @@ pub(crate) fn prefers_async(headers: &http::HeaderMap) -> bool {
 
 /// 202 Accepted for a request that asked `Prefer: respond-async` once its
 /// claim is made: where to ask for its answer.
-pub(crate) fn accepted<B: From<Bytes>>(location: &str) -> Response<B> {
+pub(crate) fn accepted<B: From<Bytes>>(location: &str, retry_after: Duration) -> Response<B> {
     let body = serde_json::json!({
         "status": "accepted",
         "detail": "the request is being processed; its answer will be at the Location",
@@ -221,7 +223,13 @@ pub(crate) fn accepted<B: From<Bytes>>(location: &str) -> Response<B> {
         HeaderName::from_static("preference-applied"),
         HeaderValue::from_static("respond-async"),
     );
+    headers.insert(http::header::RETRY_AFTER, retry_after_value(retry_after));
     response
+}
+
+/// `Retry-After` in whole seconds, rounded up.
+pub(crate) fn retry_after_value(retry_after: Duration) -> HeaderValue {
+    HeaderValue::from(u64::try_from(retry_after.as_millis().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -373,6 +373,12 @@ async fn respond_async(up: &Upstream, gw: &Gateway) {
     );
     assert_eq!(accepted.status, 202, "{accepted:?}");
     assert_eq!(accepted.header("preference-applied"), Some("respond-async"));
+    // When to ask: within the lease the store granted (30 s), at least 1 s.
+    let retry_after = accepted.header("retry-after").map(str::parse::<u64>);
+    assert!(
+        matches!(retry_after, Some(Ok(1..=30))),
+        "{retry_after:?}: {accepted:?}"
+    );
     let location = accepted.header("location").unwrap().to_owned();
     assert_eq!(location, format!("/slow/.idem/{}", segment(own)));
     let answer = loop {

@@ -43,8 +43,9 @@ pub(super) struct Hooks<'a> {
     /// The forward's span while the inner service runs: recorded here when
     /// the call is cut (its lease ended) or panicked.
     forward_span: Mutex<Option<Span>>,
-    /// Told once the claim acquires, for `Prefer: respond-async`.
-    acquired: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Told once the claim acquires, for `Prefer: respond-async`: when
+    /// to ask the status URL.
+    acquired: Mutex<Option<tokio::sync::oneshot::Sender<Duration>>>,
 }
 
 impl<'a> Hooks<'a> {
@@ -52,7 +53,7 @@ impl<'a> Hooks<'a> {
         shared: &'a Shared,
         route: &'a Route,
         request: (Parts, Bytes),
-        acquired: Option<tokio::sync::oneshot::Sender<()>>,
+        acquired: Option<tokio::sync::oneshot::Sender<Duration>>,
     ) -> Hooks<'a> {
         let preferred = preferred_wait_ms(&request.0.headers);
         Hooks {
@@ -116,11 +117,15 @@ impl Observe for Hooks<'_> {
 
     fn claim(&self, claim: &Claim) {
         self.shared.metrics.claim(claim);
-        if let Claim::Acquired { .. } = claim
+        if let Claim::Acquired { lease_ms, .. } = claim
             && let Some(acquired) = locked(&self.acquired).take()
         {
-            // The request may have stopped listening; the attempt goes on.
-            let _ = acquired.send(());
+            // When to ask the status URL: the time a forward typically
+            // takes, within the lease the store granted. The request may
+            // have stopped listening; the attempt goes on.
+            let lease = Duration::from_millis(*lease_ms);
+            let typical = self.route.latency.typical();
+            let _ = acquired.send(crate::pace::retry_after(Duration::ZERO, typical, lease));
         }
     }
 

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -85,11 +86,13 @@ where
         let mut listening = true;
         let first = std::future::poll_fn(|cx| {
             if let Poll::Ready(joined) = Pin::new(&mut running).poll(cx) {
-                return Poll::Ready(Some(joined));
+                return Poll::Ready(First::Ended(joined));
             }
             if listening {
                 match Pin::new(&mut claimed).poll(cx) {
-                    Poll::Ready(Ok(())) => return Poll::Ready(None),
+                    Poll::Ready(Ok(retry_after)) => {
+                        return Poll::Ready(First::Acquired(retry_after));
+                    }
                     // Never acquired: the attempt's own answer comes.
                     Poll::Ready(Err(_)) => listening = false,
                     Poll::Pending => {}
@@ -99,11 +102,19 @@ where
         })
         .await;
         return match first {
-            Some(joined) => joined_response(joined),
-            None => crate::status::accepted(&location),
+            First::Ended(joined) => joined_response(joined),
+            First::Acquired(retry_after) => crate::status::accepted(&location, retry_after),
         };
     }
     joined_response(running.await)
+}
+
+/// What a `Prefer: respond-async` request learns first: the attempt ended
+/// (never acquired, or quicker than the news), or its claim acquired, with
+/// when to ask the status URL.
+enum First<T> {
+    Ended(T),
+    Acquired(Duration),
 }
 
 /// The status URL to answer `Prefer: respond-async` with: `None` when the
@@ -136,7 +147,7 @@ async fn protect<S, ReqBody, ResBody>(
     (index, route): (usize, &Route),
     mut inner: S,
     req: Request<ReqBody>,
-    acquired: Option<tokio::sync::oneshot::Sender<()>>,
+    acquired: Option<tokio::sync::oneshot::Sender<Duration>>,
 ) -> Response<ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send,

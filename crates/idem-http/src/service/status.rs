@@ -240,13 +240,13 @@ fn in_flight<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
     });
     let mut response = Response::new(B::from(Bytes::from(body.to_string())));
     *response.status_mut() = StatusCode::ACCEPTED;
-    let seconds = u64::try_from(retry_after.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
     let headers = response.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+    let value = crate::status::retry_after_value(retry_after);
+    headers.insert(http::header::RETRY_AFTER, value);
     response
 }
 
