@@ -277,26 +277,27 @@ impl Writer {
                 result,
                 reply,
             } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let now = self.clock.now();
-                    let done = decision::complete(existing.as_ref(), &id, token, result, now)?;
-                    self.put(&done).map(|()| done)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::complete(existing, &id, token, result, now)
+                    })
+                    .and_then(|done| self.put(&done).map(|()| done));
                 Done::Record(reply, out)
             }
             Op::Release { id, token, reply } => {
-                let out = self.read(&id).and_then(|existing| {
-                    decision::release(existing.as_ref(), &id, token, self.clock.now())?;
-                    self.delete(&id)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::release(existing, &id, token, now)
+                    })
+                    .and_then(|_| self.delete(&id));
                 Done::Unit(reply, out)
             }
             Op::MarkAmbiguous { id, token, reply } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let now = self.clock.now();
-                    let marked = decision::mark_ambiguous(existing.as_ref(), &id, token, now)?;
-                    self.put(&marked).map(|()| marked)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::mark_ambiguous(existing, &id, token, now)
+                    })
+                    .and_then(|marked| self.put(&marked).map(|()| marked));
                 Done::Record(reply, out)
             }
             Op::NoteAmbiguity {
@@ -305,12 +306,11 @@ impl Writer {
                 note,
                 reply,
             } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let now = self.clock.now();
-                    let noted =
-                        decision::note_ambiguity(existing.as_ref(), &id, token, *note, now)?;
-                    self.put(&noted)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::note_ambiguity(existing, &id, token, *note, now)
+                    })
+                    .and_then(|noted| self.put(&noted));
                 Done::Unit(reply, out)
             }
             Op::Resolve {
@@ -319,12 +319,11 @@ impl Writer {
                 resolution,
                 reply,
             } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let now = self.clock.now();
-                    let decided =
-                        decision::resolve(existing.as_ref(), &id, token, resolution, now)?;
-                    self.journaled(&id, decided)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::resolve(existing, &id, token, resolution, now)
+                    })
+                    .and_then(|decided| self.journaled(&id, decided));
                 Done::MaybeRecord(reply, out)
             }
             Op::Verb {
@@ -333,12 +332,11 @@ impl Writer {
                 request,
                 reply,
             } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let now = self.clock.now();
-                    let decided =
-                        decision::apply_verb(existing.as_ref(), &id, token, &request, now)?;
-                    self.journaled(&id, decided)
-                });
+                let out = self
+                    .decide(&id, |existing, now| {
+                        decision::apply_verb(existing, &id, token, &request, now)
+                    })
+                    .and_then(|decided| self.journaled(&id, decided));
                 Done::MaybeRecord(reply, out)
             }
             Op::NoteFailedLookup {
@@ -346,24 +344,7 @@ impl Writer {
                 token,
                 next_at,
                 reply,
-            } => {
-                let out = self.read(&id).and_then(|existing| {
-                    let kept = row::tries(&self.conn, &id, &self.store)?;
-                    let now = self.clock.now();
-                    let tries = decision::note_failed_lookup(
-                        existing.as_ref(),
-                        kept.as_ref(),
-                        &id,
-                        token,
-                        next_at,
-                        now,
-                    )?;
-                    row::put_tries(&self.conn, &id, &tries)
-                        .map_err(|e| schema::error(&self.store, &e))?;
-                    Ok(tries)
-                });
-                Done::Tries(reply, out)
-            }
+            } => Done::Tries(reply, self.note_failed_lookup(&id, token, next_at)),
             Op::Purge { limit, reply } => Done::Purge(reply, self.purge(limit)),
             Op::OpenWindow { opening, reply } => {
                 let out = window::read(&self.conn, &self.store).and_then(|held| {
@@ -373,6 +354,40 @@ impl Writer {
                 Done::Window(reply, out)
             }
         }
+    }
+
+    /// The record of `id` as it is now, and the writer's clock, given to a
+    /// decision.
+    fn decide<T>(
+        &self,
+        id: &RecordId,
+        decision: impl FnOnce(Option<&Record>, Timestamp) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let existing = self.read(id)?;
+        decision(existing.as_ref(), self.clock.now())
+    }
+
+    /// `decision::note_failed_lookup` on the record and the tries kept for
+    /// it, the new tries written.
+    fn note_failed_lookup(
+        &self,
+        id: &RecordId,
+        token: Token,
+        next_at: Timestamp,
+    ) -> Result<LookupTries, StoreError> {
+        let existing = self.read(id)?;
+        let kept = row::tries(&self.conn, id, &self.store)?;
+        let now = self.clock.now();
+        let tries = decision::note_failed_lookup(
+            existing.as_ref(),
+            kept.as_ref(),
+            id,
+            token,
+            next_at,
+            now,
+        )?;
+        row::put_tries(&self.conn, id, &tries).map_err(|e| schema::error(&self.store, &e))?;
+        Ok(tries)
     }
 
     /// Applies a journaled write (a resolution, a verb): in the operation's
