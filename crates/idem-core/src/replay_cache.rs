@@ -190,8 +190,8 @@ impl ReplayCache {
     /// `read_at`. A count other than the last one read (a verb was applied
     /// somewhere, or the store was restored) forgets every kept record and
     /// starts a new generation; so does the first. A reading that began
-    /// before the last one noted is ignored: it may predate a verb the
-    /// other saw.
+    /// before the last one noted is ignored: it can say nothing newer, and
+    /// its lower count would forget everything for nothing.
     pub fn note_verbs(&self, count: u64, read_at: Instant) {
         let mut kept = self.lock();
         let seen = kept.verbs;
@@ -470,5 +470,122 @@ mod tests {
             !ReplayCache::new(0).verbs_refresh_due(at(0)),
             "the cache off reads nothing"
         );
+    }
+
+    /// One step of [`interleavings_never_answer_what_a_seen_verb_changed`].
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A claim reads the record from the store (taking the generation
+        /// first), to keep it later.
+        BeginRead,
+        /// The oldest read still open keeps what it read.
+        FinishRead,
+        /// An operator's verb commits: the record becomes a new version,
+        /// completed again (evicted and run once more) or not (expired).
+        /// `local`: in this process, which forgets the key before and
+        /// after.
+        Verb { local: bool, rerun: bool },
+        /// A reading of the store's count of verbs begins.
+        BeginCount,
+        /// The oldest reading still open is noted.
+        FinishCount,
+        /// Time passes.
+        Tick(u64),
+        /// A replay asks memory.
+        Answer,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Step::BeginRead),
+            Just(Step::FinishRead),
+            (any::<bool>(), any::<bool>()).prop_map(|(local, rerun)| Step::Verb { local, rerun }),
+            Just(Step::BeginCount),
+            Just(Step::FinishCount),
+            (0u64..600).prop_map(Step::Tick),
+            Just(Step::Answer),
+            Just(Step::Answer),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Every interleaving of reads, keeps, verbs (here and in another
+        /// process), readings of the count and replays: memory never
+        /// answers a record that a verb the noted reading saw replaced,
+        /// and answers only while that reading began under a second ago.
+        /// The version of a record is the number of verbs applied before
+        /// it was written, as the count of verbs is.
+        #[test]
+        fn interleavings_never_answer_what_a_seen_verb_changed(
+            steps in proptest::collection::vec(step(), 1..60)
+        ) {
+            let start = Instant::now();
+            let store = MemoryStore::new(Arc::new(crate::SystemClock));
+            let req = request("k");
+            let base = completed(&store, &req, 1);
+            let version_of = |version: u64| {
+                let mut record = base.clone();
+                let body = version.to_le_bytes().to_vec();
+                record.result = Some(StoredResult::new(201, vec![], body).unwrap());
+                record
+            };
+            let cache = ReplayCache::new(1 << 20);
+            // The store: its count of verbs (the record's version), and
+            // whether the record is completed.
+            let (mut count, mut completed_now) = (0u64, true);
+            let mut reads: VecDeque<(Generation, Option<Record>)> = VecDeque::new();
+            let mut readings: VecDeque<(u64, Instant)> = VecDeque::new();
+            let mut now = start;
+            for step in steps {
+                match step {
+                    Step::BeginRead => {
+                        let since = cache.generation();
+                        reads.push_back((since, completed_now.then(|| version_of(count))));
+                    }
+                    Step::FinishRead => {
+                        if let Some((since, Some(record))) = reads.pop_front() {
+                            cache.keep(&record, since);
+                        }
+                    }
+                    Step::Verb { local, rerun } => {
+                        if local {
+                            cache.forget(&req.id);
+                        }
+                        count += 1;
+                        completed_now = rerun;
+                        if local {
+                            cache.forget(&req.id);
+                        }
+                    }
+                    Step::BeginCount => readings.push_back((count, now)),
+                    Step::FinishCount => {
+                        if let Some((seen, read_at)) = readings.pop_front() {
+                            cache.note_verbs(seen, read_at);
+                        }
+                    }
+                    Step::Tick(ms) => now += Duration::from_millis(ms),
+                    Step::Answer => {
+                        let Some(answer) = cache.answer(&req, &crate::SystemClock, now) else {
+                            continue;
+                        };
+                        let Claim::Replay { record } = answer else {
+                            panic!("memory answers replays only: {answer:?}");
+                        };
+                        let body = record.result.as_ref().unwrap().body().to_vec();
+                        let version = u64::from_le_bytes(body.try_into().unwrap());
+                        let (noted, read_at) = cache.lock().verbs.unwrap();
+                        proptest::prop_assert!(
+                            version >= noted,
+                            "answered version {version}, but a reading saw {noted} verbs"
+                        );
+                        proptest::prop_assert!(
+                            now.duration_since(read_at)
+                                < Duration::from_millis(VERBS_READING_AGE_MS_MAX)
+                        );
+                    }
+                }
+            }
+        }
     }
 }
