@@ -517,6 +517,18 @@ impl Answer for Replied {
         }
     }
 
+    fn excerpt(&mut self) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        // The reply is already whole in memory; the note keeps its start.
+        let body = match &self.0 {
+            Ok(reply) if !reply.body.is_empty() => {
+                let head = reply.body.len().min(idem_core::AMBIGUITY_EXCERPT_BYTES_MAX);
+                Some(reply.body[..head].to_vec())
+            }
+            _ => None,
+        };
+        std::future::ready(body)
+    }
+
     fn keep(self) -> impl Future<Output = Option<(StoredResult, ())>> + Send {
         // Only a status outside 100..=599 cannot be stored at all; a
         // completion table never declares one final.

@@ -450,6 +450,25 @@ pub async fn unknown_answers_leave_the_record_ambiguous(h: &Harness) {
         let first = deliver(&runner, &effects, &key, 100, answer).await;
         assert_eq!(seen(&first), Seen::Unknown, "{answer:?}");
         assert_eq!(h.state(&key).await, Some(State::Ambiguous), "{answer:?}");
+        // Why, for the operator: the effect's status and the start of its
+        // answer's body, or only the cause when no answer came.
+        let record = h.store.get(&id(&key)).await.unwrap().unwrap();
+        let Some(note) = record.ambiguity else {
+            panic!("{answer:?}: the record says why it is ambiguous");
+        };
+        let expected = match answer {
+            Answer::Status(status) => (
+                Some(status),
+                Some(format!("answer {status} of run {}", n + 1)),
+            ),
+            Answer::Failed(_) => (None, None),
+        };
+        assert_eq!(
+            (note.status, note.excerpt),
+            expected,
+            "{answer:?}: {}",
+            note.error
+        );
         // A second delivery, now and after the lease, does not run it again.
         let again = deliver(&runner, &effects, &key, 100, Answer::Status(201)).await;
         assert_eq!(seen(&again), Seen::Unknown, "{answer:?}");
