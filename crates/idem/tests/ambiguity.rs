@@ -10,9 +10,8 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
-use support::{Gateway, PgSchema, Reply, Site, Upstream, idem, key, post, segment, send, text};
+use support::bed::{Bed, Kind};
+use support::{key, post, segment};
 
 /// An amount no double holds: 2^64 < it, with a fraction.
 const AMOUNT: &str = "12345678901234567890.25";
@@ -21,80 +20,16 @@ const CONFIG: &str = "[[route]]\npath = \"/busy-once\"\ncompletion = { unknown =
     summary_fields = [\"/seller_id\", \"/amount\", \"/not_there\"]\n\n\
     [[route]]\npath = \"/fail\"\ncompletion = { unknown = [500] }\n";
 
-/// Where a bed keeps its records.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Sqlite,
-    Postgres,
+/// What these tests ask of a bed, beside what every bed offers.
+trait Why {
+    async fn api_show(&self, scope: &str, key: &str) -> serde_json::Value;
 }
 
-/// A gateway with its admin API on a fresh store, and what keeps it.
-struct Bed {
-    _up: Upstream,
-    gw: Gateway,
-    admin_addr: SocketAddr,
-    store: String,
-    _site: Site,
-    _schema: Option<PgSchema>,
-}
-
-impl Bed {
-    async fn start(kind: Kind, tag: &str) -> Bed {
-        let (up, site) = (Upstream::start().await, Site::new());
-        let (store, schema) = match kind {
-            Kind::Sqlite => (format!("sqlite://{}", site.store().display()), None),
-            Kind::Postgres => {
-                let schema = PgSchema::new(tag);
-                (schema.store_url(), Some(schema))
-            }
-        };
-        let config = site.config(CONFIG);
-        let (gw, admin_addr) = Gateway::start_admin_url(&up.url(), &store, Some(&config), TOKEN);
-        Bed {
-            _up: up,
-            gw,
-            admin_addr,
-            store,
-            _site: site,
-            _schema: schema,
-        }
-    }
-
-    /// `GET /records?limit=100`: the scope of `key`'s record.
-    async fn scope_of(&self, key: &str) -> String {
-        let listed = self.admin("/records?limit=100").await;
-        assert_eq!(listed.status, 200, "{listed:?}");
-        let page: serde_json::Value = serde_json::from_str(&listed.body).unwrap();
-        let found = page["records"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["key"] == key);
-        let found = found.unwrap_or_else(|| panic!("no record for {key}: {page}"));
-        found["scope"].as_str().unwrap().to_owned()
-    }
-
-    async fn admin(&self, path: &str) -> Reply {
-        let auth = format!("Bearer {TOKEN}");
-        let url = format!("http://{}{path}", self.admin_addr);
-        send("GET", &url, &[("authorization", &auth)], "").await
-    }
-
-    /// `idem records show` as JSON and as the table.
-    fn show(&self, scope: &str, key: &str) -> (serde_json::Value, String) {
-        let base = ["records", "show", scope, key, "--store", &self.store];
-        let out = idem(&[&base[..], &["--format", "json"]].concat());
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let doc = serde_json::from_slice(&out.stdout).unwrap();
-        let table = idem(&base);
-        assert!(table.status.success(), "{}", text(&table.stderr));
-        (doc, text(&table.stdout))
-    }
-
+impl Why for Bed {
     /// The record of `key` as `GET /records/{scope}/{key}` shows it.
     async fn api_show(&self, scope: &str, key: &str) -> serde_json::Value {
         let path = format!("/records/{}/{}", segment(scope), segment(key));
-        let shown = self.admin(&path).await;
+        let shown = self.admin("GET", &path, "").await;
         assert_eq!(shown.status, 200, "{shown:?}");
         serde_json::from_str(&shown.body).unwrap()
     }
@@ -114,7 +49,7 @@ fn summary(why: &serde_json::Value) -> Vec<(String, String)> {
 }
 
 async fn a_503_with_a_body_is_noted_with_the_payouts_summary(kind: Kind) {
-    let bed = Bed::start(kind, "ambiguity").await;
+    let bed = Bed::start(kind, "ambiguity", CONFIG, TOKEN).await;
     let payout = format!(r#"{{"seller_id":"s-847","amount":{AMOUNT},"currency":"EUR"}}"#);
     let answered = post(&bed.gw.url("/busy-once"), &[key("why-503")], &payout).await;
     assert_eq!(
@@ -122,7 +57,7 @@ async fn a_503_with_a_body_is_noted_with_the_payouts_summary(kind: Kind) {
         (503, "try later"),
         "the caller gets the upstream's whole answer: {answered:?}"
     );
-    let scope = bed.scope_of("why-503").await;
+    let (scope, _, _) = bed.record("why-503").await;
     let (doc, table) = bed.show(&scope, "why-503");
     let expect_summary = vec![
         ("/seller_id".to_owned(), "\"s-847\"".to_owned()),
@@ -152,7 +87,7 @@ async fn a_503_with_a_body_is_noted_with_the_payouts_summary(kind: Kind) {
     // A route without summary_fields: the note, and no summary.
     let failed = post(&bed.gw.url("/fail"), &[key("why-500")], &payout).await;
     assert_eq!(failed.status, 500, "{failed:?}");
-    let scope = bed.scope_of("why-500").await;
+    let (scope, _, _) = bed.record("why-500").await;
     let (doc, table) = bed.show(&scope, "why-500");
     let api = bed.api_show(&scope, "why-500").await;
     for (shown, by) in [(&doc, "records show"), (&api, "the admin API")] {

@@ -10,86 +10,25 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{
-    Gateway, PgSchema, Reply, Site, Upstream, eventually, idem, key, post, segment, send, text,
-};
+use support::bed::{Bed, Kind};
+use support::{Gateway, Reply, eventually, idem, key, post, segment, send, text};
 
 const PAYOUT: &str = r#"{"seller":847,"amount":1200,"currency":"EUR"}"#;
 const TOKEN: &str = "verbs-test-token-8d41c07a95e3";
 /// The operator the CLI names with `--by`.
 const OPERATOR: &str = "operator:alice";
 
-/// A gateway with its admin API on a store, and what keeps that store.
-struct Bed {
-    up: Upstream,
-    gw: Gateway,
-    admin_addr: SocketAddr,
-    store: String,
-    _site: Site,
-    _schema: Option<PgSchema>,
+/// What the verbs' tests ask of a bed, beside what every bed offers.
+trait Verbs {
+    fn cli_verb(&self, verb: &str, scope: &str, key: &str, token: u64) -> std::process::Output;
+    async fn api_verb(&self, verb: &str, scope: &str, key: &str, token: u64) -> Reply;
+    async fn pay(&self, key_: &str) -> Reply;
+    fn effects(&self, key: &str) -> usize;
 }
 
-/// Where a bed keeps its records.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Sqlite,
-    Postgres,
-}
-
-impl Bed {
-    /// Starts the upstream and `idem serve` on a fresh store of `kind`,
-    /// with the route configuration `config` (empty: the defaults).
-    async fn start(kind: Kind, tag: &str, config: &str) -> Bed {
-        let (up, site) = (Upstream::start().await, Site::new());
-        let (store, schema) = match kind {
-            Kind::Sqlite => (format!("sqlite://{}", site.store().display()), None),
-            Kind::Postgres => {
-                let schema = PgSchema::new(tag);
-                (schema.store_url(), Some(schema))
-            }
-        };
-        let config = (!config.is_empty()).then(|| site.config(config));
-        let (gw, admin_addr) =
-            Gateway::start_admin_url(&up.url(), &store, config.as_deref(), TOKEN);
-        Bed {
-            up,
-            gw,
-            admin_addr,
-            store,
-            _site: site,
-            _schema: schema,
-        }
-    }
-
-    /// A request to the admin API with the right token.
-    async fn admin(&self, method: &str, path: &str, body: &str) -> Reply {
-        let auth = format!("Bearer {TOKEN}");
-        let url = format!("http://{}{path}", self.admin_addr);
-        send(method, &url, &[("authorization", &auth)], body).await
-    }
-
-    /// The record of `key` as the admin API lists it: (scope, token, state).
-    async fn record(&self, key: &str) -> (String, u64, String) {
-        let listed = self.admin("GET", "/records?limit=100", "").await;
-        assert_eq!(listed.status, 200, "{listed:?}");
-        let page: serde_json::Value = serde_json::from_str(&listed.body).unwrap();
-        let found = page["records"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["key"] == key)
-            .unwrap_or_else(|| panic!("no record for {key}: {page}"))
-            .clone();
-        (
-            found["scope"].as_str().unwrap().to_owned(),
-            found["token"].as_u64().unwrap(),
-            found["state"].as_str().unwrap().to_owned(),
-        )
-    }
-
+impl Verbs for Bed {
     /// `idem records VERB SCOPE KEY --token N --reason REASON --by alice`.
     fn cli_verb(&self, verb: &str, scope: &str, key: &str, token: u64) -> std::process::Output {
         let token = token.to_string();
@@ -115,17 +54,6 @@ impl Bed {
         let path = format!("/records/{}/{}/{verb}", segment(scope), segment(key));
         let body = format!(r#"{{"token":{token},"reason":"{verb} {key}: ticket 4412"}}"#);
         self.admin("POST", &path, &body).await
-    }
-
-    /// `idem records show SCOPE KEY` as JSON, and as the table people read.
-    fn show(&self, scope: &str, key: &str) -> (serde_json::Value, String) {
-        let base = ["records", "show", scope, key, "--store", &self.store];
-        let out = idem(&[&base[..], &["--format", "json"]].concat());
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let doc = serde_json::from_slice(&out.stdout).unwrap();
-        let table = idem(&base);
-        assert!(table.status.success(), "{}", text(&table.stderr));
-        (doc, text(&table.stdout))
     }
 
     /// Pays `key` through the gateway: one effect, answered 201.
@@ -163,7 +91,7 @@ fn journal(doc: &serde_json::Value) -> Vec<(String, String, String)> {
 /// the admin API; a late retry is a 422 `key-expired` and never reaches
 /// the upstream; the journal names who and why.
 async fn expire_then_a_late_retry_is_caught(kind: Kind) {
-    let bed = Bed::start(kind, "expire", "").await;
+    let bed = Bed::start(kind, "expire", "", TOKEN).await;
     for (key_, through_cli) in [("exp-cli", true), ("exp-api", false)] {
         bed.pay(key_).await;
         let (scope, token, state) = bed.record(key_).await;
@@ -235,7 +163,7 @@ async fn expire_then_a_late_retry_is_caught(kind: Kind) {
 /// admin API; the retry runs once more (the upstream's count goes from 1
 /// to 2) and is replayed after that; the journal names who and why.
 async fn evict_then_a_retry_runs_once_more_then_replays(kind: Kind) {
-    let bed = Bed::start(kind, "evict", "").await;
+    let bed = Bed::start(kind, "evict", "", TOKEN).await;
     for (key_, through_cli) in [("ev-cli", true), ("ev-api", false)] {
         let first = bed.pay(key_).await;
         let (scope, token, _) = bed.record(key_).await;
@@ -284,7 +212,7 @@ async fn evict_then_a_retry_runs_once_more_then_replays(kind: Kind) {
 /// the CLI and the admin API and changes nothing; the attempt completes
 /// and is replayed, one effect in all.
 async fn evict_is_refused_while_the_lease_runs(kind: Kind) {
-    let bed = Bed::start(kind, "held", "").await;
+    let bed = Bed::start(kind, "held", "", TOKEN).await;
     let url = bed.gw.url("/slow?ms=3000");
     let held = tokio::spawn(async move { post(&url, &[key("held-1")], PAYOUT).await });
     let started = eventually(Duration::from_secs(5), || bed.up.hits() == 1);
@@ -369,7 +297,7 @@ async fn first_answer_not_replayed(gw: &Gateway, key_: &str, first: &Reply) -> O
 /// more. Before the store counted verbs, the first gateway replayed both
 /// from memory until it restarted.
 async fn a_verb_made_elsewhere_reaches_the_replays_kept_in_memory(kind: Kind) {
-    let bed = Bed::start(kind, "elsewhere", "").await;
+    let bed = Bed::start(kind, "elsewhere", "", TOKEN).await;
     let (other, other_admin) = Gateway::start_admin_url(&bed.up.url(), &bed.store, None, TOKEN);
     let keys = [
         "far-exp-cli",

@@ -3,6 +3,7 @@
 //! as a separate process in front of it, and a plain HTTP client.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test harness: a failure here is a failed test
 
+pub mod bed;
 pub mod broker;
 pub mod consume_suite;
 pub mod dynamo;
