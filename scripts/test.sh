@@ -39,8 +39,11 @@ cd "$(dirname "$0")/.."
 log() { printf '==> %s\n' "$*"; }
 die() { echo "$*" >&2; exit 1; }
 
+# Every service the suite can use: the default of IDEM_TEST_SERVICES.
+SERVICES_ALL="postgres nats rabbitmq chromium redis dynalite moto cargo-lambda promtool stripe"
+
 wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is unset
-  local list=" ${IDEM_TEST_SERVICES:-postgres nats rabbitmq chromium redis dynalite moto cargo-lambda} "
+  local list=" ${IDEM_TEST_SERVICES:-$SERVICES_ALL} "
   [[ ${list//,/ } == *" $1 "* ]]
 }
 
@@ -328,7 +331,11 @@ PY
 # promtool is wanted: a Prometheus service the package starts is stopped.
 check_alert_rules() {
   if ! command -v promtool >/dev/null; then
-    if ! apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    # Read whole, then matched: `apt-cache … | grep -q` under pipefail
+    # fails when grep stops reading at its match (apt-cache gets SIGPIPE).
+    local policy
+    policy=$(apt-cache policy prometheus 2>/dev/null || true)
+    if ! grep -q 'Candidate: [0-9]' <<<"$policy"; then
       echo "warning: promtool is not installable here (no prometheus package); the rule file is parsed by the tests only" >&2
       return 0
     fi
