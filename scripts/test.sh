@@ -43,9 +43,22 @@ die() { echo "$*" >&2; exit 1; }
 SERVICES_ALL="postgres nats rabbitmq chromium redis dynalite moto cargo-lambda promtool stripe"
 
 wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is unset
+  case " $SERVICES_ALL " in
+    *" $1 "*) ;;
+    *) echo "scripts/test.sh: asked whether '$1' is wanted, which is no service of SERVICES_ALL" >&2; exit 2 ;;
+  esac
   local list=" ${IDEM_TEST_SERVICES:-$SERVICES_ALL} "
   [[ ${list//,/ } == *" $1 "* ]]
 }
+
+# A service named in IDEM_TEST_SERVICES that the suite does not know is a
+# typo that would silently skip what it meant: refuse it.
+for service in ${IDEM_TEST_SERVICES//,/ }; do
+  case " $SERVICES_ALL " in
+    *" $service "*) ;;
+    *) echo "IDEM_TEST_SERVICES names '$service', which is none of: $SERVICES_ALL" >&2; exit 2 ;;
+  esac
+done
 
 answers() { # host port
   timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
