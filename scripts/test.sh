@@ -53,7 +53,8 @@ wanted() { # service: named in IDEM_TEST_SERVICES (spaces or commas), or it is u
 
 # A service named in IDEM_TEST_SERVICES that the suite does not know is a
 # typo that would silently skip what it meant: refuse it.
-for service in ${IDEM_TEST_SERVICES//,/ }; do
+asked=${IDEM_TEST_SERVICES:-}
+for service in ${asked//,/ }; do
   case " $SERVICES_ALL " in
     *" $service "*) ;;
     *) echo "IDEM_TEST_SERVICES names '$service', which is none of: $SERVICES_ALL" >&2; exit 2 ;;
