@@ -5,7 +5,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::{ArgGroup, Args, ValueEnum};
 use idem_core::{
     Clock, IdempotencyKey, JournalEntry, ListQuery, Outcome, RecordId, Resolution, Scope, State,
@@ -205,13 +205,7 @@ pub async fn show(args: ShowArgs) -> anyhow::Result<()> {
 pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
     let id = record_id(&args.scope, &args.key)?;
     let (scope, key) = (&args.scope, &args.key);
-    if args.reason.trim().is_empty() {
-        bail!("--reason must not be empty: say why you resolve it this way");
-    }
-    let by = args.by.clone().unwrap_or_else(default_actor);
-    if by.trim().is_empty() {
-        bail!("--by must not be empty");
-    }
+    let by = operator(args.by.as_deref(), &args.reason, "resolve it this way")?;
     let outcome = if args.completed {
         let body = match &args.body {
             Some(path) => read_body(path)?,
@@ -249,17 +243,14 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
             "resolved scope {scope:?} key {key:?} as {outcome} by {by}: \
              the record is removed; the next retry runs the request"
         ),
-        Err(StoreError::NotFound { .. }) => {
-            bail!("no record for scope {scope:?} key {key:?} in {url}; nothing was resolved")
+        Err(e) => {
+            return Err(refused(
+                e,
+                (scope, key, &url),
+                ("resolve", "resolved"),
+                "ambiguous",
+            ));
         }
-        Err(e @ (StoreError::Fenced { .. } | StoreError::MayStillCommit { .. })) => {
-            bail!("{e}; nothing was resolved")
-        }
-        Err(StoreError::WrongState { state, .. }) => bail!(
-            "the record for scope {scope:?} key {key:?} is {state}, not ambiguous; \
-             only an ambiguous record can be resolved, nothing was changed"
-        ),
-        Err(e) => return Err(e).with_context(|| format!("cannot resolve in {url}")),
     }
     Ok(())
 }
@@ -268,20 +259,14 @@ pub async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
 pub async fn apply_verb(verb: Verb, args: VerbArgs) -> anyhow::Result<()> {
     let id = record_id(&args.scope, &args.key)?;
     let (scope, key) = (&args.scope, &args.key);
-    if args.reason.trim().is_empty() {
-        bail!(
-            "--reason must not be empty: say why you {} it",
-            verb.as_str()
-        );
-    }
-    let by = args.by.clone().unwrap_or_else(default_actor);
-    if by.trim().is_empty() {
-        bail!("--by must not be empty");
-    }
+    let by = operator(
+        args.by.as_deref(),
+        &args.reason,
+        &format!("{} it", verb.as_str()),
+    )?;
     let request = VerbRequest::new(verb, &by, &args.reason)
         .with_context(|| format!("the {} is refused", verb.as_str()))?;
     let (url, store) = args.store.open_existing()?;
-    let done = verb.past();
     match store.apply_verb(&id, Token(args.token), request).await {
         Ok(_) if verb == Verb::Expire => println!(
             "expired scope {scope:?} key {key:?} by {by}: its answer is dropped; \
@@ -291,19 +276,50 @@ pub async fn apply_verb(verb: Verb, args: VerbArgs) -> anyhow::Result<()> {
             "evicted scope {scope:?} key {key:?} by {by}: the record is removed; \
              the next request with this key runs"
         ),
-        Err(StoreError::NotFound { .. }) => {
-            bail!("no record for scope {scope:?} key {key:?} in {url}; nothing was {done}")
+        Err(e) => {
+            let verb = (verb.as_str(), verb.past());
+            return Err(refused(e, (scope, key, &url), verb, "completed"));
         }
-        Err(e @ (StoreError::Fenced { .. } | StoreError::MayStillCommit { .. })) => {
-            bail!("{e}; nothing was {done}")
-        }
-        Err(StoreError::WrongState { state, .. }) => bail!(
-            "the record for scope {scope:?} key {key:?} is {state}, not completed; \
-             only a completed record can be expired, nothing was changed"
-        ),
-        Err(e) => return Err(e).with_context(|| format!("cannot {} in {url}", verb.as_str())),
     }
     Ok(())
+}
+
+/// The operator a by-hand change is journaled under (`--by`, else this
+/// machine's user), refused when it or the `reason` is empty; `what` says
+/// what the reason explains ("expire it").
+fn operator(by: Option<&str>, reason: &str, what: &str) -> anyhow::Result<String> {
+    if reason.trim().is_empty() {
+        bail!("--reason must not be empty: say why you {what}");
+    }
+    let by = by.map_or_else(default_actor, str::to_owned);
+    if by.trim().is_empty() {
+        bail!("--by must not be empty");
+    }
+    Ok(by)
+}
+
+/// Why the store refused to apply `verb` (and its past tense) to the
+/// record of (scope, key) in `url`, in words that say nothing changed;
+/// `needed` is the state the change needs ("completed").
+fn refused(
+    e: StoreError,
+    (scope, key, url): (&str, &str, &dyn std::fmt::Display),
+    (verb, done): (&str, &str),
+    needed: &str,
+) -> anyhow::Error {
+    match e {
+        StoreError::NotFound { .. } => {
+            anyhow!("no record for scope {scope:?} key {key:?} in {url}; nothing was {done}")
+        }
+        e @ (StoreError::Fenced { .. } | StoreError::MayStillCommit { .. }) => {
+            anyhow!("{e}; nothing was {done}")
+        }
+        StoreError::WrongState { state, .. } => anyhow!(
+            "the record for scope {scope:?} key {key:?} is {state}, not {needed}, so it \
+             cannot be {done}; nothing was changed"
+        ),
+        e => anyhow::Error::new(e).context(format!("cannot {verb} in {url}")),
+    }
 }
 
 /// One journal entry as `records show` prints it: `resolved`, `expired` or
