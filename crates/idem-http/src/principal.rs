@@ -230,8 +230,8 @@ impl Principal {
     /// The principal of a request as it appears in the scope: never a raw
     /// value, always a digest (or [`ANONYMOUS`] for a credential digest
     /// with no credential), so it holds no `|`, no control character and
-    /// has a fixed length.
-    #[cfg(test)]
+    /// has a fixed length. A client certificate, carried in the request's
+    /// extensions, is not seen here.
     pub(crate) fn of(&self, headers: &HeaderMap) -> Result<String, Problem> {
         let (mut parts, ()) = http::Request::new(()).into_parts();
         parts.headers = headers.clone();

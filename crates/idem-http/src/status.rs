@@ -40,6 +40,17 @@ const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// `key` as its status URL's last segment. The keys `.` and `..` are
+/// spelled `%2E`, as a dot segment a client would resolve away (RFC 3986
+/// §5.2.4) before it asks; [`StatusUrl::split`] decodes them back.
+fn key_segment(key: &IdempotencyKey) -> String {
+    match key.as_str() {
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        key => utf8_percent_encode(key, KEY_SEGMENT).to_string(),
+    }
+}
+
 /// Where a route answers "what became of my key?".
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -113,8 +124,7 @@ impl StatusUrl {
             return None;
         };
         let base = path.strip_suffix('/').unwrap_or(path);
-        let key = utf8_percent_encode(key.as_str(), KEY_SEGMENT);
-        Some(format!("{base}{suffix}/{key}"))
+        Some(format!("{base}{suffix}/{}", key_segment(key)))
     }
 
     /// The status URL template with the protected path filled in
@@ -283,6 +293,10 @@ mod tests {
         for text in keys {
             let key = IdempotencyKey::new(text).unwrap();
             let url = status.location("/payouts", &key).unwrap();
+            // A client resolves dot segments before it asks (RFC 3986
+            // §5.2.4); `http::Uri` does not, so look for them here.
+            let dots = url.split('/').any(|seg| seg == "." || seg == "..");
+            assert!(!dots, "{url} would be asked for as another path");
             let uri: http::Uri = url.parse().unwrap();
             let (base, back) = status.split(uri.path()).unwrap();
             let back = back.unwrap();

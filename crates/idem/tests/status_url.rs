@@ -456,3 +456,41 @@ async fn malformed_keys_are_refused_and_the_status_url_is_configurable() {
     assert_ne!(passed.problem().as_deref(), Some(KEY_UNKNOWN), "{passed:?}");
     assert_eq!(passed.header("idempotent-replayed"), None, "{passed:?}");
 }
+
+/// A route scoped by the default (the caller's credentials): callers who
+/// send none share one anonymous scope, so asking by key alone would hand
+/// one of them another's answer. Their status URL knows no key and their
+/// respond-async is answered when the attempt ends; a caller with a
+/// credential asks about its own key as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_callers_cannot_read_answers_by_key() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let route = "[[route]]\nname = \"payouts\"\nmethods = [\"POST\"]\npath = \"/**\"\n";
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&site.config(route)));
+    let ask = |k: &str, headers: Vec<(&'static str, &'static str)>| {
+        let url = gw.url(&format!("/payouts/.idem/{}", segment(k)));
+        async move { send("GET", &url, &headers, "").await }
+    };
+    // Anonymous: the answer exists, but the status URL does not give it.
+    let paid = post(&gw.url("/payouts"), &[key("anon-1")], PAYOUT).await;
+    assert_eq!(paid.status, 201, "{paid:?}");
+    let asked = ask("anon-1", vec![]).await;
+    assert_eq!(asked.status, 404, "{asked:?}");
+    assert_eq!(asked.problem().as_deref(), Some(KEY_UNKNOWN));
+    let prefer = ("prefer", "respond-async");
+    let sync = post(&gw.url("/payouts"), &[key("anon-2"), prefer], PAYOUT).await;
+    assert_eq!(sync.status, 201, "answered when it ended: {sync:?}");
+    assert_eq!(sync.header("preference-applied"), None);
+    // With a credential, the caller's own key is answered.
+    let bearer = ("authorization", "Bearer caller-7");
+    let own = post(&gw.url("/payouts"), &[key("cred-1"), bearer], PAYOUT).await;
+    assert_eq!(own.status, 201, "{own:?}");
+    ask("cred-1", vec![bearer]).await.assert_replay_of(&own);
+    assert_eq!(
+        ask("cred-1", vec![]).await.status,
+        404,
+        "not to the anonymous"
+    );
+    assert_eq!(up.effects().len(), 3);
+}

@@ -123,6 +123,12 @@ fn respond_async_location<B>(route: &Route, req: &Request<B>) -> Option<String> 
     if !crate::status::prefers_async(req.headers()) {
         return None;
     }
+    // A caller in the anonymous scope has no status URL to poll
+    // (`service::status::ids`): its request is answered when it ends.
+    let principal = route.principal.of(req.headers()).ok()?;
+    if principal == crate::principal::ANONYMOUS {
+        return None;
+    }
     let key = request::key(req.headers(), route).ok()??;
     route.status.location(req.uri().path(), &key)
 }
