@@ -535,23 +535,11 @@ mod tests {
     /// Claims `key` in `scope` (once: a repeated one is left as it is) and,
     /// when `ambiguous`, marks it so.
     async fn put(store: &dyn Store, scope: &str, key: &str, ambiguous: bool) {
-        use idem_core::{Claim, ClaimRequest, Fingerprint, Policy};
-        let id = RecordId {
-            scope: Scope::new(scope).unwrap(),
-            key: IdempotencyKey::new(key).unwrap(),
-        };
-        let req = ClaimRequest {
-            id: id.clone(),
-            fingerprint: Fingerprint::from_bytes([7; 32]),
-            legacy_fingerprint: None,
-            owner: "gw-1".into(),
-            region: None,
-            policy: Policy::DEFAULT,
-        };
-        if let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap()
+        let req = crate::tests::claim_request(scope, key);
+        if let idem_core::Claim::Acquired { token, .. } = store.claim(&req).await.unwrap()
             && ambiguous
         {
-            store.mark_ambiguous(&id, token).await.unwrap();
+            store.mark_ambiguous(&req.id, token).await.unwrap();
         }
     }
 }

@@ -57,25 +57,29 @@ fn fixture_logging_to(refusals: RefusalLog) -> Fixture {
     }
 }
 
-/// Acquires `key` in `scope` and leaves its outcome unknown.
-pub(super) async fn ambiguous(store: &dyn Store, scope: &str, key: &str) -> RecordId {
-    let id = RecordId {
-        scope: Scope::new(scope).unwrap(),
-        key: IdempotencyKey::new(key).unwrap(),
-    };
-    let req = ClaimRequest {
-        id: id.clone(),
+/// A claim of `key` in `scope` by node `gw-1`, with the default policy.
+pub(crate) fn claim_request(scope: &str, key: &str) -> ClaimRequest {
+    ClaimRequest {
+        id: RecordId {
+            scope: Scope::new(scope).unwrap(),
+            key: IdempotencyKey::new(key).unwrap(),
+        },
         fingerprint: Fingerprint::from_bytes([7; 32]),
         legacy_fingerprint: None,
         owner: "gw-1".into(),
         region: None,
         policy: Policy::DEFAULT,
-    };
+    }
+}
+
+/// Acquires `key` in `scope` and leaves its outcome unknown.
+pub(super) async fn ambiguous(store: &dyn Store, scope: &str, key: &str) -> RecordId {
+    let req = claim_request(scope, key);
     let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
-    store.mark_ambiguous(&id, token).await.unwrap();
-    id
+    store.mark_ambiguous(&req.id, token).await.unwrap();
+    req.id
 }
 
 impl Fixture {
