@@ -194,9 +194,19 @@ enum Allowed {
 /// Authentication comes before routing, so that nothing, not even which
 /// paths exist, is told to a caller without the token.
 async fn authenticate(State(admin): State<Arc<Admin>>, mut req: Request, next: Next) -> Response {
-    if let Some(operator) = admin.authorized(req.headers()) {
-        req.extensions_mut().insert(operator);
-        return next.run(req).await;
+    match admin.authorized(req.headers()) {
+        Some(Admitted::Token(operator)) => {
+            req.extensions_mut().insert(operator);
+            return next.run(req).await;
+        }
+        Some(Admitted::Header(operator)) => {
+            if let Some(why) = forgeable(req.method(), req.headers()) {
+                return Refusal::new(AdminProblem::Unauthorized, why).into_response();
+            }
+            req.extensions_mut().insert(operator);
+            return next.run(req).await;
+        }
+        None => {}
     }
     if let Logged::Write { suppressed } = admin.refusals.admit(std::time::Instant::now()) {
         let path = logged_path(req.uri().path());
@@ -388,10 +398,51 @@ async fn apply_verb(
     Ok(json(&answer))
 }
 
+/// How a request's operator was established.
+enum Admitted {
+    /// By the bearer token it carries, which a browser never adds by itself.
+    Token(OperatorName),
+    /// By the trusted proxy's header, which the proxy adds to every request
+    /// the operator's browser sends, a forged one included.
+    Header(OperatorName),
+}
+
+/// Why a request admitted by the proxy's header alone could have been
+/// sent by another site's page in the operator's browser: a change whose
+/// body is not `application/json` (a form or a `no-cors` fetch, which no
+/// preflight stops), or one the browser says came from elsewhere.
+fn forgeable(method: &Method, headers: &HeaderMap) -> Option<String> {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return None;
+    }
+    let site = headers
+        .get("sec-fetch-site")
+        .map(|v| v.to_str().unwrap_or(""));
+    if let Some(site) = site.filter(|s| !matches!(*s, "same-origin" | "none")) {
+        return Some(format!(
+            "a change admitted by the proxy's operator header came from another site \
+             (Sec-Fetch-Site: {site}); nothing was changed"
+        ));
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    (!json).then(|| {
+        "a change admitted by the proxy's operator header must send Content-Type: \
+         application/json (a browser then asks before sending it across sites); nothing was \
+         changed"
+            .to_owned()
+    })
+}
+
 impl Admin {
     /// The operator of a request: the one whose bearer token it carries,
-    /// else the one the trusted proxy's header names.
-    fn authorized(&self, headers: &HeaderMap) -> Option<OperatorName> {
+    /// else the one the trusted proxy's header names. A request with an
+    /// `Authorization` header is judged by it alone: a wrong token is
+    /// refused, never passed on to the header.
+    fn authorized(&self, headers: &HeaderMap) -> Option<Admitted> {
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let value = value.as_bytes();
             let scheme = value
@@ -401,11 +452,9 @@ impl Admin {
             // refusals take the same time.
             let token = value.get(7..).unwrap_or_default();
             let found = self.operators.by_token(token).filter(|_| scheme);
-            if let Some(name) = found {
-                return Some(name.clone());
-            }
+            return found.map(|name| Admitted::Token(name.clone()));
         }
-        self.operators.by_header(headers)
+        self.operators.by_header(headers).map(Admitted::Header)
     }
 
     /// The problem for a store error; failures of the store itself are

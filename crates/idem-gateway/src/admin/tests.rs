@@ -738,7 +738,8 @@ async fn verbs_are_refused_or_applied_and_journaled_once() {
 
 /// Each operator's token, or the trusted proxy's header where one is
 /// configured, journals the resolution under that operator's name; a
-/// header is worth nothing where none is configured.
+/// header is worth nothing where none is configured, nor behind a wrong
+/// token, nor on a change another site's page could have sent.
 #[tokio::test]
 async fn resolutions_are_journaled_under_the_operators_name() {
     let name = |n: &str| OperatorName::new(n).unwrap();
@@ -750,35 +751,53 @@ async fn resolutions_are_journaled_under_the_operators_name() {
         ),
         (name("bo"), AdminToken::new("bo-0123456789abcdef").unwrap()),
     ];
+    const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+    const PLAIN: &[(&str, &str)] = &[("content-type", "text/plain")];
+    const CROSS_SITE: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("sec-fetch-site", "cross-site"),
+    ];
+    let ana = "Bearer ana-0123456789abcdef";
+    let carla = Some("carla@example.com");
+    // (header configured, Authorization, the header's value, other
+    // headers, the operator journaled or None for a 401)
     let cases = [
-        (
-            Some(header.clone()),
-            "Bearer ana-0123456789abcdef",
-            None,
-            Some("ana"),
-        ),
+        (Some(header.clone()), ana, None, &[][..], Some("ana")),
         (
             Some(header.clone()),
             "Bearer bo-0123456789abcdef",
             None,
+            &[],
             Some("bo"),
         ),
         (
             Some(header.clone()),
             "",
-            Some("carla@example.com"),
+            carla,
+            JSON,
             Some("carla@example.com"),
         ),
-        (Some(header.clone()), "", Some("not a name"), None),
-        (None, "", Some("carla"), None),
+        (Some(header.clone()), "", Some("not a name"), JSON, None),
+        (None, "", Some("carla"), JSON, None),
+        (None, ana, Some("carla"), &[], Some("ana")),
+        // What another site's page can make the operator's browser send
+        // through the proxy: a body that is no JSON (no preflight stops
+        // it), or one the browser says came from elsewhere.
+        (Some(header.clone()), "", carla, &[], None),
+        (Some(header.clone()), "", carla, PLAIN, None),
+        (Some(header.clone()), "", carla, CROSS_SITE, None),
+        // A wrong token is refused, not passed on to the header; a right
+        // one needs no JSON (no browser adds it by itself).
         (
+            Some(header.clone()),
+            "Bearer wrong-0123456789abcdef",
+            carla,
+            JSON,
             None,
-            "Bearer ana-0123456789abcdef",
-            Some("carla"),
-            Some("ana"),
         ),
+        (Some(header.clone()), ana, carla, PLAIN, Some("ana")),
     ];
-    for (configured, auth, forwarded_user, want) in cases {
+    for (configured, auth, forwarded_user, extra, want) in cases {
         let f = fixture_of(Operators::new(named.clone(), configured.clone()).unwrap());
         let rid = id("payouts|aa11", "k-1");
         let token = ambiguous(&f.store, &rid).await;
@@ -791,6 +810,9 @@ async fn resolutions_are_journaled_under_the_operators_name() {
         if let Some(user) = forwarded_user {
             req = req.header("x-forwarded-user", user);
         }
+        for (name, value) in extra {
+            req = req.header(*name, *value);
+        }
         let body = format!(
             r#"{{"token":{},"outcome":"completed","reason":"seen at the provider"}}"#,
             token.0
@@ -802,7 +824,7 @@ async fn resolutions_are_journaled_under_the_operators_name() {
             .await
             .unwrap();
         let status = res.status().as_u16();
-        let case = format!("{configured:?} {auth:?} {forwarded_user:?}");
+        let case = format!("{configured:?} {auth:?} {forwarded_user:?} {extra:?}");
         match want {
             Some(operator) => {
                 assert_eq!(status, 200, "{case}");
