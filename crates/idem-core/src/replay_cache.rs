@@ -111,7 +111,7 @@ impl ReplayCache {
         let record = self.fresh(&req.id, at)?;
         let answer = decision::answer_without_write(Some(&record), req, clock.now());
         if answer.is_none() {
-            self.forget(&req.id);
+            self.lock().remove(&req.id);
         }
         answer
     }
@@ -129,7 +129,7 @@ impl ReplayCache {
     ) -> Option<Claim> {
         let record = self.fresh(&req.id, at)?;
         if record.state_at(latest) != State::Completed {
-            self.forget(&req.id);
+            self.lock().remove(&req.id);
             return None;
         }
         decision::answer_without_write(Some(&record), req, latest)
@@ -138,6 +138,10 @@ impl ReplayCache {
     /// The generation now: take it before reading a record that may be
     /// kept, and pass it to [`ReplayCache::keep`].
     pub fn generation(&self) -> Generation {
+        if self.bytes_max == 0 {
+            // Nothing is ever kept: no lock on the claim path.
+            return Generation(0);
+        }
         Generation(self.lock().generation)
     }
 
@@ -171,19 +175,12 @@ impl ReplayCache {
     }
 
     /// Drops the record of `id`, if kept, and starts a new generation: a
-    /// record read before now is not kept.
+    /// record read before now is not kept. For a change to the record (a
+    /// verb); a kept record past its own expiry is only removed.
     pub fn forget(&self, id: &RecordId) {
         let mut kept = self.lock();
         kept.generation = kept.generation.wrapping_add(1);
-        if let Some(gone) = kept.records.remove(id) {
-            kept.bytes -= size_of(&gone);
-        }
-        // Its place in `order` is skipped when it comes up; compact when
-        // the stale places outnumber the records.
-        if kept.order.len() > 2 * kept.records.len() + 64 {
-            let Kept { records, order, .. } = &mut *kept;
-            order.retain(|id| records.contains_key(id));
-        }
+        kept.remove(id);
     }
 
     /// Notes the store's count of verbs, read by a statement that began at
@@ -212,13 +209,19 @@ impl ReplayCache {
     /// than [`VERBS_REFRESH_AGE_MS`] before `at`, and no renewal was asked
     /// for within that time (so a store that does not answer is asked at
     /// most four times a second, however many claims come). Never with
-    /// the cache off.
+    /// the cache off, nor with nothing kept once a reading was taken.
     pub fn verbs_refresh_due(&self, at: Instant) -> bool {
         if self.bytes_max == 0 {
             return false;
         }
         let refresh = Duration::from_millis(VERBS_REFRESH_AGE_MS);
         let mut kept = self.lock();
+        // Nothing kept, nothing to answer: the first record kept asks for
+        // a reading, and memory answers once it came. The very first
+        // reading is taken all the same, to start from a known count.
+        if kept.records.is_empty() && kept.verbs.is_some() {
+            return false;
+        }
         let young = |since: Option<Instant>| {
             since.is_some_and(|s| at.saturating_duration_since(s) < refresh)
         };
@@ -254,6 +257,21 @@ impl ReplayCache {
         // The map is consistent between statements: a panic elsewhere
         // leaves nothing half-done in it.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Kept {
+    /// Drops the record of `id`, if kept. Its place in `order` is skipped
+    /// when it comes up; compact when the stale places outnumber the
+    /// records.
+    fn remove(&mut self, id: &RecordId) {
+        if let Some(gone) = self.records.remove(id) {
+            self.bytes -= size_of(&gone);
+        }
+        if self.order.len() > 2 * self.records.len() + 64 {
+            let Kept { records, order, .. } = self;
+            order.retain(|id| records.contains_key(id));
+        }
     }
 }
 
@@ -464,8 +482,15 @@ mod tests {
             "no answer came"
         );
         cache.note_verbs(0, at(300));
+        let aged = at(300 + VERBS_REFRESH_AGE_MS);
+        assert!(
+            !cache.verbs_refresh_due(aged),
+            "nothing kept, nothing to renew"
+        );
+        let store = MemoryStore::new(Arc::new(crate::SystemClock));
+        cache.keep(&completed(&store, &request("k"), 1), cache.generation());
         assert!(!cache.verbs_refresh_due(at(400)), "a young reading stands");
-        assert!(cache.verbs_refresh_due(at(300 + VERBS_REFRESH_AGE_MS)));
+        assert!(cache.verbs_refresh_due(aged), "an aged one is renewed");
         assert!(
             !ReplayCache::new(0).verbs_refresh_due(at(0)),
             "the cache off reads nothing"

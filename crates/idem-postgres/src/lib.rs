@@ -809,10 +809,11 @@ impl Store for PgStore {
         request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>> {
         // A replay kept in memory would outlive the record the verb
-        // changes: forget it before, and after, which also refuses every
-        // record read meanwhile (`ReplayCache::generation`). Other
-        // gateways sharing the schema forget it when they read the count
-        // of verbs this write raises.
+        // changes: forget it before, and after (when the caller awaits
+        // this to the end), which also refuses every record read meanwhile
+        // (`ReplayCache::generation`); either way the count of verbs this
+        // write raises reaches this process within a second, as it does
+        // every other.
         self.shared.ctx.replays.forget(id);
         Box::pin(async move {
             let out = self.modify(id, ops::apply_verb(id, token, request)).await;

@@ -359,7 +359,8 @@ impl Store for SqliteStore {
         // (`ReplayCache` says why that is the writer's answer).
         let at = Instant::now();
         if self.replays.verbs_refresh_due(at) {
-            // A full queue skips this renewal; the next claim asks again.
+            // A full queue skips this renewal; a claim asks again once
+            // `VERBS_REFRESH_AGE_MS` has passed.
             let replays = Arc::clone(&self.replays);
             let _ = self.reads.try_send(ReadOp::NoteVerbs { replays });
         }
@@ -449,10 +450,11 @@ impl Store for SqliteStore {
         request: VerbRequest,
     ) -> StoreFuture<'a, Option<Record>> {
         // A replay kept in memory would outlive the record the verb
-        // changes: forget it before, and after, which also refuses every
-        // record read meanwhile (`ReplayCache::generation`). Other
-        // processes sharing the file forget it when they read the count
-        // of verbs this write raises.
+        // changes: forget it before, and after (when the caller awaits
+        // this to the end), which also refuses every record read meanwhile
+        // (`ReplayCache::generation`); either way the count of verbs this
+        // write raises reaches this process within a second, as it does
+        // every other.
         self.replays.forget(id);
         let owned = id.clone();
         let applied = self.write(|reply| Op::Verb {
