@@ -344,12 +344,12 @@ where
         let answer = async move {
             // Before the path is normalised: the key's segment is decoded
             // on its own, so that keys holding `/` or `\` can be asked about.
-            if let Some(located) = locate(&shared.routes, req.method(), req.uri().path()) {
+            if let Some(located) = locate(&shared.routes, req.method(), req.uri()) {
                 let cors = shared.routes[located.index].cors;
                 let response = match located.asked {
                     Asked::Key(Ok(key)) => {
                         let (parts, _) = req.into_parts();
-                        let asked = (located.base, key);
+                        let asked = (located.base, key, located.method);
                         status::answer(&shared, located.index, asked, &parts).await
                     }
                     Asked::Key(Err(refusal)) => problem(refusal),
@@ -505,16 +505,20 @@ fn warn_unsettled(routes: &[Route]) {
     }
 }
 
-/// The route whose status URL `method` and `raw_path` ask, with the
-/// protected path and the key; or the refusal of a malformed key.
+/// The route whose status URL `method` and `uri` ask, with the protected
+/// path, the method asked about (`?method=`) and the key; or the refusal
+/// of a malformed key or method. A status URL that names a method belongs
+/// to the first route whose pattern matches and that protects it.
 fn locate(
     routes: &[Route],
     method: &http::Method,
-    raw_path: &str,
+    uri: &http::Uri,
 ) -> Option<crate::status::Located> {
     if method != http::Method::GET {
         return None;
     }
+    let raw_path = uri.path();
+    let asked_method = crate::status::asked_method(uri.query());
     routes.iter().enumerate().find_map(|(index, route)| {
         if route.methods().is_empty() {
             return None;
@@ -529,7 +533,24 @@ fn locate(
         if !route.pattern().matches(&base) {
             return None;
         }
-        Some(crate::status::Located { index, base, asked })
+        let (method, asked) = match (&asked_method, asked) {
+            (Err(refusal), crate::status::Asked::Key(_)) => {
+                (None, crate::status::Asked::Key(Err(refusal.clone())))
+            }
+            (Ok(Some(m)), asked) => {
+                if !route.methods().iter().any(|p| p == m) {
+                    return None;
+                }
+                (Some(m.clone()), asked)
+            }
+            (_, asked) => (None, asked),
+        };
+        Some(crate::status::Located {
+            index,
+            method,
+            base,
+            asked,
+        })
     })
 }
 

@@ -40,6 +40,29 @@ const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// The query parameter naming the method whose scope a status URL asks.
+pub const METHOD_PARAMETER: &str = "method";
+
+/// The method a status URL's `query` names (`method=PUT`, any case), if
+/// any; `Err` when it names something that is no method.
+pub(crate) fn asked_method(query: Option<&str>) -> Result<Option<http::Method>, Problem> {
+    let Some(value) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(METHOD_PARAMETER)?.strip_prefix('='))
+    else {
+        return Ok(None);
+    };
+    http::Method::from_bytes(value.to_ascii_uppercase().as_bytes())
+        .map(Some)
+        .map_err(|_| {
+            Problem::new(
+                ProblemKind::InvalidPath,
+                format!("the status URL's {METHOD_PARAMETER} is not a method: {value:?}"),
+            )
+        })
+}
+
 /// `key` as its status URL's last segment. The keys `.` and `..` are
 /// spelled `%2E`, as a dot segment a client would resolve away (RFC 3986
 /// §5.2.4) before it asks; [`StatusUrl::split`] decodes them back.
@@ -118,13 +141,27 @@ impl StatusUrl {
     }
 
     /// The status URL of `key` for a request to `path` (normal form), or
-    /// `None` when the route has none.
-    pub fn location(&self, path: &str, key: &IdempotencyKey) -> Option<String> {
+    /// `None` when the route has none. With `method`, the URL names it
+    /// (`?method=PUT`), so that it is asked in that method's scope and
+    /// route alone: one key under two methods is two intents.
+    pub fn location(
+        &self,
+        path: &str,
+        key: &IdempotencyKey,
+        method: Option<&http::Method>,
+    ) -> Option<String> {
         let StatusUrl::Under { suffix } = self else {
             return None;
         };
         let base = path.strip_suffix('/').unwrap_or(path);
-        Some(format!("{base}{suffix}/{}", key_segment(key)))
+        let key = key_segment(key);
+        Some(match method {
+            Some(method) => {
+                let method = method.as_str().to_ascii_uppercase();
+                format!("{base}{suffix}/{key}?{METHOD_PARAMETER}={method}")
+            }
+            None => format!("{base}{suffix}/{key}"),
+        })
     }
 
     /// The status URL template with the protected path filled in
@@ -186,6 +223,9 @@ fn key_of(segment: &str) -> Result<IdempotencyKey, Problem> {
 pub(crate) struct Located {
     /// The route's index.
     pub(crate) index: usize,
+    /// The method whose scope is asked (`?method=`), or every method the
+    /// route protects, in order.
+    pub(crate) method: Option<http::Method>,
     /// The protected path (normal form).
     pub(crate) base: String,
     /// What is asked.
@@ -292,7 +332,7 @@ mod tests {
         ];
         for text in keys {
             let key = IdempotencyKey::new(text).unwrap();
-            let url = status.location("/payouts", &key).unwrap();
+            let url = status.location("/payouts", &key, None).unwrap();
             // A client resolves dot segments before it asks (RFC 3986
             // §5.2.4); `http::Uri` does not, so look for them here.
             let dots = url.split('/').any(|seg| seg == "." || seg == "..");

@@ -82,7 +82,9 @@ fn every_key_is_found_by_its_status_url(backend: Backend) {
         .run(&"[!-~]{1,64}", |text| {
             rt.block_on(async {
                 let key = IdempotencyKey::new(text.as_str()).unwrap();
-                let url = StatusUrl::default().location("/payouts", &key).unwrap();
+                let url = StatusUrl::default()
+                    .location("/payouts", &key, None)
+                    .unwrap();
                 let before = paid.load(Ordering::SeqCst);
                 let post = Request::post("/payouts")
                     .header("x-tenant-id", "acme")

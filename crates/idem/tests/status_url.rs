@@ -380,7 +380,10 @@ async fn respond_async(up: &Upstream, gw: &Gateway) {
         "{retry_after:?}: {accepted:?}"
     );
     let location = accepted.header("location").unwrap().to_owned();
-    assert_eq!(location, format!("/slow/.idem/{}", segment(own)));
+    assert_eq!(
+        location,
+        format!("/slow/.idem/{}?method=POST", segment(own))
+    );
     let answer = loop {
         let asked = send("GET", &gw.url(&location), &[("x-tenant-id", "acme")], "").await;
         if asked.status != 202 {
@@ -493,4 +496,46 @@ async fn anonymous_callers_cannot_read_answers_by_key() {
         "not to the anonymous"
     );
     assert_eq!(up.effects().len(), 3);
+}
+
+/// One key under two methods of one route is two intents: the `Location`
+/// of a PUT that prefers to respond async names its method, and polling it
+/// ends in the PUT's answer, never the POST's stored under the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respond_async_is_polled_in_its_own_method_s_scope() {
+    let up = Upstream::start().await;
+    let site = Site::new();
+    let route = "[[route]]\nmethods = [\"POST\", \"PUT\"]\npath = \"/**\"\n\
+        principal = { header = \"x-tenant-id\" }\n";
+    let gw = Gateway::start(&up.url(), &site.store(), Some(&site.config(route)));
+    let tenant = ("x-tenant-id", "acme");
+    let posted = post(&gw.url("/slow?ms=10"), &[tenant, key("both-1")], PAYOUT).await;
+    assert_eq!(posted.status, 201, "{posted:?}");
+    let headers = [tenant, key("both-1"), ("prefer", "respond-async")];
+    let accepted = send("PUT", &gw.url("/slow?ms=800"), &headers, PAYOUT).await;
+    assert_eq!(accepted.status, 202, "{accepted:?}");
+    let location = accepted.header("location").unwrap().to_owned();
+    assert_eq!(location, "/slow/.idem/both-1?method=PUT");
+    let started = Instant::now();
+    let answer = loop {
+        let asked = send("GET", &gw.url(&location), &[tenant], "").await;
+        if asked.status != 202 {
+            break asked;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{asked:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The test upstream refuses PUT with 405: a final answer, stored.
+    assert_eq!(
+        answer.status, 405,
+        "the PUT's own answer, not the POST's: {answer:?}"
+    );
+    let again = [tenant, key("both-1")];
+    let put_again = send("PUT", &gw.url("/slow?ms=800"), &again, PAYOUT).await;
+    assert_eq!(put_again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        (put_again.status, &put_again.body),
+        (answer.status, &answer.body)
+    );
+    assert_eq!(up.effects().len(), 1, "the POST paid once; the PUT was refused");
 }

@@ -130,7 +130,11 @@ fn respond_async_location<B>(route: &Route, req: &Request<B>) -> Option<String> 
         return None;
     }
     let key = request::key(req.headers(), route).ok()??;
-    route.status.location(req.uri().path(), &key)
+    // Named in the URL: the same path and key under another method is
+    // another intent, possibly of another route.
+    route
+        .status
+        .location(req.uri().path(), &key, Some(req.method()))
 }
 
 /// The attempt task's answer as a response.

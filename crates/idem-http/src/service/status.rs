@@ -71,11 +71,11 @@ fn view(record: &Record, policy: &Policy, now: Timestamp) -> View {
 pub(super) async fn answer<B: From<Bytes>>(
     shared: &Shared,
     index: usize,
-    (base, key): (String, IdempotencyKey),
+    (base, key, method): (String, IdempotencyKey, Option<http::Method>),
     parts: &Parts,
 ) -> Response<B> {
     let route = &shared.routes[index];
-    let ids = match ids(route, parts, &base, &key) {
+    let ids = match ids(route, parts, (&base, method.as_ref()), &key) {
         Ok(ids) => ids,
         Err(refusal) => return problem(refusal),
     };
@@ -177,12 +177,13 @@ async fn wait_for_outcome<B: From<Bytes>>(
 }
 
 /// The ids a claim of this route by this caller could have used: one per
-/// method the route protects when its operation names the method and
-/// path, deduplicated (one for a named route).
+/// method the route protects (or only `method`, when the URL names it)
+/// when its operation names the method and path, deduplicated (one for a
+/// named route).
 fn ids(
     route: &Route,
     parts: &Parts,
-    base: &str,
+    (base, method): (&str, Option<&http::Method>),
     key: &IdempotencyKey,
 ) -> Result<Vec<RecordId>, Problem> {
     let uri: http::Uri = base.parse().map_err(|e| {
@@ -200,7 +201,11 @@ fn ids(
         return Ok(Vec::new());
     }
     let mut ids: Vec<RecordId> = Vec::new();
-    for method in route.methods() {
+    let methods = route
+        .methods()
+        .iter()
+        .filter(|m| method.is_none_or(|asked| asked == *m));
+    for method in methods {
         let mut claimed = parts.clone();
         claimed.method = method.clone();
         claimed.uri = uri.clone();
