@@ -355,10 +355,18 @@ where
                     Asked::Key(Err(refusal)) => problem(refusal),
                     Asked::Policy => status::policy(&shared, located.index, &located.base),
                 };
-                if let Some(kind) = response.extensions().get::<ProblemKind>() {
-                    shared.metrics.problem(*kind);
-                }
-                return Ok(crate::cors::expose(cors, response));
+                let response = crate::cors::expose(cors, response);
+                let Some(kind) = response.extensions().get::<ProblemKind>().copied() else {
+                    return Ok(response);
+                };
+                shared.metrics.problem(kind);
+                // In the route's dialect and under the layer's base, as
+                // every other refusal of the route.
+                let style = ProblemStyle {
+                    type_base: shared.problem_type_base.as_deref(),
+                    dialect: shared.routes[located.index].error_dialect,
+                };
+                return Ok(restyled(response, kind, &style).await);
             }
             // Every request, protected or not, so that no spelling of a
             // protected path reaches the inner service unprotected.

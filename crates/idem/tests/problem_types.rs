@@ -2,8 +2,8 @@
 //! black-box through `idem serve`: with `problem_type_base` every problem's
 //! `type` is the base and its slug, an anchor of docs/problems.md; a route
 //! with `error_dialect = "stripe"` answers Stripe's error object (400 for a
-//! reused key, 409 kept for a key in flight), and a mistaken setting is
-//! refused naming its field.
+//! reused key, 409 kept for a key in flight), its status URL's refusals
+//! alike, and a mistaken setting is refused naming its field.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure here is a failed test
 
 mod support;
@@ -59,6 +59,18 @@ async fn problem_types_take_the_configured_base_and_a_route_may_answer_in_stripe
     );
     let missing = post(&url, &[], r#"{"amount":1}"#).await;
     assert_eq!(json(&missing.body)["type"], format!("{BASE}missing-key"));
+    // The status URL's refusals are the route's too: under the base here,
+    // in Stripe's shape on the route that declares it.
+    let asked = support::send("GET", &gw.url("/payouts/.idem/never"), &[], "").await;
+    assert_eq!(asked.status, 404, "{asked:?}");
+    assert_eq!(json(&asked.body)["type"], format!("{BASE}key-unknown"));
+    let asked = support::send("GET", &gw.url("/slow-before/.idem/never"), &[], "").await;
+    assert_eq!(asked.status, 404, "{asked:?}");
+    assert_eq!(
+        json(&asked.body)["error"]["code"],
+        "key-unknown",
+        "{asked:?}"
+    );
 
     // Stripe's error object on the route that declares it.
     let url = gw.url("/slow-before?ms=1500");

@@ -537,5 +537,9 @@ async fn respond_async_is_polled_in_its_own_method_s_scope() {
         (put_again.status, &put_again.body),
         (answer.status, &answer.body)
     );
-    assert_eq!(up.effects().len(), 1, "the POST paid once; the PUT was refused");
+    assert_eq!(
+        up.effects().len(),
+        1,
+        "the POST paid once; the PUT was refused"
+    );
 }

@@ -120,7 +120,9 @@ enum First<T> {
 /// The status URL to answer `Prefer: respond-async` with: `None` when the
 /// request does not ask, has no valid key, or its route has no status URL.
 fn respond_async_location<B>(route: &Route, req: &Request<B>) -> Option<String> {
-    if !crate::status::prefers_async(req.headers()) {
+    // A route that lists no methods answers no status URL (`locate`):
+    // a Location there could never be polled.
+    if !crate::status::prefers_async(req.headers()) || route.methods().is_empty() {
         return None;
     }
     // A caller in the anonymous scope has no status URL to poll
