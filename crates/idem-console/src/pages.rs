@@ -173,7 +173,7 @@ pub(crate) fn records(
             p #no-match { "No record matches on this page." }
         } @else {
             ul.records {
-                @for r in &page.records { (record_item(r, f.tenant_of(r))) }
+                @for r in &page.records { (record_item(r, f.tenant_of(r), page.now)) }
             }
         }
         nav aria-label="Pages" {
@@ -476,7 +476,7 @@ fn layout(title: &str, chrome: Option<Chrome>, body: Markup) -> Markup {
     }
 }
 
-fn record_item(r: &Record, tenant: Option<&str>) -> Markup {
+fn record_item(r: &Record, tenant: Option<&str>, now: Timestamp) -> Markup {
     let parts = ScopeParts::of(&r.id.scope);
     let mut href = link("/ui/record", &r.id);
     if let Some(tenant) = tenant {
@@ -490,7 +490,7 @@ fn record_item(r: &Record, tenant: Option<&str>) -> Markup {
             a href=(href) { "Key " code { (r.id.key.as_str()) } }
             dl.facts {
                 dt { "Route" } dd { (parts.operation) }
-                dt { "State" } dd { (state_name(r.state)) }
+                dt { "State" } dd { (state_name(r.state_at(now))) }
                 dt { "Principal" } dd {
                     @if let Some(tenant) = tenant { "tenant " strong.tenant { (tenant) } " · " }
                     code { (parts.principal) }

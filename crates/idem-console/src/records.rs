@@ -44,7 +44,7 @@ pub(crate) struct Filter {
 }
 
 /// One page of the filtered ambiguous list.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Page {
     pub records: Vec<Record>,
     /// Rows read from the store for this page.
@@ -55,6 +55,10 @@ pub(crate) struct Page {
     pub next: Option<ListCursor>,
     /// True when the page stopped at [`SCAN_ROWS_MAX`] before filling.
     pub scan_bounded: bool,
+    /// The store's clock the records were judged at: their states are
+    /// shown as they are then (a completed record past its retention is a
+    /// tombstone), as the filter matched them.
+    pub now: Timestamp,
 }
 
 /// The ambiguous backlog.
@@ -159,7 +163,14 @@ pub(crate) async fn search_page(
     after: Option<ListCursor>,
     now: Timestamp,
 ) -> Result<Page, StoreError> {
-    let mut page = Page::default();
+    let mut page = Page {
+        records: Vec::new(),
+        scanned: 0,
+        damaged: 0,
+        next: None,
+        scan_bounded: false,
+        now,
+    };
     let range = filter.scope_prefix();
     let start = range.as_ref().map(|prefix| ListCursor {
         scope: prefix.clone(),

@@ -1062,3 +1062,52 @@ async fn expire_then_evict_journal_the_operator() {
     assert_eq!(again.status, 409, "{}", again.body);
     assert!(again.body.contains("No record is stored"), "{}", again.body);
 }
+
+/// A completed record past its retention is a tombstone to every
+/// decision, and the list shows it so, as the search judges it, not as
+/// the `completed` row the store still holds. The console reads the
+/// system clock; the store's clock starts 10 s before it, so that a
+/// record kept 1 s is past its retention when the console looks.
+#[tokio::test]
+async fn the_list_shows_each_state_as_the_search_judged_it() {
+    let then = SystemClock.now().as_millis() - 10_000;
+    let clock = ManualClock::new(idem_core::Timestamp::from_millis(then));
+    let store = Arc::new(MemoryStore::new(Arc::new(clock)));
+    let state = ConsoleState::new(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        AdminToken::new(TOKEN).unwrap(),
+        vec![Route::default_catch_all()],
+    );
+    let f = Fixture {
+        store: store.clone(),
+        app: router(state),
+    };
+    let mut req = claim_request("POST /payouts|aa11", "aged-1");
+    req.policy = Policy::new(30_000, 1, 3_600, idem_core::LeaseExpiry::Reconcile).unwrap();
+    let Claim::Acquired { token, .. } = store.claim(&req).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    let result = StoredResult::new(201, Vec::new(), b"paid".to_vec()).unwrap();
+    store.complete(&req.id, token, result).await.unwrap();
+    let (cookie, _) = f.sign_in().await;
+    let listed = f
+        .send(
+            "GET",
+            "/ui/records?state=any",
+            &[("cookie", cookie.as_str())],
+            "",
+        )
+        .await;
+    assert!(listed.body.contains("aged-1"), "{}", listed.body);
+    assert!(
+        listed.body.contains("<dd>tombstone</dd>"),
+        "{}",
+        listed.body
+    );
+    assert!(
+        !listed.body.contains("<dd>completed</dd>"),
+        "{}",
+        listed.body
+    );
+}
