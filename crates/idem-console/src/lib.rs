@@ -842,10 +842,7 @@ fn resolution_of(
         }
     }
     let body = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
-    let (token, parsed) = idem_gateway::admin::parse_resolution(&body)?;
-    let resolution = Resolution::new(parsed.outcome, &operator.by(), &parsed.reason)
-        .map_err(|e| format!("field `reason`: {e}"))?;
-    Ok((token, resolution))
+    idem_gateway::admin::parse_resolution(&body, &operator.by())
 }
 
 impl IntoResponse for Refusal {

@@ -21,8 +21,8 @@ mod tls;
 mod view;
 
 pub use admin::{
-    ADMIN_API_ACTOR, ADMIN_OPERATOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, OPERATOR_NAME_BYTES_MAX,
-    OPERATORS_MAX, OperatorName, Operators, RefusalLog, random_hex, result_header,
+    ADMIN_OPERATOR, ADMIN_TOKEN_BYTES_MIN, AdminToken, OPERATOR_NAME_BYTES_MAX, OPERATORS_MAX,
+    OperatorName, Operators, RefusalLog, random_hex, result_header,
 };
 pub use config::{
     ADMIN_TOKEN_ENV_DEFAULT, AdminOperators, AdminSection, ConfigError, FileConfig, GatewayConfig,

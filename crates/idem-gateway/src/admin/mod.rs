@@ -29,7 +29,7 @@ pub use extract::strict_escapes;
 pub use operators::{
     ADMIN_OPERATOR, OPERATOR_NAME_BYTES_MAX, OPERATORS_MAX, OperatorName, Operators,
 };
-pub use resolve::{ADMIN_API_ACTOR, parse_resolution, result_header};
+pub use resolve::{parse_resolution, result_header};
 pub use verb::parse_verb;
 
 use idem_process::{LogBudget, Logged};
@@ -322,8 +322,8 @@ async fn resolve(
     RecordPath(id): RecordPath,
     ResolveBody(body): ResolveBody,
 ) -> Result<Response, Refusal> {
-    let (token, mut resolution) = resolve::parse_resolution(&body).map_err(Refusal::invalid)?;
-    resolution.by = operator.by();
+    let (token, resolution) =
+        resolve::parse_resolution(&body, &operator.by()).map_err(Refusal::invalid)?;
     let outcome = resolution.outcome.clone();
     let (by, reason) = (resolution.by.clone(), resolution.reason.clone());
     let record = admin
@@ -375,8 +375,8 @@ async fn apply_verb(
     verb: Verb,
     body: &[u8],
 ) -> Result<Response, Refusal> {
-    let (token, mut request) = verb::parse_verb(verb, body).map_err(Refusal::invalid)?;
-    request.by = operator.by();
+    let (token, request) =
+        verb::parse_verb(verb, body, &operator.by()).map_err(Refusal::invalid)?;
     let (by, reason) = (request.by.clone(), request.reason.clone());
     let record = match admin.store.apply_verb(&id, token, request).await {
         Ok(record) => record,

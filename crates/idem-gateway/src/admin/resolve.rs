@@ -4,10 +4,6 @@
 use idem_core::{HeaderBytes, LimitError, Outcome, Resolution, StoredResult, Token};
 use serde_json::{Map, Value};
 
-/// The `by` of a resolution [`parse_resolution`] returns; the admin API
-/// replaces it with the operator's own (`operator:NAME`).
-pub const ADMIN_API_ACTOR: &str = "operator:admin-api";
-
 /// A body's JSON object, with every field named in `known`; `example` is
 /// shown when the body is not an object.
 pub(super) fn object_of(
@@ -66,13 +62,13 @@ const FIELDS: [&str; 6] = ["token", "outcome", "reason", "status", "headers", "b
 const RESULT_FIELDS: [&str; 3] = ["status", "headers", "body"];
 
 /// Parses a resolve body into the attempt it is about and a resolution by
-/// [`ADMIN_API_ACTOR`]:
+/// `by` (the operator, `operator:NAME`):
 /// `{"token":7,"outcome":"completed","status":200,"headers":[["content-type","application/json"]],"body":"…","reason":"…"}`
 /// or `{"token":7,"outcome":"not_executed","reason":"…"}`. The token is the
 /// record's as the operator saw it (`GET /records/{scope}/{key}`): the
 /// verdict is refused if the record has moved on to another attempt since.
 /// The error names the field.
-pub fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
+pub fn parse_resolution(body: &[u8], by: &str) -> Result<(Token, Resolution), String> {
     let fields = object_of(
         body,
         "{\"outcome\":\"not_executed\",\"reason\":\"…\"}",
@@ -103,8 +99,8 @@ pub fn parse_resolution(body: &[u8]) -> Result<(Token, Resolution), String> {
             return Err("field `outcome` is required: \"completed\" or \"not_executed\"".into());
         }
     };
-    let resolution = Resolution::new(outcome, ADMIN_API_ACTOR, reason)
-        .map_err(|e| format!("field `reason`: {e}"))?;
+    let resolution =
+        Resolution::new(outcome, by, reason).map_err(|e| format!("field `reason`: {e}"))?;
     Ok((token, resolution))
 }
 
@@ -179,14 +175,11 @@ mod tests {
     type Expect<'a> = Result<(&'a str, Option<(u16, &'a str)>), &'a str>;
 
     fn check(body: &str, expect: Expect) {
-        let got = parse_resolution(body.as_bytes());
+        let got = parse_resolution(body.as_bytes(), "operator:ana");
         match (got, expect) {
             (Ok((token, r)), Ok((reason, result))) => {
                 assert_eq!(token, Token(7), "{body}");
-                assert_eq!(
-                    (r.by.as_str(), r.reason.as_str()),
-                    (ADMIN_API_ACTOR, reason)
-                );
+                assert_eq!((r.by.as_str(), r.reason.as_str()), ("operator:ana", reason));
                 let got = match &r.outcome {
                     Outcome::Completed { result } => Some((
                         result.status(),

@@ -2,18 +2,18 @@
 //! field by field so that every refusal names the field and says what it
 //! should be.
 
-use super::resolve::{ADMIN_API_ACTOR, object_of, reason_field, token_field};
+use super::resolve::{object_of, reason_field, token_field};
 use idem_core::{Token, Verb, VerbRequest};
 
 /// The fields a verb's body may have.
 const FIELDS: [&str; 2] = ["token", "reason"];
 
 /// Parses a verb's body, `{"token":7,"reason":"…"}`, into the attempt it is
-/// about and the verb by [`ADMIN_API_ACTOR`]. The token is the record's as
+/// about and the verb by `by` (the operator). The token is the record's as
 /// the operator saw it (`GET /records/{scope}/{key}`): the verb is refused
 /// if the record has moved on to another attempt since. The error names
 /// the field.
-pub fn parse_verb(verb: Verb, body: &[u8]) -> Result<(Token, VerbRequest), String> {
+pub fn parse_verb(verb: Verb, body: &[u8], by: &str) -> Result<(Token, VerbRequest), String> {
     let fields = object_of(body, "{\"token\":7,\"reason\":\"…\"}", &FIELDS)?;
     let token = token_field(&fields, || {
         format!(
@@ -23,8 +23,7 @@ pub fn parse_verb(verb: Verb, body: &[u8]) -> Result<(Token, VerbRequest), Strin
         )
     })?;
     let reason = reason_field(&fields, || format!("say why you {} it", verb.as_str()))?;
-    let request = VerbRequest::new(verb, ADMIN_API_ACTOR, reason)
-        .map_err(|e| format!("field `reason`: {e}"))?;
+    let request = VerbRequest::new(verb, by, reason).map_err(|e| format!("field `reason`: {e}"))?;
     Ok((token, request))
 }
 
@@ -34,12 +33,12 @@ mod tests {
 
     fn check(body: &str, expect: Result<&str, &str>) {
         for verb in [Verb::Expire, Verb::Evict] {
-            match (parse_verb(verb, body.as_bytes()), expect) {
+            match (parse_verb(verb, body.as_bytes(), "operator:ana"), expect) {
                 (Ok((token, request)), Ok(reason)) => {
                     assert_eq!(token, Token(7), "{body}");
                     assert_eq!(
                         (request.verb, request.by.as_str(), request.reason.as_str()),
-                        (verb, ADMIN_API_ACTOR, reason),
+                        (verb, "operator:ana", reason),
                         "{body}"
                     );
                 }

@@ -29,7 +29,7 @@ use idem_http::{Route, WaitLimits};
 use idem_process::{ConnectionLimits, ServerTls, StoreUrl, UpstreamTls};
 use idem_reconcile::{Lookup, ReconcileSettings};
 
-use crate::admin::{AdminToken, Operators};
+use crate::admin::Operators;
 use crate::regions::{RegionMode, Regions};
 use crate::tls::AdminTransport;
 
@@ -360,27 +360,6 @@ impl GatewayConfig {
     ) -> Result<Operators, ConfigError> {
         self.admin_operators
             .operators(&self.admin_token_env, lookup)
-    }
-
-    /// The admin API's bearer token, read with `lookup` (the process
-    /// environment in `idem serve`) from the variable `admin_token_env`
-    /// names. Refused unless it is set and at least
-    /// [`crate::ADMIN_TOKEN_BYTES_MIN`] bytes long.
-    pub fn admin_token(
-        &self,
-        lookup: impl FnOnce(&str) -> Option<String>,
-    ) -> Result<AdminToken, ConfigError> {
-        let name = &self.admin_token_env;
-        let err = |reason: String| ConfigError::new("admin_token_env", reason);
-        let Some(value) = lookup(name) else {
-            return Err(err(format!(
-                "the admin API is enabled but the environment variable {name} is not set \
-                 (or not UTF-8); set it to a random token of at least {} bytes, e.g. \
-                 {name}=$(openssl rand -hex 32)",
-                crate::ADMIN_TOKEN_BYTES_MIN
-            )));
-        };
-        AdminToken::new(&value).map_err(|why| err(format!("environment variable {name}: {why}")))
     }
 }
 

@@ -492,7 +492,7 @@ fn the_admin_token_must_be_set_and_long_enough() {
     };
     let c = load("admin_token_env = \"PAYOUTS_ADMIN\"", &up).unwrap();
     let token = |value: Option<&str>| {
-        c.admin_token(|name| {
+        c.operators(|name| {
             assert_eq!(name, "PAYOUTS_ADMIN");
             value.map(str::to_owned)
         })
