@@ -346,7 +346,7 @@ fn ask_form(chrome: Chrome, r: &Record) -> Markup {
 /// evict a completed one, a tombstone, or an attempt whose lease has
 /// ended (while it runs, why not). Evict asks for the key typed again.
 fn verbs(chrome: Chrome, r: &Record, state: State, now: Timestamp) -> Markup {
-    let lease_runs = matches!(state, State::InProgress | State::Ambiguous) && now < r.lease_until;
+    let lease_runs = r.may_still_commit(now);
     let hidden = html! {
         input type="hidden" name="csrf" value=(chrome.csrf);
         input type="hidden" name="scope" value=(r.id.scope.as_str());

@@ -369,7 +369,7 @@ pub fn resolve(
 ) -> Result<(Write, JournalEntry), StoreError> {
     resolution.check_limits()?;
     let record = ambiguous_attempt(existing, id, token, now, "resolve")?;
-    if resolution.outcome == Outcome::NotExecuted && now < record.lease_until {
+    if resolution.outcome == Outcome::NotExecuted && record.may_still_commit(now) {
         return Err(StoreError::MayStillCommit {
             id: id.clone(),
             token,
@@ -457,7 +457,7 @@ pub fn apply_verb(
                 operation: "expire",
             });
         }
-        (Verb::Evict, State::InProgress | State::Ambiguous) if now < record.lease_until => {
+        (Verb::Evict, _) if record.may_still_commit(now) => {
             return Err(StoreError::MayStillCommit {
                 id: id.clone(),
                 token,

@@ -461,6 +461,15 @@ impl Record {
             (state, _) => state,
         }
     }
+
+    /// Whether the attempt holding this record may still commit its effect
+    /// at `now`: it is `in_progress` or `ambiguous` and its lease has not
+    /// ended. Until then no verdict or verb may act as if it never ran
+    /// (`decision::resolve`'s "not executed", `decision::apply_verb`'s
+    /// evict), and the console offers neither.
+    pub fn may_still_commit(&self, now: Timestamp) -> bool {
+        matches!(self.state, State::InProgress | State::Ambiguous) && now < self.lease_until
+    }
 }
 
 /// Checks an owner label: at most [`OWNER_BYTES_MAX`] bytes, no control
