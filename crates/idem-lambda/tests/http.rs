@@ -134,6 +134,10 @@ async fn respond_async_is_answered_when_the_function_ends() {
         let mut request = rest_event(Some("thumb-async"));
         let prefer = http::HeaderValue::from_static("respond-async");
         request.headers_mut().insert("prefer", prefer);
+        // A caller with a credential, who would get a 202 elsewhere (an
+        // anonymous one never does).
+        let bearer = http::HeaderValue::from_static("Bearer caller-7");
+        request.headers_mut().insert("authorization", bearer);
         request
     };
     let first = invoke(&mut service, asking()).await;

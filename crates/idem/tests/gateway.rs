@@ -316,13 +316,16 @@ async fn sigterm_lets_in_flight_requests_finish_and_be_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_attempts_whose_client_stopped_waiting() {
     let (up, site) = (Upstream::start().await, Site::new());
-    let config = site.config("[[route]]\nmethods = [\"POST\"]\n");
+    // A tenant of its own: an anonymous caller is never answered 202.
+    let config =
+        site.config("[[route]]\nmethods = [\"POST\"]\nprincipal = { header = \"x-tenant-id\" }\n");
+    let tenant = ("x-tenant-id", "acme");
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     let url = gw.url("/slow?ms=1500");
     let prefer = ("prefer", "respond-async");
-    let accepted = post(&url, &[key("t-async"), prefer], PAYOUT).await;
+    let accepted = post(&url, &[tenant, key("t-async"), prefer], PAYOUT).await;
     assert_eq!(accepted.status, 202, "{accepted:?}");
-    let headers = [key("t-gone")];
+    let headers = [tenant, key("t-gone")];
     let gone = tokio::time::timeout(Duration::from_millis(200), post(&url, &headers, PAYOUT));
     assert!(gone.await.is_err(), "the client hung up before the answer");
     assert!(eventually(Duration::from_secs(10), || up.effects().len() == 2).await);
@@ -332,7 +335,7 @@ async fn sigterm_waits_for_attempts_whose_client_stopped_waiting() {
     assert!(status.success(), "{status:?}");
     let gw = Gateway::start(&up.url(), &site.store(), Some(&config));
     for k in ["t-async", "t-gone"] {
-        let replay = post(&gw.url("/slow?ms=1500"), &[key(k)], PAYOUT).await;
+        let replay = post(&gw.url("/slow?ms=1500"), &[tenant, key(k)], PAYOUT).await;
         assert_eq!(replay.status, 201, "{k} was completed: {replay:?}");
         assert_eq!(replay.header("idempotent-replayed"), Some("true"), "{k}");
     }
